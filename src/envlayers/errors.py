@@ -1,0 +1,49 @@
+"""The one exception family the CLI turns into a clear one-line error."""
+
+from __future__ import annotations
+
+
+class EnvLayersError(Exception):
+    """An error meant for the operator.
+
+    ``where`` is a ``file:line`` or a key path, ``hint`` says how to fix it.
+    ``str(err)`` is the single line the CLI prints.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text += f"; hint: {self.hint}"
+        return text
+
+
+class LayerSyntaxError(EnvLayersError):
+    """A statement in an env layer that is not an accepted assignment."""
+
+
+class CatalogError(EnvLayersError):
+    """setups.yaml or the layer catalog is malformed, or a name is unknown."""
+
+
+class StackError(EnvLayersError):
+    """A layer stack that cannot be rendered faithfully."""
+
+
+class EdfError(EnvLayersError):
+    """A container definition that is invalid or cannot be installed."""
+
+
+class TopologyError(EnvLayersError):
+    """A deployment shape that wastes or over-asks GPUs."""
+
+
+class SlurmError(EnvLayersError):
+    """Slurm refused or failed a request."""
