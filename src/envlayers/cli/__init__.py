@@ -1,0 +1,107 @@
+"""The ``env_layers`` command line.
+
+Commands live in small modules that are imported only when their command runs,
+so ``env_layers render`` does not pay for jinja2, tomli-w or HTTP code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import click
+
+from ..errors import EnvLayersError
+
+# command name -> (module, attribute, one-line help shown in `env_layers --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "render": ("layers_cmds", "render", "Print the merged environment of EXPERIMENT:MODEL."),
+    "explain": ("layers_cmds", "explain", "Show every key's value, where it was set and what it overrode."),
+    "check": ("layers_cmds", "check", "Verify committed .env.<setup> renders are up to date."),
+    "list": ("layers_cmds", "list_cmd", "List experiments and models."),
+    "install-edfs": ("edf_cmds", "install_edfs", "Install the catalog's container definitions (EDFs)."),
+    "edf": ("edf_cmds", "edf", "Inspect container definitions."),
+    "plan": ("serve_cmds", "plan", "Show the deployment plan for EXPERIMENT:MODEL."),
+    "jobscript": ("serve_cmds", "jobscript", "Render the serve-only job script (used by cluster/serve-only.sbatch)."),
+    "launch": ("serve_cmds", "launch", "Inside the job: start the ranks, wait for readiness, report the endpoint."),
+    "wait": ("ops_cmds", "wait", "Wait until a job's endpoint is live."),
+    "status": ("ops_cmds", "status", "Show endpoint jobs, or one job's record."),
+    "logs": ("ops_cmds", "logs", "Show a job's server logs."),
+    "stop": ("ops_cmds", "stop", "Cancel an endpoint job and confirm it is gone."),
+    "diagnose": ("ops_cmds", "diagnose", "Explain failures from a job's logs."),
+    "check-cores": ("ops_cmds", "check_cores", "Report core files and a core limit that is not 0."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if _available(name)]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _available(name):
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except EnvLayersError as err:
+            if os.environ.get("ENVLAYERS_DEBUG") == "1":
+                raise
+            click.echo(f"env_layers: error: {err}", err=True)
+            ctx.exit(err.exit_code)
+
+
+def _available(name: str) -> bool:
+    module = COMMANDS[name][0]
+    spec = importlib.util.find_spec(f"{__name__}.{module}")
+    return spec is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root",
+    envvar="ENVLAYERS_ROOT",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder holding experiments/ and containers/ (default: nearest upward from here, "
+    "else the catalog installed with the package). Env: ENVLAYERS_ROOT.",
+)
+@click.version_option(package_name="envlayers", prog_name="env_layers")
+@click.pass_context
+def cli(ctx: click.Context, root: str | None) -> None:
+    """Layered launch settings and a serve-only launcher for LLM endpoints on Slurm.
+
+    \b
+    Typical use:
+      env_layers render experiment:qwen38        # the merged launch environment
+      env_layers explain experiment:glm53 SGLANG_ATTENTION_BACKEND
+      SUBMIT=0 cluster/serve-only.sbatch          # what a submission would run
+    """
+    ctx.obj = {"root": root}
+
+
+def get_root(ctx: click.Context):
+    from ..paths import find_root
+
+    return find_root(ctx.find_root().obj["root"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="env_layers")
+
+
+def install_edfs_main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    cli.main(args=["install-edfs", *args], prog_name="install_edfs")
