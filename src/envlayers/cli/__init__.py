@@ -30,8 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("ops_cmds", "status", "Show endpoint jobs, or one job's record."),
     "logs": ("ops_cmds", "logs", "Show a job's server logs."),
     "stop": ("ops_cmds", "stop", "Cancel an endpoint job and confirm it is gone."),
-    "diagnose": ("ops_cmds", "diagnose", "Explain failures from a job's logs."),
-    "check-cores": ("ops_cmds", "check_cores", "Report core files and a core limit that is not 0."),
+    "diagnose": ("diagnose_cmds", "diagnose", "Explain failures from a job's logs."),
+    "check-cores": ("diagnose_cmds", "check_cores", "Report core files and a core limit that is not 0."),
 }
 
 
