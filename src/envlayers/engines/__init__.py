@@ -1,0 +1,237 @@
+"""Engine command builders: Plan + launch keys -> the real server command line of one rank.
+
+Pure: nothing here runs a process or reads the environment; the merged keys come in as
+a mapping (a key missing from it is *absent*, ``""`` is *empty*: docs/keys.md).
+
+For a key that maps to an engine flag: absent -> the flag with the launcher's default
+(if it has one), empty -> the flag is omitted, a value -> the flag with that value.
+
+``build_rank_command(plan, env, rank, master_addr)`` dispatches on ``INFERENCE_ENGINE``
+to ``engines.sglang`` or ``engines.vllm``. ``shell_line()`` turns the result into the
+exact bash line the job runs (or prints, with the API key masked).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from envlayers.errors import EnvLayersError
+from envlayers.topology import Plan, RankPlan
+
+ENGINES: tuple[str, ...] = ("sglang", "vllm")
+"""Valid values of ``INFERENCE_ENGINE``."""
+
+DEFAULT_SERVER_HOST = "0.0.0.0"
+REDACTED = "***"
+API_KEY_FLAG = "--api-key"
+
+# Variables set on the server command itself when their key has a value: the CE
+# netstack hook writes its own defaults into the container after the step
+# environment, so only an assignment on the command line wins.
+COMMAND_ENV_KEYS: tuple[str, ...] = ("NCCL_NET_GDR_LEVEL",)
+
+
+class EngineError(EnvLayersError):
+    """A launch key the engine command cannot be built from."""
+
+
+@dataclass(frozen=True)
+class RankCommand:
+    """The server command of one rank: ``argv`` as exec'd, ``env`` assigned on the command."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- key helpers
+
+
+def required(env: Mapping[str, str], key: str, what: str) -> str:
+    """The value of a key that must be set and non-empty."""
+    value = env.get(key)
+    if value is None:
+        raise EngineError(f"is not set; it names {what}", where=key)
+    if value.strip() == "":
+        raise EngineError(f"is empty; it must name {what}", where=key)
+    return value
+
+
+def flag(env: Mapping[str, str], key: str, name: str, default: str | None = None) -> list[str]:
+    """``[name, value]`` by the absent-vs-empty rule, or ``[]`` when the flag is omitted.
+
+    absent -> ``default`` (omitted when there is none), empty -> omitted, value -> value.
+    """
+    value = env.get(key)
+    if value is None:
+        value = default
+    if value is None or value == "":
+        return []
+    return [name, value]
+
+
+def server_host(env: Mapping[str, str]) -> str:
+    """``SERVER_HOST``: absent -> 0.0.0.0, empty -> error (the engine's default is loopback)."""
+    value = env.get("SERVER_HOST")
+    if value is None:
+        return DEFAULT_SERVER_HOST
+    if value.strip() == "":
+        raise EngineError(
+            "is empty; it must be the address the server binds",
+            where="SERVER_HOST",
+            hint=f"delete the line to bind {DEFAULT_SERVER_HOST}",
+        )
+    return value
+
+
+def extra_args(env: Mapping[str, str]) -> list[str]:
+    """``SERVER_EXTRA_ARGS`` split like a shell would; absent or empty -> none."""
+    value = env.get("SERVER_EXTRA_ARGS")
+    if value is None or value.strip() == "":
+        return []
+    try:
+        return shlex.split(value)
+    except ValueError as err:
+        raise EngineError(f"cannot be split like a shell would: {err}", where="SERVER_EXTRA_ARGS") from None
+
+
+def command_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Variables to assign on the server command (``NCCL_NET_GDR_LEVEL`` when it has a value)."""
+    return {key: env[key] for key in COMMAND_ENV_KEYS if env.get(key)}
+
+
+def drop_flag(args: Iterable[str], names: Iterable[str]) -> list[str]:
+    """``args`` without the flags ``names`` and their values (``--f v`` and ``--f=v``)."""
+    names = tuple(names)
+    out: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg in names:
+            i += 2 if i + 1 < len(items) and not items[i + 1].startswith("-") else 1
+            continue
+        if any(arg.startswith(n + "=") for n in names):
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def rank_plan(plan: Plan, rank: int) -> RankPlan:
+    if not 0 <= rank < len(plan.ranks):
+        raise ValueError(f"rank {rank} is not in the plan (ranks 0..{len(plan.ranks) - 1})")
+    return plan.ranks[rank]
+
+
+def rendezvous_master(plan: Plan, master_addr: str) -> str:
+    """``master_addr`` checked for a multi-node plan (kept verbatim: may be ``${NAME}``)."""
+    if plan.multi_node and not master_addr:
+        raise ValueError("a multi-node plan needs master_addr (the address of rank 0's node)")
+    return master_addr
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def engine_name(env: Mapping[str, str]) -> str:
+    value = env.get("INFERENCE_ENGINE")
+    valid = ", ".join(ENGINES)
+    if value is None:
+        raise EngineError(f"is not set; valid engines: {valid}", where="INFERENCE_ENGINE")
+    if value.strip() == "":
+        raise EngineError(f"is empty; valid engines: {valid}", where="INFERENCE_ENGINE")
+    if value not in ENGINES:
+        raise EngineError(f"unknown engine {value!r}; valid engines: {valid}", where="INFERENCE_ENGINE")
+    return value
+
+
+def build_rank_command(plan: Plan, env: Mapping[str, str], rank: int, master_addr: str) -> RankCommand:
+    """The server command of ``rank`` (an index into ``plan.ranks``).
+
+    ``master_addr`` is the address of rank 0's node for the multi-node rendezvous; it may
+    be a shell reference such as ``${ENVLAYERS_MASTER_ADDR}`` that the job fills in, and
+    is kept verbatim. Ignored for single and replicas plans.
+    """
+    name = engine_name(env)
+    if name == "sglang":
+        from envlayers.engines import sglang as module
+    else:
+        from envlayers.engines import vllm as module
+    return module.build(plan, env, rank_plan(plan, rank), rendezvous_master(plan, master_addr))
+
+
+def build_commands(plan: Plan, env: Mapping[str, str], master_addr: str) -> tuple[RankCommand, ...]:
+    """``build_rank_command`` for every rank of the plan, in rank order."""
+    return tuple(build_rank_command(plan, env, r.rank, master_addr) for r in plan.ranks)
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def redact(argv: Iterable[str]) -> tuple[str, ...]:
+    """``argv`` with the value of every ``--api-key`` masked as ``***``."""
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append(REDACTED)
+            mask_next = False
+        elif arg == API_KEY_FLAG:
+            out.append(arg)
+            mask_next = True
+        elif arg.startswith(API_KEY_FLAG + "="):
+            out.append(f"{API_KEY_FLAG}={REDACTED}")
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
+_REF_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+_DQ_SPECIAL = re.compile(r'([\\"$`])')
+
+
+def quote(word: str) -> str:
+    """Quote one word for bash.
+
+    ``shlex.quote`` for a plain word. A word containing ``${NAME}`` references (e.g. the
+    job's ``${ENVLAYERS_MASTER_ADDR}``, or ``${ENVLAYERS_MASTER_ADDR}:29500``) goes in
+    double quotes so the references still expand; everything else in it stays literal.
+    """
+    parts = _REF_RE.split(word)
+    if len(parts) == 1:
+        return shlex.quote(word)
+    refs = _REF_RE.findall(word)
+    body = _DQ_SPECIAL.sub(r"\\\1", parts[0])
+    for ref, literal in zip(refs, parts[1:]):
+        body += ref + _DQ_SPECIAL.sub(r"\\\1", literal)
+    return f'"{body}"'
+
+
+def shell_line(cmd: RankCommand, redact: bool = True) -> str:
+    """The exact bash line: ``NAME=value ... argv...``, assignments sorted by name.
+
+    With ``redact`` (the default) the API key is masked: use that for anything printed
+    or logged, and ``redact=False`` only for the line the job itself executes.
+    """
+    argv = _redact(cmd.argv) if redact else cmd.argv
+    words = [f"{name}={quote(value)}" for name, value in sorted(cmd.env.items())]
+    words.extend(quote(arg) for arg in argv)
+    return " ".join(words)
+
+
+_redact = redact
+
+__all__ = [
+    "ENGINES",
+    "EngineError",
+    "RankCommand",
+    "build_commands",
+    "build_rank_command",
+    "redact",
+    "shell_line",
+    "quote",
+]

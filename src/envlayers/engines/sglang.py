@@ -1,0 +1,49 @@
+"""SGLang (0.5.x): ``python3 -m sglang.launch_server`` for one rank.
+
+Host and port are always explicit: SGLang binds 127.0.0.1:30000 by default. A
+multi-node (pipeline) plan gives every rank ``--nnodes N --node-rank R
+--dist-init-addr MASTER:RDZV_PORT``; ranks > 0 then run SGLang's dummy health server on
+the same host and port of their own node, which is why readiness probes rank 0 only.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from envlayers.engines import (
+    RankCommand,
+    command_env,
+    extra_args,
+    flag,
+    required,
+    server_host,
+)
+from envlayers.topology import Plan, RankPlan
+
+COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+DEFAULT_ATTENTION_BACKEND = "aiter"
+
+
+def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) -> RankCommand:
+    argv = [
+        *COMMAND,
+        "--model-path", required(env, "INFERENCE_MODEL", "the model path or Hugging Face id"),
+        "--served-model-name", required(env, "VLLM_SERVED_MODEL", "the model name clients use"),
+        "--tp-size", str(plan.tp),
+        "--pp-size", str(plan.pp),
+    ]
+    if plan.multi_node:
+        argv += [
+            "--nnodes", str(plan.nodes),
+            "--node-rank", str(rank.rank),
+            "--dist-init-addr", f"{master_addr}:{plan.rdzv_port}",
+        ]
+    argv += ["--host", server_host(env), "--port", str(plan.api_port)]
+    argv += flag(env, "MEM_FRACTION_STATIC", "--mem-fraction-static")
+    argv += flag(env, "SGLANG_ATTENTION_BACKEND", "--attention-backend", DEFAULT_ATTENTION_BACKEND)
+    argv += flag(env, "MAX_MODEL_LEN", "--context-length")
+    argv += flag(env, "REASONING_PARSER", "--reasoning-parser")
+    argv += flag(env, "TOOL_CALL_PARSER", "--tool-call-parser")
+    argv += flag(env, "SERVER_API_KEY", "--api-key")
+    argv += extra_args(env)
+    return RankCommand(argv=tuple(argv), env=command_env(env))
