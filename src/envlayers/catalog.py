@@ -1,0 +1,185 @@
+"""experiments/setups.yaml -> the experiments and models of the catalog, with line numbers.
+
+The precedence of the layers is written once, in :func:`stack_sources`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .envfile import Assignment, Origin
+from .errors import CatalogError
+
+SETUPS = Path("experiments") / "setups.yaml"
+LAYERS_DIR = Path("experiments") / "layers"
+DEFAULT_EXPERIMENT = "experiment"
+
+_ENTRY_KEYS = {"description", "layers", "env"}
+_MODEL_KEYS = _ENTRY_KEYS | {"model_layer"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An experiment or a model: extra layer files and inline keys."""
+
+    kind: str  # "experiments" | "models"
+    name: str
+    origin: Origin
+    description: str = ""
+    layers: tuple[tuple[str, Origin], ...] = ()
+    env: tuple[Assignment, ...] = ()
+    model_layer: tuple[str, Origin] | None = None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    root: Path
+    experiments: dict[str, Entry] = field(default_factory=dict)
+    models: dict[str, Entry] = field(default_factory=dict)
+
+    def experiment(self, name: str) -> Entry:
+        return _lookup(self.experiments, name, "experiment")
+
+    def model(self, name: str) -> Entry:
+        return _lookup(self.models, name, "model")
+
+
+def _lookup(table: dict[str, Entry], name: str, what: str) -> Entry:
+    if name in table:
+        return table[name]
+    valid = ", ".join(sorted(table)) or "(none)"
+    near = difflib.get_close_matches(name, list(table), n=1)
+    hint = f"did you mean '{near[0]}'?" if near else f"add it to {SETUPS}"
+    raise CatalogError(f"unknown {what} '{name}' (valid: {valid})", where=str(SETUPS), hint=hint)
+
+
+def parse_target(target: str) -> tuple[str, str]:
+    """'EXPERIMENT:MODEL' -> (experiment, model)."""
+    exp, sep, model = target.partition(":")
+    if not sep or not exp or not model or ":" in model:
+        raise CatalogError(
+            f"target '{target}' is not EXPERIMENT:MODEL",
+            where="target",
+            hint="for example experiment:qwen38; `env_layers list` shows the names",
+        )
+    return exp, model
+
+
+def load(root: Path) -> Catalog:
+    import yaml  # imported here: the CLI starts without it
+
+    path = root / SETUPS
+    display = str(SETUPS)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CatalogError("file not found", where=display, hint="pass --root DIR or set ENVLAYERS_ROOT") from None
+    try:
+        doc = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{display}:{mark.line + 1}" if mark else display
+        problem = getattr(err, "problem", None) or str(err)
+        raise CatalogError(f"invalid YAML: {problem}", where=where, hint="fix the YAML syntax") from None
+    if doc is None:
+        raise CatalogError("empty file", where=display, hint="it needs 'experiments:' and 'models:'")
+    top = _mapping(doc, display, "")
+    unknown = set(top) - {"version", "experiments", "models"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise CatalogError(f"unknown key '{key}'", where=_at(display, top[key][0]),
+                           hint="top-level keys are version, experiments, models")
+    tables = {}
+    for kind in ("experiments", "models"):
+        if kind not in top:
+            raise CatalogError(f"missing '{kind}:'", where=display, hint=f"add a '{kind}:' mapping")
+        knode, vnode = top[kind]
+        entries = {}
+        for name, (nnode, enode) in _mapping(vnode, display, kind).items():
+            entries[name] = _entry(kind, name, nnode, enode, display)
+        tables[kind] = entries
+    return Catalog(root, tables["experiments"], tables["models"])
+
+
+def _at(display: str, node) -> str:
+    return f"{display}:{node.start_mark.line + 1}"
+
+
+def _mapping(node, display: str, keypath: str) -> dict:
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        raise CatalogError(f"{keypath or 'the document'} must be a mapping", where=_at(display, node),
+                           hint="write 'key: value' lines")
+    out: dict = {}
+    for knode, vnode in node.value:
+        if not isinstance(knode, yaml.ScalarNode):
+            raise CatalogError("keys must be plain names", where=_at(display, knode), hint="quote the key")
+        if knode.value in out:
+            raise CatalogError(f"duplicate key '{keypath + '.' if keypath else ''}{knode.value}'",
+                               where=_at(display, knode), hint="each key once")
+        out[knode.value] = (knode, vnode)
+    return out
+
+
+def _scalar_str(node, display: str, keypath: str, allow_int: bool) -> str:
+    import yaml
+
+    if not isinstance(node, yaml.ScalarNode):
+        raise CatalogError(f"{keypath} must be a string", where=_at(display, node), hint="write a plain value")
+    tag = node.tag.rsplit(":", 1)[-1]
+    if tag == "str":
+        return node.value
+    if tag == "int" and allow_int:
+        return str(int(node.value, 0)) if node.value.lstrip("+-").isdigit() else node.value
+    if tag == "null":
+        raise CatalogError(f"{keypath} has no value", where=_at(display, node),
+                           hint="write '' for a present, empty key; leave the key out for absent")
+    raise CatalogError(f"{keypath} is a YAML {tag} ({node.value!r}), not a string", where=_at(display, node),
+                       hint=f"quote it: '{node.value}'")
+
+
+def _entry(kind: str, name: str, nnode, node, display: str) -> Entry:
+    import yaml
+
+    keypath = f"{kind}.{name}"
+    if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
+        return Entry(kind, name, Origin(display, nnode.start_mark.line + 1))
+    fields = _mapping(node, display, keypath)
+    allowed = _MODEL_KEYS if kind == "models" else _ENTRY_KEYS
+    for key, (knode, _) in fields.items():
+        if key not in allowed:
+            raise CatalogError(f"unknown key '{keypath}.{key}'", where=_at(display, knode),
+                               hint="allowed: " + ", ".join(sorted(allowed)))
+    description = ""
+    if "description" in fields:
+        description = _scalar_str(fields["description"][1], display, f"{keypath}.description", False)
+    layers: list[tuple[str, Origin]] = []
+    if "layers" in fields:
+        lnode = fields["layers"][1]
+        if not isinstance(lnode, yaml.SequenceNode):
+            raise CatalogError(f"{keypath}.layers must be a list of file names", where=_at(display, lnode),
+                               hint=f"for example: layers: [replicas.env] (files in {LAYERS_DIR})")
+        for i, item in enumerate(lnode.value):
+            fname = _scalar_str(item, display, f"{keypath}.layers[{i}]", False)
+            layers.append((fname, Origin(display, item.start_mark.line + 1)))
+    env: list[Assignment] = []
+    if "env" in fields:
+        for key, (knode, vnode) in _mapping(fields["env"][1], display, f"{keypath}.env").items():
+            from .envfile import _NAME, RESERVED
+
+            if not _NAME.fullmatch(key) or key in RESERVED:
+                raise CatalogError(f"'{keypath}.env.{key}' is not a valid variable name", where=_at(display, knode),
+                                   hint="letters, digits and '_', not starting with a digit")
+            value = _scalar_str(vnode, display, f"{keypath}.env.{key}", True)
+            origin = Origin(display, knode.start_mark.line + 1)
+            env.append(Assignment(key, (value,) if value else (), origin, f"{key}: {vnode.value!r}"))
+    model_layer = None
+    if "model_layer" in fields:
+        mnode = fields["model_layer"][1]
+        model_layer = (_scalar_str(mnode, display, f"{keypath}.model_layer", False),
+                       Origin(display, mnode.start_mark.line + 1))
+    return Entry(kind, name, Origin(display, nnode.start_mark.line + 1), description, tuple(layers), tuple(env),
+                 model_layer)

@@ -1,0 +1,193 @@
+"""render, explain, check, list: the layer commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import get_root
+from ..errors import EnvLayersError
+
+RENDERS_DIR = Path("experiments") / "renders"
+
+
+def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = False):
+    from ..layers import load_env
+
+    root = get_root(ctx)
+    return root, load_env(root, target, tuple(Path(p) for p in extra), strict=strict)
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT:MODEL")
+@click.option("--format", "fmt", type=click.Choice(["sh", "env", "json"]), default="sh", show_default=True,
+              help="sh: bash-sourceable exports; env: dotenv (also bash-sourceable); json: key -> value.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write atomically to FILE instead of stdout.")
+@click.option("--layer", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Append an env file on top of the stack (repeatable; later wins).")
+@click.option("--strict", is_flag=True, help="Fail on references no layer assigns ($SCRATCH, $USER, ...).")
+@click.pass_context
+def render(ctx, target, fmt, output, extra, strict):
+    """Print the merged environment of EXPERIMENT:MODEL.
+
+    Stack, lowest first: experiments/layers/common.env < the experiment in setups.yaml
+    < model-<m>.env < the model in setups.yaml < --layer files. Last assignment wins;
+    KEY= stays present and empty; references to keys no earlier layer assigns are left
+    for the shell that sources the render.
+    """
+    from ..shell import render as render_env
+
+    _, env = _target_env(ctx, target, extra, strict)
+    text = render_env(env, fmt)
+    if output:
+        from ..fsutil import atomic_write
+
+        atomic_write(Path(output), text)
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT:MODEL")
+@click.argument("keys", nargs=-1)
+@click.option("--layer", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Append an env file on top of the stack (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def explain(ctx, target, keys, extra, as_json):
+    """Show each key's final value, the file:line that set it, and what it overrode.
+
+    With KEYs, only those (exit 1 if one is absent: no layer assigns it).
+    """
+    from ..shell import bash_value, value_text
+
+    _, env = _target_env(ctx, target, extra)
+    wanted = list(keys) or list(env.bindings)
+    records = []
+    for key in wanted:
+        b = env.bindings.get(key)
+        if b is None:
+            records.append({"key": key, "present": False})
+            continue
+        records.append({
+            "key": key, "present": True, "value": value_text(b.value), "empty": not b.value,
+            "origin": str(b.origin),
+            "overridden": [{"value": value_text(v), "origin": str(o)} for v, o in b.overridden],
+        })
+    if as_json:
+        click.echo(json.dumps({"target": target, "sources": list(env.sources), "keys": records}, indent=2))
+    else:
+        for r, key in zip(records, wanted):
+            if not r["present"]:
+                click.echo(f"{key}: absent (no layer assigns it)")
+                continue
+            b = env.bindings[key]
+            note = "  (present, empty)" if r["empty"] else ""
+            click.echo(f"{key}={bash_value(b.value)}  {r['origin']}{note}")
+            for v, o in reversed(b.overridden):
+                click.echo(f"    overrode {bash_value(v)}  {o}")
+    if any(not r["present"] for r in records):
+        sys.exit(1)
+
+
+def _render_path(root: Path, experiment: str, model: str) -> Path:
+    return root / RENDERS_DIR / f".env.{experiment}.{model}"
+
+
+def _all_targets(root: Path) -> list[tuple[str, str]]:
+    from .. import catalog
+
+    cat = catalog.load(root)
+    return [(e, m) for e in cat.experiments for m in cat.models]
+
+
+@click.command()
+@click.option("--update", is_flag=True, help="Rewrite stale or missing renders instead of failing.")
+@click.pass_context
+def check(ctx, update):
+    """Regenerate every committed render (experiments/renders/.env.EXPERIMENT.MODEL) and compare.
+
+    A stale render is shown as a diff and the exit status is 1. `--update` rewrites them
+    (the one command that regenerates the golden renders).
+    """
+    import difflib
+
+    from ..fsutil import atomic_write
+    from ..layers import load_env
+    from ..shell import render as render_env
+
+    root = get_root(ctx)
+    expected = {}
+    for exp, model in _all_targets(root):
+        expected[_render_path(root, exp, model)] = render_env(load_env(root, f"{exp}:{model}"), "sh")
+    committed = set((root / RENDERS_DIR).glob(".env.*")) if (root / RENDERS_DIR).is_dir() else set()
+    bad = 0
+    for path in sorted(committed | set(expected)):
+        rel = path.relative_to(root)
+        want = expected.get(path)
+        if want is None:
+            click.echo(f"{rel}: orphan render: its target is not in the catalog (delete it)")
+            bad += 1
+            continue
+        have = path.read_text(encoding="utf-8") if path.exists() else None
+        if have == want:
+            continue
+        if update:
+            atomic_write(path, want)
+            click.echo(f"{rel}: {'written' if have is None else 'updated'}")
+            continue
+        bad += 1
+        if have is None:
+            click.echo(f"{rel}: missing (run `env_layers check --update`)")
+            continue
+        click.echo(f"{rel}: stale; fix the layer, then run `env_layers check --update`")
+        diff = difflib.unified_diff(have.splitlines(True), want.splitlines(True), f"{rel} (committed)",
+                                    f"{rel} (rendered now)")
+        click.echo("".join(diff), nl=False)
+    if bad:
+        sys.exit(1)
+    click.echo(f"ok: {len(expected)} render(s) up to date")
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def list_cmd(ctx, as_json):
+    """List experiments and models, with each model's engine and node count."""
+    from .. import catalog
+    from ..layers import load_env
+
+    root = get_root(ctx)
+    cat = catalog.load(root)
+    models = []
+    for name, entry in cat.models.items():
+        row = {"name": name, "description": entry.description}
+        try:
+            text = load_env(root, f"{catalog.DEFAULT_EXPERIMENT}:{name}").text()
+            row.update(engine=text.get("INFERENCE_ENGINE"), nodes=text.get("INFERENCE_NODES", "1"),
+                       model=text.get("INFERENCE_MODEL"), partition=text.get("SLURM_PARTITION"))
+        except EnvLayersError as err:
+            row["error"] = str(err)
+        models.append(row)
+    experiments = [{"name": n, "layers": [f for f, _ in e.layers], "description": e.description}
+                   for n, e in cat.experiments.items()]
+    if as_json:
+        click.echo(json.dumps({"experiments": experiments, "models": models}, indent=2))
+        return
+    click.echo("EXPERIMENTS")
+    w = max(len(e["name"]) for e in experiments)
+    for e in experiments:
+        extra = f"  [{', '.join(e['layers'])}]" if e["layers"] else ""
+        click.echo(f"  {e['name']:<{w}}  {e['description']}{extra}")
+    click.echo("MODELS")
+    w = max(len(m["name"]) for m in models)
+    click.echo(f"  {'NAME':<{w}}  {'ENGINE':<7} {'NODES':<5} {'PARTITION':<9} MODEL")
+    for m in models:
+        if "error" in m:
+            click.echo(f"  {m['name']:<{w}}  error: {m['error']}")
+            continue
+        click.echo(f"  {m['name']:<{w}}  {m['engine'] or '-':<7} {m['nodes']:<5} {m['partition'] or '-':<9} "
+                   f"{m['model'] or '-'}")

@@ -1,0 +1,336 @@
+"""One env layer file -> ordered assignments, with bash's meaning.
+
+The accepted language is a small, exact subset of bash: comments, blank lines, an optional
+``export``, and one ``KEY=value`` per statement, where the value is made of unquoted text,
+'single-quoted' text, "double-quoted" text and the references ``$NAME``, ``${NAME}``,
+``${NAME-default}`` and ``${NAME:-default}``. Anything else is an error naming ``file:line``.
+Quoted values may span lines, as in bash.
+
+A value is a tuple of parts: ``str`` for literal text and :class:`Ref` for a reference.
+Nothing is expanded here; :mod:`envlayers.layers` does that.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+from .errors import LayerSyntaxError
+
+ACCEPTED = (
+    "accepted: comments, blank lines, [export] KEY=value with unquoted, 'single' or \"double\" "
+    "quoted values, and $NAME, ${NAME}, ${NAME-default}, ${NAME:-default}"
+)
+
+_NAME_START = re.compile(r"[A-Za-z_]")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BLANK = " \t"
+# characters that end or break an unquoted word in bash
+_UNQUOTED_STOP = set(" \t\n'\"\\$`;&|<>()")
+# bash variables that are read-only or change meaning when assigned
+RESERVED = frozenset(
+    "BASHOPTS BASHPID BASH_ARGC BASH_ARGV BASH_LINENO BASH_SOURCE BASH_VERSINFO BASH_COMMAND "
+    "EPOCHREALTIME EPOCHSECONDS EUID FUNCNAME GROUPS LINENO PIPESTATUS PPID RANDOM SECONDS "
+    "SHELLOPTS SRANDOM UID".split()
+)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a variable: ``op`` is None (``$X``), ``"-"`` or ``":-"``."""
+
+    name: str
+    op: str | None = None
+    default: "Value" = ()
+
+
+Part = Union[str, Ref]
+Value = tuple  # tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Origin:
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    key: str
+    value: Value
+    origin: Origin
+    text: str  # the statement as written, for explain and errors
+
+
+def parse_file(path: Path, display: str | None = None) -> list[Assignment]:
+    """Parse one layer file. ``display`` is the name used in messages (a relative path)."""
+    name = display or str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LayerSyntaxError("layer file not found", where=name, hint="check the layer names in setups.yaml") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise LayerSyntaxError("not valid UTF-8", where=f"{name}:{line}", hint="save the file as UTF-8") from None
+    return parse_text(text, name)
+
+
+def parse_text(text: str, name: str = "<string>") -> list[Assignment]:
+    return _Parser(text, name).parse()
+
+
+def _join(parts: list) -> Value:
+    """Merge adjacent literal parts, drop empty ones."""
+    out: list = []
+    for part in parts:
+        if isinstance(part, str):
+            if not part:
+                continue
+            if out and isinstance(out[-1], str):
+                out[-1] += part
+                continue
+        out.append(part)
+    return tuple(out)
+
+
+class _Parser:
+    def __init__(self, text: str, name: str):
+        self.s = text
+        self.name = name
+        self.i = 0
+        self.line = 1
+
+    # -- helpers -------------------------------------------------------------------------
+    def error(self, message: str, hint: str = ACCEPTED, line: int | None = None) -> LayerSyntaxError:
+        return LayerSyntaxError(message, where=f"{self.name}:{line or self.line}", hint=hint)
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.s[j] if j < len(self.s) else ""
+
+    def advance(self, n: int = 1) -> str:
+        chunk = self.s[self.i : self.i + n]
+        self.line += chunk.count("\n")
+        self.i += n
+        return chunk
+
+    def skip_blanks(self) -> None:
+        while self.peek() and self.peek() in _BLANK:
+            self.i += 1
+
+    def rest_of_line(self) -> str:
+        end = self.s.find("\n", self.i)
+        return self.s[self.i : end if end >= 0 else len(self.s)]
+
+    def statement_text(self, start: int) -> str:
+        end = self.s.find("\n", self.i) if self.i < len(self.s) else -1
+        return self.s[start : end if end >= 0 else len(self.s)].strip()
+
+    # -- grammar -------------------------------------------------------------------------
+    def parse(self) -> list[Assignment]:
+        if "\0" in self.s:
+            line = self.s[: self.s.index("\0")].count("\n") + 1
+            raise self.error("NUL byte in file", hint="layer files are text", line=line)
+        out: list[Assignment] = []
+        while self.i < len(self.s):
+            self.skip_blanks()
+            c = self.peek()
+            if c == "\n":
+                self.advance()
+                continue
+            if c == "":
+                break
+            if c == "#":
+                self.i += len(self.rest_of_line())
+                continue
+            out.append(self.statement())
+        return out
+
+    def statement(self) -> Assignment:
+        start, line = self.i, self.line
+        if "\r" in self.rest_of_line():
+            raise self.error(
+                "carriage return in line (CRLF line endings)",
+                hint="bash keeps the \\r in the value; convert the file with dos2unix",
+            )
+        if self.s.startswith("export", self.i) and self.peek(6) in _BLANK and self.peek(6):
+            self.i += 6
+            self.skip_blanks()
+        m = _NAME.match(self.s, self.i)
+        after = self.s[m.end()] if m and m.end() < len(self.s) else ""
+        if not m or after != "=":
+            word = self.rest_of_line().strip()
+            if m and after == "+" and self.s.startswith("+=", m.end()):
+                raise self.error(f"append assignment '{word}' is not accepted", hint="a layer overrides a key: write KEY=full-value")
+            if m and after in _BLANK and self.s[m.end() :].lstrip(_BLANK).startswith("="):
+                raise self.error(f"space around '=' in '{word}'", hint="bash needs KEY=value with no spaces around '='")
+            first = word.split()[0] if word.split() else word
+            if first == "unset":
+                raise self.error(f"'{word}' is not accepted: a layer can override a key, never unset it",
+                                 hint="assign it empty (KEY=) to make it present and empty")
+            raise self.error(f"not an assignment: '{word}'")
+        key = m.group(0)
+        if key in RESERVED:
+            raise self.error(f"'{key}' is a bash special variable and cannot be set from a layer", hint="choose another name")
+        self.i = m.end() + 1
+        value = self.word(line)
+        self.skip_blanks()
+        c = self.peek()
+        if c == "#":
+            self.i += len(self.rest_of_line())
+        elif c not in ("", "\n"):
+            raise self.error(
+                f"unexpected text after the value of {key}: '{self.rest_of_line().strip()}'",
+                hint="one assignment per line; quote values that contain spaces",
+            )
+        return Assignment(key, value, Origin(self.name, line), self.s[start : self.i].strip())
+
+    def word(self, stmt_line: int) -> Value:
+        parts: list = []
+        at_start = True
+        while True:
+            c = self.peek()
+            if c in ("", "\n", " ", "\t"):
+                return _join(parts)
+            if c == "'":
+                parts.append(self.single_quoted())
+            elif c == '"':
+                parts.extend(self.double_quoted())
+            elif c == "$":
+                parts.append(self.dollar(quoted=False))
+            elif c == "\\":
+                nxt = self.peek(1)
+                if nxt in ("\n", ""):
+                    raise self.error("line continuation (backslash at end of line) is not accepted",
+                                     hint="put the value on one line, or in quotes")
+                self.advance(2)
+                parts.append(nxt)
+            elif c == "`":
+                raise self.error("command substitution with backticks is not accepted")
+            elif c in _UNQUOTED_STOP:
+                raise self.error(f"unquoted '{c}' is not accepted in a value", hint="quote the value")
+            elif c == "~" and (at_start or (parts and isinstance(parts[-1], str) and parts[-1].endswith(":"))):
+                raise self.error("unquoted '~' would be tilde-expanded by bash",
+                                 hint="write \"$HOME\" or quote the value")
+            else:
+                j = self.i
+                while j < len(self.s) and self.s[j] not in _UNQUOTED_STOP and self.s[j] != "~":
+                    j += 1
+                if j == self.i:  # a '~' not in a tilde position
+                    j += 1
+                parts.append(self.advance(j - self.i))
+            at_start = False
+
+    def single_quoted(self) -> str:
+        line = self.line
+        end = self.s.find("'", self.i + 1)
+        if end < 0:
+            raise self.error("unterminated single quote", hint="close the quote", line=line)
+        text = self.s[self.i + 1 : end]
+        self.advance(end + 1 - self.i)
+        return text
+
+    def double_quoted(self) -> list:
+        line = self.line
+        self.advance()
+        parts: list = []
+        while True:
+            c = self.peek()
+            if c == "":
+                raise self.error("unterminated double quote", hint="close the quote", line=line)
+            if c == '"':
+                self.advance()
+                return parts or [""]
+            if c == "\\":
+                nxt = self.peek(1)
+                if nxt == "\n":
+                    raise self.error("line continuation (backslash-newline) inside double quotes is not accepted",
+                                     hint="remove the backslash to keep the newline")
+                if nxt in ('"', "\\", "$", "`"):
+                    parts.append(nxt)
+                    self.advance(2)
+                else:
+                    parts.append("\\")
+                    self.advance()
+            elif c == "$":
+                parts.append(self.dollar(quoted=True))
+            elif c == "`":
+                raise self.error("command substitution with backticks is not accepted")
+            else:
+                j = self.i
+                while j < len(self.s) and self.s[j] not in '"\\$`':
+                    j += 1
+                parts.append(self.advance(j - self.i))
+
+    def dollar(self, quoted: bool) -> Part:
+        nxt = self.peek(1)
+        if nxt == "{":
+            return self.braced()
+        if nxt and _NAME_START.match(nxt):
+            m = _NAME.match(self.s, self.i + 1)
+            self.i = m.end()
+            return Ref(m.group(0))
+        if nxt == "(":
+            kind = "arithmetic expansion" if self.peek(2) == "(" else "command substitution"
+            raise self.error(f"{kind} '$(' is not accepted")
+        if nxt == "'" and not quoted:
+            raise self.error("ANSI-C quoting $'...' is not accepted", hint="use '...' or \"...\"")
+        if nxt == '"' and not quoted:
+            raise self.error('locale quoting $"..." is not accepted', hint='use "..."')
+        if nxt == "[":
+            raise self.error("arithmetic expansion '$[' is not accepted")
+        if nxt and (nxt.isdigit() or nxt in "@*#?-$!"):
+            raise self.error(f"special parameter '${nxt}' is not accepted", hint="reference a named variable")
+        # a lone '$' (end of value, before a space or a quote) is literal in bash
+        self.advance()
+        return "$"
+
+    def braced(self) -> Ref:
+        line = self.line
+        self.advance(2)  # '${'
+        m = _NAME.match(self.s, self.i)
+        if not m:
+            raise self.error(f"unsupported parameter expansion '${{{self.rest_of_line()[:20]}'",
+                             hint="use ${NAME}, ${NAME-default} or ${NAME:-default}")
+        name = m.group(0)
+        self.i = m.end()
+        if self.peek() == "}":
+            self.advance()
+            return Ref(name)
+        if self.peek() == "-":
+            op = "-"
+            self.advance()
+        elif self.peek() == ":" and self.peek(1) == "-":
+            op = ":-"
+            self.advance(2)
+        else:
+            bad = self.s[self.i : self.i + 2]
+            raise self.error(f"unsupported parameter expansion '${{{name}{bad}...}}'",
+                             hint="use ${NAME}, ${NAME-default} or ${NAME:-default}")
+        parts: list = []
+        while True:
+            c = self.peek()
+            if c == "":
+                raise self.error(f"unterminated '${{{name}'", hint="close it with '}'", line=line)
+            if c == "}":
+                self.advance()
+                return Ref(name, op, _join(parts))
+            if c == "$":
+                ref = self.dollar(quoted=True)
+                parts.append(ref)
+            elif c in "'\"\\`~\n":
+                shown = {"\n": "a newline"}.get(c, f"'{c}'")
+                raise self.error(f"{shown} inside the default of ${{{name}{op}...}} is not accepted",
+                                 hint="keep defaults to plain text and $NAME references")
+            else:
+                j = self.i
+                while j < len(self.s) and self.s[j] not in "}$'\"\\`~\n":
+                    j += 1
+                parts.append(self.advance(j - self.i))
