@@ -1,0 +1,475 @@
+"""Engine command builders: the real per-rank command lines for SGLang and vLLM."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from envlayers.engines import (
+    EngineError,
+    RankCommand,
+    build_commands,
+    build_rank_command,
+    quote,
+    redact,
+    shell_line,
+)
+from envlayers.topology import plan
+
+MASTER = "${ENVLAYERS_MASTER_ADDR}"
+SERVED = "hpcagent-bench-vllm"
+
+# The catalog's launch keys, as the render would give them (only the keys the builders read).
+QWEN38 = {
+    "INFERENCE_ENGINE": "sglang",
+    "INFERENCE_MODEL": "Qwen/Qwen3.8-27B-FP8",
+    "VLLM_SERVED_MODEL": SERVED,
+    "INFERENCE_NODES": "1",
+    "GPUS_PER_NODE": "4",
+    "TENSOR_PARALLEL_SIZE": "4",
+    "SERVER_PORT": "8000",
+    "MEM_FRACTION_STATIC": "0.8",
+    "REASONING_PARSER": "qwen3",
+    "TOOL_CALL_PARSER": "qwen3_coder",
+}
+GLM53 = {
+    "INFERENCE_ENGINE": "sglang",
+    "INFERENCE_MODEL": "zai-org/GLM-5.3",
+    "VLLM_SERVED_MODEL": SERVED,
+    "INFERENCE_NODES": "4",
+    "GPUS_PER_NODE": "4",
+    "TENSOR_PARALLEL_SIZE": "4",
+    "PIPELINE_PARALLEL_SIZE": "4",
+    "MEM_FRACTION_STATIC": "0.85",
+    "SGLANG_ATTENTION_BACKEND": "",
+    "REASONING_PARSER": "glm45",
+    "TOOL_CALL_PARSER": "glm45",
+    "NCCL_NET_GDR_LEVEL": "LOC",
+}
+KIMI27SGLANG = {
+    "INFERENCE_ENGINE": "sglang",
+    "INFERENCE_MODEL": "moonshotai/Kimi-K2.7-Code",
+    "VLLM_SERVED_MODEL": SERVED,
+    "INFERENCE_NODES": "4",
+    "GPUS_PER_NODE": "4",
+    "TENSOR_PARALLEL_SIZE": "4",
+    "PIPELINE_PARALLEL_SIZE": "4",
+    "MEM_FRACTION_STATIC": "0.8",
+    "REASONING_PARSER": "kimi_k2",
+    "TOOL_CALL_PARSER": "kimi_k2",
+    "NCCL_NET_GDR_LEVEL": "LOC",
+}
+OSS120B = {
+    "INFERENCE_ENGINE": "vllm",
+    "INFERENCE_MODEL": "openai/gpt-oss-120b",
+    "VLLM_SERVED_MODEL": SERVED,
+    "INFERENCE_NODES": "1",
+    "GPUS_PER_NODE": "4",
+    "TENSOR_PARALLEL_SIZE": "4",
+    "GPU_MEMORY_UTILIZATION": "0.9",
+    "MAX_MODEL_LEN": "131072",
+    "REASONING_PARSER": "openai_gptoss",
+    "TOOL_CALL_PARSER": "openai",
+}
+QWEN38_MI200 = {
+    "INFERENCE_ENGINE": "vllm",
+    "INFERENCE_MODEL": "Qwen/Qwen3.8-27B",
+    "VLLM_SERVED_MODEL": SERVED,
+    "INFERENCE_NODES": "1",
+    "GPUS_PER_NODE": "4",
+    "TENSOR_PARALLEL_SIZE": "4",
+    "REASONING_PARSER": "qwen3",
+    "TOOL_CALL_PARSER": "hermes",
+    "SERVER_EXTRA_ARGS": "--dtype bfloat16",
+}
+QWEN38_REPLICAS = {**QWEN38, "INFERENCE_NODES": "2", "INFERENCE_MODE": "replicas"}
+
+SGLANG = ("python3", "-m", "sglang.launch_server")
+
+
+def command(env, rank=0, master=MASTER) -> RankCommand:
+    return build_rank_command(plan(env), env, rank, master)
+
+
+def argv(env, rank=0, master=MASTER) -> tuple[str, ...]:
+    return command(env, rank, master).argv
+
+
+def words(text: str) -> tuple[str, ...]:
+    return tuple(shlex.split(text))
+
+
+# --------------------------------------------------------------------------- catalog shapes (golden-ish)
+
+
+@pytest.mark.parametrize(
+    "env, rank, expected_argv, expected_env",
+    [
+        pytest.param(
+            QWEN38, 0,
+            SGLANG + words(
+                "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 1 "
+                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.8 --attention-backend aiter "
+                "--reasoning-parser qwen3 --tool-call-parser qwen3_coder"
+            ),
+            {},
+            id="qwen38-sglang-single",
+        ),
+        pytest.param(
+            GLM53, 0,
+            SGLANG + words(
+                "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 4 "
+                "--nnodes 4 --node-rank 0 --dist-init-addr ${ENVLAYERS_MASTER_ADDR}:29500 "
+                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 "
+                "--reasoning-parser glm45 --tool-call-parser glm45"
+            ),
+            {"NCCL_NET_GDR_LEVEL": "LOC"},
+            id="glm53-rank0",
+        ),
+        pytest.param(
+            GLM53, 3,
+            SGLANG + words(
+                "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 4 "
+                "--nnodes 4 --node-rank 3 --dist-init-addr ${ENVLAYERS_MASTER_ADDR}:29500 "
+                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 "
+                "--reasoning-parser glm45 --tool-call-parser glm45"
+            ),
+            {"NCCL_NET_GDR_LEVEL": "LOC"},
+            id="glm53-rank3",
+        ),
+        pytest.param(
+            KIMI27SGLANG, 1,
+            SGLANG + words(
+                "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
+                "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 1 --dist-init-addr ${ENVLAYERS_MASTER_ADDR}:29500 "
+                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.8 --attention-backend aiter "
+                "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2"
+            ),
+            {"NCCL_NET_GDR_LEVEL": "LOC"},
+            id="kimi27sglang-rank1",
+        ),
+        pytest.param(
+            OSS120B, 0,
+            words(
+                "vllm serve openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm "
+                "--tensor-parallel-size 4 --pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 "
+                "--gpu-memory-utilization 0.9 --max-model-len 131072 --reasoning-parser openai_gptoss "
+                "--tool-call-parser openai --enable-auto-tool-choice"
+            ),
+            {},
+            id="oss120b-vllm-single",
+        ),
+        pytest.param(
+            QWEN38_MI200, 0,
+            words(
+                "vllm serve Qwen/Qwen3.8-27B --served-model-name hpcagent-bench-vllm "
+                "--tensor-parallel-size 4 --pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 "
+                "--reasoning-parser qwen3 --tool-call-parser hermes --enable-auto-tool-choice --dtype bfloat16"
+            ),
+            {},
+            id="qwen38-mi200-vllm-bf16",
+        ),
+        pytest.param(
+            QWEN38_REPLICAS, 1,
+            SGLANG + words(
+                "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 1 "
+                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.8 --attention-backend aiter "
+                "--reasoning-parser qwen3 --tool-call-parser qwen3_coder"
+            ),
+            {},
+            id="replicas-rank1-is-an-independent-server",
+        ),
+    ],
+)
+def test_catalog_model_command_lines(env, rank, expected_argv, expected_env):
+    cmd = command(env, rank)
+    assert cmd.argv == expected_argv
+    assert cmd.env == expected_env
+
+
+def test_replicas_build_the_same_command_on_every_node():
+    cmds = build_commands(plan(QWEN38_REPLICAS), QWEN38_REPLICAS, MASTER)
+    assert len(cmds) == 2
+    assert cmds[0] == cmds[1]
+    assert cmds[0].argv == argv(QWEN38)
+
+
+def test_single_and_replicas_ignore_master_addr():
+    assert argv(QWEN38, master="") == argv(QWEN38, master="10.0.0.1")
+    assert argv(OSS120B, master="") == argv(OSS120B, master="10.0.0.1")
+
+
+# --------------------------------------------------------------------------- multi-node rendezvous
+
+
+def test_vllm_pipeline_rank0_serves_and_binds_the_rendezvous():
+    env = {**GLM53, "INFERENCE_ENGINE": "vllm"}
+    assert argv(env, 0, "10.1.2.3")[:17] == words(
+        "vllm serve zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
+        "--tensor-parallel-size 4 --pipeline-parallel-size 4 "
+        "--nnodes 4 --node-rank 0 --master-addr 10.1.2.3 --master-port 29500"
+    )
+    assert "--headless" not in argv(env, 0, "10.1.2.3")
+
+
+def test_vllm_pipeline_ranks_above_zero_are_headless():
+    env = {**GLM53, "INFERENCE_ENGINE": "vllm", "RDZV_PORT": "29600"}
+    assert argv(env, 2, "10.1.2.3")[9:18] == words(
+        "--nnodes 4 --node-rank 2 --master-addr 10.1.2.3 --master-port 29600 --headless"
+    )
+
+
+def test_sglang_rendezvous_uses_rdzv_port():
+    env = {**GLM53, "RDZV_PORT": "29600"}
+    a = argv(env, 1, "node-a")
+    assert a[a.index("--dist-init-addr") + 1] == "node-a:29600"
+
+
+def test_master_addr_is_kept_verbatim():
+    env = {**OSS120B, "INFERENCE_NODES": "2", "PIPELINE_PARALLEL_SIZE": "2"}
+    a = argv(env, 1, MASTER)
+    assert a[a.index("--master-addr") + 1] == "${ENVLAYERS_MASTER_ADDR}"
+
+
+def test_multi_node_plan_without_master_addr_is_a_programming_error():
+    with pytest.raises(ValueError, match="master_addr"):
+        command(GLM53, 1, "")
+
+
+def test_rank_outside_the_plan_is_a_programming_error():
+    with pytest.raises(ValueError, match=r"rank 4 is not in the plan \(ranks 0..3\)"):
+        command(GLM53, 4)
+
+
+# --------------------------------------------------------------------------- absent vs empty
+
+
+@pytest.mark.parametrize(
+    "overrides, present, absent",
+    [
+        pytest.param({}, ("--attention-backend", "aiter"), (), id="attention-backend-absent-is-aiter"),
+        pytest.param({"SGLANG_ATTENTION_BACKEND": ""}, (), ("--attention-backend",),
+                     id="attention-backend-empty-is-omitted"),
+        pytest.param({"SGLANG_ATTENTION_BACKEND": "triton"}, ("--attention-backend", "triton"), (),
+                     id="attention-backend-value"),
+        pytest.param({"MEM_FRACTION_STATIC": ""}, (), ("--mem-fraction-static",), id="mem-fraction-empty"),
+        pytest.param({"MEM_FRACTION_STATIC": None}, (), ("--mem-fraction-static",), id="mem-fraction-absent"),
+        pytest.param({"MAX_MODEL_LEN": "65536"}, ("--context-length", "65536"), ("--max-model-len",),
+                     id="max-model-len-is-context-length"),
+        pytest.param({"REASONING_PARSER": ""}, (), ("--reasoning-parser",), id="reasoning-parser-empty"),
+        pytest.param({"TOOL_CALL_PARSER": None}, (), ("--tool-call-parser",), id="tool-call-parser-absent"),
+        pytest.param({"SERVER_HOST": "10.0.0.5"}, ("--host", "10.0.0.5"), (), id="server-host-value"),
+        pytest.param({"SERVER_PORT": "9000"}, ("--port", "9000"), (), id="server-port-value"),
+        pytest.param({"GPU_MEMORY_UTILIZATION": "0.9"}, (), ("--gpu-memory-utilization",),
+                     id="vllm-key-ignored-by-sglang"),
+    ],
+)
+def test_sglang_flag_follows_absent_vs_empty(overrides, present, absent):
+    env = {**QWEN38, **{k: v for k, v in overrides.items() if v is not None}}
+    for key in [k for k, v in overrides.items() if v is None]:
+        env.pop(key, None)
+    a = argv(env)
+    if present:
+        assert a[a.index(present[0]) + 1] == present[1]
+    for name in absent:
+        assert name not in a
+
+
+@pytest.mark.parametrize(
+    "overrides, present, absent",
+    [
+        pytest.param({"GPU_MEMORY_UTILIZATION": ""}, (), ("--gpu-memory-utilization",), id="gpu-memory-empty"),
+        pytest.param({"MAX_MODEL_LEN": None}, (), ("--max-model-len",), id="max-model-len-absent"),
+        pytest.param({"TOOL_CALL_PARSER": ""}, (), ("--tool-call-parser", "--enable-auto-tool-choice"),
+                     id="tool-parser-empty-drops-auto-tool-choice"),
+        pytest.param({"SGLANG_ATTENTION_BACKEND": "aiter", "MEM_FRACTION_STATIC": "0.8"}, (),
+                     ("--attention-backend", "--mem-fraction-static"), id="sglang-keys-ignored-by-vllm"),
+    ],
+)
+def test_vllm_flag_follows_absent_vs_empty(overrides, present, absent):
+    env = {**OSS120B, **{k: v for k, v in overrides.items() if v is not None}}
+    for key in [k for k, v in overrides.items() if v is None]:
+        env.pop(key, None)
+    a = argv(env)
+    for name in absent:
+        assert name not in a
+
+
+def test_vllm_tool_call_parser_enables_auto_tool_choice():
+    a = argv(OSS120B)
+    i = a.index("--tool-call-parser")
+    assert a[i : i + 3] == ("--tool-call-parser", "openai", "--enable-auto-tool-choice")
+
+
+def test_sglang_does_not_get_enable_auto_tool_choice():
+    assert "--enable-auto-tool-choice" not in argv(QWEN38)
+
+
+@pytest.mark.parametrize("env", [pytest.param(QWEN38, id="sglang"), pytest.param(OSS120B, id="vllm")])
+def test_host_and_port_are_always_explicit(env):
+    bare = {k: v for k, v in env.items() if k not in ("SERVER_HOST", "SERVER_PORT")}
+    a = argv(bare)
+    assert a[a.index("--host") + 1] == "0.0.0.0"
+    assert a[a.index("--port") + 1] == "8000"
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        pytest.param({}, {}, id="absent-not-set"),
+        pytest.param({"NCCL_NET_GDR_LEVEL": ""}, {}, id="empty-not-set"),
+        pytest.param({"NCCL_NET_GDR_LEVEL": "LOC"}, {"NCCL_NET_GDR_LEVEL": "LOC"}, id="value-on-the-command"),
+    ],
+)
+def test_nccl_net_gdr_level_goes_on_the_server_command(overrides, expected):
+    assert command({**OSS120B, **overrides}).env == expected
+
+
+# --------------------------------------------------------------------------- required keys and engines
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        pytest.param("INFERENCE_ENGINE", None, "INFERENCE_ENGINE: is not set; valid engines: sglang, vllm",
+                     id="engine-absent"),
+        pytest.param("INFERENCE_ENGINE", "", "INFERENCE_ENGINE: is empty; valid engines: sglang, vllm",
+                     id="engine-empty"),
+        pytest.param("INFERENCE_ENGINE", "ollama", "INFERENCE_ENGINE: unknown engine 'ollama'; "
+                     "valid engines: sglang, vllm", id="engine-unknown"),
+        pytest.param("INFERENCE_MODEL", None, "INFERENCE_MODEL: is not set; it names the model path or "
+                     "Hugging Face id", id="model-absent"),
+        pytest.param("INFERENCE_MODEL", "", "INFERENCE_MODEL: is empty; it must name the model path or "
+                     "Hugging Face id", id="model-empty"),
+        pytest.param("VLLM_SERVED_MODEL", None, "VLLM_SERVED_MODEL: is not set; it names the model name "
+                     "clients use", id="served-name-absent"),
+        pytest.param("VLLM_SERVED_MODEL", "", "VLLM_SERVED_MODEL: is empty; it must name the model name "
+                     "clients use", id="served-name-empty"),
+        pytest.param("SERVER_HOST", "", "SERVER_HOST: is empty; it must be the address the server binds; "
+                     "hint: delete the line to bind 0.0.0.0", id="host-empty"),
+        pytest.param("SERVER_EXTRA_ARGS", "--x 'unclosed", "SERVER_EXTRA_ARGS: cannot be split like a shell "
+                     "would: No closing quotation", id="extra-args-unbalanced-quote"),
+    ],
+)
+@pytest.mark.parametrize("base", [pytest.param(QWEN38, id="sglang"), pytest.param(OSS120B, id="vllm")])
+def test_bad_key_is_an_error_naming_it(base, key, value, message):
+    env = dict(base)
+    if value is None:
+        env.pop(key)
+    else:
+        env[key] = value
+    with pytest.raises(EngineError) as err:
+        command(env)
+    assert str(err.value) == message
+    assert err.value.where == key
+
+
+# --------------------------------------------------------------------------- extra args and API key
+
+
+def test_extra_args_are_split_like_a_shell_and_appended_verbatim():
+    env = {**OSS120B, "SERVER_EXTRA_ARGS": """--hf-overrides '{"rope_scaling": {"factor": 2}}' --enable-prefix-caching"""}
+    assert argv(env)[-3:] == ("--hf-overrides", '{"rope_scaling": {"factor": 2}}', "--enable-prefix-caching")
+
+
+@pytest.mark.parametrize(
+    "extra, kept",
+    [
+        pytest.param("--api-server-count 4 --enable-prefix-caching", ("--enable-prefix-caching",), id="separate"),
+        pytest.param("--api-server-count=4 --enable-prefix-caching", ("--enable-prefix-caching",), id="equals"),
+        pytest.param("-asc 2 --seed 1", ("--seed", "1"), id="short-alias"),
+        pytest.param("--seed 1 --api_server_count 2", ("--seed", "1"), id="underscore-spelling"),
+    ],
+)
+def test_api_server_count_is_removed_on_headless_ranks(extra, kept):
+    env = {**GLM53, "INFERENCE_ENGINE": "vllm", "SERVER_EXTRA_ARGS": extra}
+    assert argv(env, 0)[-len(shlex.split(extra)):] == tuple(shlex.split(extra))
+    assert argv(env, 1)[-len(kept):] == kept
+    assert not any("api-server-count" in a or "api_server_count" in a or a == "-asc" for a in argv(env, 1))
+
+
+def test_api_server_count_is_kept_on_sglang_and_replicas():
+    env = {**OSS120B, "INFERENCE_NODES": "2", "INFERENCE_MODE": "replicas", "SERVER_EXTRA_ARGS": "--api-server-count 2"}
+    assert argv(env, 1)[-2:] == ("--api-server-count", "2")
+
+
+@pytest.mark.parametrize("env", [pytest.param(QWEN38, id="sglang"), pytest.param(OSS120B, id="vllm")])
+def test_server_api_key_becomes_api_key(env):
+    a = argv({**env, "SERVER_API_KEY": "s3cret"})
+    assert a[a.index("--api-key") + 1] == "s3cret"
+
+
+@pytest.mark.parametrize("value", [pytest.param(None, id="absent"), pytest.param("", id="empty")])
+def test_no_server_api_key_means_no_api_key_flag(value):
+    env = dict(QWEN38) if value is None else {**QWEN38, "SERVER_API_KEY": value}
+    assert "--api-key" not in argv(env)
+
+
+@pytest.mark.parametrize(
+    "given, masked",
+    [
+        pytest.param(("x", "--api-key", "s3cret", "--port", "1"), ("x", "--api-key", "***", "--port", "1"),
+                     id="separate"),
+        pytest.param(("x", "--api-key=s3cret"), ("x", "--api-key=***"), id="equals"),
+        pytest.param(("x", "--port", "1"), ("x", "--port", "1"), id="nothing-to-mask"),
+        pytest.param(("x", "--api-key", "a", "--api-key", "b"), ("x", "--api-key", "***", "--api-key", "***"),
+                     id="twice"),
+    ],
+)
+def test_redact_masks_the_api_key(given, masked):
+    assert redact(given) == masked
+
+
+def test_shell_line_masks_the_key_unless_asked_not_to():
+    cmd = command({**QWEN38, "SERVER_API_KEY": "s3cret", "SERVER_EXTRA_ARGS": "--api-key=other"})
+    assert "s3cret" not in shell_line(cmd) and "other" not in shell_line(cmd)
+    assert "--api-key '***'" in shell_line(cmd)
+    assert "--api-key s3cret" in shell_line(cmd, redact=False)
+
+
+# --------------------------------------------------------------------------- shell lines
+
+
+def test_shell_line_glm53_rank0():
+    assert shell_line(command(GLM53, 0)) == (
+        "NCCL_NET_GDR_LEVEL=LOC python3 -m sglang.launch_server --model-path zai-org/GLM-5.3 "
+        "--served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 "
+        '--dist-init-addr "${ENVLAYERS_MASTER_ADDR}:29500" --host 0.0.0.0 --port 8000 '
+        "--mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45"
+    )
+
+
+def test_shell_line_oss120b():
+    assert shell_line(command(OSS120B)) == (
+        "vllm serve openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm --tensor-parallel-size 4 "
+        "--pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 --gpu-memory-utilization 0.9 "
+        "--max-model-len 131072 --reasoning-parser openai_gptoss --tool-call-parser openai "
+        "--enable-auto-tool-choice"
+    )
+
+
+@pytest.mark.parametrize(
+    "word, quoted",
+    [
+        pytest.param("plain", "plain", id="plain"),
+        pytest.param("two words", "'two words'", id="space"),
+        pytest.param("${ENVLAYERS_MASTER_ADDR}", '"${ENVLAYERS_MASTER_ADDR}"', id="exact-reference"),
+        pytest.param("${ENVLAYERS_MASTER_ADDR}:29500", '"${ENVLAYERS_MASTER_ADDR}:29500"', id="reference-and-port"),
+        pytest.param('${A} "$x" `y`\\', '"${A} \\"\\$x\\" \\`y\\`\\\\"', id="reference-with-specials"),
+        pytest.param("$HOME", "'$HOME'", id="bare-dollar-stays-literal"),
+        pytest.param("${1}", "'${1}'", id="not-a-name"),
+        pytest.param('{"a": 1}', "'{\"a\": 1}'", id="json"),
+    ],
+)
+def test_quote_keeps_only_name_references_expandable(word, quoted):
+    assert quote(word) == quoted
+
+
+def test_shell_line_runs_in_bash_with_the_reference_filled_in():
+    cmd = RankCommand(argv=("printf", "%s\\n", "${ENVLAYERS_MASTER_ADDR}:29500", "a b", "$HOME", '{"k": 1}'),
+                      env={"NCCL_NET_GDR_LEVEL": "LOC"})
+    script = f"ENVLAYERS_MASTER_ADDR=10.0.0.7; {shell_line(cmd)}"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["10.0.0.7:29500", "a b", "$HOME", '{"k": 1}']
