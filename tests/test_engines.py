@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -16,73 +17,82 @@ from envlayers.engines import (
     redact,
     shell_line,
 )
+from envlayers.errors import TopologyError
 from envlayers.topology import plan
 
 MASTER = "${ENVLAYERS_MASTER_ADDR}"
 SERVED = "hpcagent-bench-vllm"
 
-# The catalog's launch keys, as the render would give them (only the keys the builders read).
-QWEN38 = {
-    "INFERENCE_ENGINE": "sglang",
-    "INFERENCE_MODEL": "Qwen/Qwen3.8-27B-FP8",
+# The catalog's launch keys, mirroring experiments/renders/.env.experiment.<model> (copied, so a
+# catalog change does not silently rewrite these expectations; test_every_catalog_render_builds
+# checks the real renders).
+COMMON = {
     "VLLM_SERVED_MODEL": SERVED,
-    "INFERENCE_NODES": "1",
+    "SLURM_PARTITION": "mi300",
     "GPUS_PER_NODE": "4",
     "TENSOR_PARALLEL_SIZE": "4",
+    "PIPELINE_PARALLEL_SIZE": "1",
+    "INFERENCE_NODES": "1",
+    "SERVER_HOST": "0.0.0.0",
     "SERVER_PORT": "8000",
-    "MEM_FRACTION_STATIC": "0.8",
+    "RDZV_PORT": "29500",
+    "CONTAINER_RUNTIME": "ce",
+    "NCCL_NET_GDR_LEVEL": "LOC",
+}
+QWEN38 = {
+    **COMMON,
+    "INFERENCE_ENGINE": "sglang",
+    "CONTAINER_ROLE": "sglang-mi300",
+    "INFERENCE_MODEL": "Qwen/Qwen3.8-27B-FP8",
+    "MEM_FRACTION_STATIC": "0.80",
     "REASONING_PARSER": "qwen3",
-    "TOOL_CALL_PARSER": "qwen3_coder",
+    "TOOL_CALL_PARSER": "qwen25",
 }
 GLM53 = {
-    "INFERENCE_ENGINE": "sglang",
-    "INFERENCE_MODEL": "zai-org/GLM-5.3",
-    "VLLM_SERVED_MODEL": SERVED,
-    "INFERENCE_NODES": "4",
-    "GPUS_PER_NODE": "4",
-    "TENSOR_PARALLEL_SIZE": "4",
+    **COMMON,
     "PIPELINE_PARALLEL_SIZE": "4",
-    "MEM_FRACTION_STATIC": "0.85",
+    "INFERENCE_NODES": "4",
+    "INFERENCE_ENGINE": "sglang",
+    "CONTAINER_ROLE": "sglang-mi300",
+    "INFERENCE_MODEL": "zai-org/GLM-5.3",
+    "AGENT_READY_TIMEOUT_SECONDS": "10800",
     "SGLANG_ATTENTION_BACKEND": "",
+    "MEM_FRACTION_STATIC": "0.85",
     "REASONING_PARSER": "glm45",
     "TOOL_CALL_PARSER": "glm45",
-    "NCCL_NET_GDR_LEVEL": "LOC",
 }
 KIMI27SGLANG = {
-    "INFERENCE_ENGINE": "sglang",
-    "INFERENCE_MODEL": "moonshotai/Kimi-K2.7-Code",
-    "VLLM_SERVED_MODEL": SERVED,
-    "INFERENCE_NODES": "4",
-    "GPUS_PER_NODE": "4",
-    "TENSOR_PARALLEL_SIZE": "4",
+    **COMMON,
     "PIPELINE_PARALLEL_SIZE": "4",
-    "MEM_FRACTION_STATIC": "0.8",
+    "INFERENCE_NODES": "4",
+    "INFERENCE_ENGINE": "sglang",
+    "CONTAINER_ROLE": "sglang-mi300",
+    "INFERENCE_MODEL": "moonshotai/Kimi-K2.7-Code",
+    "AGENT_READY_TIMEOUT_SECONDS": "7200",
+    "MEM_FRACTION_STATIC": "0.85",
     "REASONING_PARSER": "kimi_k2",
     "TOOL_CALL_PARSER": "kimi_k2",
-    "NCCL_NET_GDR_LEVEL": "LOC",
+    "SERVER_EXTRA_ARGS": "--trust-remote-code",
 }
 OSS120B = {
+    **COMMON,
     "INFERENCE_ENGINE": "vllm",
+    "CONTAINER_ROLE": "vllm-mi300",
     "INFERENCE_MODEL": "openai/gpt-oss-120b",
-    "VLLM_SERVED_MODEL": SERVED,
-    "INFERENCE_NODES": "1",
-    "GPUS_PER_NODE": "4",
-    "TENSOR_PARALLEL_SIZE": "4",
-    "GPU_MEMORY_UTILIZATION": "0.9",
-    "MAX_MODEL_LEN": "131072",
+    "GPU_MEMORY_UTILIZATION": "0.90",
     "REASONING_PARSER": "openai_gptoss",
     "TOOL_CALL_PARSER": "openai",
 }
 QWEN38_MI200 = {
+    **QWEN38,
+    "SLURM_PARTITION": "mi200",
     "INFERENCE_ENGINE": "vllm",
+    "CONTAINER_ROLE": "vllm-mi200",
     "INFERENCE_MODEL": "Qwen/Qwen3.8-27B",
-    "VLLM_SERVED_MODEL": SERVED,
-    "INFERENCE_NODES": "1",
-    "GPUS_PER_NODE": "4",
-    "TENSOR_PARALLEL_SIZE": "4",
     "REASONING_PARSER": "qwen3",
     "TOOL_CALL_PARSER": "hermes",
     "SERVER_EXTRA_ARGS": "--dtype bfloat16",
+    "GPU_MEMORY_UTILIZATION": "0.90",
 }
 QWEN38_REPLICAS = {**QWEN38, "INFERENCE_NODES": "2", "INFERENCE_MODE": "replicas"}
 
@@ -104,89 +114,73 @@ def words(text: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- catalog shapes (golden-ish)
 
 
+GDR = "NCCL_NET_GDR_LEVEL=LOC "
+SGLANG_LINE = GDR + "python3 -m sglang.launch_server "
+VLLM_LINE = GDR + "vllm serve "
+
+
 @pytest.mark.parametrize(
-    "env, rank, expected_argv, expected_env",
+    "env, rank, expected",
     [
         pytest.param(
             QWEN38, 0,
-            SGLANG + words(
-                "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 1 "
-                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.8 --attention-backend aiter "
-                "--reasoning-parser qwen3 --tool-call-parser qwen3_coder"
-            ),
-            {},
+            SGLANG_LINE + "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm "
+            "--tp-size 4 --pp-size 1 --host 0.0.0.0 --port 8000 --mem-fraction-static 0.80 "
+            "--attention-backend aiter --reasoning-parser qwen3 --tool-call-parser qwen25",
             id="qwen38-sglang-single",
         ),
         pytest.param(
             GLM53, 0,
-            SGLANG + words(
-                "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 4 "
-                "--nnodes 4 --node-rank 0 --dist-init-addr ${ENVLAYERS_MASTER_ADDR}:29500 "
-                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 "
-                "--reasoning-parser glm45 --tool-call-parser glm45"
-            ),
-            {"NCCL_NET_GDR_LEVEL": "LOC"},
-            id="glm53-rank0",
+            SGLANG_LINE + "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
+            "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45",
+            id="glm53-rank0-no-attention-backend",
         ),
         pytest.param(
-            GLM53, 3,
-            SGLANG + words(
-                "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 4 "
-                "--nnodes 4 --node-rank 3 --dist-init-addr ${ENVLAYERS_MASTER_ADDR}:29500 "
-                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 "
-                "--reasoning-parser glm45 --tool-call-parser glm45"
-            ),
-            {"NCCL_NET_GDR_LEVEL": "LOC"},
-            id="glm53-rank3",
+            GLM53, 1,
+            SGLANG_LINE + "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
+            "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 1 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45",
+            id="glm53-rank1",
         ),
         pytest.param(
-            KIMI27SGLANG, 1,
-            SGLANG + words(
-                "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
-                "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 1 --dist-init-addr ${ENVLAYERS_MASTER_ADDR}:29500 "
-                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.8 --attention-backend aiter "
-                "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2"
-            ),
-            {"NCCL_NET_GDR_LEVEL": "LOC"},
-            id="kimi27sglang-rank1",
+            KIMI27SGLANG, 3,
+            SGLANG_LINE + "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
+            "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 3 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --attention-backend aiter "
+            "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code",
+            id="kimi27sglang-rank3",
         ),
         pytest.param(
             OSS120B, 0,
-            words(
-                "vllm serve openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm "
-                "--tensor-parallel-size 4 --pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 "
-                "--gpu-memory-utilization 0.9 --max-model-len 131072 --reasoning-parser openai_gptoss "
-                "--tool-call-parser openai --enable-auto-tool-choice"
-            ),
-            {},
+            VLLM_LINE + "openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm "
+            "--tensor-parallel-size 4 --pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 "
+            "--gpu-memory-utilization 0.90 --reasoning-parser openai_gptoss --tool-call-parser openai "
+            "--enable-auto-tool-choice",
             id="oss120b-vllm-single",
         ),
         pytest.param(
             QWEN38_MI200, 0,
-            words(
-                "vllm serve Qwen/Qwen3.8-27B --served-model-name hpcagent-bench-vllm "
-                "--tensor-parallel-size 4 --pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 "
-                "--reasoning-parser qwen3 --tool-call-parser hermes --enable-auto-tool-choice --dtype bfloat16"
-            ),
-            {},
+            VLLM_LINE + "Qwen/Qwen3.8-27B --served-model-name hpcagent-bench-vllm "
+            "--tensor-parallel-size 4 --pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 "
+            "--gpu-memory-utilization 0.90 --reasoning-parser qwen3 --tool-call-parser hermes "
+            "--enable-auto-tool-choice --dtype bfloat16",
             id="qwen38-mi200-vllm-bf16",
         ),
         pytest.param(
             QWEN38_REPLICAS, 1,
-            SGLANG + words(
-                "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 1 "
-                "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.8 --attention-backend aiter "
-                "--reasoning-parser qwen3 --tool-call-parser qwen3_coder"
-            ),
-            {},
+            SGLANG_LINE + "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm "
+            "--tp-size 4 --pp-size 1 --host 0.0.0.0 --port 8000 --mem-fraction-static 0.80 "
+            "--attention-backend aiter --reasoning-parser qwen3 --tool-call-parser qwen25",
             id="replicas-rank1-is-an-independent-server",
         ),
     ],
 )
-def test_catalog_model_command_lines(env, rank, expected_argv, expected_env):
+def test_catalog_model_command_lines(env, rank, expected):
     cmd = command(env, rank)
-    assert cmd.argv == expected_argv
-    assert cmd.env == expected_env
+    assert shell_line(cmd) == expected
+    assert cmd.env == {"NCCL_NET_GDR_LEVEL": "LOC"}
+    assert cmd.argv == tuple(shlex.split(expected)[1:])
 
 
 def test_replicas_build_the_same_command_on_every_node():
@@ -316,15 +310,18 @@ def test_host_and_port_are_always_explicit(env):
 
 
 @pytest.mark.parametrize(
-    "overrides, expected",
+    "value, expected",
     [
-        pytest.param({}, {}, id="absent-not-set"),
-        pytest.param({"NCCL_NET_GDR_LEVEL": ""}, {}, id="empty-not-set"),
-        pytest.param({"NCCL_NET_GDR_LEVEL": "LOC"}, {"NCCL_NET_GDR_LEVEL": "LOC"}, id="value-on-the-command"),
+        pytest.param(None, {}, id="absent-not-set"),
+        pytest.param("", {}, id="empty-not-set"),
+        pytest.param("PHB", {"NCCL_NET_GDR_LEVEL": "PHB"}, id="value-on-the-command"),
     ],
 )
-def test_nccl_net_gdr_level_goes_on_the_server_command(overrides, expected):
-    assert command({**OSS120B, **overrides}).env == expected
+def test_nccl_net_gdr_level_goes_on_the_server_command(value, expected):
+    env = {k: v for k, v in OSS120B.items() if k != "NCCL_NET_GDR_LEVEL"}
+    if value is not None:
+        env["NCCL_NET_GDR_LEVEL"] = value
+    assert command(env).env == expected
 
 
 # --------------------------------------------------------------------------- required keys and engines
@@ -432,24 +429,6 @@ def test_shell_line_masks_the_key_unless_asked_not_to():
 # --------------------------------------------------------------------------- shell lines
 
 
-def test_shell_line_glm53_rank0():
-    assert shell_line(command(GLM53, 0)) == (
-        "NCCL_NET_GDR_LEVEL=LOC python3 -m sglang.launch_server --model-path zai-org/GLM-5.3 "
-        "--served-model-name hpcagent-bench-vllm --tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 "
-        '--dist-init-addr "${ENVLAYERS_MASTER_ADDR}:29500" --host 0.0.0.0 --port 8000 '
-        "--mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45"
-    )
-
-
-def test_shell_line_oss120b():
-    assert shell_line(command(OSS120B)) == (
-        "vllm serve openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm --tensor-parallel-size 4 "
-        "--pipeline-parallel-size 1 --host 0.0.0.0 --port 8000 --gpu-memory-utilization 0.9 "
-        "--max-model-len 131072 --reasoning-parser openai_gptoss --tool-call-parser openai "
-        "--enable-auto-tool-choice"
-    )
-
-
 @pytest.mark.parametrize(
     "word, quoted",
     [
@@ -473,3 +452,37 @@ def test_shell_line_runs_in_bash_with_the_reference_filled_in():
     script = f"ENVLAYERS_MASTER_ADDR=10.0.0.7; {shell_line(cmd)}"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["10.0.0.7:29500", "a b", "$HOME", '{"k": 1}']
+
+
+# --------------------------------------------------------------------------- the real catalog renders
+
+RENDERS = sorted((Path(__file__).resolve().parents[1] / "experiments" / "renders").glob(".env.*"))
+
+
+def read_render(path: Path) -> dict[str, str]:
+    """A committed ``--format sh`` render: ``export KEY='value'`` lines -> key -> value."""
+    env = {}
+    for line in path.read_text().splitlines():
+        tokens = shlex.split(line, comments=True)
+        if tokens[:1] == ["export"] and len(tokens) == 2 and "=" in tokens[1]:
+            key, _, value = tokens[1].partition("=")
+            env[key] = value
+    return env
+
+
+@pytest.mark.skipif(not RENDERS, reason="no committed catalog renders")
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name.removeprefix(".env.")) for p in RENDERS])
+def test_every_catalog_render_builds_or_is_refused_with_a_reason(path):
+    env = read_render(path)
+    try:
+        p = plan(env)
+    except TopologyError as err:
+        # e.g. replicas:glm53: a 16-GPU model cannot be one replica per 4-GPU node.
+        assert err.where and err.hint
+        return
+    cmds = build_commands(p, env, MASTER)
+    assert len(cmds) == p.nodes
+    for cmd in cmds:
+        line = shell_line(cmd, redact=False)
+        assert tuple(shlex.split(line)[len(cmd.env):]) == cmd.argv
+        assert cmd.argv[cmd.argv.index("--port") + 1] == str(p.api_port)
