@@ -190,6 +190,35 @@ def test_instance_that_needs_more_gpus_than_allocated_is_rejected(env, message):
     assert str(err.value) == message
 
 
+REPLICA = (
+    "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE: TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE = {tp} x {pp} "
+    "needs {used} GPU(s) per replica, but INFERENCE_MODE=replicas runs one independent server per node and a node "
+    "has GPUS_PER_NODE = 4 GPU(s); the server would fail at start after the job waited in the queue; hint: {hint}"
+)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        pytest.param(
+            keys(nodes=4, tp=4, pp=4, mode="replicas"),
+            REPLICA.format(tp=4, pp=4, used=16, hint="set INFERENCE_MODE= (empty) for one instance across the "
+                           "4 nodes, or set PIPELINE_PARALLEL_SIZE=1 if one node's memory holds the model"),
+            id="pipeline-model-as-replicas",
+        ),
+        pytest.param(
+            keys(nodes=3, tp=3, pp=3, mode="replicas"),
+            REPLICA.format(tp=3, pp=3, used=9, hint="set TENSOR_PARALLEL_SIZE=4 and PIPELINE_PARALLEL_SIZE=1"),
+            id="no-instance-fix",
+        ),
+    ],
+)
+def test_replica_larger_than_a_node_hints_the_fix(env, message):
+    with pytest.raises(TopologyError) as err:
+        plan(env)
+    assert str(err.value) == message
+
+
 def test_replica_larger_than_a_node_is_rejected():
     with pytest.raises(TopologyError) as err:
         plan(keys(nodes=2, tp=8, mode="replicas"))
@@ -197,7 +226,8 @@ def test_replica_larger_than_a_node_is_rejected():
         "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE: TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE = 8 x 1 "
         "needs 8 GPU(s) per replica, but INFERENCE_MODE=replicas runs one independent server per node and a node "
         "has GPUS_PER_NODE = 4 GPU(s); the server would fail at start after the job waited in the queue; "
-        "hint: set TENSOR_PARALLEL_SIZE=4, or leave INFERENCE_MODE empty for one instance across the nodes"
+        "hint: set INFERENCE_MODE= (empty) for one instance across the 2 nodes, "
+        "or set TENSOR_PARALLEL_SIZE=4 if one node's memory holds the model"
     )
 
 
@@ -208,7 +238,7 @@ def test_single_mode_on_several_nodes_is_rejected():
         "INFERENCE_MODE, INFERENCE_NODES: INFERENCE_MODE=single runs one server on one node, but "
         "INFERENCE_NODES = 3; 2 node(s) (8 GPU(s)) would sit idle and be billed for the whole walltime; "
         "hint: set INFERENCE_NODES=1, or INFERENCE_MODE=replicas for one server per node, "
-        "or leave INFERENCE_MODE empty for one instance across the nodes"
+        "or INFERENCE_MODE= (empty) for one instance across the nodes"
     )
 
 
@@ -217,7 +247,7 @@ def test_unknown_mode_lists_the_valid_ones():
         plan(keys(mode="pipline"))
     assert str(err.value) == (
         "INFERENCE_MODE: unknown mode 'pipline'; valid modes: single, pipeline, replicas; "
-        "hint: leave it empty to derive the mode from INFERENCE_NODES and "
+        "hint: set it empty (or delete it) to derive the mode from INFERENCE_NODES and "
         "TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
     )
 

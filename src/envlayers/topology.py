@@ -157,7 +157,7 @@ def _mode(env: Mapping[str, str]) -> str | None:
         raise TopologyError(
             f"unknown mode {value!r}; valid modes: {', '.join(MODES)}",
             where="INFERENCE_MODE",
-            hint="leave it empty to derive the mode from INFERENCE_NODES and TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE",
+            hint="set it empty (or delete it) to derive the mode from INFERENCE_NODES and TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE",
         )
     return mode
 
@@ -217,14 +217,18 @@ def _missing_error(nodes: int, gpn: int, tp: int, pp: int) -> TopologyError:
 def _replica_too_big_error(nodes: int, gpn: int, tp: int, pp: int) -> TopologyError:
     used = tp * pp
     fixes = []
-    if gpn % pp == 0:
-        fixes.append(f"set TENSOR_PARALLEL_SIZE={gpn // pp}")
-    elif gpn % tp == 0:
-        fixes.append(f"set PIPELINE_PARALLEL_SIZE={gpn // tp}")
-    else:
-        fixes.append(f"set TENSOR_PARALLEL_SIZE={gpn} and PIPELINE_PARALLEL_SIZE=1")
     if used == nodes * gpn:
-        fixes.append("leave INFERENCE_MODE empty for one instance across the nodes")
+        fixes.append(f"set INFERENCE_MODE= (empty) for one instance across the {nodes} nodes")
+    if tp <= gpn and gpn % tp == 0:
+        fixes.append(f"PIPELINE_PARALLEL_SIZE={gpn // tp}")
+    elif gpn % pp == 0:
+        fixes.append(f"TENSOR_PARALLEL_SIZE={gpn // pp}")
+    else:
+        fixes.append(f"TENSOR_PARALLEL_SIZE={gpn} and PIPELINE_PARALLEL_SIZE=1")
+    if not fixes[0].startswith("set INFERENCE_MODE="):
+        fixes[0] = "set " + fixes[0]
+    elif len(fixes) > 1:
+        fixes[1] = f"set {fixes[1]} if one node's memory holds the model"
     return TopologyError(
         f"{_TP_PP} = {tp} x {pp} needs {used} GPU(s) per replica, but INFERENCE_MODE=replicas runs one "
         f"independent server per node and a node has GPUS_PER_NODE = {gpn} GPU(s); "
@@ -277,7 +281,7 @@ def plan(env: Mapping[str, str]) -> Plan:
             f"{nodes - 1} node(s) ({(nodes - 1) * gpn} GPU(s)) would sit idle and be billed for the whole walltime",
             where="INFERENCE_MODE, INFERENCE_NODES",
             hint="set INFERENCE_NODES=1, or INFERENCE_MODE=replicas for one server per node, "
-            "or leave INFERENCE_MODE empty for one instance across the nodes",
+            "or INFERENCE_MODE= (empty) for one instance across the nodes",
         )
 
     if used < total:
