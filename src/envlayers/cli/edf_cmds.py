@@ -1,0 +1,198 @@
+"""``env_layers install-edfs`` and ``env_layers edf ...``: container definitions.
+
+Only click is imported at module level; the library (and with it PyYAML and tomli-w) is imported
+when a command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import click
+
+from . import get_root
+
+_TOPOLOGY_CHOICES = ("single", "replicas", "pipeline")  # == envlayers.edf.TOPOLOGIES
+
+
+@click.command("install-edfs")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder to install into (default: the first folder of EDF_PATH, else ~/.edf).",
+)
+@click.option("--force", is_flag=True, help="Replace EDFs that differ from what env_layers renders.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def install_edfs(ctx: click.Context, dest: str | None, force: bool, as_json: bool) -> None:
+    """Install every container definition (EDF) of the catalog, and report missing images.
+
+    \b
+    Per EDF: written, unchanged, differs (a file env_layers did not write, or that was edited
+    since; kept, with the diff) or overwritten (--force). Exit status 1 when an EDF differs and
+    was kept.
+    """
+    from .. import edf
+
+    root = get_root(ctx)
+    folder = Path(dest).expanduser() if dest is not None else edf.edf_search_dir(os.environ)
+    results = edf.install(root, folder, force=force)
+    missing = _missing_images(results)
+    kept = [r for r in results if r.status == "differs"]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "dest": str(folder),
+                    "results": [r.to_json() for r in results],
+                    "missing_images": missing,
+                    "images_unchecked": sorted({r.image for r in results if r.image_present is None}),
+                    "ok": not kept,
+                },
+                indent=2,
+            )
+        )
+    else:
+        _print_report(folder, results, missing)
+    if kept:
+        ctx.exit(1)
+
+
+def _missing_images(results) -> list[dict]:
+    seen: dict[str, dict] = {}
+    for r in results:
+        if r.image_present is not False:
+            continue
+        entry = seen.setdefault(
+            r.image,
+            {
+                "image": r.image,
+                "path": str(r.image_path),
+                "remote_image": r.remote_image,
+                "roles": [],
+                "fetch_command": r.fetch_command,
+            },
+        )
+        if r.role not in entry["roles"]:
+            entry["roles"].append(r.role)
+    return list(seen.values())
+
+
+def _print_report(folder: Path, results, missing: list[dict]) -> None:
+    click.echo(f"EDFs in {folder}:")
+    width = max(len(r.path.name) for r in results)
+    for r in results:
+        line = f"  {r.status:<11} {r.path.name:<{width}}  {', '.join(r.topologies)}"
+        if r.status == "differs":
+            line += f": {r.reason}; kept (--force replaces it)"
+        elif r.reason:
+            line += f": {r.reason}"
+        click.echo(line)
+        if r.status in ("differs", "overwritten") and r.diff:
+            for diff_line in r.diff.splitlines():
+                click.echo(f"      {diff_line}")
+
+    unchecked = sorted({r.image for r in results if r.image_present is None})
+    if missing:
+        click.echo("Missing images (each fetched by its command):")
+        for m in missing:
+            click.echo(f"  {m['path']}  ({', '.join(m['roles'])}: {m['remote_image']})")
+            click.echo(f"    {m['fetch_command']}")
+    elif not unchecked:
+        click.echo("All images present.")
+    for image in unchecked:
+        click.echo(f"Not checked (a variable in the path is not set): {image}")
+
+    kept = sum(r.status == "differs" for r in results)
+    if kept:
+        noun = "EDF differs" if kept == 1 else "EDFs differ"
+        click.echo(f"{kept} {noun} from what env_layers renders and {'was' if kept == 1 else 'were'} kept; "
+                   "rerun with --force to replace (the diff above shows what would change).")
+
+
+@click.group("edf")
+def edf() -> None:
+    """Inspect container definitions (EDFs)."""
+
+
+@edf.command("show")
+@click.argument("role")
+@click.option(
+    "--topology",
+    type=click.Choice(_TOPOLOGY_CHOICES),
+    default="pipeline",
+    show_default=True,
+    help="single and replicas get the -intranode variant, pipeline the base EDF.",
+)
+@click.pass_context
+def show(ctx: click.Context, role: str, topology: str) -> None:
+    """Print the TOML that install-edfs writes for ROLE."""
+    from .. import edf as lib
+
+    click.echo(lib.render_edf(role, topology, get_root(ctx)), nl=False)
+
+
+@edf.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_context
+def list_cmd(ctx: click.Context, as_json: bool) -> None:
+    """List roles, their EDF names per topology and their pinned images."""
+    from .. import edf as lib
+
+    root = get_root(ctx)
+    rows = []
+    for role, src in sorted(lib.load_catalog(root).items()):
+        rows.append(
+            {
+                "role": role,
+                "engine": src.engine,
+                "edfs": {t: lib.edf_name(role, t, root) for t in lib.TOPOLOGIES},
+                "remote_image": src.remote_image,
+                "image": src.edf["image"],
+                "source": src.file,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['role']}  ({row['engine']}, {row['source']})")
+        click.echo(f"  image:     {row['remote_image']}")
+        click.echo(f"  squashfs:  {row['image']}")
+        click.echo(f"  pipeline:  {row['edfs']['pipeline']}")
+        click.echo(f"  single, replicas: {row['edfs']['single']}")
+
+
+@edf.command("name", hidden=True)
+@click.argument("role")
+@click.option("--topology", type=click.Choice(_TOPOLOGY_CHOICES), required=True)
+@click.pass_context
+def name_cmd(ctx: click.Context, role: str, topology: str) -> None:
+    """Print the EDF name for ROLE and TOPOLOGY (for shell launchers)."""
+    from .. import edf as lib
+
+    click.echo(lib.edf_name(role, topology, get_root(ctx)))
+
+
+@edf.command("image", hidden=True)
+@click.argument("role")
+@click.option("--json", "fmt", flag_value="json", help="Print as JSON.")
+@click.option("--shell", "fmt", flag_value="shell", help="Print shell assignments (for registry.sbatch).")
+@click.pass_context
+def image_cmd(ctx: click.Context, role: str, fmt: str | None) -> None:
+    """Print ROLE's pinned image and the SquashFS path its EDF names (used by registry.sbatch)."""
+    from .. import edf as lib
+
+    info = lib.image_info(role, get_root(ctx), os.environ)
+    if fmt == "json":
+        click.echo(json.dumps(info, indent=2))
+    elif fmt == "shell":
+        for key in ("role", "remote_image", "enroot_uri", "squashfs", "root"):
+            click.echo(f"{key}={shlex.quote(str(info[key]))}")
+        click.echo(f"roles_sharing={shlex.quote(' '.join(info['roles_sharing']))}")
+    else:
+        click.echo(f"{info['remote_image']} -> {info['squashfs']}")
