@@ -12,7 +12,6 @@ import re
 from .envfile import Value
 
 FORMATS = ("sh", "env", "json")
-_SAFE = re.compile(r"[A-Za-z0-9_./:,@%+=-]+")
 
 
 def value_text(value: Value) -> str:
@@ -30,15 +29,16 @@ def single_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _dq_escape(text: str, extra: str = "") -> str:
-    return re.sub(r'([\\$"`' + re.escape(extra) + r"])", r"\\\1", text)
+def _dq_escape(text: str) -> str:
+    return re.sub(r'([\\$"`])', r"\\\1", text)
 
 
 def _dq_body(value: Value, in_default: bool = False) -> str:
     out = []
     for p in value:
         if isinstance(p, str):
-            out.append(_dq_escape(p, "}" if in_default else ""))
+            # inside ${NAME-...} a nested "..." keeps '}' and a lone "'" literal (bash)
+            out.append(f'"{_dq_escape(p)}"' if in_default else _dq_escape(p))
         else:
             inner = _dq_body(p.default, in_default=True) if p.op else ""
             out.append("${" + p.name + (p.op or "") + inner + "}")

@@ -1,0 +1,100 @@
+"""The accepted syntax of a layer file, one rule per test id, exact error texts."""
+
+from __future__ import annotations
+
+import pytest
+
+from envlayers.envfile import Ref, parse_text
+from envlayers.errors import LayerSyntaxError
+
+
+def one(text: str):
+    (a,) = parse_text(text, "l.env")
+    return a.key, a.value
+
+
+@pytest.mark.parametrize(
+    "text, key, value",
+    [
+        pytest.param("A=b", "A", ("b",), id="plain"),
+        pytest.param("export A=b", "A", ("b",), id="export-prefix"),
+        pytest.param("  A=b  # why", "A", ("b",), id="indent-and-trailing-comment"),
+        pytest.param("A=", "A", (), id="empty-value-is-present-and-empty"),
+        pytest.param("A=''", "A", (), id="empty-single-quotes"),
+        pytest.param("A=a#b", "A", ("a#b",), id="hash-inside-word-is-literal"),
+        pytest.param("A='x $Y \"z\"'", "A", ('x $Y "z"',), id="single-quotes-are-literal"),
+        pytest.param('A="x \\$Y \\"z\\" \\n"', "A", ('x $Y "z" \\n',), id="double-quote-escapes"),
+        pytest.param("A='line1\nline2'", "A", ("line1\nline2",), id="quoted-newline"),
+        pytest.param("A=$B", "A", (Ref("B"),), id="bare-reference"),
+        pytest.param("A=${B}c", "A", (Ref("B"), "c"), id="braced-reference"),
+        pytest.param("A=${B-d}", "A", (Ref("B", "-", ("d",)),), id="dash-default"),
+        pytest.param("A=${B:-d e}", "A", (Ref("B", ":-", ("d e",)),), id="colon-dash-default"),
+        pytest.param("A=${B:-$C/x}", "A", (Ref("B", ":-", (Ref("C"), "/x")),), id="reference-in-default"),
+        pytest.param("A=a$", "A", ("a$",), id="lone-dollar-is-literal"),
+        pytest.param("A=x\\ y", "A", ("x y",), id="backslash-escape-unquoted"),
+        pytest.param("A=x~y", "A", ("x~y",), id="tilde-inside-word-is-literal"),
+        pytest.param("A=\"~\"", "A", ("~",), id="quoted-tilde"),
+        pytest.param("A=*?[x]", "A", ("*?[x]",), id="no-globbing-in-assignments"),
+    ],
+)
+def test_accepted(text, key, value):
+    assert one(text) == (key, value)
+
+
+def test_comments_and_blank_lines_are_skipped():
+    assert [a.key for a in parse_text("# c\n\n   \nA=1\n  # c2\nB=2\n")] == ["A", "B"]
+
+
+def test_origin_is_the_first_line_of_a_multiline_statement():
+    a, b = parse_text("A='x\ny'\nB=1\n", "l.env")
+    assert (str(a.origin), str(b.origin)) == ("l.env:1", "l.env:3")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        pytest.param("A=$(date)", "l.env:1: command substitution '$(' is not accepted", id="command-substitution"),
+        pytest.param("A=`date`", "l.env:1: command substitution with backticks is not accepted", id="backticks"),
+        pytest.param('A="`date`"', "l.env:1: command substitution with backticks is not accepted",
+                     id="backticks-in-double-quotes"),
+        pytest.param("A=$((1+2))", "l.env:1: arithmetic expansion '$(' is not accepted", id="arithmetic"),
+        pytest.param("A=${B:=d}", "l.env:1: unsupported parameter expansion '${B:=...}'", id="assign-default"),
+        pytest.param("A=${B:+x}", "l.env:1: unsupported parameter expansion '${B:+...}'", id="alternate-value"),
+        pytest.param("A=${#B}", "l.env:1: unsupported parameter expansion '${#B}'", id="length"),
+        pytest.param("A=$1", "l.env:1: special parameter '$1' is not accepted", id="positional"),
+        pytest.param("A=x \\\nB=1", "l.env:1: unexpected text after the value of A: '\\'", id="trailing-backslash"),
+        pytest.param("A=x\\\ny", "l.env:1: line continuation (backslash at end of line) is not accepted",
+                     id="line-continuation"),
+        pytest.param("unset A", "l.env:1: 'unset A' is not accepted: a layer can override a key, never unset it",
+                     id="unset"),
+        pytest.param("source other.env", "l.env:1: not an assignment: 'source other.env'", id="source"),
+        pytest.param("FOO", "l.env:1: not an assignment: 'FOO'", id="bare-word"),
+        pytest.param("A = 1", "l.env:1: space around '=' in 'A = 1'", id="space-around-equals"),
+        pytest.param("A+=x", "l.env:1: append assignment 'A+=x' is not accepted", id="append"),
+        pytest.param("A=1 B=2", "l.env:1: unexpected text after the value of A: 'B=2'", id="two-assignments"),
+        pytest.param("A=1; B=2", "l.env:1: unquoted ';' is not accepted in a value", id="semicolon"),
+        pytest.param("A='x", "l.env:1: unterminated single quote", id="unterminated-single"),
+        pytest.param('\nA="x\n', "l.env:2: unterminated double quote", id="unterminated-double"),
+        pytest.param("A=~/x", "l.env:1: unquoted '~' would be tilde-expanded by bash", id="tilde"),
+        pytest.param("A=a:~/x", "l.env:1: unquoted '~' would be tilde-expanded by bash", id="tilde-after-colon"),
+        pytest.param("A=$'x'", "l.env:1: ANSI-C quoting $'...' is not accepted", id="ansi-c-quoting"),
+        pytest.param("A=x\r", "l.env:1: carriage return in line (CRLF line endings)", id="crlf"),
+        pytest.param("RANDOM=1", "l.env:1: 'RANDOM' is a bash special variable and cannot be set from a layer",
+                     id="bash-special"),
+        pytest.param("A=${B-'x'}", "l.env:1: ''' inside the default of ${B-...} is not accepted",
+                     id="quote-in-default"),
+        pytest.param("if true; then A=1; fi", "l.env:1: not an assignment: 'if true; then A=1; fi'", id="compound"),
+    ],
+)
+def test_rejected_with_file_line_and_hint(text, message):
+    with pytest.raises(LayerSyntaxError) as err:
+        parse_text(text, "l.env")
+    text_out = str(err.value)
+    assert text_out.split("; hint: ")[0] == message
+    assert "; hint: " in text_out
+
+
+def test_every_error_is_one_line():
+    with pytest.raises(LayerSyntaxError) as err:
+        parse_text("A='a\nb\nc", "l.env")
+    assert "\n" not in str(err.value)

@@ -1,0 +1,182 @@
+"""Merge rules: precedence, last assignment wins, absent vs empty, references, provenance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envlayers.envfile import parse_text
+from envlayers.errors import CatalogError, StackError
+from envlayers.layers import Source, load_env, merge, stack_sources
+from envlayers.shell import render
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def stack(*texts: str):
+    return merge([Source(f"l{i}.env", tuple(parse_text(t, f"l{i}.env"))) for i, t in enumerate(texts)], "t:t")
+
+
+def test_last_assignment_wins():
+    assert stack("A=1", "A=2").text() == {"A": "2"}
+
+
+def test_later_layer_can_assign_empty_and_key_stays_present():
+    env = stack("A=1", "A=")
+    assert "A" in env and env.text()["A"] == ""
+
+
+def test_key_no_layer_assigns_is_absent():
+    assert "B" not in stack("A=1")
+
+
+def test_reference_to_earlier_assignment_is_resolved():
+    assert stack("A=x", "B=$A/y").text()["B"] == "x/y"
+
+
+def test_reference_to_unassigned_name_is_deferred():
+    assert stack("B=$SCRATCH/y").text()["B"] == "${SCRATCH}/y"
+
+
+def test_dash_default_keeps_an_empty_value():
+    assert stack("A=", "B=${A-d}").text()["B"] == ""
+
+
+def test_colon_dash_default_replaces_an_empty_value():
+    assert stack("A=", "B=${A:-d}").text()["B"] == "d"
+
+
+def test_override_history_is_kept_oldest_first():
+    env = stack("A=1", "A=2", "A=3")
+    b = env.bindings["A"]
+    assert [str(o) for _, o in b.overridden] == ["l0.env:1", "l1.env:1"] and str(b.origin) == "l2.env:1"
+
+
+def test_keys_render_in_order_of_first_assignment():
+    assert list(stack("B=1\nA=1", "C=1\nB=2").bindings) == ["B", "A", "C"]
+
+
+def test_self_reference_extends_the_environment_value():
+    assert stack("PATH=$PATH:/a", "PATH=$PATH:/b").text()["PATH"] == "${PATH}:/a:/b"
+
+
+def test_reading_a_name_that_an_earlier_line_of_the_render_assigns_is_refused():
+    with pytest.raises(StackError) as err:
+        stack("M=$N", "N=2", "K=$M")
+    assert str(err.value).startswith(
+        "l0.env:1: K reads $N from the environment at l0.env:1, but N is assigned at l1.env:1, before K is first set"
+    )
+
+
+def test_reading_a_name_that_a_later_line_assigns_is_rendered():
+    assert stack("A=$HOME/x", "HOME=/h").text() == {"A": "${HOME}/x", "HOME": "/h"}
+
+
+def test_colon_dash_on_a_value_of_several_deferred_references_is_refused():
+    with pytest.raises(StackError) as err:
+        stack("A=$X$Y", "B=${A:-d}")
+    assert "depends on the job's environment" in str(err.value) and str(err.value).startswith("l1.env:1: ")
+
+
+def test_strict_refuses_deferred_references():
+    with pytest.raises(StackError) as err:
+        merge([Source("l.env", tuple(parse_text("B=$SCRATCH", "l.env")))], "t:t", strict=True)
+    assert str(err.value).startswith("l.env:1: B reads $SCRATCH, which no layer assigns")
+
+
+def test_sh_render_quotes_literals_and_keeps_deferred_expandable():
+    env = stack("A=it\\'s", "B=$SCRATCH/x", "C=")
+    body = render(env, "sh", with_header=False)
+    assert body == "export A='it'\\''s'\nexport B=\"${SCRATCH}/x\"\nexport C=''\n"
+
+
+def test_json_render_is_key_to_string():
+    import json
+
+    assert json.loads(render(stack("A=1", "B="), "json")) == {"A": "1", "B": ""}
+
+
+def test_env_render_is_readable_by_python_dotenv():
+    import io
+
+    from dotenv import dotenv_values
+
+    text = render(stack("A=plain", "B='two words'", "C="), "env")
+    assert dotenv_values(stream=io.StringIO(text)) == {"A": "plain", "B": "two words", "C": ""}
+
+
+# -- the catalog stack --------------------------------------------------------------------------
+
+def test_catalog_stack_order():
+    labels = [s.label for s in stack_sources(REPO, "replicas:qwen38mi200")]
+    assert labels == [
+        "experiments/layers/common.env",
+        "experiments/layers/replicas.env",
+        "experiments/layers/model-qwen38.env",
+        "experiments/layers/hardware-mi200-qwen38.env",
+    ]
+
+
+def test_model_layer_overrides_experiment():
+    env = load_env(REPO, "replicas:kimi27sglang").text()
+    assert env["INFERENCE_NODES"] == "4" and env["AGENT_READY_TIMEOUT_SECONDS"] == "7200"
+
+
+def test_experiment_layer_applies_when_the_model_is_silent():
+    env = load_env(REPO, "replicas:qwen38").text()
+    assert env["AGENT_READY_TIMEOUT_SECONDS"] == "2400" and env["VLLM_READY_TIMEOUT_SECONDS"] == "2400"
+
+
+def test_glm53_assigns_attention_backend_empty():
+    env = load_env(REPO, "experiment:glm53")
+    assert env.text()["SGLANG_ATTENTION_BACKEND"] == ""
+
+
+def test_appended_file_wins(tmp_path):
+    extra = tmp_path / "mine.env"
+    extra.write_text("SERVER_PORT=9000\n")
+    assert load_env(REPO, "experiment:qwen38", (extra,)).text()["SERVER_PORT"] == "9000"
+
+
+def test_inline_env_in_setups_yaml_is_a_layer(tmp_path):
+    (tmp_path / "experiments" / "layers").mkdir(parents=True)
+    (tmp_path / "experiments" / "layers" / "common.env").write_text("A=1\nB=1\n")
+    (tmp_path / "experiments" / "layers" / "model-m.env").write_text("B=2\n")
+    (tmp_path / "experiments" / "setups.yaml").write_text(
+        "experiments:\n  e:\n    env:\n      A: '5'\n      B: '5'\nmodels:\n  m:\n    env:\n      C: ''\n"
+    )
+    env = load_env(tmp_path, "e:m")
+    assert env.text() == {"A": "5", "B": "2", "C": ""}
+    assert str(env.bindings["A"].origin) == "experiments/setups.yaml:4"
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        pytest.param("experiments: {}\n", "experiments/setups.yaml: missing 'models:'", id="missing-models"),
+        pytest.param("experiments:\n  e:\n    layer: [x]\nmodels: {}\n",
+                     "experiments/setups.yaml:3: unknown key 'experiments.e.layer'", id="unknown-entry-key"),
+        pytest.param("experiments:\n  e:\n    env:\n      A: true\nmodels: {}\n",
+                     "experiments/setups.yaml:4: experiments.e.env.A is a YAML bool ('true'), not a string",
+                     id="bool-value"),
+        pytest.param("experiments:\n  e:\n    env:\n      A:\nmodels: {}\n",
+                     "experiments/setups.yaml:4: experiments.e.env.A has no value", id="null-value"),
+        pytest.param("experiments: [\n", "experiments/setups.yaml:2: invalid YAML", id="bad-yaml"),
+    ],
+)
+def test_malformed_setups_yaml_names_file_line_and_key_path(tmp_path, yaml_text, message):
+    (tmp_path / "experiments" / "layers").mkdir(parents=True)
+    (tmp_path / "experiments" / "setups.yaml").write_text(yaml_text)
+    with pytest.raises(CatalogError) as err:
+        load_env(tmp_path, "e:m")
+    assert str(err.value).startswith(message) and "hint:" in str(err.value)
+
+
+def test_missing_layer_file_names_the_setups_line(tmp_path):
+    (tmp_path / "experiments" / "layers").mkdir(parents=True)
+    (tmp_path / "experiments" / "layers" / "common.env").write_text("")
+    (tmp_path / "experiments" / "setups.yaml").write_text("experiments:\n  e:\n    layers: [nope.env]\nmodels:\n  m:\n")
+    with pytest.raises(StackError) as err:
+        load_env(tmp_path, "e:m")
+    assert str(err.value).startswith("experiments/setups.yaml:3: layer file experiments/layers/nope.env not found")
