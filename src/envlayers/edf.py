@@ -388,15 +388,29 @@ def _load_source(path: Path, root: Path) -> Source:
         rel = path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         rel = str(path)
-    text = path.read_text(encoding="utf-8")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{rel}:{mark.line + 1}" if mark is not None else rel
-        problem = getattr(err, "problem", None) or str(err)
-        raise EdfError(f"not valid YAML: {problem}", where=where) from None
+        stat = path.stat()
+    except OSError as err:
+        raise EdfError(f"cannot read: {err.strerror}", where=rel) from None
+    key = (rel, stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    cached = _SOURCE_CACHE.get(path.resolve())
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    text = path.read_text(encoding="utf-8")
+    fast = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        node = yaml.compose(text, Loader=fast)
+        data = None if node is None else fast("").construct_document(node)
+    except yaml.YAMLError:
+        # report with the pure-Python parser: its messages and lines do not depend on libyaml
+        try:
+            yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{rel}:{mark.line + 1}" if mark is not None else rel
+            problem = getattr(err, "problem", None) or str(err)
+            raise EdfError(f"not valid YAML: {problem}", where=where) from None
+        raise
     lines: dict[tuple, int] = {}
     check = _Checker(rel, lines)
     if node is not None:
@@ -435,8 +449,15 @@ def _load_source(path: Path, root: Path) -> Source:
         if key in edf.get("env", {}):
             check.fail(("fabric_env", key), "is also set in edf.env",
                        hint="a key belongs either to every variant (edf.env) or to the pipeline EDF only (fabric_env)")
-    return Source(role=role, name=name, engine=engine, remote_image=remote,
-                  fabric_env=fabric_env, edf=edf, file=rel)
+    src = Source(role=role, name=name, engine=engine, remote_image=remote,
+                 fabric_env=fabric_env, edf=edf, file=rel)
+    _SOURCE_CACHE[path.resolve()] = (key, src)
+    return src
+
+
+# validated sources by file, keyed on (relative name, mtime, size, inode): the launcher asks for
+# names and renders several times per command, and an edit changes the key
+_SOURCE_CACHE: dict[Path, tuple[tuple, Source]] = {}
 
 
 _PIN_HINT = "pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>); the EDF name may say -latest, the image may not"
