@@ -1,0 +1,1539 @@
+"""Test-only stand-in for the GPU inference engines (vLLM and SGLang).
+
+Never used in production: it exists so that the launcher's real, rendered command lines
+(``vllm serve ...`` and ``python3 -m sglang.launch_server ...``) can run unchanged on machines
+without GPUs, e.g. on the project's local Slurm cluster. Standard library only; it is loaded by
+path from ``bin/vllm`` and ``pypath/sglang/launch_server.py``, so it needs neither envlayers nor
+any third-party package, and works from any working directory.
+
+What it does, per engine:
+- parses the command line against a table of the real engine's flags (unknown flag: exit 2 with
+  an argparse error, as the real engine does; SGLang accepts unique prefixes like argparse, so
+  ``--pp`` is an ambiguous option, while vLLM takes exact names and ``--snake_case`` spellings);
+- prints the engine's real startup lines, in the real order, with the real prefixes and
+  timestamps, spread over the load time, flushing every line (SGLang logs to stderr, vLLM to
+  stdout, as the real ones do);
+- serves an OpenAI-compatible API on the address and port the command line asks for (defaults
+  as the real engines: SGLang 127.0.0.1:30000, vLLM all interfaces:8000), but only once the
+  model is "loaded": before that the port refuses connections (vLLM binds it early and listens
+  late; SGLang binds and listens at its uvicorn line, /health says 503 until "fired up");
+- multi-node: ranks > 0 (SGLang ``--node-rank`` >= 1, vLLM ``--headless``) print their startup
+  lines and then stay alive until terminated, never binding the API port;
+- SIGTERM / SIGINT: exit 0 at once.
+
+Endpoints (rank 0): ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
+(``stream: true`` supported), ``GET /health``, ``GET /health_generate``, ``GET /ping``,
+``GET /version``, ``GET /metrics`` (Prometheus text; SGLang only with ``--enable-metrics``, as the
+real one). With ``--api-key`` only ``/v1/*`` needs ``Authorization: Bearer <key>``.
+
+Behaviour knobs (environment variables; all optional):
+
+  STANDIN_LOAD_SECONDS=1            time from start to serving, spread over the phases
+  STANDIN_CRASH_AT=<phase>          print a traceback at that phase and exit with STANDIN_EXIT_CODE
+  STANDIN_EXIT_CODE=1               exit status of an injected crash
+  STANDIN_CRASH_MESSAGE=<text>      last line of the injected traceback (default names the knob)
+  STANDIN_CRASH_SIGNAL=<KILL|SEGV|ABRT|...>
+                                    at the crash point, die by this signal instead, with no
+                                    traceback (KILL looks like the kernel OOM killer)
+  STANDIN_HANG_AT=<phase>           stop printing at that phase and never listen (until killed)
+  STANDIN_CRASH_AFTER_READY_SECONDS=<s>
+                                    serve, then crash (traceback, STANDIN_EXIT_CODE) s seconds later;
+                                    on ranks > 0: s seconds after their startup lines
+  STANDIN_INJECT_AT=<phase>         print extra log lines at that phase (after its first lines):
+  STANDIN_INJECT=<text|@file>       the lines (real newlines or the two characters \\n separate them)
+  STANDIN_RANKS=0,2                 ranks the crash/hang/inject knobs apply to (default: all).
+                                    rank = --node-rank if given (both engines); else vLLM
+                                    --data-parallel-start-rank // --data-parallel-size-local;
+                                    else SLURM_PROCID; else 0
+  STANDIN_RECORD=<file>             append one JSON line per start: argv, engine, rank, host, pid,
+                                    cwd, selected env (NCCL_*, RCCL_*, FI_*, SLURM_*, CUDA/HIP/ROCR
+                                    visible devices, VLLM_*, SGLANG_*, HF_*), RLIMIT_CORE, CPU count
+                                    of the affinity mask, and whether the command line was rejected
+  STANDIN_HYBRID=0|1                print SGLang's "Mamba Cache is allocated" line (default: guessed
+                                    from the model name, e.g. Qwen3.5+/Next/Mamba/Nemotron-H)
+  STANDIN_KV_TOKENS=<n>             KV cache size in tokens printed by both engines
+  STANDIN_AVAIL_MEM_GB=120          per-GPU free memory printed before weight loading
+  STANDIN_NCCL_NETWORK=<name>       network printed in "NCCL INFO Using network <name>" (printed only
+                                    when NCCL_DEBUG=INFO/TRACE and more than one GPU); default: the
+                                    canonical name of NCCL_NET if set, else "Socket"
+  STANDIN_SGLANG_DUMMY_HEALTH=1     SGLang ranks >= 1 run the real engine's dummy health server
+                                    (/health, /health_generate, /ping answer 200) on --host/--port
+                                    (off by default: on a one-host test cluster it would collide)
+  STANDIN_PRINT_ARGS=0              do not print the engine's own argument dump (the real engines
+                                    print it, API key included; default 1)
+  STANDIN_REPLY=<text>              completion text (default: "Hello! You said: <last user message>")
+  STANDIN_LOG_STREAM=stdout|stderr  override where log lines go
+
+Phases, in order (aliases in brackets): start, init [dist], weights [load, weight],
+kv [kv-cache, cache, memory], graphs [graph, capture, cuda-graph], listen [serve, http],
+ready. ``listen`` is after the server-start lines and before the port listens; ``ready`` is
+just after the engine says it is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hmac
+import json
+import math
+import os
+import re
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSIONS = {"sglang": "0.5.20", "vllm": "0.28.0"}
+
+PHASES = ("start", "init", "weights", "kv", "graphs", "listen", "ready")
+PHASE_ALIASES = {
+    "dist": "init", "load": "weights", "weight": "weights", "kv-cache": "kv", "kv_cache": "kv",
+    "cache": "kv", "memory": "kv", "graph": "graphs", "capture": "graphs", "cuda-graph": "graphs",
+    "cuda_graph": "graphs", "serve": "listen", "http": "listen",
+}
+# share of STANDIN_LOAD_SECONDS spent in each phase
+PHASE_SHARE = {"start": 0.05, "init": 0.10, "weights": 0.40, "kv": 0.10, "graphs": 0.25, "listen": 0.10,
+               "ready": 0.0}
+
+RECORD_ENV_PREFIXES = ("NCCL_", "RCCL_", "FI_", "SLURM_", "VLLM_", "SGLANG_", "HF_")
+RECORD_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "SLURMD_NODENAME",
+                   "TRANSFORMERS_CACHE", "OMP_NUM_THREADS", "PYTHONPATH")
+
+
+class KnobError(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Flag tables: (option strings, dest, kind, extra). kind: "v" value, "b" boolean, "n" one or more
+# values, "i"/"f" int/float value. Only flags that exist in the real engine belong here.
+# ----------------------------------------------------------------------------------------------
+
+SGLANG_ATTENTION_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "cutlass_mla", "fa3",
+    "fa4", "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha",
+    "dual_chunk_flash_attn", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave",
+    "intel_amx", "ascend", "intel_xpu",
+)
+SGLANG_KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16",
+                    "fp4_e2m1")
+
+SGLANG_FLAGS = [
+    # model and tokenizer
+    (("--model-path", "--model"), "model_path", "v", {"required": True}),
+    (("--tokenizer-path",), "tokenizer_path", "v", {}),
+    (("--tokenizer-mode",), "tokenizer_mode", "v", {"choices": ("auto", "slow")}),
+    (("--tokenizer-worker-num",), "tokenizer_worker_num", "i", {}),
+    (("--skip-tokenizer-init",), "skip_tokenizer_init", "b", {}),
+    (("--load-format",), "load_format", "v", {}),
+    (("--model-loader-extra-config",), "model_loader_extra_config", "v", {}),
+    (("--trust-remote-code",), "trust_remote_code", "b", {}),
+    (("--context-length",), "context_length", "i", {}),
+    (("--is-embedding",), "is_embedding", "b", {}),
+    (("--enable-multimodal",), "enable_multimodal", "b", {}),
+    (("--revision",), "revision", "v", {}),
+    (("--model-impl",), "model_impl", "v", {}),
+    (("--json-model-override-args",), "json_model_override_args", "v", {}),
+    (("--download-dir",), "download_dir", "v", {}),
+    # quantization and data type
+    (("--dtype",), "dtype", "v", {"choices": ("auto", "half", "float16", "bfloat16", "float", "float32")}),
+    (("--quantization",), "quantization", "v", {}),
+    (("--quantization-param-path",), "quantization_param_path", "v", {}),
+    (("--kv-cache-dtype",), "kv_cache_dtype", "v", {"choices": SGLANG_KV_DTYPES}),
+    # memory and scheduling
+    (("--mem-fraction-static",), "mem_fraction_static", "f", {}),
+    (("--max-running-requests",), "max_running_requests", "i", {}),
+    (("--max-queued-requests",), "max_queued_requests", "i", {}),
+    (("--max-total-tokens",), "max_total_tokens", "i", {}),
+    (("--chunked-prefill-size",), "chunked_prefill_size", "i", {}),
+    (("--max-prefill-tokens",), "max_prefill_tokens", "i", {}),
+    (("--schedule-policy",), "schedule_policy", "v", {}),
+    (("--schedule-conservativeness",), "schedule_conservativeness", "f", {}),
+    (("--enable-priority-scheduling",), "enable_priority_scheduling", "b", {}),
+    (("--page-size",), "page_size", "i", {}),
+    (("--max-mamba-cache-size",), "max_mamba_cache_size", "i", {}),
+    (("--mamba-ssm-dtype",), "mamba_ssm_dtype", "v", {}),
+    (("--mamba-full-memory-ratio",), "mamba_full_memory_ratio", "f", {}),
+    (("--mamba-scheduler-strategy",), "mamba_scheduler_strategy", "v", {}),
+    (("--hybrid-kvcache-ratio",), "hybrid_kvcache_ratio", "f", {}),
+    (("--enable-hierarchical-cache",), "enable_hierarchical_cache", "b", {}),
+    (("--hicache-ratio",), "hicache_ratio", "f", {}),
+    (("--hicache-size",), "hicache_size", "i", {}),
+    (("--hicache-write-policy",), "hicache_write_policy", "v", {}),
+    (("--hicache-storage-backend",), "hicache_storage_backend", "v", {}),
+    (("--disable-radix-cache",), "disable_radix_cache", "b", {}),
+    (("--allow-auto-truncate",), "allow_auto_truncate", "b", {}),
+    # runtime
+    (("--device",), "device", "v", {}),
+    (("--tp-size", "--tensor-parallel-size"), "tp_size", "i", {"default": 1}),
+    (("--pp-size", "--pipeline-parallel-size"), "pp_size", "i", {"default": 1}),
+    (("--pp-max-micro-batch-size",), "pp_max_micro_batch_size", "i", {}),
+    (("--pp-async-batch-depth",), "pp_async_batch_depth", "i", {}),
+    (("--dp-size", "--data-parallel-size"), "dp_size", "i", {"default": 1}),
+    (("--ep-size", "--expert-parallel-size"), "ep_size", "i", {"default": 1}),
+    (("--load-balance-method",), "load_balance_method", "v", {}),
+    (("--enable-dp-attention",), "enable_dp_attention", "b", {}),
+    (("--enable-dp-lm-head",), "enable_dp_lm_head", "b", {}),
+    (("--stream-interval",), "stream_interval", "i", {}),
+    (("--random-seed",), "random_seed", "i", {}),
+    (("--watchdog-timeout",), "watchdog_timeout", "f", {}),
+    (("--dist-timeout",), "dist_timeout", "i", {}),
+    (("--base-gpu-id",), "base_gpu_id", "i", {}),
+    (("--gpu-id-step",), "gpu_id_step", "i", {}),
+    (("--sleep-on-idle",), "sleep_on_idle", "b", {}),
+    # HTTP server
+    (("--host",), "host", "v", {"default": "127.0.0.1"}),
+    (("--port",), "port", "i", {"default": 30000}),
+    (("--nccl-port",), "nccl_port", "i", {}),
+    (("--skip-server-warmup",), "skip_server_warmup", "b", {}),
+    (("--warmups",), "warmups", "v", {}),
+    (("--api-key",), "api_key", "v", {}),
+    (("--served-model-name",), "served_model_name", "v", {}),
+    (("--chat-template",), "chat_template", "v", {}),
+    (("--completion-template",), "completion_template", "v", {}),
+    (("--file-storage-path",), "file_storage_path", "v", {}),
+    (("--enable-cache-report",), "enable_cache_report", "b", {}),
+    (("--reasoning-parser",), "reasoning_parser", "v", {}),
+    (("--tool-call-parser",), "tool_call_parser", "v", {}),
+    (("--tool-server",), "tool_server", "v", {}),
+    (("--preferred-sampling-params",), "preferred_sampling_params", "v", {}),
+    # logging and metrics
+    (("--log-level",), "log_level", "v", {}),
+    (("--log-level-http",), "log_level_http", "v", {}),
+    (("--log-requests",), "log_requests", "b", {}),
+    (("--log-requests-level",), "log_requests_level", "i", {}),
+    (("--show-time-cost",), "show_time_cost", "b", {}),
+    (("--enable-metrics",), "enable_metrics", "b", {}),
+    (("--enable-metrics-for-all-schedulers",), "enable_metrics_for_all_schedulers", "b", {}),
+    (("--collect-tokens-histogram",), "collect_tokens_histogram", "b", {}),
+    (("--decode-log-interval",), "decode_log_interval", "i", {}),
+    (("--crash-dump-folder",), "crash_dump_folder", "v", {}),
+    # multi-node
+    (("--dist-init-addr", "--nccl-init-addr"), "dist_init_addr", "v", {}),
+    (("--nnodes",), "nnodes", "i", {"default": 1}),
+    (("--node-rank",), "node_rank", "i", {"default": 0}),
+    # kernels and backends
+    (("--attention-backend",), "attention_backend", "v", {"choices": SGLANG_ATTENTION_BACKENDS}),
+    (("--prefill-attention-backend",), "prefill_attention_backend", "v", {"choices": SGLANG_ATTENTION_BACKENDS}),
+    (("--decode-attention-backend",), "decode_attention_backend", "v", {"choices": SGLANG_ATTENTION_BACKENDS}),
+    (("--mm-attention-backend",), "mm_attention_backend", "v", {}),
+    (("--sampling-backend",), "sampling_backend", "v", {}),
+    (("--grammar-backend",), "grammar_backend", "v", {}),
+    (("--moe-runner-backend",), "moe_runner_backend", "v", {}),
+    (("--moe-a2a-backend",), "moe_a2a_backend", "v", {}),
+    (("--enable-eplb",), "enable_eplb", "b", {}),
+    (("--speculative-algorithm",), "speculative_algorithm", "v", {}),
+    (("--speculative-draft-model-path",), "speculative_draft_model_path", "v", {}),
+    (("--speculative-num-steps",), "speculative_num_steps", "i", {}),
+    (("--speculative-eagle-topk",), "speculative_eagle_topk", "i", {}),
+    (("--speculative-num-draft-tokens",), "speculative_num_draft_tokens", "i", {}),
+    (("--disable-cuda-graph",), "disable_cuda_graph", "b", {}),
+    (("--disable-cuda-graph-padding",), "disable_cuda_graph_padding", "b", {}),
+    (("--cuda-graph-max-bs",), "cuda_graph_max_bs", "i", {}),
+    (("--cuda-graph-bs",), "cuda_graph_bs", "n", {}),
+    (("--enable-torch-compile",), "enable_torch_compile", "b", {}),
+    (("--torch-compile-max-bs",), "torch_compile_max_bs", "i", {}),
+    (("--disable-overlap-schedule",), "disable_overlap_schedule", "b", {}),
+    (("--enable-mixed-chunk",), "enable_mixed_chunk", "b", {}),
+    (("--enable-two-batch-overlap",), "enable_two_batch_overlap", "b", {}),
+    (("--disable-custom-all-reduce",), "disable_custom_all_reduce", "b", {}),
+    (("--enable-mscclpp",), "enable_mscclpp", "b", {}),
+    (("--disable-shared-experts-fusion",), "disable_shared_experts_fusion", "b", {}),
+    (("--disable-chunked-prefix-cache",), "disable_chunked_prefix_cache", "b", {}),
+    (("--enable-deterministic-inference",), "enable_deterministic_inference", "b", {}),
+    (("--enable-nan-detection",), "enable_nan_detection", "b", {}),
+    (("--enable-p2p-check",), "enable_p2p_check", "b", {}),
+    (("--enable-memory-saver",), "enable_memory_saver", "b", {}),
+    (("--delete-ckpt-after-loading",), "delete_ckpt_after_loading", "b", {}),
+    (("--enable-lora",), "enable_lora", "b", {}),
+    (("--lora-paths",), "lora_paths", "n", {}),
+    (("--max-loras-per-batch",), "max_loras_per_batch", "i", {}),
+    (("--config",), "config", "v", {}),
+]
+
+VLLM_FLAGS = [
+    # frontend
+    (("--host",), "host", "v", {}),
+    (("--port",), "port", "i", {"default": 8000}),
+    (("--uds",), "uds", "v", {}),
+    (("--uvicorn-log-level",), "uvicorn_log_level", "v", {}),
+    (("--disable-uvicorn-access-log",), "disable_uvicorn_access_log", "b", {}),
+    (("--api-key",), "api_key", "n", {}),
+    (("--served-model-name",), "served_model_name", "n", {}),
+    (("--chat-template",), "chat_template", "v", {}),
+    (("--chat-template-content-format",), "chat_template_content_format", "v", {}),
+    (("--response-role",), "response_role", "v", {}),
+    (("--ssl-keyfile",), "ssl_keyfile", "v", {}),
+    (("--ssl-certfile",), "ssl_certfile", "v", {}),
+    (("--root-path",), "root_path", "v", {}),
+    (("--middleware",), "middleware", "v", {}),
+    (("--enable-auto-tool-choice",), "enable_auto_tool_choice", "b", {}),
+    (("--tool-call-parser",), "tool_call_parser", "v", {}),
+    (("--tool-parser-plugin",), "tool_parser_plugin", "v", {}),
+    (("--tool-server",), "tool_server", "v", {}),
+    (("--reasoning-parser",), "reasoning_parser", "v", {}),
+    (("--max-log-len",), "max_log_len", "i", {}),
+    (("--disable-fastapi-docs",), "disable_fastapi_docs", "b", {}),
+    (("--enable-prompt-tokens-details",), "enable_prompt_tokens_details", "b", {}),
+    (("--enable-server-load-tracking",), "enable_server_load_tracking", "b", {}),
+    (("--enable-force-include-usage",), "enable_force_include_usage", "b", {}),
+    (("--enable-request-id-headers",), "enable_request_id_headers", "b", {}),
+    (("--enable-log-outputs",), "enable_log_outputs", "b", {}),
+    (("--enable-log-requests",), "enable_log_requests", "b", {}),
+    (("--disable-log-requests",), "disable_log_requests", "b", {}),
+    (("--disable-log-stats",), "disable_log_stats", "b", {}),
+    (("--disable-frontend-multiprocessing",), "disable_frontend_multiprocessing", "b", {}),
+    (("--enable-tokenizer-info-endpoint",), "enable_tokenizer_info_endpoint", "b", {}),
+    (("--return-tokens-as-token-ids",), "return_tokens_as_token_ids", "b", {}),
+    (("--headless",), "headless", "b", {}),
+    (("--api-server-count", "-asc"), "api_server_count", "i", {}),
+    (("--config",), "config", "v", {}),
+    # model
+    (("--model",), "model", "v", {}),
+    (("--tokenizer",), "tokenizer", "v", {}),
+    (("--tokenizer-mode",), "tokenizer_mode", "v", {}),
+    (("--trust-remote-code",), "trust_remote_code", "b", {}),
+    (("--dtype",), "dtype", "v", {}),
+    (("--seed",), "seed", "i", {}),
+    (("--revision",), "revision", "v", {}),
+    (("--max-model-len",), "max_model_len", "h", {}),
+    (("--quantization", "-q"), "quantization", "v", {}),
+    (("--enforce-eager",), "enforce_eager", "b", {}),
+    (("--max-logprobs",), "max_logprobs", "i", {}),
+    (("--logprobs-mode",), "logprobs_mode", "v", {}),
+    (("--generation-config",), "generation_config", "v", {}),
+    (("--override-generation-config",), "override_generation_config", "v", {}),
+    (("--hf-overrides",), "hf_overrides", "v", {}),
+    (("--hf-config-path",), "hf_config_path", "v", {}),
+    (("--skip-tokenizer-init",), "skip_tokenizer_init", "b", {}),
+    (("--enable-prompt-embeds",), "enable_prompt_embeds", "b", {}),
+    (("--limit-mm-per-prompt",), "limit_mm_per_prompt", "v", {}),
+    (("--mm-processor-kwargs",), "mm_processor_kwargs", "v", {}),
+    (("--allowed-local-media-path",), "allowed_local_media_path", "v", {}),
+    # load
+    (("--load-format",), "load_format", "v", {}),
+    (("--download-dir",), "download_dir", "v", {}),
+    (("--model-loader-extra-config",), "model_loader_extra_config", "v", {}),
+    # attention and compilation
+    (("--attention-backend",), "attention_backend", "v", {}),
+    (("--compilation-config", "-O"), "compilation_config", "v", {}),
+    (("--cuda-graph-sizes",), "cuda_graph_sizes", "n", {}),
+    (("--async-scheduling",), "async_scheduling", "b", {}),
+    # parallel
+    (("--distributed-executor-backend",), "distributed_executor_backend", "v",
+     {"choices": ("ray", "mp", "uni", "external_launcher")}),
+    (("--tensor-parallel-size", "-tp"), "tensor_parallel_size", "i", {"default": 1}),
+    (("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size", "i", {"default": 1}),
+    (("--decode-context-parallel-size", "-dcp"), "decode_context_parallel_size", "i", {}),
+    (("--data-parallel-size", "-dp"), "data_parallel_size", "i", {"default": 1}),
+    (("--data-parallel-rank", "-dpn"), "data_parallel_rank", "i", {}),
+    (("--data-parallel-start-rank", "-dpr"), "data_parallel_start_rank", "i", {}),
+    (("--data-parallel-size-local", "-dpl"), "data_parallel_size_local", "i", {}),
+    (("--data-parallel-address", "-dpa"), "data_parallel_address", "v", {}),
+    (("--data-parallel-rpc-port", "-dpp"), "data_parallel_rpc_port", "i", {}),
+    (("--data-parallel-backend", "-dpb"), "data_parallel_backend", "v", {"choices": ("mp", "ray")}),
+    (("--data-parallel-hybrid-lb",), "data_parallel_hybrid_lb", "b", {}),
+    (("--data-parallel-external-lb",), "data_parallel_external_lb", "b", {}),
+    (("--nnodes",), "nnodes", "i", {"default": 1}),
+    (("--node-rank",), "node_rank", "i", {}),
+    (("--master-addr",), "master_addr", "v", {}),
+    (("--master-port",), "master_port", "i", {}),
+    (("--enable-expert-parallel", "-ep"), "enable_expert_parallel", "b", {}),
+    (("--enable-eplb",), "enable_eplb", "b", {}),
+    (("--eplb-config",), "eplb_config", "v", {}),
+    (("--all2all-backend",), "all2all_backend", "v", {}),
+    (("--disable-custom-all-reduce",), "disable_custom_all_reduce", "b", {}),
+    (("--worker-cls",), "worker_cls", "v", {}),
+    (("--ray-workers-use-nsight",), "ray_workers_use_nsight", "b", {}),
+    # cache
+    (("--block-size",), "block_size", "i", {}),
+    (("--gpu-memory-utilization",), "gpu_memory_utilization", "f", {}),
+    (("--kv-cache-memory-bytes",), "kv_cache_memory_bytes", "v", {}),
+    (("--swap-space",), "swap_space", "f", {}),
+    (("--kv-cache-dtype",), "kv_cache_dtype", "v",
+     {"choices": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")}),
+    (("--calculate-kv-scales",), "calculate_kv_scales", "b", {}),
+    (("--enable-prefix-caching",), "enable_prefix_caching", "b", {}),
+    (("--prefix-caching-hash-algo",), "prefix_caching_hash_algo", "v", {}),
+    (("--cpu-offload-gb",), "cpu_offload_gb", "f", {}),
+    (("--mamba-ssm-cache-dtype",), "mamba_ssm_cache_dtype", "v", {}),
+    (("--kv-transfer-config",), "kv_transfer_config", "v", {}),
+    # scheduler
+    (("--max-num-seqs",), "max_num_seqs", "i", {}),
+    (("--max-num-batched-tokens",), "max_num_batched_tokens", "h", {}),
+    (("--max-num-partial-prefills",), "max_num_partial_prefills", "i", {}),
+    (("--long-prefill-token-threshold",), "long_prefill_token_threshold", "i", {}),
+    (("--enable-chunked-prefill",), "enable_chunked_prefill", "b", {}),
+    (("--scheduling-policy",), "scheduling_policy", "v", {}),
+    (("--disable-cascade-attn",), "disable_cascade_attn", "b", {}),
+    # speculative, lora, structured outputs, observability
+    (("--speculative-config",), "speculative_config", "v", {}),
+    (("--enable-lora",), "enable_lora", "b", {}),
+    (("--lora-modules",), "lora_modules", "n", {}),
+    (("--max-loras",), "max_loras", "i", {}),
+    (("--max-lora-rank",), "max_lora_rank", "i", {}),
+    (("--structured-outputs-config",), "structured_outputs_config", "v", {}),
+    (("--otlp-traces-endpoint",), "otlp_traces_endpoint", "v", {}),
+    (("--enable-sleep-mode",), "enable_sleep_mode", "b", {}),
+]
+
+
+def build_parser(engine: str) -> argparse.ArgumentParser:
+    if engine == "sglang":
+        parser = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=True)
+        flags = SGLANG_FLAGS
+    else:
+        parser = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False,
+                                         description="Launch a local OpenAI-compatible API server to serve LLM "
+                                                     "completions via HTTP. (envlayers test stand-in)")
+        parser.add_argument("model_tag", nargs="?", help="The model tag to serve")
+        flags = VLLM_FLAGS
+    for names, dest, kind, extra in flags:
+        kw = {"dest": dest}
+        if "choices" in extra:
+            kw["choices"] = extra["choices"]
+        if "default" in extra:
+            kw["default"] = extra["default"]
+        if extra.get("required"):
+            kw["required"] = True
+        if kind == "b":
+            if engine == "vllm":
+                kw["action"] = argparse.BooleanOptionalAction
+                kw.setdefault("default", None)
+            else:
+                kw["action"] = "store_true"
+        elif kind == "n":
+            kw["nargs"] = "+"
+        elif kind == "i":
+            kw["type"] = int
+        elif kind == "f":
+            kw["type"] = float
+        elif kind == "h":
+            kw["type"] = human_int
+        parser.add_argument(*names, **kw)
+    return parser
+
+
+def human_int(value: str):
+    """vLLM's human-readable integers: 32768, 32k, 1m, 25.6k (decimal k/m), 32K, 1M (binary K/M), -1, auto."""
+    text = value.strip()
+    if text in ("auto", "-1"):
+        return text if text == "auto" else -1
+    mult = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+    number = text[:-1] if mult != 1 else text
+    try:
+        out = float(number) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid human-readable integer: {value!r}") from None
+    if not out.is_integer():
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}")
+    return int(out)
+
+
+def normalize_vllm_args(argv: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser accepts ``--snake_case`` for ``--kebab-case``."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            key, sep, value = arg.partition("=")
+            out.append("--" + key[2:].replace("_", "-") + sep + value)
+        else:
+            out.append(arg)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Knobs
+# ----------------------------------------------------------------------------------------------
+
+def _phase(name: str, value: str | None) -> str | None:
+    if value is None or value.strip() == "":
+        return None
+    key = value.strip().lower()
+    key = PHASE_ALIASES.get(key, key)
+    if key not in PHASES:
+        raise KnobError(f"{name}={value!r}: unknown phase; expected one of {', '.join(PHASES)}")
+    return key
+
+
+def _number(name: str, value: str | None, default, kind=float):
+    if value is None or value.strip() == "":
+        return default
+    try:
+        out = kind(value)
+    except ValueError:
+        raise KnobError(f"{name}={value!r}: not a number") from None
+    if out < 0:
+        raise KnobError(f"{name}={value!r}: must not be negative")
+    return out
+
+
+class Knobs:
+    def __init__(self, env):
+        self.load_s = _number("STANDIN_LOAD_SECONDS", env.get("STANDIN_LOAD_SECONDS"), 1.0)
+        self.crash_at = _phase("STANDIN_CRASH_AT", env.get("STANDIN_CRASH_AT"))
+        self.hang_at = _phase("STANDIN_HANG_AT", env.get("STANDIN_HANG_AT"))
+        self.inject_at = _phase("STANDIN_INJECT_AT", env.get("STANDIN_INJECT_AT"))
+        self.exit_code = _number("STANDIN_EXIT_CODE", env.get("STANDIN_EXIT_CODE"), 1, int)
+        self.crash_message = env.get("STANDIN_CRASH_MESSAGE") or None
+        sig = (env.get("STANDIN_CRASH_SIGNAL") or "").strip().upper()
+        self.crash_signal = None
+        if sig:
+            name = sig if sig.startswith("SIG") else "SIG" + sig
+            if sig.isdigit():
+                self.crash_signal = int(sig)
+            elif hasattr(signal, name):
+                self.crash_signal = int(getattr(signal, name))
+            else:
+                raise KnobError(f"STANDIN_CRASH_SIGNAL={sig!r}: unknown signal")
+        self.crash_after_ready_s = _number("STANDIN_CRASH_AFTER_READY_SECONDS",
+                                           env.get("STANDIN_CRASH_AFTER_READY_SECONDS"), None)
+        ranks = (env.get("STANDIN_RANKS") or "").strip()
+        self.ranks = None
+        if ranks and ranks.lower() != "all":
+            try:
+                self.ranks = {int(r) for r in ranks.split(",") if r.strip()}
+            except ValueError:
+                raise KnobError(f"STANDIN_RANKS={ranks!r}: expected a comma list of ranks") from None
+        self.record = env.get("STANDIN_RECORD") or None
+        hybrid = env.get("STANDIN_HYBRID")
+        self.hybrid = None if hybrid in (None, "") else hybrid.strip().lower() not in ("0", "false", "no")
+        self.kv_tokens = _number("STANDIN_KV_TOKENS", env.get("STANDIN_KV_TOKENS"), None, int)
+        self.avail_mem_gb = _number("STANDIN_AVAIL_MEM_GB", env.get("STANDIN_AVAIL_MEM_GB"), 120.0)
+        self.nccl_network = env.get("STANDIN_NCCL_NETWORK") or None
+        self.dummy_health = (env.get("STANDIN_SGLANG_DUMMY_HEALTH") or "0").strip().lower() in ("1", "true", "yes")
+        self.print_args = (env.get("STANDIN_PRINT_ARGS") or "1").strip().lower() not in ("0", "false", "no")
+        self.reply = env.get("STANDIN_REPLY")
+        stream = (env.get("STANDIN_LOG_STREAM") or "").strip().lower()
+        if stream not in ("", "stdout", "stderr"):
+            raise KnobError(f"STANDIN_LOG_STREAM={stream!r}: expected stdout or stderr")
+        self.log_stream = stream or None
+        inject = env.get("STANDIN_INJECT") or ""
+        if inject.startswith("@"):
+            try:
+                with open(inject[1:], encoding="utf-8") as fh:
+                    inject = fh.read()
+            except OSError as exc:
+                raise KnobError(f"STANDIN_INJECT: cannot read {inject[1:]}: {exc}") from None
+        self.inject_lines = inject.replace("\\n", "\n").splitlines() if inject else []
+        if self.inject_at and not self.inject_lines:
+            raise KnobError("STANDIN_INJECT_AT is set but STANDIN_INJECT is empty")
+
+    def applies(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+
+class Log:
+    """Line writer with the engine's prefixes; every line is flushed at once."""
+
+    def __init__(self, engine: str, stream_name: str | None):
+        self.engine = engine
+        default = "stderr" if engine == "sglang" else "stdout"
+        self.stream = sys.stderr if (stream_name or default) == "stderr" else sys.stdout
+        self.lock = threading.RLock()
+        self.pid = os.getpid()
+
+    def raw(self, text: str, stream=None) -> None:
+        out = stream or self.stream
+        with self.lock:
+            try:
+                out.write(text if text.endswith("\n") else text + "\n")
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+    # SGLang: "[2026-02-26 05:20:21 TP0] message"
+    def sg(self, message: str, label: str = "") -> None:
+        ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        self.raw(f"[{ts}{label}] {message}")
+
+    # vLLM: "(EngineCore_DP0 pid=165) INFO 03-18 06:55:49 [default_loader.py:308] message"
+    def vl(self, proc: str, where: str, message: str, level: str = "INFO", pid: int | None = None,
+           stream=None) -> None:
+        ts = time.strftime("%m-%d %H:%M:%S", time.localtime())
+        self.raw(f"({proc} pid={pid or self.pid}) {level} {ts} [{where}] {message}", stream)
+
+    def access(self, client: str, method: str, path: str, status: int) -> None:
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                  405: "Method Not Allowed", 503: "Service Unavailable"}.get(status, "")
+        line = f'INFO:     {client} - "{method} {path} HTTP/1.1" {status} {reason}'.rstrip()
+        if self.engine == "sglang":
+            self.sg(line)
+        else:
+            self.raw(f"(APIServer pid={self.pid}) {line}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration derived from the parsed command line
+# ----------------------------------------------------------------------------------------------
+
+HYBRID_RE = re.compile(r"qwen3[._-]?[5-9]|qwen3-?next|[-_/]next\b|mamba|nemotron-?h|jamba|falcon-?h|granite-?4",
+                       re.IGNORECASE)
+
+
+def architecture(model: str, hybrid: bool) -> str:
+    m = model.lower()
+    if "kimi" in m or "deepseek" in m:
+        return "DeepseekV3ForCausalLM"
+    if "glm" in m:
+        return "Glm4MoeForCausalLM"
+    if "gpt-oss" in m or "gpt_oss" in m:
+        return "GptOssForCausalLM"
+    if "qwen" in m:
+        return "Qwen3NextForCausalLM" if hybrid else "Qwen3ForCausalLM"
+    if "mistral" in m:
+        return "MistralForCausalLM"
+    return "LlamaForCausalLM"
+
+
+class Config:
+    def __init__(self, engine: str, ns: argparse.Namespace, given: list[str], knobs: Knobs, env):
+        self.engine = engine
+        self.ns = ns
+        self.given = given
+        if engine == "sglang":
+            self.model = ns.model_path
+            self.served = [ns.served_model_name or ns.model_path]
+            self.host = ns.host
+            self.port = ns.port
+            self.tp, self.pp, self.dp = ns.tp_size, ns.pp_size, ns.dp_size
+            self.nnodes = ns.nnodes
+            self.node_rank = ns.node_rank
+            self.serves_api = ns.node_rank == 0
+            self.api_keys = [ns.api_key] if ns.api_key else []
+            self.max_len = ns.context_length or 32768
+            self.tool_parser = ns.tool_call_parser
+            self.auto_tool_choice = bool(ns.tool_call_parser)
+            self.metrics = bool(ns.enable_metrics)
+            self.graphs = not ns.disable_cuda_graph
+            explicit_rank = "node_rank" in given
+        else:
+            self.model = ns.model_tag or ns.model or "Qwen/Qwen3-0.6B"
+            self.served = list(ns.served_model_name or [self.model])
+            self.host = ns.host
+            self.port = ns.port
+            self.tp, self.pp, self.dp = ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size
+            self.nnodes = ns.nnodes
+            self.node_rank = ns.node_rank or 0
+            self.serves_api = not ns.headless
+            keys = list(ns.api_key or [])
+            if not keys and env.get("VLLM_API_KEY"):
+                keys = [env["VLLM_API_KEY"]]
+            self.api_keys = keys
+            self.max_len = ns.max_model_len if isinstance(ns.max_model_len, int) and ns.max_model_len > 0 else 32768
+            self.tool_parser = ns.tool_call_parser
+            self.auto_tool_choice = bool(ns.enable_auto_tool_choice)
+            self.metrics = True
+            self.graphs = not ns.enforce_eager
+            explicit_rank = ns.node_rank is not None
+        self.reasoning_parser = ns.reasoning_parser
+        if explicit_rank:
+            self.rank = self.node_rank
+        elif engine == "vllm" and ns.data_parallel_start_rank is not None:
+            self.rank = ns.data_parallel_start_rank // max(1, ns.data_parallel_size_local or 1)
+        else:
+            try:
+                self.rank = int(env.get("SLURM_PROCID", "0"))
+            except ValueError:
+                self.rank = 0
+        self.hybrid = knobs.hybrid if knobs.hybrid is not None else bool(HYBRID_RE.search(self.model))
+        self.arch = architecture(self.model, self.hybrid)
+        self.world = max(1, self.tp * self.pp * (self.dp if engine == "vllm" else 1))
+        self.local_gpus = max(1, self.world // max(1, self.nnodes))
+        self.avail_gb = knobs.avail_mem_gb
+        self.weights_gb = round(min(80.0, 3.0 + 120.0 / max(1, self.tp * self.pp)), 2)
+        if engine == "sglang":
+            frac = ns.mem_fraction_static or 0.85
+        else:
+            frac = ns.gpu_memory_utilization or 0.9
+        self.kv_gb = round(max(1.0, self.avail_gb * frac - self.weights_gb - 4.0), 2)
+        self.kv_tokens = knobs.kv_tokens or int(self.kv_gb * 1e9 / 69632)
+        self.max_running = getattr(ns, "max_running_requests", None) or getattr(ns, "max_num_seqs", None) or \
+            min(4096, max(16, self.kv_tokens // 4096))
+
+    def local_ranks(self):
+        """(pp_rank, tp_rank) of each GPU of this node, at most 8."""
+        start = (self.node_rank if self.nnodes > 1 else 0) * self.local_gpus
+        out = []
+        for g in range(start, start + min(self.local_gpus, 8)):
+            out.append(((g // max(1, self.tp)) % max(1, self.pp), g % max(1, self.tp)))
+        return out
+
+    def nccl_line(self, knobs: "Knobs", env) -> str | None:
+        """NCCL's own line, printed by every multi-GPU engine when NCCL_DEBUG=INFO (RCCL says the same)."""
+        if (env.get("NCCL_DEBUG") or "").upper() not in ("INFO", "TRACE") or self.world <= 1:
+            return None
+        name = knobs.nccl_network
+        if not name:
+            forced = (env.get("NCCL_NET") or "").strip()
+            canonical = {"socket": "Socket", "ib": "IB", "aws libfabric": "AWS Libfabric", "ofi": "AWS Libfabric"}
+            name = canonical.get(forced.lower(), forced) if forced else "Socket"
+        host = socket.gethostname().split(".")[0]
+        return f"{host}:{os.getpid()}:{os.getpid() + 61} [0] NCCL INFO Using network {name}"
+
+    def display_host(self) -> str:
+        host = self.host if self.host not in (None, "") else "0.0.0.0"
+        return f"[{host}]" if ":" in host else host
+
+
+# ----------------------------------------------------------------------------------------------
+# Startup scripts: the lines of each phase, and what happens between them
+# ----------------------------------------------------------------------------------------------
+
+def _py_repr(value):
+    return repr(value)
+
+
+class SGLangScript:
+    def __init__(self, cfg: Config, log: Log, knobs: Knobs):
+        self.cfg, self.log, self.knobs = cfg, log, knobs
+        self.t0 = time.time()
+
+    def label(self, pp: int, tp: int) -> str:
+        c = self.cfg
+        out = ""
+        if c.dp > 1:
+            out += " DP0"
+        if c.pp > 1:
+            out += f" PP{pp}"
+        if c.tp > 1:
+            out += f" TP{tp}"
+        return out
+
+    def each(self, message_fn):
+        for pp, tp in self.cfg.local_ranks():
+            self.log.sg(message_fn(pp, tp), self.label(pp, tp))
+
+    def first(self, message: str):
+        pp, tp = self.cfg.local_ranks()[0]
+        self.log.sg(message, self.label(pp, tp))
+
+    def begin(self, phase: str) -> None:
+        c, log = self.cfg, self.log
+        if phase == "start":
+            if self.knobs.print_args:
+                ns = c.ns
+                fields = ["model_path", "tokenizer_path", "host", "port", "served_model_name", "api_key",
+                          "tp_size", "pp_size", "dp_size", "nnodes", "node_rank", "dist_init_addr",
+                          "mem_fraction_static", "context_length", "attention_backend", "kv_cache_dtype",
+                          "reasoning_parser", "tool_call_parser", "enable_metrics", "trust_remote_code"]
+                vals = {f: getattr(ns, f) for f in fields}
+                if vals["tokenizer_path"] is None:
+                    vals["tokenizer_path"] = ns.model_path
+                if vals["served_model_name"] is None:
+                    vals["served_model_name"] = ns.model_path
+                for dest in c.given:
+                    if dest not in vals:
+                        vals[dest] = getattr(ns, dest)
+                body = ", ".join(f"{k}={_py_repr(v)}" for k, v in vals.items())
+                log.sg(f"server_args=ServerArgs({body})")
+        elif phase == "init":
+            self.first("Init torch distributed begin.")
+            line = c.nccl_line(self.knobs, os.environ)
+            if line:
+                log.raw(line)
+        elif phase == "weights":
+            self.each(lambda pp, tp: f"Load weight begin. avail mem={c.avail_gb - 3.8:.2f} GB")
+        elif phase == "kv":
+            if c.hybrid:
+                slots = getattr(c.ns, "max_mamba_cache_size", None) or c.ns.max_running_requests or 64
+                self.first(f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state size: "
+                           f"{slots * 0.0008:.2f}GB, ssm_state size: {slots * 0.072:.2f}GB")
+            self.each(lambda pp, tp: f"KV Cache is allocated. #tokens: {c.kv_tokens}, K size: {c.kv_gb / 2:.2f} GB, "
+                                     f"V size: {c.kv_gb / 2:.2f} GB")
+            self.each(lambda pp, tp: f"Memory pool end. avail mem={c.avail_gb - c.weights_gb - c.kv_gb - 3.8:.2f} GB")
+        elif phase == "graphs":
+            if c.graphs:
+                free = c.avail_gb - c.weights_gb - c.kv_gb - 4.0
+                self.each(lambda pp, tp: f"Capture cuda graph begin. This can take up to several minutes. "
+                                         f"avail mem={free:.2f} GB")
+                bs = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64][: 4 + min(8, c.max_running // 16)]
+                self.first(f"Capture cuda graph bs {bs}")
+        elif phase == "listen" and c.serves_api:
+            log.sg(f"INFO:     Started server process [{log.pid}]")
+            log.sg("INFO:     Waiting for application startup.")
+            log.sg("INFO:     Application startup complete.")
+            log.sg(f"INFO:     Uvicorn running on http://{c.display_host()}:{c.port} (Press CTRL+C to quit)")
+
+    def end(self, phase: str, elapsed: float) -> None:
+        c, log = self.cfg, self.log
+        if phase == "init":
+            self.first(f"Init torch distributed ends. elapsed={elapsed:.2f} s, mem usage=0.38 GB")
+        elif phase == "weights":
+            self.each(lambda pp, tp: f"Load weight end. elapsed={elapsed:.2f} s, type={c.arch}, "
+                                     f"dtype=torch.bfloat16, avail mem={c.avail_gb - 3.8 - c.weights_gb:.2f} GB, "
+                                     f"mem usage={c.weights_gb:.2f} GB.")
+        elif phase == "graphs":
+            free = c.avail_gb - c.weights_gb - c.kv_gb - 4.0
+            if c.graphs:
+                self.each(lambda pp, tp: f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage=0.42 GB. "
+                                         f"avail mem={free - 0.42:.2f} GB.")
+            self.first(f"max_total_num_tokens={c.kv_tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+                       f"max_running_requests={c.max_running}, context_len={c.max_len}, "
+                       f"available_gpu_mem={free - 0.42:.2f} GB")
+        elif phase == "listen" and c.serves_api:
+            log.access("127.0.0.1:41234", "GET", "/model_info", 200)
+            log.sg("Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
+                   "#running-req: 0, #queue-req: 0")
+            log.access("127.0.0.1:41236", "POST", "/generate", 200)
+
+    def ready_line(self) -> None:
+        self.log.sg("The server is fired up and ready to roll!")
+
+    def crash(self, phase: str, message: str) -> None:
+        c, log = self.cfg, self.log
+        frames = {
+            "start": [("sglang/srt/server_args.py", 5165, "from_cli_args",
+                       "return cls(**{attr: getattr(args, attr) for attr in attrs})")],
+            "init": [("sglang/srt/model_executor/model_runner.py", 688, "init_torch_distributed",
+                      "initialize_model_parallel(")],
+            "weights": [("sglang/srt/model_executor/model_runner.py", 812, "load_model",
+                         "self.model = get_model(")],
+            "kv": [("sglang/srt/model_executor/model_runner.py", 1530, "init_memory_pool",
+                    "self.token_to_kv_pool = MHATokenToKVPool(")],
+            "graphs": [("sglang/srt/model_executor/cuda_graph_runner.py", 526, "capture",
+                        "_capture_one_stream()")],
+            "listen": [("sglang/srt/managers/scheduler.py", 1103, "event_loop_overlap",
+                        "batch = self.get_next_batch_to_run()")],
+            "ready": [("sglang/srt/managers/scheduler.py", 1103, "event_loop_overlap",
+                       "result = self.run_batch(batch)")],
+        }[phase]
+        pp, tp = c.local_ranks()[0]
+        log.sg("Scheduler hit an exception: Traceback (most recent call last):", self.label(pp, tp))
+        base = "/sgl-workspace/sglang/python/"
+        lines = [f'  File "{base}sglang/srt/managers/scheduler.py", line 3096, in run_scheduler_process',
+                 "    scheduler = Scheduler(",
+                 f'  File "{base}sglang/srt/managers/tp_worker.py", line 247, in __init__',
+                 "    self._init_model_runner()"]
+        for path, line, fn, code in frames:
+            lines += [f'  File "{base}{path}", line {line}, in {fn}', f"    {code}"]
+        lines.append(message)
+        for line in lines:
+            log.raw(line)
+        log.raw("")
+        log.sg("Received sigquit from a child process. It usually means the child failed.")
+
+
+class VLLMScript:
+    def __init__(self, cfg: Config, log: Log, knobs: Knobs):
+        self.cfg, self.log, self.knobs = cfg, log, knobs
+        self.core_pid = log.pid + 57
+        self.t_init = time.time()
+
+    def worker(self, pp: int, tp: int) -> str:
+        c = self.cfg
+        if c.tp * c.pp == 1:
+            return "EngineCore_DP0"
+        return f"Worker_PP{pp}_TP{tp}" if c.pp > 1 else f"Worker_TP{tp}"
+
+    def core(self) -> str:
+        c = self.cfg
+        if not c.serves_api and c.dp > 1 and c.ns.data_parallel_start_rank is not None:
+            return f"EngineCore_DP{c.ns.data_parallel_start_rank}"
+        return "EngineCore_DP0"
+
+    def each(self, where: str, message_fn):
+        for i, (pp, tp) in enumerate(self.cfg.local_ranks()):
+            pid = self.core_pid if self.cfg.tp * self.cfg.pp == 1 else self.core_pid + 10 + i
+            self.log.vl(self.worker(pp, tp), where, message_fn(pp, tp), pid=pid)
+
+    def core_line(self, where: str, message: str, level: str = "INFO", stream=None):
+        self.log.vl(self.core(), where, message, level=level, pid=self.core_pid, stream=stream)
+
+    def api(self, where: str, message: str, level: str = "INFO", stream=None):
+        self.log.vl("APIServer", where, message, level=level, stream=stream)
+
+    def begin(self, phase: str) -> None:
+        c, log, ns = self.cfg, self.log, self.cfg.ns
+        if phase == "start":
+            if c.serves_api:
+                self.api("api_server.py:1354", f"vLLM API server version {VERSIONS['vllm']}")
+            else:
+                if ns.data_parallel_start_rank is not None:
+                    self.core_line("core.py:1165", f"Launching {ns.data_parallel_size_local or 1} data parallel "
+                                   f"engine(s) in headless mode, with head node address "
+                                   f"{ns.data_parallel_address or '127.0.0.1'}.")
+                else:
+                    self.core_line("multiproc_executor.py:120", f"Launching {c.local_gpus} worker(s) in headless "
+                                   f"mode (node rank {c.node_rank} of {c.nnodes}), master "
+                                   f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29501}.")
+            if self.knobs.print_args:
+                args = {}
+                if ns.model_tag:
+                    args["model_tag"] = ns.model_tag
+                for dest in c.given:
+                    if dest != "model_tag":
+                        args[dest] = getattr(ns, dest)
+                if ns.model_tag and "model" not in args:
+                    args["model"] = ns.model_tag
+                self.api("utils.py:253", f"non-default args: {args!r}")
+            self.api("model.py:514", f"Resolved architecture: {c.arch}")
+            self.api("model.py:1661", f"Using max model len {c.max_len}")
+            self.core_line("core.py:93", f"Initializing a V1 LLM engine (v{VERSIONS['vllm']}) with config: "
+                           f"model={c.model!r}, tokenizer={c.model!r}, trust_remote_code={bool(ns.trust_remote_code)}, "
+                           f"dtype=torch.bfloat16, max_seq_len={c.max_len}, tensor_parallel_size={c.tp}, "
+                           f"pipeline_parallel_size={c.pp}, data_parallel_size={c.dp}, "
+                           f"kv_cache_dtype={ns.kv_cache_dtype or 'auto'}, enforce_eager={bool(ns.enforce_eager)}, "
+                           f"served_model_name={','.join(c.served)}")
+        elif phase == "init":
+            addr = ns.master_addr or ns.data_parallel_address or "127.0.0.1"
+            port = ns.master_port or 29501
+            for i, (pp, tp) in enumerate(c.local_ranks()):
+                grank = c.node_rank * c.local_gpus + i if c.nnodes > 1 else i
+                pid = self.core_pid if c.tp * c.pp == 1 else self.core_pid + 10 + i
+                log.vl(self.worker(pp, tp), "parallel_state.py:1203",
+                       f"world_size={c.tp * c.pp} rank={grank} local_rank={i} "
+                       f"distributed_init_method=tcp://{addr}:{port} backend=nccl", pid=pid)
+            line = c.nccl_line(self.knobs, os.environ)
+            if line:
+                log.raw(line)
+        elif phase == "weights":
+            self.each("gpu_model_runner.py:3562", lambda pp, tp: f"Starting to load model {c.model}...")
+        elif phase == "kv":
+            self.each("gpu_worker.py:375", lambda pp, tp: f"Available KV cache memory: {c.kv_gb:.2f} GiB")
+        elif phase == "graphs":
+            pass
+        elif phase == "listen" and c.serves_api:
+            self.api("api_server.py:1102", "Supported tasks: ['generate']")
+            self.api("api_server.py:1428", f"Starting vLLM API server 0 on http://{c.display_host()}:{c.port}")
+            self.api("launcher.py:38", "Available routes are:")
+            for route, methods in (("/health", "GET"), ("/metrics", "GET"), ("/ping", "GET, POST"),
+                                   ("/version", "GET"), ("/v1/models", "GET"),
+                                   ("/v1/chat/completions", "POST"), ("/v1/completions", "POST")):
+                self.api("launcher.py:46", f"Route: {route}, Methods: {methods}")
+            log.raw(f"(APIServer pid={log.pid}) INFO:     Started server process [{log.pid}]")
+            log.raw(f"(APIServer pid={log.pid}) INFO:     Waiting for application startup.")
+
+    def end(self, phase: str, elapsed: float) -> None:
+        c, log = self.cfg, self.log
+        if phase == "weights":
+            shards = max(1, int(c.weights_gb * c.tp * c.pp // 5) % 64)
+            rate = shards / max(elapsed, 0.01)
+            log.raw(f"Loading safetensors checkpoint shards: 100% Completed | {shards}/{shards} "
+                    f"[00:{min(59, int(elapsed)):02d}<00:00, {rate:.2f}it/s]")
+            self.each("default_loader.py:308", lambda pp, tp: f"Loading weights took {elapsed:.2f} seconds")
+            self.each("gpu_model_runner.py:3659", lambda pp, tp: f"Model loading took {c.weights_gb:.4f} GiB memory "
+                                                                 f"and {elapsed + 0.4:.6f} seconds")
+        elif phase == "kv":
+            self.core_line("kv_cache_utils.py:1291", f"GPU KV cache size: {c.kv_tokens:,} tokens")
+            self.core_line("kv_cache_utils.py:1296", f"Maximum concurrency for {c.max_len:,} tokens per request: "
+                           f"{c.kv_tokens / c.max_len:.2f}x")
+        elif phase == "graphs":
+            if c.graphs:
+                log.raw(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 51/51 "
+                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 10.66it/s]")
+                log.raw(f"Capturing CUDA graphs (decode, FULL): 100%|##########| 35/35 "
+                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 13.21it/s]")
+                self.each("gpu_model_runner.py:4587", lambda pp, tp: f"Graph capturing finished in "
+                                                                     f"{max(1, round(elapsed))} secs, took 0.42 GiB")
+            self.core_line("core.py:259", f"init engine (profile, create kv cache, warmup model) took "
+                           f"{time.time() - self.t_init:.2f} seconds")
+
+    def ready_line(self) -> None:
+        self.log.raw(f"(APIServer pid={self.log.pid}) INFO:     Application startup complete.")
+
+    def crash(self, phase: str, message: str) -> None:
+        c, log = self.cfg, self.log
+        err = sys.stderr
+        where = {"start": ("vllm/engine/arg_utils.py", 1204, "create_engine_config",
+                           "model_config = self.create_model_config()"),
+                 "init": ("vllm/distributed/parallel_state.py", 1038, "init_distributed_environment",
+                          "torch.distributed.init_process_group("),
+                 "weights": ("vllm/model_executor/model_loader/default_loader.py", 305, "load_weights",
+                             "loaded_weights = model.load_weights(self.get_all_weights(model_config, model))"),
+                 "kv": ("vllm/v1/worker/gpu_worker.py", 375, "determine_available_memory",
+                        "self.model_runner.profile_run()"),
+                 "graphs": ("vllm/v1/worker/gpu_model_runner.py", 4587, "capture_model",
+                            "self._capture_cudagraphs("),
+                 "listen": ("vllm/v1/engine/core.py", 259, "_initialize_kv_caches",
+                            "self.model_executor.initialize_from_config(kv_cache_configs)"),
+                 "ready": ("vllm/v1/engine/core.py", 889, "run_busy_loop",
+                           "self._process_engine_step()")}[phase]
+        base = "/usr/local/lib/python3.12/dist-packages/"
+        tb = ["Traceback (most recent call last):",
+              f'  File "{base}vllm/v1/engine/core.py", line 699, in run_engine_core',
+              "    engine_core = EngineCoreProc(*args, **kwargs)" if phase != "ready" else "    engine_core.run_busy_loop()",
+              f'  File "{base}{where[0]}", line {where[1]}, in {where[2]}',
+              f"    {where[3]}",
+              message]
+        if phase == "ready":
+            self.core_line("core.py:710", "EngineCore encountered a fatal error.", level="ERROR")
+        else:
+            self.core_line("core.py:708", "EngineCore failed to start.", level="ERROR")
+        for line in tb:
+            self.core_line("core.py:708", line, level="ERROR")
+        log.raw(f"Process {self.core()}:", err)
+        for line in tb:
+            log.raw(line, err)
+        if c.serves_api:
+            if phase == "ready":
+                self.api("async_llm.py:480", "AsyncLLM output_handler failed.", level="ERROR", stream=err)
+                log.raw(f"(APIServer pid={log.pid}) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered "
+                        f"an issue. See stack trace (above) for the root cause.", err)
+                log.raw(f"(APIServer pid={log.pid}) INFO:     Shutting down", err)
+            else:
+                log.raw(f"(APIServer pid={log.pid}) Traceback (most recent call last):", err)
+                log.raw(f'(APIServer pid={log.pid})   File "{base}vllm/v1/engine/core_client.py", line 96, '
+                        f"in make_async_mp_client", err)
+                log.raw(f"(APIServer pid={log.pid}) RuntimeError: Engine core initialization failed. See root "
+                        f"cause above. Failed core proc(s): {{'{self.core()}': 1}}", err)
+
+
+# ----------------------------------------------------------------------------------------------
+# HTTP
+# ----------------------------------------------------------------------------------------------
+
+class State:
+    def __init__(self, cfg: Config, log: Log, knobs: Knobs, dummy: bool = False):
+        self.cfg, self.log, self.knobs = cfg, log, knobs
+        self.dummy = dummy
+        self.ready = dummy  # SGLang: /health says 503 until "fired up"; a dummy server is always healthy
+        self.lock = threading.Lock()
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.started = int(time.time())
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _content_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    timeout = 30
+
+    @property
+    def st(self) -> State:
+        return self.server.state  # type: ignore[attr-defined]
+
+    def log_message(self, format, *args):  # noqa: A002 - silence the default stderr logging
+        pass
+
+    # -- helpers --
+    def _send(self, status: int, body, content_type: str = "application/json", headers=None) -> None:
+        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if not isinstance(body, str)
+                                                     else body.encode())
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        self.st.log.access(f"{self.client_address[0]}:{self.client_address[1]}", self.command, self.path, status)
+
+    def _error(self, status: int, message: str, etype: str, param=None) -> None:
+        self._send(status, {"error": {"message": message, "type": etype, "param": param, "code": status}})
+
+    def _read_body(self) -> bytes:
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            length = 0
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _authorized(self) -> bool:
+        keys = self.st.cfg.api_keys
+        if not keys:
+            return True
+        header = self.headers.get("authorization") or ""
+        token = header[7:] if header.lower().startswith("bearer ") else None
+        return token is not None and any(hmac.compare_digest(token.encode(), k.encode()) for k in keys)
+
+    def _route(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        st = self.st
+        if st.dummy:
+            if method == "GET" and path in ("/health", "/health_generate", "/ping"):
+                return self._send(200, b"", "text/plain")
+            return self._send(404, {"detail": "Not Found"})
+        if path.startswith("/v1/") and not self._authorized():
+            return self._send(401, {"error": "Unauthorized"})
+        if method in ("GET", "HEAD"):
+            if path in ("/health", "/health_generate"):
+                if not st.ready:
+                    return self._send(503, b"", "text/plain")
+                return self._send(200, b"", "text/plain")
+            if path == "/ping":
+                return self._send(200, b"", "text/plain")
+            if path == "/version":
+                return self._send(200, {"version": VERSIONS[st.cfg.engine]})
+            if path == "/metrics":
+                if not st.cfg.metrics:
+                    return self._send(404, {"detail": "Not Found"})
+                return self._send(200, self._metrics(), "text/plain; version=0.0.4; charset=utf-8")
+            if path == "/v1/models":
+                return self._send(200, self._models())
+            if path.startswith("/v1/models/"):
+                name = path[len("/v1/models/"):]
+                for m in self._models()["data"]:
+                    if m["id"] == name:
+                        return self._send(200, m)
+                return self._error(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
+        elif method == "POST":
+            if path in ("/v1/chat/completions", "/v1/completions"):
+                return self._completion(chat=path == "/v1/chat/completions")
+            if path in ("/health", "/ping", "/v1/models"):
+                return self._send(405, {"detail": "Method Not Allowed"})
+        return self._send(404, {"detail": "Not Found"})
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_HEAD(self):
+        self._route("HEAD")
+
+    def do_POST(self):
+        self._body = self._read_body()  # always drain the body: the connection is kept alive
+        self._route("POST")
+
+    # -- endpoints --
+    def _models(self) -> dict:
+        c = self.st.cfg
+        owner = "vllm" if c.engine == "vllm" else "sglang"
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": self.st.started, "owned_by": owner, "root": c.model,
+             "parent": None, "max_model_len": c.max_len} for name in c.served]}
+
+    def _metrics(self) -> str:
+        st, c = self.st, self.st.cfg
+        name = c.served[0]
+        with st.lock:
+            n = dict(st.counters)
+        if c.engine == "vllm":
+            lab = f'{{engine="0",model_name="{name}"}}'
+            rows = [
+                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", 0),
+                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
+                ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0.0),
+                ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of "
+                                                               "queried tokens.", n["prompt_tokens"]),
+                ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached "
+                                                            "tokens.", 0),
+                ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", n["prompt_tokens"]),
+                ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                 n["generation_tokens"]),
+                ("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                 n["requests"]),
+            ]
+        else:
+            lab = f'{{model_name="{name}"}}'
+            rows = [
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", 0),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
+                ("sglang:token_usage", "gauge", "The token usage.", 0.0),
+                ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
+                ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", 0.0),
+                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", n["prompt_tokens"]),
+                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                 n["generation_tokens"]),
+                ("sglang:num_requests_total", "counter", "Number of requests processed.", n["requests"]),
+            ]
+        out = []
+        for metric, kind, helptext, value in rows:
+            out += [f"# HELP {metric} {helptext}", f"# TYPE {metric} {kind}", f"{metric}{lab} {float(value)}"]
+        return "\n".join(out) + "\n"
+
+    def _completion(self, chat: bool) -> None:
+        st, c = self.st, self.st.cfg
+        raw = getattr(self, "_body", b"")
+        try:
+            req = json.loads(raw.decode("utf-8") or "null")
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return self._error(400, f"JSON decode error: {exc}", "BadRequestError")
+        if not isinstance(req, dict):
+            return self._error(400, "The request body must be a JSON object.", "BadRequestError")
+        model = req.get("model")
+        if model is not None and model not in c.served:
+            return self._error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        model = model or c.served[0]
+        if chat:
+            messages = req.get("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                return self._error(400, "'messages' must be a non-empty list of message objects.",
+                                   "BadRequestError", "messages")
+            prompt_text = " ".join(_content_text(m.get("content")) for m in messages)
+            last_user = next((_content_text(m.get("content")) for m in reversed(messages)
+                              if m.get("role") == "user"), "")
+        else:
+            prompt = req.get("prompt")
+            if isinstance(prompt, list):
+                prompt = " ".join(str(p) for p in prompt)
+            if not isinstance(prompt, str):
+                return self._error(400, "'prompt' must be a string or a list of strings.", "BadRequestError",
+                                   "prompt")
+            prompt_text = last_user = prompt
+        tools = req.get("tools") if chat else None
+        tool_choice = req.get("tool_choice")
+        if tools and c.engine == "vllm" and tool_choice in (None, "auto") and \
+                not (c.auto_tool_choice and c.tool_parser):
+            return self._error(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                                    '--tool-call-parser to be set', "BadRequestError")
+        limit = req.get("max_completion_tokens", req.get("max_tokens"))
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            return self._error(400, "max_tokens must be a positive integer.", "BadRequestError", "max_tokens")
+        text = st.knobs.reply if st.knobs.reply is not None else f"Hello! You said: {last_user.strip()[:500]}"
+        words = _words(text)
+        finish = "stop"
+        if limit is not None and len(words) > limit:
+            words, finish = words[:limit], "length"
+        text = " ".join(words)
+        tool_calls = None
+        if tools and c.tool_parser and tool_choice != "none" and isinstance(tools, list) and \
+                isinstance(tools[0], dict):
+            fn = (tools[0].get("function") or {}).get("name", "tool")
+            tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                           "function": {"name": fn, "arguments": "{}"}}]
+            text, finish = "", "tool_calls"
+        reasoning = "The user sent a message; I will answer briefly." if c.reasoning_parser and chat else None
+        prompt_tokens = max(1, len(_words(prompt_text)))
+        completion_tokens = len(words) if tool_calls is None else 8
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        with st.lock:
+            st.counters["requests"] += 1
+            st.counters["prompt_tokens"] += prompt_tokens
+            st.counters["generation_tokens"] += completion_tokens
+        created = int(time.time())
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if req.get("stream"):
+            return self._stream(chat, rid, created, model, words, finish, tool_calls, reasoning, usage,
+                                bool((req.get("stream_options") or {}).get("include_usage")))
+        if chat:
+            message = {"role": "assistant", "content": text if tool_calls is None else None,
+                       "tool_calls": tool_calls or []}
+            if c.reasoning_parser:
+                message["reasoning_content"] = reasoning
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [choice], "usage": usage}
+        else:
+            body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+                    "usage": usage}
+        self._send(200, body)
+
+    def _stream(self, chat, rid, created, model, words, finish, tool_calls, reasoning, usage, include_usage):
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(payload) -> None:
+            data = f"data: {payload}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def event(delta=None, text=None, finish_reason=None, with_usage=None) -> str:
+            if chat:
+                choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish_reason}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+            if with_usage is not None:
+                body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                        "usage": with_usage}
+            return json.dumps(body)
+
+        try:
+            if chat:
+                chunk(event(delta={"role": "assistant", "content": ""}))
+                if reasoning:
+                    chunk(event(delta={"reasoning_content": reasoning}))
+                if tool_calls:
+                    chunk(event(delta={"tool_calls": [dict(tool_calls[0], index=0)]}))
+            for i, word in enumerate(words):
+                piece = word if i == 0 else " " + word
+                chunk(event(delta={"content": piece}) if chat else event(text=piece))
+            chunk(event(delta={}, text="", finish_reason=finish))
+            if include_usage:
+                chunk(event(with_usage=usage))
+            chunk("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.st.log.access(f"{self.client_address[0]}:{self.client_address[1]}", self.command, self.path, 200)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, host: str, port: int, state: State):
+        bind_host = host if host not in (None, "") else "0.0.0.0"
+        if bind_host.startswith("[") and bind_host.endswith("]"):
+            bind_host = bind_host[1:-1]
+        self.address_family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+        self.state = state
+        super().__init__((bind_host, port), Handler, bind_and_activate=False)
+
+    def server_bind(self):
+        # skip HTTPServer.server_bind: its getfqdn() can stall for seconds without DNS
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Process control
+# ----------------------------------------------------------------------------------------------
+
+_LOG: Log | None = None
+_SERVING = False
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _on_signal(signum, frame) -> None:
+    if _LOG is not None and _SERVING:
+        prefix = f"(APIServer pid={_LOG.pid}) " if _LOG.engine == "vllm" else ""
+        if _LOG.engine == "vllm":
+            _LOG.raw(f"{prefix}INFO:     Shutting down")
+            _LOG.raw(f"{prefix}INFO:     Waiting for application shutdown.")
+            _LOG.raw(f"{prefix}INFO:     Application shutdown complete.")
+        else:
+            _LOG.sg("INFO:     Shutting down")
+    _exit_now(0)
+
+
+def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def _forever() -> None:
+    while True:
+        signal.pause() if hasattr(signal, "pause") else time.sleep(3600)
+
+
+def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rejected, env) -> None:
+    try:
+        core = list(__import__("resource").getrlimit(__import__("resource").RLIMIT_CORE))
+    except Exception:  # noqa: BLE001 - best effort
+        core = None
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    keys = sorted(k for k in env if k.startswith(RECORD_ENV_PREFIXES) or k in RECORD_ENV_KEYS)
+    data = {"engine": engine, "entry": entry, "argv": argv, "rank": rank, "rejected": rejected,
+            "pid": os.getpid(), "hostname": socket.gethostname(), "cwd": os.getcwd(), "time": time.time(),
+            "executable": sys.executable, "rlimit_core": core, "cpus": cpus,
+            "env": {k: env[k] for k in keys}}
+    line = json.dumps(data, sort_keys=True) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.write(line)
+                fh.flush()
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+    except OSError as exc:
+        sys.stderr.write(f"standin: cannot write STANDIN_RECORD={path}: {exc}\n")
+
+
+def _rank_guess(argv: list[str], env) -> int | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--node-rank") or arg.startswith("--node_rank"):
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    try:
+        return int(env.get("SLURM_PROCID", "0"))
+    except ValueError:
+        return None
+
+
+def run(engine: str, argv: list[str], entry: list[str]) -> int:
+    """Parse ``argv`` as the real ``engine`` would, then behave like it. Never returns normally
+    once the server has started (it exits on a signal, a crash knob or a parse error)."""
+    global _LOG, _SERVING
+    env = dict(os.environ)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+    try:
+        knobs = Knobs(env)
+    except KnobError as exc:
+        sys.stderr.write(f"standin: {exc}\n")
+        return 2
+
+    parser = build_parser(engine)
+    args = normalize_vllm_args(argv) if engine == "vllm" else list(argv)
+    try:
+        ns = parser.parse_args(args)
+    except SystemExit as exc:
+        if knobs.record:
+            _record(knobs.record, engine, entry, list(argv), _rank_guess(argv, env), exc.code != 0, env)
+        raise
+    defaults = parser.parse_args(["--model-path", "x"] if engine == "sglang" else [])
+    given = [d for d in vars(ns) if getattr(ns, d) != getattr(defaults, d) or
+             (engine == "sglang" and d == "model_path")]
+    # a flag given with its default value still counts as given
+    for names, dest, _kind, _extra in (SGLANG_FLAGS if engine == "sglang" else VLLM_FLAGS):
+        if dest not in given and any(a == n or a.startswith(n + "=") for a in args for n in names):
+            given.append(dest)
+
+    if engine == "vllm" and ns.headless and ns.api_server_count not in (None, 0):
+        sys.stderr.write("ValueError: --api-server-count cannot be used with --headless\n")
+        if knobs.record:
+            _record(knobs.record, engine, entry, list(argv), _rank_guess(argv, env), True, env)
+        return 1
+
+    cfg = Config(engine, ns, given, knobs, env)
+    if knobs.record:
+        _record(knobs.record, engine, entry, list(argv), cfg.rank, False, env)
+    log = Log(engine, knobs.log_stream)
+    _LOG = log
+    script = SGLangScript(cfg, log, knobs) if engine == "sglang" else VLLMScript(cfg, log, knobs)
+    applies = knobs.applies(cfg.rank)
+    state = State(cfg, log, knobs)
+
+    server = None
+    if cfg.serves_api and engine == "vllm":
+        # vLLM binds its socket before starting the engine and listens only once it is up
+        server = Server(cfg.host, cfg.port, state)
+        try:
+            server.server_bind()
+        except OSError as exc:
+            log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}: could not bind "
+                    f"{cfg.display_host()}:{cfg.port}", sys.stderr)
+            return 1
+
+    def crash(phase: str) -> None:
+        if knobs.crash_signal is not None:
+            signal.signal(knobs.crash_signal, signal.SIG_DFL)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.kill(os.getpid(), knobs.crash_signal)
+            time.sleep(5)
+        message = knobs.crash_message or f"RuntimeError: [standin] injected crash at phase '{phase}' (STANDIN_CRASH_AT)"
+        script.crash(phase, message)
+        _exit_now(knobs.exit_code)
+
+    load = knobs.load_s
+    for phase in PHASES:
+        t_phase = time.time()
+        script.begin(phase)
+        if applies and knobs.inject_at == phase:
+            for line in knobs.inject_lines:
+                log.raw(line)
+        if applies and knobs.crash_at == phase:
+            crash(phase)
+        if applies and knobs.hang_at == phase:
+            _forever()
+        if phase == "ready":
+            break
+        if phase == "listen":
+            if cfg.serves_api:
+                if engine == "sglang":
+                    server = Server(cfg.host, cfg.port, state)
+                    try:
+                        server.server_bind()
+                    except OSError as exc:
+                        log.sg(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+                               f"({cfg.display_host()!r}, {cfg.port}): {(exc.strerror or '').lower()}")
+                        _exit_now(1)
+                    server.server_activate()
+                    threading.Thread(target=server.serve_forever, daemon=True).start()
+                    _SERVING = True
+                    _sleep(load * PHASE_SHARE[phase])  # warm-up: /health answers 503
+                    script.end(phase, time.time() - t_phase)
+                    state.ready = True
+                    script.ready_line()
+                else:
+                    _sleep(load * PHASE_SHARE[phase])
+                    server.server_activate()
+                    threading.Thread(target=server.serve_forever, daemon=True).start()
+                    _SERVING = True
+                    state.ready = True
+                    script.ready_line()
+            else:
+                _sleep(load * PHASE_SHARE[phase])
+                if engine == "sglang" and knobs.dummy_health:
+                    dummy = Server(cfg.host, cfg.port, State(cfg, log, knobs, dummy=True))
+                    try:
+                        dummy.server_bind()
+                        dummy.server_activate()
+                        threading.Thread(target=dummy.serve_forever, daemon=True).start()
+                    except OSError as exc:
+                        log.sg(f"dummy health check server could not bind: {exc}")
+            continue
+        _sleep(load * PHASE_SHARE[phase])
+        script.end(phase, time.time() - t_phase)
+
+    if applies and knobs.crash_after_ready_s is not None:
+        _sleep(knobs.crash_after_ready_s)
+        if knobs.crash_signal is None:
+            script.crash("ready", knobs.crash_message or
+                         "RuntimeError: [standin] injected crash after ready (STANDIN_CRASH_AFTER_READY_SECONDS)")
+            _exit_now(knobs.exit_code)
+        crash("ready")
+    _forever()
+    return 0
+
+
+def main_sglang(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return run("sglang", argv, ["python3", "-m", "sglang.launch_server"])
+
+
+VLLM_SUBCOMMANDS = ("chat", "complete", "serve", "bench", "collect-env", "run-batch")
+
+
+def main_vllm(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ..."
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        print("\nvLLM CLI (envlayers test stand-in: only 'serve' is implemented)")
+        return 0 if argv else 2
+    if argv[0] in ("-v", "--version"):
+        print(VERSIONS["vllm"])
+        return 0
+    if argv[0] != "serve":
+        sys.stderr.write(f"{usage}\n")
+        if argv[0] in VLLM_SUBCOMMANDS:
+            sys.stderr.write(f"vllm: error: the envlayers stand-in implements only 'serve', not {argv[0]!r}\n")
+        else:
+            choices = ", ".join(repr(c) for c in VLLM_SUBCOMMANDS)
+            sys.stderr.write(f"vllm: error: argument subparser: invalid choice: {argv[0]!r} (choose from {choices})\n")
+        return 2
+    return run("vllm", argv[1:], ["vllm", "serve"])
+
+
+if __name__ == "__main__":  # python engine.py {vllm|sglang} ARGS...
+    if len(sys.argv) < 2 or sys.argv[1] not in ("vllm", "sglang"):
+        sys.stderr.write("usage: engine.py {vllm|sglang} ARGS...\n")
+        sys.exit(2)
+    sys.exit(main_vllm(sys.argv[2:]) if sys.argv[1] == "vllm" else main_sglang(sys.argv[2:]))
