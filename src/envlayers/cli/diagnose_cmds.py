@@ -1,0 +1,154 @@
+"""``diagnose`` and ``check-cores``: read a job's logs and run directory, explain, change nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import click
+
+from ..errors import EnvLayersError
+
+LOG_GLOBS = ("*.log", "*.out", "serve.env")
+
+
+def _natural_key(path: Path) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def run_dir_for(jobid: str, submit_dir: Path) -> Path:
+    """``$SCRATCH/inference-server/<jobid>``, or ``<submit dir>/runs/inference-server/<jobid>``."""
+    scratch = os.environ.get("SCRATCH")
+    base = Path(scratch) if scratch else submit_dir / "runs"
+    return base / "inference-server" / jobid
+
+
+def _dir_logs(folder: Path) -> list[Path]:
+    found = {p for pattern in LOG_GLOBS for p in folder.glob(pattern) if p.is_file()}
+    return sorted(found, key=_natural_key)
+
+
+def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
+    """Files to read: a file as given, a run directory's logs, or a job id's output and run directory."""
+    paths: list[Path] = []
+    for target in targets:
+        p = Path(target)
+        if p.is_dir():
+            logs = _dir_logs(p)
+            if not logs:
+                raise EnvLayersError(f"no *.log, *.out or serve.env in {p}")
+            paths += logs
+        elif p.is_file():
+            paths.append(p)
+        elif target.isdigit():
+            out = submit_dir / f"serve-only-{target}.out"
+            run_dir = run_dir_for(target, submit_dir)
+            found = ([out] if out.is_file() else []) + (_dir_logs(run_dir) if run_dir.is_dir() else [])
+            if not found:
+                raise EnvLayersError(f"no logs for job {target}",
+                                     hint=f"looked for {out} and {run_dir}/; run from the submit "
+                                     "directory or pass --root, or give the log files")
+            paths += found
+        elif p.exists():
+            raise EnvLayersError(f"not a regular file or directory: {p}")
+        else:
+            raise EnvLayersError(f"no such file, directory or job id: {target}")
+    unique: list[Path] = []
+    for path in paths:
+        if path not in unique:
+            unique.append(path)
+    return unique
+
+
+def _wrap(label: str, text: str) -> str:
+    return textwrap.fill(text, width=100, initial_indent=f"  {label}", subsequent_indent=" " * (len(label) + 2))
+
+
+@click.command("diagnose")
+@click.argument("targets", nargs=-1, required=True, metavar="JOBID|LOGFILE|RUNDIR...")
+@click.option("--json", "as_json", is_flag=True, help="Print findings as JSON.")
+@click.option("--root", "submit_root", type=click.Path(file_okay=False), default=None,
+              help="Submit directory holding serve-only-<jobid>.out (and runs/ when SCRATCH is unset); "
+              "default: the current directory.")
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
+              help="Knowledge base to use instead of the packaged known-issues.yaml.")
+@click.pass_context
+def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit_root: str | None,
+             rules_path: str | None) -> None:
+    """Match a job's logs against the known-issues knowledge base.
+
+    \b
+    A JOBID reads ./serve-only-<jobid>.out and the run directory
+    ($SCRATCH/inference-server/<jobid>/, else ./runs/inference-server/<jobid>/);
+    a directory reads its *.log, *.out and serve.env; a file is read as given.
+    Exit status: 0 nothing matched, 1 at least one known issue matched, 2 bad input.
+    """
+    from ..diagnose import diagnose as run_diagnose
+    from ..diagnose import load_rules, read_log
+
+    rules = load_rules(rules_path)
+    paths = resolve_inputs(targets, Path(submit_root) if submit_root else Path.cwd())
+    logs = [read_log(p) for p in paths]
+    findings = run_diagnose(logs, rules)
+
+    if as_json:
+        click.echo(json.dumps({
+            "inputs": [str(p) for p in paths],
+            "matched": len(findings),
+            "findings": [f.to_dict() for f in findings],
+        }, indent=2))
+    else:
+        for f in findings:
+            click.echo(f"{f.rule_id} ({f.severity}): {f.title}")
+            for e in f.evidence:
+                label = "evidence: " if e.role in ("signature", "peak", "latest") else "with:     "
+                click.echo(f"  {label}{e.where}: {e.text}")
+            if f.detail:
+                click.echo(_wrap("detail:   ", f.detail))
+            click.echo(_wrap("cause:    ", f.cause))
+            click.echo(_wrap("fix:      ", f.fix))
+            click.echo(f"  source:   {f.source}")
+            click.echo("")
+        lines = sum(len(log.lines) for log in logs)
+        if findings:
+            click.echo(f"{len(findings)} known issue(s) matched in {len(paths)} file(s).")
+        else:
+            click.echo(f"No known issue matched in {len(paths)} file(s), {lines} line(s).")
+    if findings:
+        ctx.exit(1)
+
+
+@click.command("check-cores")
+@click.argument("folder", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--limit-file", type=click.Path(dir_okay=False), default=None,
+              help="Recorded core limits (default: DIR/core-limit.txt, lines 'rank=<r> limit=<value>').")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def check_cores(ctx: click.Context, folder: str, limit_file: str | None, as_json: bool) -> None:
+    """Report core files in DIR and any recorded core limit that is not 0.
+
+    Exit status: 0 clean, 1 core files found or a limit not 0, 2 bad input.
+    """
+    from ..cores import check_cores as run_check
+
+    report = run_check(folder, limit_file)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        if report.cores:
+            for core in report.cores:
+                kind = "ELF core" if core.elf_core else "named like a core file"
+                click.echo(f"core file: {core.path} ({core.size_bytes} bytes, {kind})")
+        else:
+            click.echo(f"no core files in {report.folder}")
+        if report.limit_file is None:
+            click.echo("core limit: not recorded (no core-limit.txt)")
+        for limit in report.limits:
+            verdict = "ok" if limit.ok else "NOT 0: set ulimit -c 0 in the server step"
+            click.echo(f"core limit: rank {limit.rank}: {limit.value} ({verdict}) [{limit.where}]")
+        click.echo("clean" if report.ok else "FAILED: core files or a core limit that is not 0")
+    if not report.ok:
+        ctx.exit(1)

@@ -1,0 +1,300 @@
+"""The diagnosis knowledge base: every rule fires on its symptom, none fires on a healthy log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from envlayers.cli import cli
+from envlayers.diagnose import (
+    LogText, RuleError, diagnose, evaluate, load_rules, parse_rules, read_log, render_markdown,
+)
+
+LOGS = Path(__file__).parent / "data" / "logs"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+def logs_of(name: str) -> list[LogText]:
+    """A fixture file, or every file of a fixture run directory, named relative to tests/data/logs."""
+    path = LOGS / name
+    files = sorted(p for p in path.iterdir()) if path.is_dir() else [path]
+    return [read_log(p, name=str(p.relative_to(LOGS))) for p in files]
+
+
+# fixture -> (rule that must fire, evidence file:line, every rule id expected to fire on that fixture)
+POSITIVE = [
+    pytest.param("sglang-host-oom", "host-oom-weight-load", "sglang-host-oom/server-0.log:5",
+                 {"host-oom-weight-load", "rank-exited-before-live"}, id="host-oom-weight-load"),
+    pytest.param("sglang-minimum-viable.log", "weights-exceed-mem-fraction", "sglang-minimum-viable.log:9",
+                 {"weights-exceed-mem-fraction"}, id="weights-exceed-mem-fraction"),
+    pytest.param("sglang-cpu-trap", "cpu-starved-jit-hang", "sglang-cpu-trap/server-0.log:9",
+                 {"cpu-starved-jit-hang", "readiness-budget-spent"}, id="cpu-starved-jit-hang"),
+    pytest.param("sglang-one-parser.log", "one-parser-only", "sglang-one-parser.log:1",
+                 {"one-parser-only"}, id="one-parser-only"),
+    pytest.param("vllm-tool-choice-400.log", "one-parser-only", "vllm-tool-choice-400.log:3",
+                 {"one-parser-only"}, id="one-parser-only-vllm-400"),
+    pytest.param("sglang-rccl-watchdog.log", "rccl-watchdog-timeout", "sglang-rccl-watchdog.log:8",
+                 {"rccl-watchdog-timeout"}, id="rccl-watchdog-timeout"),
+    pytest.param("sglang-gdr-rc22.log", "gdr-rdma-register-einval", "sglang-gdr-rc22.log:9",
+                 {"gdr-rdma-register-einval"}, id="gdr-rdma-register-einval"),
+    pytest.param("sglang-tcp-fallback.log", "rccl-tcp-fallback", "sglang-tcp-fallback.log:5",
+                 {"rccl-tcp-fallback"}, id="rccl-tcp-fallback"),
+    pytest.param("sglang-net-plugin.log", "net-plugin-init-failed", "sglang-net-plugin.log:4",
+                 {"net-plugin-init-failed"}, id="net-plugin-init-failed"),
+    pytest.param("sglang-empty-key", "empty-key-flag-still-passed", "sglang-empty-key/serve-only-5003.out:4",
+                 {"empty-key-flag-still-passed"}, id="empty-key-flag-still-passed"),
+    pytest.param("sglang-empty-value.log", "empty-value-passed-as-flag", "sglang-empty-value.log:3",
+                 {"empty-value-passed-as-flag"}, id="empty-value-passed-as-flag"),
+    pytest.param("sglang-kv-thrash.log", "prefix-cache-thrashing", "sglang-kv-thrash.log:17",
+                 {"prefix-cache-thrashing"}, id="prefix-cache-thrashing"),
+    pytest.param("launcher-ranks-not-placed.out", "ranks-not-placed", "launcher-ranks-not-placed.out:3",
+                 {"ranks-not-placed"}, id="ranks-not-placed"),
+    pytest.param("launcher-step-exited.out", "step-exited-early", "launcher-step-exited.out:4",
+                 {"step-exited-early"}, id="step-exited-early"),
+    pytest.param("launcher-no-fabric.out", "no-fabric-address", "launcher-no-fabric.out:2",
+                 {"no-fabric-address"}, id="no-fabric-address"),
+    pytest.param("launcher-budget-clamped.out", "readiness-budget-clamped", "launcher-budget-clamped.out:3",
+                 {"readiness-budget-clamped"}, id="readiness-budget-clamped"),
+    pytest.param("sglang-cpu-trap", "readiness-budget-spent", "sglang-cpu-trap/serve-only-5002.out:6",
+                 {"cpu-starved-jit-hang", "readiness-budget-spent"}, id="readiness-budget-spent"),
+    pytest.param("sglang-host-oom", "rank-exited-before-live", "sglang-host-oom/serve-only-5001.out:8",
+                 {"host-oom-weight-load", "rank-exited-before-live"}, id="rank-exited-before-live"),
+    pytest.param("slurm-oom-kill.out", "step-oom-killed", "slurm-oom-kill.out:3",
+                 {"step-oom-killed"}, id="step-oom-killed"),
+    pytest.param("vllm-cache-symlink.log", "cache-path-dangles", "vllm-cache-symlink.log:5",
+                 {"cache-path-dangles"}, id="cache-path-dangles"),
+]
+
+
+@pytest.mark.parametrize("fixture, rule_id, where, expected", POSITIVE)
+def test_rule_fires_on_its_symptom(rules, fixture, rule_id, where, expected):
+    findings = {f.rule_id: f for f in diagnose(logs_of(fixture), rules)}
+    assert set(findings) == expected
+    assert findings[rule_id].evidence[0].where == where
+
+
+def test_every_rule_has_a_positive_test(rules):
+    tested = {param.values[1] for param in POSITIVE}
+    assert tested == {rule.id for rule in rules}
+
+
+@pytest.mark.parametrize("fixture", ["healthy-sglang-pp4", "healthy-vllm"])
+def test_no_rule_fires_on_a_healthy_startup(rules, fixture):
+    assert diagnose(logs_of(fixture), rules) == []
+
+
+def test_libfabric_unable_to_warnings_are_not_failures(rules):
+    lines = [
+        "libfabric:81424:1764511205::cxi:core:cxip_gen_auth_key_ss_env_get_vni():612<warn> nid002140: "
+        "Unable to find SLINGSHOT_VNIS, using default",
+        "libfabric:81424:1764511205::cxi:core:cxip_env_init():711<warn> nid002140: Unable to parse "
+        "FI_CXI_DEFAULT_TX_SIZE, using 1024",
+        "libfabric:81424:1764511206::cxi:ep_ctrl:cxip_ep_enable():402<warn> nid002140: Unable to allocate "
+        "EQ buffer",
+        "nid002140:81424:81424 [0] NCCL INFO NET/OFI Selected provider is cxi, fabric is cxi (found 4 nics)",
+        "nid002140:81424:81424 [0] NCCL INFO Using network AWS Libfabric",
+    ]
+    assert diagnose([LogText("server-0.log", lines)], rules) == []
+
+
+def test_weight_load_still_in_progress_is_not_an_oom(rules):
+    # the same log, but nothing says the rank died: the model may simply still be loading
+    server_log = [log for log in logs_of("sglang-host-oom") if log.name.endswith("server-0.log")]
+    assert diagnose(server_log, rules) == []
+
+
+def test_cpu_trap_does_not_fire_when_cpus_were_bound(rules):
+    logs = logs_of("sglang-cpu-trap") + [LogText("serve.env", ["SLURM_CPUS_PER_TASK=192"])]
+    assert "cpu-starved-jit-hang" not in {f.rule_id for f in diagnose(logs, rules)}
+
+
+def test_tcp_network_on_a_single_node_is_not_a_fallback(rules):
+    logs = [LogText("server-0.log", [
+        "nid002150:40412:40412 [0] NCCL INFO Using network Socket",
+        "nid002150:40412:40530 [0] NCCL INFO comm 0x5610 rank 0 nRanks 4 nNodes 1 localRanks 4 localRank 0",
+    ])]
+    assert diagnose(logs, rules) == []
+
+
+def test_empty_key_with_flag_omitted_is_fine(rules):
+    # healthy-sglang-pp4 assigns SGLANG_ATTENTION_BACKEND empty and its command has no --attention-backend
+    assert "empty-key-flag-still-passed" not in {f.rule_id for f in diagnose(logs_of("healthy-sglang-pp4"), rules)}
+
+
+def test_cache_hit_rate_is_computed_from_token_counts_when_not_printed(rules):
+    rule = next(r for r in rules if r.id == "prefix-cache-thrashing")
+    rates = [70, 72, 71, 73, 70, 60, 45, 30, 20, 12, 8, 6]
+    lines = [f"[2026-11-30 16:00:{i:02d} TP0] Prefill batch, #new-seq: 2, #new-token: {100 - r}, "
+             f"#cached-token: {r}, full token usage: 0.9, #running-req: 16, #queue-req: 0"
+             for i, r in enumerate(rates)]
+    finding = evaluate(rule, [LogText("server-0.log", lines)])
+    assert finding is not None
+    assert [e.role for e in finding.evidence] == ["peak", "latest"]
+    assert finding.evidence[-1].line == len(lines)
+
+
+def test_rising_cache_hit_rate_is_healthy(rules):
+    rule = next(r for r in rules if r.id == "prefix-cache-thrashing")
+    lines = [f"[TP0] Prefill batch. #new-seq: 1, #new-token: 10, #cached-token: {i}, cache hit rate: {5 * i}.00%"
+             for i in range(20)]
+    assert evaluate(rule, [LogText("server-0.log", lines)]) is None
+
+
+def test_ansi_colour_codes_do_not_hide_a_signature(rules):
+    line = "\x1b[31mENVLAYERS-ERROR: no routable fabric address on the head node\x1b[0m"
+    findings = diagnose([LogText("job.out", [line])], rules)
+    assert [f.rule_id for f in findings] == ["no-fabric-address"]
+    assert findings[0].evidence[0].text == "ENVLAYERS-ERROR: no routable fabric address on the head node"
+
+
+def test_requires_evidence_is_reported_with_the_signature(rules):
+    finding = next(f for f in diagnose(logs_of("sglang-host-oom"), rules) if f.rule_id == "host-oom-weight-load")
+    assert [(e.role, e.where) for e in finding.evidence] == [
+        ("signature", "sglang-host-oom/server-0.log:5"),
+        ("requires", "sglang-host-oom/serve-only-5001.out:6"),
+    ]
+
+
+# --- validation ------------------------------------------------------------------------------------
+
+GOOD = {"id": "x-rule", "title": "t", "cause": "c", "fix": "f", "status": "open",
+        "source": {"seed": "004", "section": "s"}, "signature": ["boom"]}
+
+
+@pytest.mark.parametrize("change, message", [
+    pytest.param({"signature": ["(unclosed"]}, "rule 'x-rule': key 'signature[0]': invalid regular expression",
+                 id="bad-regex"),
+    pytest.param({"unles": ["x"]}, "rule 'x-rule': key 'unles': unknown key", id="unknown-key"),
+    pytest.param({"cause": None}, "rule 'x-rule': key 'cause': missing", id="missing-cause"),
+    pytest.param({"id": "Not_Kebab"}, "key 'id': must be kebab-case", id="id-not-kebab"),
+    pytest.param({"status": "done"}, "rule 'x-rule': key 'status': must be one of", id="bad-status"),
+    pytest.param({"source": "seed 004"}, "rule 'x-rule': key 'source': must be a mapping", id="bad-source"),
+    pytest.param({"example": "nothing here"}, "rule 'x-rule': key 'example': does not match", id="bad-example"),
+    pytest.param({"scope": "first-line"}, "rule 'x-rule': key 'scope': must be one of", id="bad-scope"),
+    pytest.param({"requires": [{"pattern": "x", "file": "serve.env"}]},
+                 "rule 'x-rule': key 'requires[0].file': unknown key", id="pattern-typo"),
+    pytest.param({"trend": {"pattern": "rate: (\\d+)", "drop_points": 5}},
+                 "rule 'x-rule': key 'signature': give exactly one", id="signature-and-trend"),
+])
+def test_invalid_rule_is_rejected_naming_rule_and_key(change, message):
+    raw = {**GOOD, **change}
+    with pytest.raises(RuleError) as err:
+        parse_rules({"version": 1, "rules": [raw]}, origin="kb.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("kb.yaml: ")
+
+
+def test_trend_needs_a_value_group():
+    raw = {k: v for k, v in GOOD.items() if k != "signature"}
+    raw["trend"] = {"pattern": "rate: (\\d+)", "drop_points": 5}
+    with pytest.raises(RuleError, match="key 'trend.pattern': needs a named group"):
+        parse_rules([raw])
+
+
+def test_duplicate_rule_id_is_rejected():
+    with pytest.raises(RuleError, match="rule 'x-rule': key 'id': duplicate id"):
+        parse_rules([GOOD, GOOD])
+
+
+def test_broken_yaml_names_the_line(tmp_path):
+    kb = tmp_path / "kb.yaml"
+    kb.write_text("rules:\n  - id: a\n    title: [unclosed\n")
+    with pytest.raises(RuleError, match=r"kb\.yaml:\d+: not valid YAML"):
+        load_rules(kb)
+
+
+# --- generated documentation -------------------------------------------------------------------
+
+
+def test_known_issues_doc_is_up_to_date(rules):
+    doc = REPO / "docs" / "known-issues.md"
+    assert doc.read_text() == render_markdown(rules), (
+        "docs/known-issues.md is stale: run `python -m envlayers.diagnose --markdown > docs/known-issues.md`")
+
+
+# --- CLI ---------------------------------------------------------------------------------------------
+
+
+def run(*args: str, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_cli_exit_0_when_nothing_matched():
+    result = run("diagnose", str(LOGS / "healthy-vllm"))
+    assert result.exit_code == 0, result.output
+    assert "No known issue matched in 3 file(s)" in result.output
+
+
+def test_cli_exit_1_with_rule_evidence_cause_and_fix():
+    result = run("diagnose", str(LOGS / "sglang-gdr-rc22.log"))
+    assert result.exit_code == 1
+    assert result.output.startswith("gdr-rdma-register-einval (error): ")
+    assert f"evidence: {LOGS / 'sglang-gdr-rc22.log'}:9: " in result.output
+    assert "cause:" in result.output and "NCCL_NET_GDR_LEVEL=LOC" in result.output
+
+
+def test_cli_exit_2_on_a_missing_file():
+    result = run("diagnose", "no/such/file.log")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "env_layers: error: no such file, directory or job id: no/such/file.log"
+
+
+def test_cli_job_id_reads_job_output_and_scratch_run_dir(tmp_path):
+    submit, scratch = tmp_path / "submit", tmp_path / "scratch"
+    run_dir = scratch / "inference-server" / "5001"
+    run_dir.mkdir(parents=True)
+    submit.mkdir()
+    src = LOGS / "sglang-host-oom"
+    (submit / "serve-only-5001.out").write_text((src / "serve-only-5001.out").read_text())
+    (run_dir / "server-0.log").write_text((src / "server-0.log").read_text())
+    result = run("diagnose", "--json", "--root", str(submit), "5001", env={"SCRATCH": str(scratch)})
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    assert data["inputs"] == [str(submit / "serve-only-5001.out"), str(run_dir / "server-0.log")]
+    assert [f["id"] for f in data["findings"]] == ["host-oom-weight-load", "rank-exited-before-live"]
+
+
+def test_cli_job_id_without_scratch_uses_runs_under_the_submit_dir(tmp_path):
+    run_dir = tmp_path / "runs" / "inference-server" / "77"
+    run_dir.mkdir(parents=True)
+    (run_dir / "server-0.log").write_text("ENVLAYERS-ERROR: no routable fabric address on the head node\n")
+    result = run("diagnose", "--root", str(tmp_path), "77", env={"SCRATCH": ""})
+    assert result.exit_code == 1
+    assert "no-fabric-address" in result.output
+
+
+def test_cli_unknown_job_id_is_bad_input(tmp_path):
+    result = run("diagnose", "--root", str(tmp_path), "424242", env={"SCRATCH": ""})
+    assert result.exit_code == 2
+    assert "no logs for job 424242" in result.stderr
+
+
+def test_cli_json_shape():
+    result = run("diagnose", "--json", str(LOGS / "launcher-ranks-not-placed.out"))
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert set(data) == {"inputs", "matched", "findings"}
+    assert data["matched"] == 1
+    finding = data["findings"][0]
+    assert set(finding) == {"id", "title", "severity", "status", "evidence", "detail", "cause", "fix", "source"}
+    assert finding["id"] == "ranks-not-placed"
+    assert finding["evidence"] == [{
+        "file": str(LOGS / "launcher-ranks-not-placed.out"), "line": 3,
+        "where": f"{LOGS / 'launcher-ranks-not-placed.out'}:3",
+        "text": "ENVLAYERS-ERROR: only 1 of 2 ranks started within 300s", "role": "signature",
+    }]
+    assert finding["source"].startswith("seed 002_dcbf88ecb03f6148")
+
+
+def test_cli_json_when_nothing_matched():
+    result = run("diagnose", "--json", str(LOGS / "healthy-sglang-pp4"))
+    assert result.exit_code == 0
+    assert json.loads(result.output)["findings"] == []
