@@ -110,9 +110,13 @@ def _fmt(value: float | int | str) -> str:
     return str(value)
 
 
-def _num(text: str) -> float | int:
+_INT_KEYS = frozenset({"tokens", "mamba_cache_size", "gpu_blocks", "tokens_per_request"})
+
+
+def _num(text: str, key: str) -> float | int:
+    """Counts are ints; sizes, durations and ratios are floats (``12 secs`` -> ``12.0``)."""
     text = text.replace(",", "")
-    return float(text) if "." in text else int(text)
+    return int(float(text)) if key in _INT_KEYS else float(text)
 
 
 # --- line rules ------------------------------------------------------------------------------
@@ -246,7 +250,7 @@ class PhaseTracker:
             for group, key in groups.items():
                 value = m.groupdict().get(group)
                 if value:
-                    details[key] = value if key == "model" else _num(value)
+                    details[key] = value if key == "model" else _num(value, key)
             return self._reach(name, line_no, details, engine)
         return None
 
