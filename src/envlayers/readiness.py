@@ -1,0 +1,113 @@
+"""Readiness: probing an endpoint, and the report printed once it answers.
+
+Every HTTP call has a timeout. A probe never declares failure: it says whether the endpoint
+answers now. Failure is the launcher's call, made from the server step's exit or a spent budget.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+
+BANNER = "===== endpoint is live ====="
+
+
+@dataclass(frozen=True)
+class Probe:
+    url: str
+    ok: bool  # /v1/models answered 200 and lists the served name
+    status: int | None  # HTTP status, None when nothing answered
+    detail: str  # one line: why not ok
+
+
+def probe(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 2.0) -> Probe:
+    """GET {base_url}/models once. ``base_url`` ends in /v1."""
+    import urllib.error
+    import urllib.request
+
+    url = base_url.rstrip("/") + "/models"
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read(1 << 20)
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        return Probe(url, False, err.code, f"HTTP {err.code}")
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return Probe(url, False, None, f"no answer: {reason}")
+    try:
+        names = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        return Probe(url, False, status, "answer is not an OpenAI model list")
+    if served_name not in names:
+        return Probe(url, False, status, f"serves {names}, not {served_name!r}")
+    return Probe(url, True, status, "ok")
+
+
+@dataclass
+class Endpoint:
+    """What the operator needs once the endpoint answers; also written as endpoint.json."""
+
+    job_id: str
+    served_model_name: str
+    model: str
+    engine: str
+    shape: str
+    base_urls: list[str]
+    api_key_required: bool
+    run_dir: str
+    startup_s: float | None = None
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.base_urls[0]
+
+    def curl(self, base_url: str | None = None) -> str:
+        body = json.dumps({
+            "model": self.served_model_name, "max_tokens": 128,
+            "messages": [{"role": "user", "content": "Say hi."}],
+        })
+        parts = [f"curl -s {shlex.quote((base_url or self.base_url) + '/chat/completions')}",
+                 "-H 'Content-Type: application/json'"]
+        if self.api_key_required:
+            parts.append('-H "Authorization: Bearer $SERVER_API_KEY"')
+        parts.append(f"-d {shlex.quote(body)}")
+        return " ".join(parts)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.update(base_url=self.base_url, stop=f"scancel {self.job_id}", curl=self.curl())
+        return json.dumps(data, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Endpoint":
+        data = json.loads(text)
+        keep = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**keep)
+
+    def block(self) -> str:
+        """The text block the job prints; greppable, stable, no secrets."""
+        lines = [BANNER]
+        if len(self.base_urls) == 1:
+            lines.append(f"base URL: {self.base_url}")
+        else:
+            lines.append(f"base URLs: {len(self.base_urls)} independent replicas, the client spreads load")
+            lines += [f"base URL: {u}" for u in self.base_urls]
+        lines.append(f"model name: {self.served_model_name}")
+        lines.append(f"serving: {self.model} ({self.engine}, {self.shape})")
+        if self.api_key_required:
+            lines.append("API key: required (the SERVER_API_KEY of this run; send 'Authorization: Bearer <key>')")
+        else:
+            lines.append("API key: none; the endpoint takes no key, anyone who can reach the node can use it")
+        if self.startup_s is not None:
+            lines.append(f"startup: {self.startup_s:.0f}s")
+        lines.append(f"stop: scancel {self.job_id} (the endpoint stays up until this job ends)")
+        lines.append(f"run dir: {self.run_dir}")
+        lines.append("try:")
+        lines.append(f"  {self.curl()}")
+        return "\n".join(lines) + "\n"
