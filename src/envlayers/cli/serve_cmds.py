@@ -1,0 +1,108 @@
+"""serve (dry run or submit), plan, and launch (inside the job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import get_root
+from ..errors import EnvLayersError
+
+
+def _prepare(ctx, model, experiment, time, base_env, env_file):
+    from ..jobscript import prepare
+
+    root = get_root(ctx)
+    return prepare(root, model, experiment, time=time, base_env=Path(base_env) if base_env else None,
+                   env_file=Path(env_file) if env_file else None, environ=dict(os.environ))
+
+
+_common = [
+    click.option("--model", envvar="MODEL", default="qwen38", show_default=True, help="Catalog model (env: MODEL)."),
+    click.option("--experiment", envvar="EXPERIMENT", default="experiment", show_default=True,
+                 help="Catalog experiment (env: EXPERIMENT), e.g. replicas."),
+    click.option("--time", "time_", envvar="SERVE_TIME", default="04:00:00", show_default=True,
+                 help="Time limit (env: SERVE_TIME); overrides SBATCH_TIMELIMIT."),
+    click.option("--base-env", envvar="SERVE_BASE_ENV", type=click.Path(exists=True, dir_okay=False),
+                 help="Env file used instead of the render of EXPERIMENT:MODEL (env: SERVE_BASE_ENV)."),
+    click.option("--env-file", envvar="SERVE_ENV_FILE", type=click.Path(exists=True, dir_okay=False),
+                 help="Your copy of experiments/serve-only.env, sourced last so it wins (env: SERVE_ENV_FILE)."),
+]
+
+
+def common(f):
+    for option in reversed(_common):
+        f = option(f)
+    return f
+
+
+@click.command()
+@common
+@click.option("--dry-run", is_flag=True, help="Print the sbatch command and the exact job script; submit nothing.")
+@click.option("--wait", "wait_", is_flag=True, envvar="WAIT", help="After submitting, wait until the endpoint is live.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, as_json):
+    """Submit a serve-only endpoint job (cluster/serve-only.sbatch calls this).
+
+    Everything that can fail is checked here, on the login node, before anything is
+    submitted: the layers, the topology (no idle or missing GPUs), the engine keys, the EDF.
+    """
+    job = _prepare(ctx, model, experiment, time_, base_env, env_file)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps(job.to_json(), indent=2))
+        else:
+            click.echo(job.dry_run_text(), nl=False)
+        return
+    if job.blockers:
+        raise EnvLayersError(job.blockers[0], where=job.target, hint="SUBMIT=0 shows the job without submitting")
+    from .. import slurm
+
+    for w in job.warnings:
+        click.echo(f"warning: {w}", err=True)
+    job_id = slurm.submit(job.sbatch_args, job.script)
+    out = Path.cwd() / f"serve-only-{job_id}.out"
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "target": job.target, "output": str(out)}))
+    else:
+        click.echo(f"submitted job {job_id}: {job.target}, {job.plan.nodes} node(s), {job.plan.shape}")
+        click.echo(f"output: {out}")
+        click.echo(f"follow: env_layers wait {job_id}    stop: env_layers stop {job_id}")
+    if wait_:
+        ctx.invoke(ctx.find_root().command.get_command(ctx, "wait"), job_id=job_id)
+
+
+@click.command()
+@common
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def plan(ctx, model, experiment, time_, base_env, env_file, as_json):
+    """Show the deployment plan: shape, ranks, per-rank server commands."""
+    job = _prepare(ctx, model, experiment, time_, base_env, env_file)
+    if as_json:
+        data = job.to_json()
+        data.pop("script")
+        click.echo(json.dumps(data, indent=2))
+        return
+    for line in job.topology:
+        click.echo(line)
+    click.echo(f"EDF: {job.edf or '(none: CONTAINER_RUNTIME=none)'}")
+    click.echo(f"readiness budget: {job.ready_timeout_s}s")
+    for i, line in enumerate(job.rank_lines):
+        click.echo(f"rank {i}: {line}")
+    for w in job.warnings + job.blockers:
+        click.echo(f"warning: {w}")
+
+
+@click.command(hidden=True)
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False))
+def launch(run_dir):
+    """Inside the job: start the ranks, wait for readiness, report, fail fast."""
+    from ..launch import main
+
+    sys.exit(main(Path(run_dir)))

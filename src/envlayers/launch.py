@@ -1,0 +1,304 @@
+"""Inside the job: start the ranks, wait for readiness, report the endpoint, fail fast.
+
+Runs on the first node of the allocation, outside the container, after the job script has
+sourced the merged environment. It writes ``ranks.sh`` (pure bash: it also runs inside a
+container), starts one srun step with one task per node, and then watches three things until
+the job ends: each rank's exit file, the srun step itself, and the readiness probe. Any rank
+that exits, the step dying, a rank that never starts, or a spent readiness budget ends the job
+at once with an ``ENVLAYERS-ERROR:`` line, so no allocation idles on a dead server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RANK_UP = "ENVLAYERS-STAGE: rank {rank} up on "
+DEFAULT_RANK_START_TIMEOUT_S = 300
+POLL_S = 0.25
+PROBE_EVERY_S = 1.0
+CLAMP = 0.9
+TAIL_LINES = 20
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def rank_script(commands, run_dir: Path) -> str:
+    """ranks.sh: SLURM_PROCID picks the rank's command; the exit code lands in rank-<r>.exit."""
+    from .engines import quote
+
+    arms = []
+    for rank, cmd in enumerate(commands):
+        exports = "".join(f"export {k}={quote(v)}; " for k, v in sorted(cmd.env.items()))
+        arms.append(f"  {rank}) {exports}set -- {' '.join(quote(a) for a in cmd.argv)} ;;")
+    rd = shlex.quote(str(run_dir))
+    return "\n".join([
+        "#!/bin/bash",
+        "# One server rank per node; written by `env_layers launch`. SLURM_PROCID selects the command.",
+        "set -u",
+        "ulimit -c 0",
+        'rank="${SLURM_PROCID:?not inside an srun step}"',
+        f"run_dir={rd}",
+        'echo "rank=${rank} limit=$(ulimit -c)" >> "$run_dir/core-limit.txt"',
+        'exec >> "$run_dir/server-${rank}.log" 2>&1',
+        'echo "ENVLAYERS-STAGE: rank ${rank} up on $(hostname)"',
+        'case "$rank" in',
+        *arms,
+        '  *) echo "ENVLAYERS-ERROR: no command for rank ${rank}"; echo 2 > "$run_dir/rank-${rank}.exit"; exit 2 ;;',
+        "esac",
+        '"$@" &',
+        "pid=$!",
+        "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT HUP",
+        "while :; do",
+        '  wait "$pid"; rc=$?',
+        '  kill -0 "$pid" 2>/dev/null || break',
+        "done",
+        'echo "ENVLAYERS-STAGE: rank ${rank} exited with code ${rc}"',
+        'echo "$rc" > "$run_dir/rank-${rank}.exit"',
+        'exit "$rc"',
+        "",
+    ])
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ["(no log)"]
+    return data.splitlines()[-n:]
+
+
+def _address(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _int_env(environ, key: str, default: int) -> int:
+    value = environ.get(key)
+    return int(value) if value and value.strip().isdigit() else default
+
+
+class Launch:
+    def __init__(self, run_dir: Path, environ: dict[str, str]):
+        self.run_dir = run_dir
+        self.environ = environ
+        self.job_id = environ.get("SLURM_JOB_ID", "0")
+        self.proc: subprocess.Popen | None = None
+        self.started: set[int] = set()
+        self.t0 = time.monotonic()
+
+    # -- setup -------------------------------------------------------------------------------
+    def prepare(self):
+        from . import engines, slurm, topology
+
+        env = {k: v for k, v in self.environ.items()}
+        self.plan = topology.plan(env)
+        for line in topology.topology_lines(self.plan):
+            say(line)
+        nodes = slurm.hostnames(self.environ.get("SLURM_JOB_NODELIST", ""))
+        if len(nodes) != self.plan.nodes:
+            raise LaunchFailure(f"allocation has {len(nodes)} node(s), expected {self.plan.nodes}: "
+                                "an extra --nodes on the sbatch line? Slurm honours the last one")
+        self.nodes = nodes
+        self.addresses = [_address(n) for n in nodes]
+        build_env = dict(env)
+        key_file = env.get("SERVER_API_KEY_FILE")
+        self.api_key = None
+        if key_file:
+            try:
+                self.api_key = Path(key_file).read_text(encoding="utf-8").strip()
+            except OSError as err:
+                raise LaunchFailure(f"cannot read SERVER_API_KEY_FILE {key_file}: {err.strerror}") from None
+            build_env["SERVER_API_KEY"] = "${SERVER_API_KEY}"
+        self.commands = engines.build_commands(self.plan, build_env, nodes[0])
+        self.engine = engines.engine_name(env)
+        self.served = env.get("VLLM_SERVED_MODEL", "")
+        for rank, cmd in enumerate(self.commands):
+            say(f"ENVLAYERS-STAGE: rank {rank} on {nodes[rank]}: {engines.shell_line(cmd)}")
+        budget = _int_env(self.environ, "ENVLAYERS_READY_TIMEOUT_S", 7200)
+        left = slurm.remaining_s(self.job_id) if self.environ.get("SLURM_JOB_ID") else None
+        if left is not None and budget > CLAMP * left:
+            clamped = int(CLAMP * left)
+            say(f"ENVLAYERS-WARN: readiness budget {budget}s exceeds the allocation; clamping to {clamped}s "
+                f"(90% of the {left}s left)")
+            budget = clamped
+        self.budget_s = budget
+        self.rank_start_s = _int_env(self.environ, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
+        say(f"ENVLAYERS-TOPOLOGY: readiness_budget={self.budget_s}s rank_start_budget={self.rank_start_s}s")
+        (self.run_dir / "ranks.sh").write_text(rank_script(self.commands, self.run_dir), encoding="utf-8")
+        (self.run_dir / "launch.json").write_text(json.dumps({
+            "job_id": self.job_id, "target": self.environ.get("ENVLAYERS_TARGET"), "engine": self.engine,
+            "served_model_name": self.served, "shape": self.plan.shape, "nodes": nodes,
+            "addresses": self.addresses, "ready_timeout_s": self.budget_s,
+        }, indent=2) + "\n", encoding="utf-8")
+
+    def srun_argv(self) -> list[str]:
+        n = str(self.plan.nodes)
+        argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                f"--cpus-per-task={self.environ.get('SLURM_CPUS_ON_NODE', '1')}", "--kill-on-bad-exit=1"]
+        edf = self.environ.get("ENVLAYERS_EDF")
+        if edf:
+            argv.append(f"--environment={edf}")
+        return argv + ["bash", str(self.run_dir / "ranks.sh")]
+
+    # -- run ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        argv = self.srun_argv()
+        say(f"ENVLAYERS-STAGE: starting {self.plan.nodes} rank(s): {shlex.join(argv)}")
+        child_env = dict(self.environ)
+        if self.api_key:
+            child_env["SERVER_API_KEY"] = self.api_key
+        self.proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
+
+    def readiness_targets(self) -> list[tuple[int, str, str]]:
+        out = []
+        for r in self.plan.readiness_ranks():
+            host, addr = self.nodes[r.node_index], self.addresses[r.node_index]
+            out.append((r.rank, f"http://{host}:{r.port}/v1", f"http://{addr}:{r.port}/v1"))
+        return out
+
+    def check_ranks(self) -> None:
+        for rank in range(self.plan.nodes):
+            if rank in self.started:
+                continue
+            log = self.run_dir / f"server-{rank}.log"
+            try:
+                with open(log, encoding="utf-8", errors="replace") as fh:
+                    first = fh.readline()
+            except FileNotFoundError:
+                continue
+            if first.startswith(RANK_UP.format(rank=rank)):
+                self.started.add(rank)
+                say(first.strip())
+                if len(self.started) == self.plan.nodes:
+                    say(f"ENVLAYERS-STAGE: all {self.plan.nodes} ranks started")
+        for rank in range(self.plan.nodes):
+            exit_file = self.run_dir / f"rank-{rank}.exit"
+            if exit_file.exists():
+                code = exit_file.read_text().strip() or "?"
+                when = "after" if self.live else "before"
+                raise LaunchFailure(f"rank {rank} on {self.nodes[rank]} exited with code {code} {when} the "
+                                    "endpoint was live", rank=rank)
+
+    def run(self) -> int:
+        from .readiness import Endpoint, probe
+
+        self.live = False
+        self.prepare()
+        self.start()
+        next_probe = 0.0
+        targets = self.readiness_targets()
+        ready: set[int] = set()
+        while True:
+            self.check_ranks()
+            code = self.proc.poll()
+            if code is not None:
+                time.sleep(0.5)  # let the ranks' exit files land
+                self.check_ranks()
+                if len(self.started) < self.plan.nodes:
+                    raise LaunchFailure(f"srun step exited with code {code} before all ranks started "
+                                        f"({len(self.started)} of {self.plan.nodes}): a bind mount or cache path "
+                                        "missing inside the container, or the EDF not found")
+                raise LaunchFailure(f"srun step exited with code {code}")
+            elapsed = time.monotonic() - self.t0
+            if len(self.started) < self.plan.nodes and elapsed > self.rank_start_s:
+                missing = sorted(set(range(self.plan.nodes)) - self.started)
+                raise LaunchFailure(f"only {len(self.started)} of {self.plan.nodes} ranks started within "
+                                    f"{self.rank_start_s}s (missing: {', '.join(map(str, missing))}): Slurm did "
+                                    "not place them, or the run directory is not shared between nodes")
+            if not self.live and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + PROBE_EVERY_S
+                for rank, _, url in targets:
+                    if rank not in ready and probe(url, self.served, self.api_key, timeout_s=2.0).ok:
+                        ready.add(rank)
+                if len(ready) == len(targets):
+                    self.live = True
+                    ep = Endpoint(self.job_id, self.served, self.environ.get("INFERENCE_MODEL", ""), self.engine,
+                                  self.plan.shape, [u for _, u, _ in targets], bool(self.api_key),
+                                  str(self.run_dir), round(elapsed, 1), list(self.nodes))
+                    data = json.loads(ep.to_json())
+                    data["addresses"] = [u for _, _, u in targets]
+                    tmp = self.run_dir / ".endpoint.json.tmp"
+                    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+                    os.replace(tmp, self.run_dir / "endpoint.json")
+                    say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
+                    sys.stdout.write(ep.block())
+                    sys.stdout.flush()
+                elif elapsed > self.budget_s:
+                    raise LaunchFailure(f"endpoint not live after {self.budget_s}s (readiness budget): "
+                                        f"{len(ready)} of {len(targets)} answered", rank=0)
+            time.sleep(POLL_S)
+
+    def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+class LaunchFailure(Exception):
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+def main(run_dir: Path, environ: dict[str, str] | None = None) -> int:
+    from .cores import check_cores
+
+    environ = dict(os.environ if environ is None else environ)
+    launch = Launch(run_dir, environ)
+    launch.live = False
+
+    def on_term(signum, _frame):
+        say(f"ENVLAYERS-STAGE: received signal {signum}; stopping the ranks")
+        launch.stop()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    code = 0
+    try:
+        launch.run()
+    except LaunchFailure as err:
+        say(f"ENVLAYERS-ERROR: {err}")
+        if err.rank is not None:
+            log = run_dir / f"server-{err.rank}.log"
+            say(f"ENVLAYERS-ERROR: last {TAIL_LINES} lines of {log}:")
+            for line in _tail(log):
+                say(f"  | {line}")
+        say(f"ENVLAYERS-STAGE: ending job {launch.job_id}; run `env_layers diagnose {launch.job_id}` for causes")
+        code = 1
+    except Exception as err:  # an EnvLayersError from planning, or a bug: say it, end the job
+        say(f"ENVLAYERS-ERROR: launcher failed: {err}")
+        code = 1
+    finally:
+        launch.stop()
+    report = check_cores(run_dir)
+    if not report.ok:
+        for c in report.cores:
+            say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
+        for lim in report.bad_limits:
+            say(f"ENVLAYERS-WARN: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
+    return code
