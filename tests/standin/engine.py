@@ -1432,7 +1432,10 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
 
     def crash(phase: str) -> None:
         if knobs.crash_signal is not None:
-            signal.signal(knobs.crash_signal, signal.SIG_DFL)
+            try:
+                signal.signal(knobs.crash_signal, signal.SIG_DFL)  # our TERM/INT handlers would exit 0
+            except (OSError, ValueError):
+                pass  # SIGKILL/SIGSTOP cannot be handled anyway
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             os.kill(os.getpid(), knobs.crash_signal)
