@@ -1,0 +1,443 @@
+"""Talking to Slurm: argv builders, pure parsers of Slurm's output, and one injectable runner.
+
+Everything that touches Slurm goes through ``run`` (or a fake passed as ``run=``), so every other
+function here is testable by feeding text in. No policy lives here: callers decide what a state means.
+
+Slurm facts this module relies on (see shared/design/reference-facts.md, slurm-lab-facts.md):
+
+- ``SLURM_TIME_FORMAT=standard`` is forced, since a site may set ``relative``.
+- ``scontrol show job -o ID`` prints one line of ``Key=Value`` pairs; it knows a finished job only for
+  ``MinJobAge`` seconds, after which ``sacct`` (full accounting) or ``sacct -c`` (job completion
+  plugin only, as in the local lab) still can.
+- ``sbatch --parsable`` prints ``jobid[;cluster]``.
+- ``squeue -h -j ID -o %L`` prints the time left (``UNLIMITED``/``NOT_SET`` when there is no limit).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+from .errors import SlurmError
+
+__all__ = [
+    "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs", "parse_duration",
+    "parse_scontrol_job", "remaining_s", "run", "submit",
+]
+
+TERMINAL_STATES: frozenset[str] = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE",
+})
+
+_Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+_CTLD_HINT = ("is slurmctld up and SLURM_CONF right? `scontrol ping` says "
+              "(for the local lab: eval \"$(cluster/slurm-lab env)\")")
+_NO_TOOLS_HINT = ("run this on a Slurm login node, or put Slurm's client tools on PATH "
+                  "(for the local lab: eval \"$(cluster/slurm-lab env)\")")
+
+
+def run(argv: Sequence[str], *, input: str | None = None, timeout_s: float = 30) -> subprocess.CompletedProcess:
+    """Run one Slurm client command: no shell, always a timeout, ``SLURM_TIME_FORMAT=standard``.
+
+    Returns the CompletedProcess (text, captured) whatever the exit status; callers read it.
+    A missing binary or a command that does not answer in time is a ``SlurmError``.
+    """
+    argv = [str(a) for a in argv]
+    env = dict(os.environ, SLURM_TIME_FORMAT="standard")
+    try:
+        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout_s,
+                              env=env, check=False)
+    except FileNotFoundError:
+        raise SlurmError(f"`{argv[0]}` is not on PATH", hint=_NO_TOOLS_HINT) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{' '.join(argv)}` did not answer within {timeout_s:g}s",
+                         hint="slurmctld may be down or overloaded; `scontrol ping` says which") from None
+
+
+# --------------------------------------------------------------------------------- durations
+
+_NO_LIMIT = frozenset({"", "UNLIMITED", "NOT_SET", "INVALID", "INFINITE", "N/A", "NONE", "PARTITION_LIMIT",
+                       "(NULL)"})
+_DURATION_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
+
+
+def parse_duration(text: str | None) -> int | None:
+    """Seconds in a Slurm duration, or ``None`` for no limit / not a duration.
+
+    Forms (as Slurm prints and accepts them): ``D-HH:MM:SS``, ``D-HH:MM``, ``D-HH``, ``HH:MM:SS``,
+    ``MM:SS``, and a bare number of minutes (``sacct -c`` prints ``Timelimit`` that way).
+    ``UNLIMITED``, ``NOT_SET``, ``INVALID``, ``INFINITE``, ``N/A`` and anything else -> ``None``.
+    """
+    if text is None:
+        return None
+    text = text.strip()
+    if text.upper() in _NO_LIMIT:
+        return None
+    m = _DURATION_RE.match(text)
+    if not m:
+        return None
+    parts = [int(p) for p in m.group("rest").split(":")]
+    days = m.group("d")
+    if days is not None:
+        # after "D-": hours, hours:minutes, or hours:minutes:seconds
+        h, mi, s = (parts + [0, 0])[:3]
+        return int(days) * 86400 + h * 3600 + mi * 60 + s
+    if len(parts) == 1:
+        return parts[0] * 60  # bare minutes
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+# --------------------------------------------------------------------------------- job records
+
+@dataclass
+class JobInfo:
+    """One job as Slurm describes it. ``None`` means Slurm did not say (or said ``(null)``/``Unknown``).
+
+    ``state`` is the bare state word (``RUNNING``, ``CANCELLED``; sacct's ``CANCELLED by 0`` -> ``CANCELLED``).
+    ``exit_code`` is Slurm's ``code:signal`` text. ``time_left_s`` is the time left when the record was
+    read (``None`` when unlimited, unknown, or the job has ended). Times are Slurm's ISO text.
+    """
+
+    job_id: str
+    name: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    nodes: int = 0
+    nodelist: str | None = None
+    stdout: str | None = None
+    workdir: str | None = None
+    time_limit_s: int | None = None
+    time_left_s: int | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    exit_code: str | None = None
+    user: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("RUNNING", "COMPLETING", "CONFIGURING")
+
+    @property
+    def exit_status(self) -> int | None:
+        """The exit status part of ``exit_code`` (``3`` for ``3:0``)."""
+        code = (self.exit_code or "").split(":")[0]
+        return int(code) if code.isdigit() else None
+
+    @property
+    def exit_signal(self) -> int | None:
+        """The signal part of ``exit_code`` (``15`` for ``0:15``)."""
+        parts = (self.exit_code or "").split(":")
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_NULLS = frozenset({"", "(null)", "None", "none", "Unknown", "N/A", "n/a"})
+_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_/:.]*=")
+
+
+def _clean(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return None if value in _NULLS else value
+
+
+def _user(value: str | None) -> str | None:
+    value = _clean(value)
+    return value.split("(", 1)[0] if value else value  # "root(0)" -> "root"
+
+
+def _state(value: str | None) -> str | None:
+    value = _clean(value)
+    return value.split()[0].rstrip("+") if value else value  # "CANCELLED by 0" -> "CANCELLED"
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    value = _clean(value)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def _split_keyvalues(line: str) -> dict[str, str]:
+    """``Key=Value Key=Value ...`` -> dict. A token without ``Key=`` continues the previous value,
+    so a path with a space survives; values may contain ``=`` (``TRES=cpu=2,mem=2000M``)."""
+    fields: dict[str, str] = {}
+    last: str | None = None
+    for token in line.strip().split(" "):
+        if _KEY_RE.match(token):
+            key, value = token.split("=", 1)
+            fields[key] = value
+            last = key
+        elif last is not None:
+            fields[last] += " " + token
+    return fields
+
+
+def parse_scontrol_job(text: str) -> JobInfo:
+    """Parse ``scontrol show job -o ID`` output (the first record; one line per job).
+
+    Also accepts the multi-line form without ``-o``. Raises ``SlurmError`` when there is no ``JobId=``.
+    """
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = next((i for i, ln in enumerate(lines) if ln.startswith("JobId=")), None)
+    if first is None:
+        raise SlurmError("scontrol printed no job record", hint=f"Slurm answered: {text.strip()[:200]!r}")
+    record_lines = [lines[first]]
+    for ln in lines[first + 1:]:  # the multi-line form continues until the next record
+        if ln.startswith("JobId="):
+            break
+        record_lines.append(ln)
+    record = " ".join(record_lines)
+    f = _split_keyvalues(record)
+    state = _state(f.get("JobState"))
+    limit_s = parse_duration(f.get("TimeLimit"))
+    run_s = parse_duration(f.get("RunTime"))
+    left_s: int | None = None
+    if limit_s is not None and state not in TERMINAL_STATES:
+        left_s = max(0, limit_s - (run_s or 0))
+    return JobInfo(
+        job_id=f["JobId"],
+        name=_clean(f.get("JobName")),
+        state=state,
+        reason=_clean(f.get("Reason")),
+        nodes=_int(f.get("NumNodes")),
+        nodelist=_clean(f.get("NodeList")),
+        stdout=_clean(f.get("StdOut")),
+        workdir=_clean(f.get("WorkDir")),
+        time_limit_s=limit_s,
+        time_left_s=left_s,
+        start_time=_clean(f.get("StartTime")),
+        end_time=_clean(f.get("EndTime")),
+        exit_code=_clean(f.get("ExitCode")),
+        user=_user(f.get("UserId")),
+    )
+
+
+# sacct: the same field list works with full accounting and with `-c` (job completion plugin)
+_SACCT_FIELDS = ("JobID", "JobName", "State", "Reason", "NNodes", "NodeList", "Timelimit", "Start", "End",
+                 "ExitCode", "User", "WorkDir")
+
+
+def _sacct_argv(job_id: str, completion: bool) -> list[str]:
+    argv = ["sacct"]
+    if completion:
+        argv.append("-c")
+    return argv + ["-j", str(job_id), "-X", "-P", "-n", "-o", ",".join(_SACCT_FIELDS)]
+
+
+def _parse_sacct(text: str, job_id: str) -> JobInfo | None:
+    """Parse ``sacct -P -n -o <_SACCT_FIELDS>`` output; the record of ``job_id`` or ``None``."""
+    for line in text.splitlines():
+        cols = line.split("|")
+        if len(cols) < len(_SACCT_FIELDS):
+            continue
+        f = dict(zip(_SACCT_FIELDS, cols))
+        if f["JobID"].strip() != str(job_id):
+            continue
+        return JobInfo(
+            job_id=f["JobID"].strip(),
+            name=_clean(f["JobName"]),
+            state=_state(f["State"]),
+            reason=_clean(f["Reason"]),
+            nodes=_int(f["NNodes"]),
+            nodelist=_clean(f["NodeList"]),
+            stdout=None,  # sacct of this Slurm generation does not say
+            workdir=_clean(f["WorkDir"]),
+            time_limit_s=parse_duration(f["Timelimit"]),
+            time_left_s=None,
+            start_time=_clean(f["Start"]),
+            end_time=_clean(f["End"]),
+            exit_code=_clean(f["ExitCode"]),
+            user=_user(f["User"]),
+        )
+    return None
+
+
+_UNKNOWN_JOB_RE = re.compile(r"Invalid job id|does not exist|Job.*not found", re.I)
+
+
+def job_info(job_id: str, run: _Runner = run) -> JobInfo | None:
+    """The job's record: from ``scontrol show job -o`` while Slurm holds it, else from ``sacct``
+    (full accounting) or ``sacct -c`` (job completion log), else ``None`` (no such job).
+
+    A controller that does not answer is a ``SlurmError``, never "no such job".
+    """
+    job_id = str(job_id)
+    proc = run(["scontrol", "show", "job", "-o", job_id])
+    if proc.returncode == 0 and "JobId=" in proc.stdout:
+        return parse_scontrol_job(proc.stdout)
+    if proc.returncode != 0 and not _UNKNOWN_JOB_RE.search(proc.stderr + proc.stdout):
+        raise SlurmError(f"scontrol could not read job {job_id}: {_first_error(proc)}",
+                         hint=_CTLD_HINT)
+    for completion in (False, True):
+        acct = run(_sacct_argv(job_id, completion))
+        if acct.returncode == 0:
+            info = _parse_sacct(acct.stdout, job_id)
+            if info is not None:
+                return info
+    return None
+
+
+# --------------------------------------------------------------------------------- squeue
+
+_SQUEUE_FIELDS = (("%i", "job_id"), ("%j", "name"), ("%T", "state"), ("%r", "reason"), ("%D", "nodes"),
+                  ("%N", "nodelist"), ("%l", "time_limit"), ("%L", "time_left"), ("%S", "start_time"),
+                  ("%e", "end_time"), ("%u", "user"), ("%Z", "workdir"))
+_SQUEUE_SEP = "|"
+_SQUEUE_FORMAT = _SQUEUE_SEP.join(code for code, _ in _SQUEUE_FIELDS)
+
+
+def _list_jobs_argv(user: str | None, name: str | None) -> list[str]:
+    argv = ["squeue", "-h", "-o", _SQUEUE_FORMAT]
+    if name:
+        argv.append(f"--name={name}")
+    if user:
+        argv += ["-u", user]
+    return argv
+
+
+def _parse_squeue(text: str) -> list[JobInfo]:
+    jobs = []
+    keys = [key for _, key in _SQUEUE_FIELDS]
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split(_SQUEUE_SEP)
+        if len(cols) < len(keys):
+            continue
+        # a workdir holding the separator: glue the tail back
+        cols = cols[:len(keys) - 1] + [_SQUEUE_SEP.join(cols[len(keys) - 1:])]
+        f = dict(zip(keys, cols))
+        state = _state(f["state"])
+        jobs.append(JobInfo(
+            job_id=f["job_id"].strip(), name=_clean(f["name"]), state=state, reason=_clean(f["reason"]),
+            nodes=_int(f["nodes"]), nodelist=_clean(f["nodelist"]), stdout=None, workdir=_clean(f["workdir"]),
+            time_limit_s=parse_duration(f["time_limit"]), time_left_s=parse_duration(f["time_left"]),
+            start_time=_clean(f["start_time"]), end_time=_clean(f["end_time"]), exit_code=None,
+            user=_user(f["user"]),
+        ))
+    return jobs
+
+
+def list_jobs(user: str | None = None, name: str | None = "serve-only", run: _Runner = run) -> list[JobInfo]:
+    """Jobs Slurm still queues or runs, filtered by user (``None``: everyone) and job name."""
+    proc = run(_list_jobs_argv(user, name))
+    if proc.returncode != 0:
+        raise SlurmError(f"squeue failed: {_first_error(proc)}", hint=_CTLD_HINT)
+    return _parse_squeue(proc.stdout)
+
+
+def remaining_s(job_id: str, run: _Runner = run) -> int | None:
+    """Seconds left in the job's allocation (``squeue -h -j ID -o %L``); ``None`` when unlimited,
+    not set, or Slurm no longer lists the job."""
+    proc = run(["squeue", "-h", "-j", str(job_id), "-o", "%L"])
+    if proc.returncode != 0:
+        return None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    return parse_duration(lines[0]) if lines else None
+
+
+def hostnames(nodelist: str | None, run: _Runner = run) -> list[str]:
+    """Expand a Slurm node list (``n[1-3],gpu7``) with ``scontrol show hostnames``."""
+    if not nodelist or not nodelist.strip():
+        return []
+    proc = run(["scontrol", "show", "hostnames", nodelist.strip()])
+    if proc.returncode != 0:
+        raise SlurmError(f"cannot expand node list {nodelist!r}: {_first_error(proc)}")
+    return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+
+
+# --------------------------------------------------------------------------------- sbatch / scancel
+
+_JOBID_RE = re.compile(r"^(\d+)(?:_\d+)?(?:;(\S+))?$")
+
+
+def _parse_parsable(text: str) -> str | None:
+    """``sbatch --parsable`` stdout -> job id (``1234`` from ``1234;cluster``), or None."""
+    for line in reversed(text.splitlines()):
+        m = _JOBID_RE.match(line.strip())
+        if m:
+            return m.group(1)
+    return None
+
+
+def _sbatch_hint(message: str) -> str:
+    low = message.lower()
+    if "account" in low or "association" in low:
+        return "set SBATCH_ACCOUNT (or ask which account you may charge: `sacctmgr show assoc user=$USER`)"
+    if "partition" in low:
+        return "check SLURM_PARTITION in your layers against `sinfo -s`"
+    if "time limit" in low:
+        return "lower SERVE_TIME below the partition's MaxTime (`sinfo -o '%P %l'`)"
+    if "node configuration" in low or "gres" in low or "gpu" in low:
+        return "the partition cannot give that many nodes/GPUs; check `sinfo -o '%P %D %G'` and the plan's node count"
+    return "SUBMIT=0 cluster/serve-only.sbatch prints the exact sbatch line; run it by hand to see Slurm's full answer"
+
+
+def submit(argv_extra: Sequence[str], script: str, run: _Runner = run) -> str:
+    """Submit ``script`` (the job script text, on stdin) with ``sbatch --parsable <argv_extra>``.
+
+    Returns the job id. A refusal is a ``SlurmError`` carrying sbatch's own words and a hint.
+    """
+    argv = ["sbatch", "--parsable", *[str(a) for a in argv_extra]]
+    proc = run(argv, input=script)
+    if proc.returncode != 0:
+        message = _first_error(proc, prefer="submission failed")
+        raise SlurmError(f"sbatch refused the job: {message}", hint=_sbatch_hint(message))
+    job_id = _parse_parsable(proc.stdout)
+    if job_id is None:
+        raise SlurmError(f"sbatch printed no job id (stdout: {proc.stdout.strip()[:200]!r})",
+                         hint="check `squeue --me`; the job may have been submitted anyway")
+    return job_id
+
+
+_CANCEL_OK_RE = re.compile(r"already completing or completed|Invalid job id", re.I)
+
+
+def cancel(job_id: str, run: _Runner = run, signal: str | None = None) -> None:
+    """``scancel [--signal=SIG] ID``. A job that already ended or is unknown is not an error."""
+    argv = ["scancel"]
+    if signal:
+        argv.append(f"--signal={signal}")
+    argv.append(str(job_id))
+    proc = run(argv)
+    if proc.returncode != 0 and not _CANCEL_OK_RE.search(proc.stderr + proc.stdout):
+        raise SlurmError(f"scancel {job_id} failed: {_first_error(proc)}",
+                         hint="you can cancel only your own jobs; `squeue -j ID -o %u` shows the owner")
+
+
+def _first_error(proc: subprocess.CompletedProcess, prefer: str | None = None) -> str:
+    """The most telling line Slurm wrote (stderr first), without the ``sbatch: error:`` prefix."""
+    lines = [ln.strip() for ln in (proc.stderr or "").splitlines() + (proc.stdout or "").splitlines()
+             if ln.strip()]
+    if prefer:
+        for ln in lines:
+            if prefer in ln.lower():
+                return _strip_prefix(ln)
+    for ln in lines:
+        if "error" in ln.lower():
+            return _strip_prefix(ln)
+    return _strip_prefix(lines[0]) if lines else f"exit status {proc.returncode}, no message"
+
+
+def _strip_prefix(line: str) -> str:
+    return re.sub(r"^\w+: error: ", "", line)
