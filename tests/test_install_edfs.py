@@ -140,6 +140,15 @@ def test_symlink_is_never_replaced_without_force(root, dest, tmp_path):
     assert link.is_symlink() and elsewhere.read_text() == 'image = "/x.sqsh"\n'
 
 
+def test_unwritable_target_is_a_clear_error(root, dest):
+    (dest / "hpcagent-bench-vllm-mi300-latest.toml").mkdir(parents=True)
+    kept = {r.path.name: r for r in edf.install(root, dest, environ={})}["hpcagent-bench-vllm-mi300-latest.toml"]
+    assert (kept.status, kept.reason) == ("differs", "cannot be read (Is a directory)")
+    with pytest.raises(edf.EdfError) as err:
+        edf.install(root, dest, force=True, environ={})
+    assert str(err.value).startswith(f"{dest}: cannot write {dest}/hpcagent-bench-vllm-mi300-latest.toml: ")
+
+
 def test_invalid_catalog_writes_nothing(root, dest):
     bad = root / "containers" / "edfs" / "vllm-mi200.yaml"
     bad.write_text(bad.read_text().replace("vllm/vllm-openai-rocm:v0.28.0", "vllm/vllm-openai-rocm:latest"))

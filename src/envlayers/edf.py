@@ -312,7 +312,14 @@ def install(
         if status == "differs" and force:
             status = "overwritten"
         if status in ("written", "overwritten"):
-            _atomic_write(path, text)
+            try:
+                _atomic_write(path, text)
+            except OSError as err:
+                raise EdfError(
+                    f"cannot write {path}: {err.strerror or err}",
+                    where=str(dest),
+                    hint="check the folder's permissions and free space; EDFs already written are complete",
+                ) from None
         if src.edf["image"] not in images:
             images[src.edf["image"]] = _image_state(src, env)
         image_path, present = images[src.edf["image"]]
