@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from envlayers.cli import cli
 from envlayers.diagnose import (
-    LogText, RuleError, diagnose, evaluate, load_rules, parse_rules, read_log, render_markdown,
+    LogText, RuleError, diagnose, evaluate, input_order, load_rules, parse_rules, read_log, render_markdown,
 )
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -25,17 +25,17 @@ def rules():
 def logs_of(name: str) -> list[LogText]:
     """A fixture file, or every file of a fixture run directory, named relative to tests/data/logs."""
     path = LOGS / name
-    files = sorted(p for p in path.iterdir()) if path.is_dir() else [path]
+    files = sorted(path.iterdir(), key=input_order) if path.is_dir() else [path]
     return [read_log(p, name=str(p.relative_to(LOGS))) for p in files]
 
 
 # fixture -> (rule that must fire, evidence file:line, every rule id expected to fire on that fixture)
 POSITIVE = [
-    pytest.param("sglang-host-oom", "host-oom-weight-load", "sglang-host-oom/server-0.log:5",
-                 {"host-oom-weight-load", "rank-exited-before-live"}, id="host-oom-weight-load"),
+    pytest.param("sglang-host-oom", "host-oom-weight-load", "sglang-host-oom/server-0.log:6",
+                 {"host-oom-weight-load", "rank-exited"}, id="host-oom-weight-load"),
     pytest.param("sglang-minimum-viable.log", "weights-exceed-mem-fraction", "sglang-minimum-viable.log:9",
                  {"weights-exceed-mem-fraction"}, id="weights-exceed-mem-fraction"),
-    pytest.param("sglang-cpu-trap", "cpu-starved-jit-hang", "sglang-cpu-trap/server-0.log:9",
+    pytest.param("sglang-cpu-trap", "cpu-starved-jit-hang", "sglang-cpu-trap/server-0.log:10",
                  {"cpu-starved-jit-hang", "readiness-budget-spent"}, id="cpu-starved-jit-hang"),
     pytest.param("sglang-one-parser.log", "one-parser-only", "sglang-one-parser.log:1",
                  {"one-parser-only"}, id="one-parser-only"),
@@ -57,21 +57,41 @@ POSITIVE = [
                  {"prefix-cache-thrashing"}, id="prefix-cache-thrashing"),
     pytest.param("launcher-ranks-not-placed.out", "ranks-not-placed", "launcher-ranks-not-placed.out:3",
                  {"ranks-not-placed"}, id="ranks-not-placed"),
-    pytest.param("launcher-step-exited.out", "step-exited-early", "launcher-step-exited.out:4",
+    pytest.param("launcher-step-exited.out", "step-exited-early", "launcher-step-exited.out:5",
                  {"step-exited-early"}, id="step-exited-early"),
+    pytest.param("launcher-allocation-mismatch.out", "allocation-node-mismatch",
+                 "launcher-allocation-mismatch.out:3", {"allocation-node-mismatch"}, id="allocation-node-mismatch"),
     pytest.param("launcher-no-fabric.out", "no-fabric-address", "launcher-no-fabric.out:2",
                  {"no-fabric-address"}, id="no-fabric-address"),
     pytest.param("launcher-budget-clamped.out", "readiness-budget-clamped", "launcher-budget-clamped.out:3",
                  {"readiness-budget-clamped"}, id="readiness-budget-clamped"),
-    pytest.param("sglang-cpu-trap", "readiness-budget-spent", "sglang-cpu-trap/serve-only-5002.out:6",
+    pytest.param("sglang-cpu-trap", "readiness-budget-spent", "sglang-cpu-trap/serve-only-5002.out:7",
                  {"cpu-starved-jit-hang", "readiness-budget-spent"}, id="readiness-budget-spent"),
-    pytest.param("sglang-host-oom", "rank-exited-before-live", "sglang-host-oom/serve-only-5001.out:8",
-                 {"host-oom-weight-load", "rank-exited-before-live"}, id="rank-exited-before-live"),
+    pytest.param("sglang-host-oom", "rank-exited", "sglang-host-oom/serve-only-5001.out:10",
+                 {"host-oom-weight-load", "rank-exited"}, id="rank-exited"),
     pytest.param("slurm-oom-kill.out", "step-oom-killed", "slurm-oom-kill.out:3",
                  {"step-oom-killed"}, id="step-oom-killed"),
     pytest.param("vllm-cache-symlink.log", "cache-path-dangles", "vllm-cache-symlink.log:5",
                  {"cache-path-dangles"}, id="cache-path-dangles"),
+    pytest.param("launcher-core-left.out", "core-dump-left", "launcher-core-left.out:2",
+                 {"core-dump-left"}, id="core-dump-left"),
 ]
+
+
+@pytest.mark.parametrize("line, rule_id", [
+    pytest.param("ENVLAYERS-ERROR: rank 1 exited with code 137 before the endpoint was live", "rank-exited",
+                 id="rank-exited-without-node"),
+    pytest.param("ENVLAYERS-ERROR: rank 0 on nid002140 exited with code 1 after the endpoint was live", "rank-exited",
+                 id="rank-exited-after-live"),
+    pytest.param("ENVLAYERS-ERROR: srun step exited before all ranks started", "step-exited-early",
+                 id="step-exited-without-code"),
+    pytest.param("ENVLAYERS-ERROR: no routable fabric IPv4 on the head node", "no-fabric-address",
+                 id="no-fabric-ipv4-wording"),
+    pytest.param("ENVLAYERS-ERROR: endpoint not live after 7200s", "readiness-budget-spent",
+                 id="budget-spent-short-wording"),
+])
+def test_launcher_wording_variants(rules, line, rule_id):
+    assert [f.rule_id for f in diagnose([LogText("job.out", [line])], rules)] == [rule_id]
 
 
 @pytest.mark.parametrize("fixture, rule_id, where, expected", POSITIVE)
@@ -157,9 +177,11 @@ def test_ansi_colour_codes_do_not_hide_a_signature(rules):
 
 def test_requires_evidence_is_reported_with_the_signature(rules):
     finding = next(f for f in diagnose(logs_of("sglang-host-oom"), rules) if f.rule_id == "host-oom-weight-load")
+    # the server log first, then the copy of its tail that the launcher repeats in the job output
     assert [(e.role, e.where) for e in finding.evidence] == [
-        ("signature", "sglang-host-oom/server-0.log:5"),
-        ("requires", "sglang-host-oom/serve-only-5001.out:6"),
+        ("signature", "sglang-host-oom/server-0.log:6"),
+        ("signature", "sglang-host-oom/serve-only-5001.out:12"),
+        ("requires", "sglang-host-oom/serve-only-5001.out:8"),
     ]
 
 
@@ -233,6 +255,12 @@ def test_cli_exit_0_when_nothing_matched():
     assert "No known issue matched in 3 file(s)" in result.output
 
 
+def test_input_order_puts_server_logs_first_by_rank():
+    names = ["serve.env", "serve-only-9.out", "server-10.log", "server-2.log", "server-0.log", "extra.log"]
+    assert sorted(names, key=input_order) == [
+        "server-0.log", "server-2.log", "server-10.log", "extra.log", "serve-only-9.out", "serve.env"]
+
+
 def test_cli_exit_1_with_rule_evidence_cause_and_fix():
     result = run("diagnose", str(LOGS / "sglang-gdr-rc22.log"))
     assert result.exit_code == 1
@@ -258,8 +286,8 @@ def test_cli_job_id_reads_job_output_and_scratch_run_dir(tmp_path):
     result = run("diagnose", "--json", "--root", str(submit), "5001", env={"SCRATCH": str(scratch)})
     assert result.exit_code == 1, result.output
     data = json.loads(result.output)
-    assert data["inputs"] == [str(submit / "serve-only-5001.out"), str(run_dir / "server-0.log")]
-    assert [f["id"] for f in data["findings"]] == ["host-oom-weight-load", "rank-exited-before-live"]
+    assert data["inputs"] == [str(run_dir / "server-0.log"), str(submit / "serve-only-5001.out")]
+    assert [f["id"] for f in data["findings"]] == ["host-oom-weight-load", "rank-exited"]
 
 
 def test_cli_job_id_without_scratch_uses_runs_under_the_submit_dir(tmp_path):
@@ -289,7 +317,8 @@ def test_cli_json_shape():
     assert finding["evidence"] == [{
         "file": str(LOGS / "launcher-ranks-not-placed.out"), "line": 3,
         "where": f"{LOGS / 'launcher-ranks-not-placed.out'}:3",
-        "text": "ENVLAYERS-ERROR: only 1 of 2 ranks started within 300s", "role": "signature",
+        "text": "ENVLAYERS-ERROR: only 1 of 2 ranks started within 300s (missing: 1): Slurm did not place them, "
+                "or the run directory is not shared between nodes", "role": "signature",
     }]
     assert finding["source"].startswith("seed 002_dcbf88ecb03f6148")
 

@@ -96,7 +96,7 @@ def test_repeated_per_rank_lines_keep_the_first_values():
     pytest.param("healthy-vllm/server-0.log", "vllm",
                  [("loading", 12), ("weights-loaded", 17), ("kv-cache", 22), ("graph-capture", 25), ("ready", 31)],
                  id="vllm-full-startup-in-order"),
-    pytest.param("sglang-host-oom/server-0.log", "sglang", [("loading", 5)], id="sglang-stopped-in-weight-load"),
+    pytest.param("sglang-host-oom/server-0.log", "sglang", [("loading", 6)], id="sglang-stopped-in-weight-load"),
 ])
 def test_real_logs(name, engine, expected):
     report = parse_phases((LOGS / name).read_text().splitlines())

@@ -449,6 +449,25 @@ def diagnose(logs: Iterable[LogText | tuple[str, Sequence[str]]], rules: Sequenc
     return findings
 
 
+def input_order(path: str | os.PathLike) -> tuple:
+    """Sort key for the files of one job: server logs by rank, other logs, job output, serve.env.
+
+    Evidence is reported in input order, so a server log's line comes before the copy the launcher
+    repeats in the job output.
+    """
+    name = os.path.basename(os.fspath(path))
+    natural = tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
+    if name.startswith("server-") and name.endswith(".log"):
+        group = 0
+    elif name.endswith(".log"):
+        group = 1
+    elif name.endswith(".out"):
+        group = 2
+    else:
+        group = 3
+    return (group, natural)
+
+
 def read_log(path: str | os.PathLike, name: str | None = None) -> LogText:
     """Read one log (any bytes; undecodable ones replaced) as a :class:`LogText`."""
     p = Path(path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import textwrap
 from pathlib import Path
 
@@ -15,10 +14,6 @@ from ..errors import EnvLayersError
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
 
 
-def _natural_key(path: Path) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
-
-
 def run_dir_for(jobid: str, submit_dir: Path) -> Path:
     """``$SCRATCH/inference-server/<jobid>``, or ``<submit dir>/runs/inference-server/<jobid>``."""
     scratch = os.environ.get("SCRATCH")
@@ -27,12 +22,14 @@ def run_dir_for(jobid: str, submit_dir: Path) -> Path:
 
 
 def _dir_logs(folder: Path) -> list[Path]:
+    from ..diagnose import input_order
+
     found = {p for pattern in LOG_GLOBS for p in folder.glob(pattern) if p.is_file()}
-    return sorted(found, key=_natural_key)
+    return sorted(found, key=input_order)
 
 
 def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
-    """Files to read: a file as given, a run directory's logs, or a job id's output and run directory."""
+    """Files to read: a file as given, a run directory's logs, or a job id's run directory and output."""
     paths: list[Path] = []
     for target in targets:
         p = Path(target)
@@ -46,7 +43,7 @@ def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
         elif target.isdigit():
             out = submit_dir / f"serve-only-{target}.out"
             run_dir = run_dir_for(target, submit_dir)
-            found = ([out] if out.is_file() else []) + (_dir_logs(run_dir) if run_dir.is_dir() else [])
+            found = (_dir_logs(run_dir) if run_dir.is_dir() else []) + ([out] if out.is_file() else [])
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
                                      hint=f"looked for {out} and {run_dir}/; run from the submit "
