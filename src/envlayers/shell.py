@@ -37,8 +37,11 @@ def _dq_body(value: Value, in_default: bool = False) -> str:
     out = []
     for p in value:
         if isinstance(p, str):
-            # inside ${NAME-...} a nested "..." keeps '}' and a lone "'" literal (bash)
-            out.append(f'"{_dq_escape(p)}"' if in_default else _dq_escape(p))
+            if in_default and re.search(r"[}'\"\\\\$`]", p):
+                # inside ${NAME-...} a nested "..." keeps '}' and a lone "'" literal (bash)
+                out.append(f'"{_dq_escape(p)}"')
+            else:
+                out.append(_dq_escape(p))
         else:
             inner = _dq_body(p.default, in_default=True) if p.op else ""
             out.append("${" + p.name + (p.op or "") + inner + "}")
