@@ -24,7 +24,8 @@ What it does, per engine:
 Endpoints (rank 0): ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
 (``stream: true`` supported), ``GET /health``, ``GET /health_generate``, ``GET /ping``,
 ``GET /version``, ``GET /metrics`` (Prometheus text; SGLang only with ``--enable-metrics``, as the
-real one). With ``--api-key`` only ``/v1/*`` needs ``Authorization: Bearer <key>``.
+real one). With ``--api-key``, ``Authorization: Bearer <key>`` is needed as by the real engines:
+vLLM on ``/v1/*`` only, SGLang everywhere but ``/health*`` and ``/metrics``.
 
 Behaviour knobs (environment variables; all optional):
 
@@ -388,7 +389,7 @@ def build_parser(engine: str) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=True)
         flags = SGLANG_FLAGS
     else:
-        parser = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False,
+        parser = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False, usage="vllm serve [model_tag] [options]",
                                          description="Launch a local OpenAI-compatible API server to serve LLM "
                                                      "completions via HTTP. (envlayers test stand-in)")
         parser.add_argument("model_tag", nargs="?", help="The model tag to serve")
@@ -857,15 +858,16 @@ class VLLMScript:
         if phase == "start":
             if c.serves_api:
                 self.api("api_server.py:1354", f"vLLM API server version {VERSIONS['vllm']}")
+            elif ns.data_parallel_start_rank is not None and (c.nnodes <= 1 or c.node_rank == 0):
+                log.raw(f"INFO {time.strftime('%m-%d %H:%M:%S')} [serve.py:243] Launching "
+                        f"{ns.data_parallel_size_local or 1} data parallel engine(s) in headless mode, with head "
+                        f"node address tcp://{ns.data_parallel_address or '127.0.0.1'}:"
+                        f"{ns.data_parallel_rpc_port or 29550}.")
             else:
-                if ns.data_parallel_start_rank is not None:
-                    self.core_line("core.py:1165", f"Launching {ns.data_parallel_size_local or 1} data parallel "
-                                   f"engine(s) in headless mode, with head node address "
-                                   f"{ns.data_parallel_address or '127.0.0.1'}.")
-                else:
-                    self.core_line("multiproc_executor.py:120", f"Launching {c.local_gpus} worker(s) in headless "
-                                   f"mode (node rank {c.node_rank} of {c.nnodes}), master "
-                                   f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29501}.")
+                log.raw(f"INFO {time.strftime('%m-%d %H:%M:%S')} [serve.py:225] Launching vLLM "
+                        f"(v{VERSIONS['vllm']}) headless multiproc executor, with head node address "
+                        f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29501} for torch.distributed "
+                        f"process group.")
             if self.knobs.print_args:
                 args = {}
                 if ns.model_tag:
@@ -1014,6 +1016,12 @@ def _content_text(content) -> str:
     return ""
 
 
+def _key_required(engine: str, path: str) -> bool:
+    if engine == "vllm":
+        return path.startswith("/v1")
+    return not (path.startswith("/health") or path.startswith("/metrics"))
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
@@ -1066,7 +1074,8 @@ class Handler(BaseHTTPRequestHandler):
             if method == "GET" and path in ("/health", "/health_generate", "/ping"):
                 return self._send(200, b"", "text/plain")
             return self._send(404, {"detail": "Not Found"})
-        if path.startswith("/v1/") and not self._authorized():
+        # vLLM's key guards /v1/* only; SGLang's guards everything but /health* and /metrics
+        if _key_required(st.cfg.engine, path) and not self._authorized():
             return self._send(401, {"error": "Unauthorized"})
         if method in ("GET", "HEAD"):
             if path in ("/health", "/health_generate"):
@@ -1301,6 +1310,7 @@ class Server(ThreadingHTTPServer):
 
 _LOG: Log | None = None
 _SERVING = False
+_HEADLESS = False
 
 
 def _exit_now(code: int) -> None:
@@ -1313,6 +1323,8 @@ def _exit_now(code: int) -> None:
 
 
 def _on_signal(signum, frame) -> None:
+    if _LOG is not None and _LOG.engine == "vllm" and not _SERVING and _HEADLESS:
+        _LOG.raw(f"INFO {time.strftime('%m-%d %H:%M:%S')} [serve.py:298] Shutting down.")
     if _LOG is not None and _SERVING:
         prefix = f"(APIServer pid={_LOG.pid}) " if _LOG.engine == "vllm" else ""
         if _LOG.engine == "vllm":
@@ -1378,7 +1390,7 @@ def _rank_guess(argv: list[str], env) -> int | None:
 def run(engine: str, argv: list[str], entry: list[str]) -> int:
     """Parse ``argv`` as the real ``engine`` would, then behave like it. Never returns normally
     once the server has started (it exits on a signal, a crash knob or a parse error)."""
-    global _LOG, _SERVING
+    global _LOG, _SERVING, _HEADLESS
     env = dict(os.environ)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
@@ -1405,7 +1417,11 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
             given.append(dest)
 
     if engine == "vllm" and ns.headless and ns.api_server_count not in (None, 0):
-        sys.stderr.write("ValueError: --api-server-count cannot be used with --headless\n")
+        sys.stderr.write("Traceback (most recent call last):\n"
+                         '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/cli/serve.py", line 48, '
+                         "in cmd\n"
+                         f"ValueError: --api-server-count={ns.api_server_count} cannot be used with --headless (no API "
+                         "servers are started in headless mode).\n")
         if knobs.record:
             _record(knobs.record, engine, entry, list(argv), _rank_guess(argv, env), True, env)
         return 1
@@ -1415,6 +1431,7 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
         _record(knobs.record, engine, entry, list(argv), cfg.rank, False, env)
     log = Log(engine, knobs.log_stream)
     _LOG = log
+    _HEADLESS = not cfg.serves_api
     script = SGLangScript(cfg, log, knobs) if engine == "sglang" else VLLMScript(cfg, log, knobs)
     applies = knobs.applies(cfg.rank)
     state = State(cfg, log, knobs)

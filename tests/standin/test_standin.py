@@ -228,7 +228,7 @@ def test_port_refuses_connections_until_loaded_then_answers(engines):
 # --- API key, errors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
-def test_api_key_is_enforced_on_v1_only(engines, kind):
+def test_api_key_is_enforced_like_the_real_engine(engines, kind):
     port = free_port()
     args = (vllm_args if kind == "vllm" else sglang_args)(port, "--api-key", "s3cret")
     if kind == "sglang":
@@ -242,6 +242,8 @@ def test_api_key_is_enforced_on_v1_only(engines, kind):
     assert chat(port, key="s3cret")[0] == 200
     assert http(port, "/health")[0] == 200
     assert http(port, "/metrics")[0] == 200
+    # outside /v1 the engines differ: vLLM leaves it open, SGLang guards all but /health* and /metrics
+    assert http(port, "/version")[0] == (200 if kind == "vllm" else 401)
 
 
 def test_wrong_model_is_404_and_bad_json_is_400_with_openai_error_bodies(engines):
@@ -445,3 +447,41 @@ def test_activate_sh_puts_both_entry_points_first_from_any_directory(tmp_path):
     assert lines[1] == "0.28.0"
     assert "rc=2" in res.stdout and "launch_server.py: error: unrecognized arguments: --bogus" in res.stderr
     assert lines[-1] == "1"  # sourcing twice does not add it twice
+
+
+# --- the catalog's command lines, as the launcher renders them (SUBMIT=0 dry run, Dec 2026) ----------
+
+CATALOG = {
+    "qwen38": ("sglang", "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 "
+                         "--pp-size 1 --host 127.0.0.1 --port {port} --mem-fraction-static 0.80 --attention-backend "
+                         "aiter --reasoning-parser qwen3 --tool-call-parser qwen25"),
+    "kimi27sglang-rank0": ("sglang", "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
+                                     "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 --dist-init-addr 127.0.0.1:29500 "
+                                     "--host 127.0.0.1 --port {port} --mem-fraction-static 0.85 --attention-backend "
+                                     "aiter --reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code"),
+    "glm53-rank3": ("sglang", "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 "
+                              "--pp-size 4 --nnodes 4 --node-rank 3 --dist-init-addr 127.0.0.1:29500 --host 127.0.0.1 "
+                              "--port {port} --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45"),
+    "oss120b": ("vllm", "openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm --tensor-parallel-size 4 "
+                        "--pipeline-parallel-size 1 --host 127.0.0.1 --port {port} --gpu-memory-utilization 0.90 "
+                        "--reasoning-parser openai_gptoss --tool-call-parser openai --enable-auto-tool-choice"),
+    "vllm-pipeline-rank1": ("vllm", "openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm --tensor-parallel-size 4 "
+                                    "--pipeline-parallel-size 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 "
+                                    "--master-port 29500 --headless --host 127.0.0.1 --port {port}"),
+}
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_catalog_command_lines_are_accepted_and_only_rank_0_serves(engines, name):
+    kind, template = CATALOG[name]
+    port = free_port()
+    e = engines(kind, template.format(port=port).split(), port=port)
+    serves = "rank" not in name or name.endswith("rank0")
+    if serves:
+        e.wait_for("fired up" if kind == "sglang" else "Application startup complete.")
+        status, body = chat(port)
+        assert status == 200 and json.loads(body)["model"] == "hpcagent-bench-vllm"
+    else:
+        e.wait_for("max_total_num_tokens=" if kind == "sglang" else "init engine (profile")
+        time.sleep(0.2)
+        assert e.proc.poll() is None and refused(port)
