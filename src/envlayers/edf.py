@@ -700,7 +700,7 @@ def _document(src: Source, variant: str) -> str:
     header = (
         f"# {src.edf_name(variant)}: rendered by env_layers from {src.file} "
         f"for {'topologies' if len(VARIANTS[variant]) > 1 else 'topology'} {' and '.join(VARIANTS[variant])}.\n"
-        f"# Edit the source and run `env_layers install-edfs`, not this file. envlayers-sha256: {digest}\n"
+        f"# Do not edit: change the source, then run `env_layers install-edfs`. envlayers-sha256: {digest}\n"
         "\n"
     )
     return header + body
