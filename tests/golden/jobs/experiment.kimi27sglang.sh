@@ -1,0 +1,64 @@
+#!/bin/bash
+#SBATCH --job-name=serve-only
+#SBATCH --output=serve-only-%j.out
+#SBATCH --nodes=4
+#SBATCH --partition=mi300
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --mem=0
+#SBATCH --exclusive
+#
+# envlayers serve-only job for experiment:kimi27sglang (pipeline, 4 node(s)).
+# Rendered by `env_layers serve`; `SUBMIT=0 cluster/serve-only.sbatch` prints this exact script.
+# No -A: Slurm reads SBATCH_ACCOUNT; naming an account here would split identical jobs across accounts.
+# --mem=0: otherwise the step's memory cgroup follows its CPU share and the server dies in weight load.
+set -euo pipefail
+# A machine-global core_pattern drops multi-GB core files into the working directory.
+ulimit -c 0
+echo "ENVLAYERS-STAGE: job ${SLURM_JOB_ID} started on $(hostname) with nodes ${SLURM_JOB_NODELIST}"
+
+# The merged launch environment, lowest precedence first:
+#   experiments/layers/common.env
+#   experiments/layers/model-kimi27sglang.env
+#   experiments/serve-only.env
+ENVLAYERS_SERVE_ENV=$(cat <<'ENVLAYERS_ENV'
+export VLLM_SERVED_MODEL='hpcagent-bench-vllm'
+export SLURM_PARTITION='mi300'
+export GPUS_PER_NODE='4'
+export TENSOR_PARALLEL_SIZE='4'
+export PIPELINE_PARALLEL_SIZE='4'
+export INFERENCE_NODES='4'
+export SERVER_HOST='0.0.0.0'
+export SERVER_PORT='8000'
+export RDZV_PORT='29500'
+export CONTAINER_RUNTIME='ce'
+export NCCL_NET_GDR_LEVEL='LOC'
+export INFERENCE_ENGINE='sglang'
+export CONTAINER_ROLE='sglang-mi300'
+export INFERENCE_MODEL='moonshotai/Kimi-K2.7-Code'
+export AGENT_READY_TIMEOUT_SECONDS='7200'
+export MEM_FRACTION_STATIC='0.85'
+export REASONING_PARSER='kimi_k2'
+export TOOL_CALL_PARSER='kimi_k2'
+export SERVER_EXTRA_ARGS='--trust-remote-code'
+export JUDGE_NODES='0'
+export AGENT_NODES='0'
+export RUN_ROOT="${SCRATCH:-${PWD}/runs}/inference-server"
+ENVLAYERS_ENV
+)
+set -a
+eval "$ENVLAYERS_SERVE_ENV"
+set +a
+
+export ENVLAYERS_TARGET=experiment:kimi27sglang
+export ENVLAYERS_EDF=hpcagent-bench-sglang-mi300-latest
+export ENVLAYERS_READY_TIMEOUT_S=7200
+RUN_DIR="${RUN_ROOT:?RUN_ROOT is not set: experiments/serve-only.env sets it}/${SLURM_JOB_ID}"
+mkdir -p "$RUN_DIR"
+printf '%s\n' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
+cat "$0" > "$RUN_DIR/job.sh"
+echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"
+
+# Starts one rank per node (srun), waits for readiness, prints the endpoint, and ends the
+# job as soon as any rank exits or a budget runs out: an allocation never idles on a dead server.
+exec /usr/bin/python3 -m envlayers launch --run-dir "$RUN_DIR"

@@ -1,0 +1,169 @@
+"""The serve-only job decided on the login node: golden job scripts and the checks before submission.
+
+Regenerate the golden job scripts after an intended change:
+    ENVLAYERS_REGEN_GOLDEN=1 python -m pytest tests/test_jobscript.py -k golden
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from envlayers.cli import cli
+from envlayers.errors import EnvLayersError, TopologyError
+from envlayers.jobscript import prepare, ready_timeout_s
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden" / "jobs"
+REGEN = os.environ.get("ENVLAYERS_REGEN_GOLDEN") == "1"
+PY = "/usr/bin/python3"
+
+
+@pytest.fixture
+def edf_dir(tmp_path):
+    d = tmp_path / "edf"
+    d.mkdir()
+    return {"EDF_PATH": str(d), "HOME": str(tmp_path)}
+
+
+@pytest.mark.parametrize("model, experiment", [
+    ("qwen38", "experiment"), ("glm53", "experiment"), ("kimi27sglang", "experiment"), ("oss120b", "experiment"),
+    ("qwen38mi200", "experiment"), ("qwen38", "replicas"),
+])
+def test_golden_job_script(model, experiment, edf_dir):
+    job = prepare(REPO, model, experiment, python=PY, environ=edf_dir)
+    path = GOLDEN / f"{experiment}.{model}.sh"
+    if REGEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(job.script)
+    assert path.is_file(), "missing golden; regenerate with ENVLAYERS_REGEN_GOLDEN=1"
+    want = path.read_text()
+    assert job.script == want, "".join(difflib.unified_diff(want.splitlines(True), job.script.splitlines(True),
+                                                             "golden", "rendered now"))
+
+
+def test_job_script_is_valid_bash(edf_dir):
+    job = prepare(REPO, "glm53", python=PY, environ=edf_dir)
+    proc = subprocess.run(["bash", "-n"], input=job.script, capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_settings_table_of_the_seed(edf_dir):
+    job = prepare(REPO, "glm53", python=PY, environ=edf_dir)
+    lines = job.script.splitlines()
+    for want in ("#SBATCH --partition=mi300", "#SBATCH --mem=0", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --nodes=4", "ulimit -c 0"):
+        assert want in lines
+    assert not any(line.startswith("#SBATCH") and (" -A" in line or "--account" in line) for line in lines)
+    assert job.sbatch_args == ["--nodes=4", "--time=04:00:00"]
+
+
+def test_pipeline_uses_the_fabric_edf_and_single_the_intranode_variant(edf_dir):
+    assert prepare(REPO, "glm53", python=PY, environ=edf_dir).edf == "hpcagent-bench-sglang-mi300-latest"
+    assert prepare(REPO, "qwen38", python=PY, environ=edf_dir).edf == "hpcagent-bench-sglang-mi300-latest-intranode"
+    assert prepare(REPO, "qwen38", "replicas", python=PY, environ=edf_dir).edf.endswith("-intranode")
+
+
+def test_missing_edf_blocks_a_real_submission(edf_dir):
+    job = prepare(REPO, "qwen38", python=PY, environ=edf_dir)
+    assert job.blockers and "is not installed" in job.blockers[0]
+
+
+def test_serve_env_file_is_sourced_last(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("SERVER_PORT=9123\nAGENT_READY_TIMEOUT_SECONDS=60\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert job.ready_timeout_s == 60 and "--port 9123" in job.rank_lines[0]
+    assert "export SERVER_PORT='9123'\n" in job.script and "SERVER_PORT='8000'" not in job.script
+
+
+def test_base_env_replaces_the_render(tmp_path, edf_dir):
+    base = tmp_path / "base.env"
+    base.write_text((REPO / "experiments/renders/.env.experiment.oss120b").read_text())
+    job = prepare(REPO, "qwen38", base_env=base, python=PY, environ=edf_dir)
+    assert "vllm serve openai/gpt-oss-120b" in job.rank_lines[0]
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, 7200), ({"VLLM_READY_TIMEOUT_SECONDS": "100"}, 100),
+    ({"AGENT_READY_TIMEOUT_SECONDS": "50", "VLLM_READY_TIMEOUT_SECONDS": "100"}, 50),
+    ({"AGENT_READY_TIMEOUT_SECONDS": "", "VLLM_READY_TIMEOUT_SECONDS": "100"}, 100),
+], ids=["default", "vllm-key", "agent-key-wins", "empty-agent-key-falls-through"])
+def test_readiness_budget_precedence(env, want):
+    assert ready_timeout_s(env) == want
+
+
+def test_api_key_in_a_layer_is_refused(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("SERVER_API_KEY=s3cret\n")
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert str(err.value).startswith("SERVER_API_KEY: an API key in a layer would be written into the job script")
+    assert "s3cret" not in str(err.value)
+
+
+def test_api_key_file_keeps_the_key_out_of_the_script(tmp_path, edf_dir):
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"SERVER_API_KEY_FILE={key}\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert "s3cret" not in job.script and "s3cret" not in job.dry_run_text()
+    assert '--api-key' in job.rank_lines[0]
+
+
+def test_wasted_gpus_are_refused_before_submission(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("PIPELINE_PARALLEL_SIZE=1\n")
+    with pytest.raises(TopologyError) as err:
+        prepare(REPO, "glm53", env_file=mine, python=PY, environ=edf_dir)
+    assert "4 x 1 uses 4 GPU(s)" in str(err.value) and "12 GPU(s) would sit idle" in str(err.value)
+
+
+def test_bad_time_is_refused(edf_dir):
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", time="4 hours", python=PY, environ=edf_dir)
+    assert str(err.value).startswith("SERVE_TIME: time limit '4 hours' is not a Slurm time")
+
+
+def test_unknown_runtime_is_refused(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=docker\n")
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert str(err.value).startswith("CONTAINER_RUNTIME: unknown container runtime 'docker' (valid: ce, none)")
+
+
+def test_dry_run_through_the_sbatch_wrapper_prints_script_and_ranks(edf_dir):
+    env = {**os.environ, **edf_dir, "SUBMIT": "0", "MODEL": "glm53", "SERVE_TIME": "08:00:00"}
+    proc = subprocess.run([str(REPO / "cluster/serve-only.sbatch")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "sbatch --parsable --nodes=4 --time=08:00:00 <<'ENVLAYERS_JOB'\n#!/bin/bash\n" in out
+    assert sum(1 for line in out.splitlines() if line.startswith("#   rank ")) == 4
+    assert "--node-rank 3" in out and '--dist-init-addr "${ENVLAYERS_MASTER_ADDR}:29500"' in out
+
+
+def test_dry_run_json(edf_dir, monkeypatch):
+    import json
+
+    for k, v in edf_dir.items():
+        monkeypatch.setenv(k, v)
+    result = CliRunner().invoke(cli, ["--root", str(REPO), "serve", "--dry-run", "--json", "--model", "oss120b"])
+    data = json.loads(result.output)
+    assert data["sbatch"] == ["sbatch", "--parsable", "--nodes=1", "--time=04:00:00"]
+    assert data["edf"] == "hpcagent-bench-vllm-mi300-latest-intranode" and len(data["ranks"]) == 1
+
+
+def test_real_submission_refused_when_the_edf_is_missing(edf_dir, monkeypatch):
+    for k, v in edf_dir.items():
+        monkeypatch.setenv(k, v)
+    result = CliRunner().invoke(cli, ["--root", str(REPO), "serve", "--model", "qwen38"])
+    assert result.exit_code == 2
+    assert "is not installed" in result.output and "install-edfs" in result.output
