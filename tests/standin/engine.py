@@ -921,7 +921,7 @@ class VLLMScript:
             shards = max(1, int(c.weights_gb * c.tp * c.pp // 5) % 64)
             rate = shards / max(elapsed, 0.01)
             log.raw(f"Loading safetensors checkpoint shards: 100% Completed | {shards}/{shards} "
-                    f"[00:{min(59, int(elapsed)):02d}<00:00, {rate:.2f}it/s]")
+                    f"[00:{min(59, int(elapsed)):02d}<00:00, {rate:.2f}it/s]", sys.stderr)  # tqdm: stderr
             self.each("default_loader.py:308", lambda pp, tp: f"Loading weights took {elapsed:.2f} seconds")
             self.each("gpu_model_runner.py:3659", lambda pp, tp: f"Model loading took {c.weights_gb:.4f} GiB memory "
                                                                  f"and {elapsed + 0.4:.6f} seconds")
@@ -932,9 +932,9 @@ class VLLMScript:
         elif phase == "graphs":
             if c.graphs:
                 log.raw(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 51/51 "
-                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 10.66it/s]")
+                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 10.66it/s]", sys.stderr)
                 log.raw(f"Capturing CUDA graphs (decode, FULL): 100%|##########| 35/35 "
-                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 13.21it/s]")
+                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 13.21it/s]", sys.stderr)
                 self.each("gpu_model_runner.py:4587", lambda pp, tp: f"Graph capturing finished in "
                                                                      f"{max(1, round(elapsed))} secs, took 0.42 GiB")
             self.core_line("core.py:259", f"init engine (profile, create kv cache, warmup model) took "
@@ -1200,6 +1200,15 @@ class Handler(BaseHTTPRequestHandler):
         limit = req.get("max_completion_tokens", req.get("max_tokens"))
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             return self._error(400, "max_tokens must be a positive integer.", "BadRequestError", "max_tokens")
+        prompt_tokens = max(1, len(_words(prompt_text)))  # one word, one token
+        if prompt_tokens + (limit or 0) > c.max_len:
+            if c.engine == "vllm":
+                return self._error(400, f"This model's maximum context length is {c.max_len} tokens. However, you "
+                                        f"requested {prompt_tokens + (limit or 0)} tokens ({prompt_tokens} in the "
+                                        f"messages, {limit or 0} in the completion). Please reduce the length of "
+                                        f"the messages or completion.", "BadRequestError")
+            return self._error(400, f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                                    f"({c.max_len} tokens).", "BadRequestError")
         text = st.knobs.reply if st.knobs.reply is not None else f"Hello! You said: {last_user.strip()[:500]}"
         words = _words(text)
         finish = "stop"
@@ -1214,7 +1223,6 @@ class Handler(BaseHTTPRequestHandler):
                            "function": {"name": fn, "arguments": "{}"}}]
             text, finish = "", "tool_calls"
         reasoning = "The user sent a message; I will answer briefly." if c.reasoning_parser and chat else None
-        prompt_tokens = max(1, len(_words(prompt_text)))
         completion_tokens = len(words) if tool_calls is None else 8
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}

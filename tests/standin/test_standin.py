@@ -248,7 +248,7 @@ def test_api_key_is_enforced_like_the_real_engine(engines, kind):
 
 def test_wrong_model_is_404_and_bad_json_is_400_with_openai_error_bodies(engines):
     port = free_port()
-    e = engines("vllm", vllm_args(port), port=port)
+    e = engines("vllm", vllm_args(port, "--max-model-len", "64"), port=port)
     e.wait_for("Application startup complete.")
     status, body = chat(port, model="Qwen/Qwen3.8-27B-FP8")
     assert status == 404
@@ -258,8 +258,28 @@ def test_wrong_model_is_404_and_bad_json_is_400_with_openai_error_bodies(engines
     assert status == 400 and json.loads(body)["error"]["code"] == 400
     status, _ = http(port, "/v1/chat/completions", {"model": "hpcagent-bench-vllm"})
     assert status == 400  # no messages
-    # the connection survives an error: a valid request right after still works
-    assert chat(port)[0] == 200
+    status, body = http(port, "/v1/completions", {"prompt": "w " * 60, "max_tokens": 10})
+    assert status == 400 and b"maximum context length is 64 tokens" in body  # --max-model-len 64, a word a token
+    # the server survives the errors: a valid request right after still works
+    assert http(port, "/v1/chat/completions", {"model": "hpcagent-bench-vllm", "max_tokens": 8,
+                                               "messages": [{"role": "user", "content": "hi"}]})[0] == 200
+
+
+def test_keep_alive_connection_survives_rejected_posts(engines):
+    import http.client
+
+    port = free_port()
+    e = engines("sglang", sglang_args(port, "--api-key", "k"), port=port)
+    e.wait_for("fired up")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}]})
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 401 and json.loads(resp.read()) == {"error": "Unauthorized"}
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Authorization": "Bearer k"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())["choices"][0]["message"]["content"] == "Hello! You said: x"
+    conn.close()
 
 
 def test_vllm_auto_tool_choice_without_parser_is_a_400_like_the_real_engine(engines):
