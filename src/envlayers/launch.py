@@ -26,6 +26,8 @@ POLL_S = 0.25
 PROBE_EVERY_S = 1.0
 CLAMP = 0.9
 TAIL_LINES = 20
+EXIT_SETTLE_S = 1.5
+SIGNAL_CODES = {"130", "137", "143"}  # SIGINT, SIGKILL, SIGTERM: stopped, not failed
 
 
 def say(line: str) -> None:
@@ -100,6 +102,7 @@ class Launch:
         self.job_id = environ.get("SLURM_JOB_ID", "0")
         self.proc: subprocess.Popen | None = None
         self.started: set[int] = set()
+        self.first_exit_at: float | None = None
         self.t0 = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------------
@@ -187,13 +190,25 @@ class Launch:
                 say(first.strip())
                 if len(self.started) == self.plan.nodes:
                     say(f"ENVLAYERS-STAGE: all {self.plan.nodes} ranks started")
+        exits = []
         for rank in range(self.plan.nodes):
             exit_file = self.run_dir / f"rank-{rank}.exit"
-            if exit_file.exists():
+            try:
                 code = exit_file.read_text().strip() or "?"
-                when = "after" if self.live else "before"
-                raise LaunchFailure(f"rank {rank} on {self.nodes[rank]} exited with code {code} {when} the "
-                                    "endpoint was live", rank=rank)
+                exits.append((code in SIGNAL_CODES, exit_file.stat().st_mtime_ns, rank, code))
+            except FileNotFoundError:
+                continue
+        if exits:
+            now = time.monotonic()
+            self.first_exit_at = self.first_exit_at or now
+            if len(exits) < self.plan.nodes and now - self.first_exit_at < EXIT_SETTLE_S:
+                return  # srun stops the other ranks on a bad exit: let their codes land too
+            # the rank that failed first, not one that srun stopped because of it
+            _, _, rank, code = min(exits)
+            when = "after" if self.live else "before"
+            others = ", ".join(f"rank {r} code {c}" for _, _, r, c in sorted(exits, key=lambda e: e[2]) if r != rank)
+            raise LaunchFailure(f"rank {rank} on {self.nodes[rank]} exited with code {code} {when} the endpoint "
+                                f"was live" + (f" (then: {others})" if others else ""), rank=rank)
 
     def run(self) -> int:
         from .readiness import Endpoint, probe
@@ -208,8 +223,10 @@ class Launch:
             self.check_ranks()
             code = self.proc.poll()
             if code is not None:
-                time.sleep(0.5)  # let the ranks' exit files land
-                self.check_ranks()
+                deadline = time.monotonic() + EXIT_SETTLE_S + 0.5
+                while time.monotonic() < deadline:
+                    self.check_ranks()  # raises once the ranks' exit codes have landed
+                    time.sleep(0.1)
                 if len(self.started) < self.plan.nodes:
                     raise LaunchFailure(f"srun step exited with code {code} before all ranks started "
                                         f"({len(self.started)} of {self.plan.nodes}): a bind mount or cache path "
