@@ -57,6 +57,10 @@ Behaviour knobs (environment variables; all optional):
   STANDIN_NCCL_NETWORK=<name>       network printed in "NCCL INFO Using network <name>" (printed only
                                     when NCCL_DEBUG=INFO/TRACE and more than one GPU); default: the
                                     canonical name of NCCL_NET if set, else "Socket"
+  STANDIN_NCCL_NETWORKS=Socket     networks this "machine" has (comma list). When set, a multi-GPU
+                                    engine whose NCCL_NET names another one fails at init with NCCL's
+                                    "Failed to initialize any NET plugin", as a forced NCCL_NET does
+                                    without the fabric plugin (default: unset, any NCCL_NET works)
   STANDIN_SGLANG_DUMMY_HEALTH=1     SGLang ranks >= 1 run the real engine's dummy health server
                                     (/health, /health_generate, /ping answer 200) on --host/--port
                                     (off by default: on a one-host test cluster it would collide)
@@ -507,6 +511,8 @@ class Knobs:
         self.kv_tokens = _number("STANDIN_KV_TOKENS", env.get("STANDIN_KV_TOKENS"), None, int)
         self.avail_mem_gb = _number("STANDIN_AVAIL_MEM_GB", env.get("STANDIN_AVAIL_MEM_GB"), 120.0)
         self.nccl_network = env.get("STANDIN_NCCL_NETWORK") or None
+        nets = env.get("STANDIN_NCCL_NETWORKS")
+        self.nccl_networks = None if nets is None else {n.strip().lower() for n in nets.split(",") if n.strip()}
         self.dummy_health = (env.get("STANDIN_SGLANG_DUMMY_HEALTH") or "0").strip().lower() in ("1", "true", "yes")
         self.print_args = (env.get("STANDIN_PRINT_ARGS") or "1").strip().lower() not in ("0", "false", "no")
         self.reply = env.get("STANDIN_REPLY")
@@ -680,6 +686,13 @@ class Config:
             name = canonical.get(forced.lower(), forced) if forced else "Socket"
         host = socket.gethostname().split(".")[0]
         return f"{host}:{os.getpid()}:{os.getpid() + 61} [0] NCCL INFO Using network {name}"
+
+    def missing_network(self, knobs: "Knobs", env) -> str | None:
+        """NCCL_NET when it names a network this machine lacks (STANDIN_NCCL_NETWORKS), else None."""
+        forced = (env.get("NCCL_NET") or "").strip()
+        if knobs.nccl_networks is None or not forced or self.world <= 1:
+            return None
+        return None if forced.lower() in knobs.nccl_networks else forced
 
     def display_host(self) -> str:
         host = self.host if self.host not in (None, "") else "0.0.0.0"
@@ -1476,6 +1489,15 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
         if applies and knobs.inject_at == phase:
             for line in knobs.inject_lines:
                 log.raw(line)
+        if phase == "init" and cfg.missing_network(knobs, env):
+            net = cfg.missing_network(knobs, env)
+            host = socket.gethostname().split(".")[0]
+            log.raw(f"{host}:{os.getpid()}:{os.getpid() + 61} [0] NCCL WARN Error: network {net} not found.")
+            script.crash(phase, "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                                "ProcessGroupNCCL.cpp:1970, internal error - please report this issue to the NCCL "
+                                "developers, NCCL version 2.21.5\nncclInternalError: Internal check failed.\n"
+                                "Last error:\nFailed to initialize any NET plugin")
+            _exit_now(1)
         if applies and knobs.crash_at == phase:
             crash(phase)
         if applies and knobs.hang_at == phase:

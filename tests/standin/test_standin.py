@@ -389,6 +389,27 @@ def test_inject_adds_lines_at_the_phase(engines):
     assert_in_order(text, ["Init torch distributed begin.", "NCCL WARN one", "NCCL WARN two", "Load weight begin"])
 
 
+def test_forced_nccl_net_without_that_network_fails_at_init(engines):
+    port = free_port()
+    env = {"NCCL_NET": "AWS Libfabric", "STANDIN_NCCL_NETWORKS": "Socket"}
+    e = engines("sglang", sglang_args(port), env=env, port=port)
+    assert e.wait_exit() == 1
+    assert_in_order(e.text(), ["Init torch distributed begin.", "NCCL WARN Error: network AWS Libfabric not found.",
+                               "Failed to initialize any NET plugin"])
+    assert "Load weight begin" not in e.text()
+    single_gpu = sglang_args(port)
+    single_gpu[single_gpu.index("--tp-size") + 1] = "1"
+    ok = engines("sglang", single_gpu, env=env, port=port)
+    ok.wait_for("fired up")  # one GPU: no NCCL communicator, nothing to fail
+
+
+def test_nccl_debug_prints_the_network_in_use(engines):
+    port = free_port()
+    e = engines("vllm", vllm_args(port), env={"NCCL_DEBUG": "INFO", "NCCL_NET": "aws libfabric"}, port=port)
+    text = e.wait_for("Application startup complete.")
+    assert "NCCL INFO Using network AWS Libfabric" in text
+
+
 def test_bad_knob_is_a_loud_error(engines):
     e = engines("vllm", ["m"], env={"STANDIN_CRASH_AT": "weigths"})
     assert e.wait_exit() == 2
