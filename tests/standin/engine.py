@@ -46,7 +46,8 @@ Behaviour knobs (environment variables; all optional):
                                     rank = --node-rank if given (both engines); else vLLM
                                     --data-parallel-start-rank // --data-parallel-size-local;
                                     else SLURM_PROCID; else 0
-  STANDIN_RECORD=<file>             append one JSON line per start: argv, engine, rank, host, pid,
+  STANDIN_RECORD=<file>             append one JSON line per start: argv (the engine's arguments),
+                                    entry, orig_argv (the whole command), engine, rank, host, pid,
                                     cwd, selected env (NCCL_*, RCCL_*, FI_*, SLURM_*, CUDA/HIP/ROCR
                                     visible devices, VLLM_*, SGLANG_*, HF_*), RLIMIT_CORE, CPU count
                                     of the affinity mask, and whether the command line was rejected
@@ -1379,7 +1380,8 @@ def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rej
     keys = sorted(k for k in env if k.startswith(RECORD_ENV_PREFIXES) or k in RECORD_ENV_KEYS)
     data = {"engine": engine, "entry": entry, "argv": argv, "rank": rank, "rejected": rejected,
             "pid": os.getpid(), "hostname": socket.gethostname(), "cwd": os.getcwd(), "time": time.time(),
-            "executable": sys.executable, "rlimit_core": core, "cpus": cpus,
+            "executable": sys.executable, "orig_argv": list(getattr(sys, "orig_argv", sys.argv)),
+            "rlimit_core": core, "cpus": cpus,
             "env": {k: env[k] for k in keys}}
     line = json.dumps(data, sort_keys=True) + "\n"
     try:

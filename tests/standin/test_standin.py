@@ -473,6 +473,7 @@ def test_record_captures_argv_and_environment(engines, tmp_path):
     assert first["engine"] == "vllm" and first["entry"] == ["vllm", "serve"] and first["argv"] == args
     assert first["env"]["NCCL_NET_GDR_LEVEL"] == "LOC" and first["rank"] == 0 and first["rejected"] is False
     assert first["rlimit_core"] is not None and first["cpus"] >= 1
+    assert first["orig_argv"][-len(args):] == args
     assert second["argv"] == ["m", "--no-such-flag"] and second["rejected"] is True
 
 
