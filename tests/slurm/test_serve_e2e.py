@@ -1,0 +1,176 @@
+"""The serve-only launcher end to end on the real local Slurm cluster (cluster/slurm-lab).
+
+The one stand-in is the engine (tests/standin): the real rendered command lines run unchanged
+with CONTAINER_RUNTIME=none, and the stand-in prints the engines' startup lines and serves the
+OpenAI API on the address and port the command line asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "cluster" / "serve-only.sbatch"
+STANDIN = REPO / "tests" / "standin"
+BANNER = "===== endpoint is live ====="
+
+pytestmark = pytest.mark.slurm
+
+
+class Run:
+    def __init__(self, lab, tmp_path: Path, model: str = "qwen38", layer: str = "", **env: str):
+        self.lab, self.dir = lab, tmp_path
+        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
+        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
+                    "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "STANDIN_LOAD_SECONDS": "1",
+                    "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
+                    "PYTHONPATH": str(STANDIN / "pypath"), **env}
+        self.env.pop("ENVLAYERS_ROOT", None)
+        self.job_id: str | None = None
+
+    def sbatch(self, *args: str, submit: bool = True) -> subprocess.CompletedProcess:
+        env = dict(self.env, SUBMIT="1" if submit else "0")
+        proc = subprocess.run([str(SBATCH), *args], cwd=self.dir, env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    def submit(self) -> str:
+        self.job_id = json.loads(self.sbatch("--json").stdout)["job_id"]
+        self.lab._submitted.append(self.job_id)  # cancelled at teardown if a test fails midway
+        return self.job_id
+
+    @property
+    def out(self) -> Path:
+        return self.dir / f"serve-only-{self.job_id}.out"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.dir / "scratch" / "inference-server" / str(self.job_id)
+
+    def wait_for(self, pattern: str, timeout_s: float = 30) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.out.read_text(errors="replace") if self.out.exists() else ""
+            if re.search(pattern, text, re.M):
+                return text
+            time.sleep(0.1)
+        raise AssertionError(f"no /{pattern}/ in {self.out} after {timeout_s}s:\n{text}")
+
+    def endpoint(self) -> dict:
+        return json.loads((self.run_dir / "endpoint.json").read_text())
+
+    def state(self, timeout_s: float = 30) -> str:
+        return self.lab.wait_job(self.job_id, timeout_s=timeout_s)
+
+
+def curl(url: str, body: dict | None = None, timeout_s: float = 5) -> subprocess.CompletedProcess:
+    argv = ["curl", "-s", "-m", str(timeout_s), "-o", "-", "-w", "\n%{http_code}", url]
+    if body is not None:
+        argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 5)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothing(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, SERVE_TIME="00:10:00")
+    dry = run.sbatch(submit=False).stdout
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    # the dry run printed the very script Slurm received
+    submitted = netns_lab.run(["scontrol", "write", "batch_script", run.job_id, "-"]).stdout
+    script = dry.split("<<'ENVLAYERS_JOB'\n", 1)[1].split("\nENVLAYERS_JOB\n", 1)[0] + "\n"
+    assert submitted == script
+    assert (run.run_dir / "job.sh").read_text() == script
+    # the block, and a curl that works once the node name is replaced by its address (the host
+    # cannot resolve lab node names)
+    assert "base URL: http://n1:8000/v1\nmodel name: hpcagent-bench-vllm\n" in text
+    assert f"stop: scancel {run.job_id}" in text
+    assert "ENVLAYERS-WARN: readiness budget 7200s exceeds the allocation; clamping to" in text
+    printed = text.split("try:\n", 1)[1].splitlines()[0].strip()
+    argv = shlex.split(printed.replace("http://n1:", f"http://{netns_lab.nodes['n1']}:"))
+    answer = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout)
+    assert answer["model"] == "hpcagent-bench-vllm" and answer["choices"][0]["message"]["content"]
+    ep = run.endpoint()
+    assert ep["addresses"] == [f"http://{netns_lab.nodes['n1']}:8000/v1"] and ep["api_key_required"] is False
+    assert (run.run_dir / "serve.env").read_text().startswith("export VLLM_SERVED_MODEL='hpcagent-bench-vllm'")
+    assert (run.run_dir / "core-limit.txt").read_text() == "rank=0 limit=0\n"
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    deadline = time.monotonic() + 15
+    while processes_mentioning(str(run.run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(run.run_dir)) == []
+    assert curl(ep["addresses"][0] + "/models", timeout_s=2).stdout.endswith("\n000")
+
+
+def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
+    # glm53 scaled from 4 to 2 nodes
+    run = Run(netns_lab, tmp_path, model="glm53", layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert "ENVLAYERS-TOPOLOGY: shape=pipeline nodes=2 gpus_per_node=4 tp=4 pp=2 world=8 api_rank=0" in text
+    assert "--nnodes 2 --node-rank 1 --dist-init-addr n1:29500" in text
+    assert "--attention-backend" not in text  # glm53 assigns it empty
+    n1, n2 = netns_lab.nodes["n1"], netns_lab.nodes["n2"]
+    assert curl(f"http://{n1}:8000/v1/models").stdout.endswith("\n200")
+    assert curl(f"http://{n2}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+
+
+def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, EXPERIMENT="replicas")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert "base URL: http://n1:8000/v1\nbase URL: http://n2:8000/v1\n" in text
+    for url in run.endpoint()["addresses"]:
+        reply = curl(url + "/chat/completions", {"model": "hpcagent-bench-vllm",
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.stdout.endswith("\n200"), reply.stdout
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+
+
+def test_a_rank_that_crashes_during_load_ends_the_job_within_10s(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, model="glm53", layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n",
+              STANDIN_LOAD_SECONDS="3", STANDIN_CRASH_AT="weights", STANDIN_EXIT_CODE="3", STANDIN_RANKS="1")
+    run.submit()
+    assert run.state(timeout_s=40) == "FAILED"
+    text = run.out.read_text()
+    assert "ENVLAYERS-ERROR: rank 1 on n2 exited with code 3 before the endpoint was live" in text
+    assert "injected crash at phase 'weights'" in text  # the tail of the crashed rank's log
+    crashed_at = (run.run_dir / "rank-1.exit").stat().st_mtime
+    ended_at = time.mktime(time.strptime(netns_lab.job_info(run.job_id)["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert ended_at - crashed_at < 10
+    assert processes_mentioning(str(run.run_dir)) == []
+
+
+def test_readiness_timeout_ends_the_job_with_an_error_not_at_walltime(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, layer="AGENT_READY_TIMEOUT_SECONDS=3\n", STANDIN_HANG_AT="weights",
+              SERVE_TIME="00:05:00")
+    run.submit()
+    assert run.state(timeout_s=40) == "FAILED"
+    text = run.out.read_text()
+    assert "ENVLAYERS-ERROR: endpoint not live after 3s (readiness budget): 0 of 1 answered" in text
+    assert "Load weight begin" in text  # where it hung, from the rank-0 log tail
