@@ -82,7 +82,6 @@ import argparse
 import fcntl
 import hmac
 import json
-import math
 import os
 import re
 import signal
@@ -704,10 +703,6 @@ class Config:
 # Startup scripts: the lines of each phase, and what happens between them
 # ----------------------------------------------------------------------------------------------
 
-def _py_repr(value):
-    return repr(value)
-
-
 class SGLangScript:
     def __init__(self, cfg: Config, log: Log, knobs: Knobs):
         self.cfg, self.log, self.knobs = cfg, log, knobs
@@ -749,7 +744,7 @@ class SGLangScript:
                 for dest in c.given:
                     if dest not in vals:
                         vals[dest] = getattr(ns, dest)
-                body = ", ".join(f"{k}={_py_repr(v)}" for k, v in vals.items())
+                body = ", ".join(f"{k}={v!r}" for k, v in vals.items())
                 log.sg(f"server_args=ServerArgs({body})")
         elif phase == "init":
             self.first("Init torch distributed begin.")
@@ -1370,8 +1365,10 @@ def _forever() -> None:
 
 def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rejected, env) -> None:
     try:
-        core = list(__import__("resource").getrlimit(__import__("resource").RLIMIT_CORE))
-    except Exception:  # noqa: BLE001 - best effort
+        import resource
+
+        core = list(resource.getrlimit(resource.RLIMIT_CORE))
+    except (ImportError, OSError, ValueError):
         core = None
     try:
         cpus = len(os.sched_getaffinity(0))
