@@ -12,6 +12,10 @@ python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 if [ "$(id -u)" = 0 ]; then
   # As root the Slurm tests can always run here, so a skipped one is a failure.
   export ENVLAYERS_REQUIRE_SLURM="${ENVLAYERS_REQUIRE_SLURM:-1}"
+  # The end-to-end tests run the job's printed curl; cluster/slurm-lab installs Slurm itself.
+  if ! command -v curl >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl
+  fi
 fi
 
 exec python3 -m pytest "$@"
