@@ -1,0 +1,61 @@
+"""The ``slurm_lab`` fixture: a real local Slurm cluster (cluster/slurm-lab) for end-to-end tests.
+
+Use it from tests under tests/slurm/ and mark them ``@pytest.mark.slurm``::
+
+    @pytest.mark.slurm
+    def test_something(slurm_lab):
+        jobid = slurm_lab.submit("srun hostname\\n", "--nodes=2", "-p", "mi300")
+        assert slurm_lab.wait_job(jobid, timeout_s=30) == "COMPLETED"
+        print(slurm_lab.job_output(jobid))
+
+When the lab cannot start here (not root, no apt, ...) the tests are skipped with the reason, unless
+ENVLAYERS_REQUIRE_SLURM=1 (CI), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import labtools
+
+
+def require_slurm() -> bool:
+    return os.environ.get("ENVLAYERS_REQUIRE_SLURM") == "1"
+
+
+def unavailable(reason: str):
+    """Skip, or fail loudly where the lab is required."""
+    if require_slurm():
+        pytest.fail(f"ENVLAYERS_REQUIRE_SLURM=1 but the Slurm lab is unavailable: {reason}", pytrace=False)
+    pytest.skip(f"local Slurm lab unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def slurm_lab():
+    """A running lab with at least 3 nodes (n1..n3), shared by the whole session.
+
+    Yields labtools.Lab: .env (SLURM_CONF, ENVLAYERS_LAB_DIR, PATH: merge into a subprocess env),
+    .nodes ({'n1': '10.200.0.11', ...}), .mode ('netns' | 'nonetns'), .workdir, .lab_dir, .conf,
+    .submit(script_text, *sbatch_args, cwd=None, env=None) -> jobid,
+    .wait_job(jobid, timeout_s=60.0) -> final JobState, .wait_running(jobid), .job_info(jobid),
+    .job_output(jobid), .cancel(jobid), .run(argv).
+    """
+    try:
+        lab = labtools.acquire_lab(nodes=3)
+    except labtools.LabUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield lab
+    finally:
+        lab.cancel_all_submitted()
+        labtools.release_lab(lab)
+
+
+@pytest.fixture
+def netns_lab(slurm_lab):
+    """slurm_lab, for tests that need each node to have its own address and hostname."""
+    if slurm_lab.mode != "netns":
+        unavailable(f"lab runs in {slurm_lab.mode} mode (all nodes share 127.0.0.1); needs network namespaces")
+    return slurm_lab
