@@ -15,13 +15,15 @@ Typical use::
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import os
 import re
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from .errors import EnvLayersError
 from .phases import strip_ansi
@@ -52,6 +54,11 @@ class Pattern:
 
     regex: re.Pattern
     files: str | None = None
+
+    @cached_property
+    def multiline(self) -> re.Pattern:
+        """The same regex over a whole file: it finds a match wherever a line would (and maybe more)."""
+        return re.compile(self.regex.pattern, self.regex.flags | re.MULTILINE)
 
     def applies_to(self, name: str) -> bool:
         return self.files is None or fnmatch.fnmatch(os.path.basename(name), self.files)
@@ -312,8 +319,52 @@ def _trend(raw: object, fail) -> Trend:
 
 @dataclass
 class _Prepared:
+    """One input, ANSI-free, with the whole text kept for C-speed searching.
+
+    ``find_lines`` gives exactly the lines on which ``pattern.search(line)`` succeeds, in order, but
+    finds candidates with one ``re.MULTILINE`` search over the whole file instead of a Python loop
+    over every line: a match within a line is also a match in the whole text at the same place, and
+    each candidate is checked on its own line before it is reported.
+    """
+
     name: str
     lines: list[str]
+    _text: str | None = None
+    _starts: list[int] | None = None
+
+    def _index(self) -> None:
+        self._text = "\n".join(self.lines)
+        starts, offset = [], 0
+        for line in self.lines:
+            starts.append(offset)
+            offset += len(line) + 1
+        self._starts = starts
+
+    def find_lines(self, pattern: Pattern, start: int = 0) -> Iterator[int]:
+        if self._text is None:
+            self._index()
+        regex = pattern.multiline
+        while start < len(self.lines):
+            m = regex.search(self._text, self._starts[start])
+            if m is None:
+                return
+            i = bisect.bisect_right(self._starts, m.start()) - 1
+            if pattern.search(self.lines[i]):
+                yield i
+            start = i + 1
+
+    def first_line(self, patterns: Sequence[Pattern], start: int = 0) -> int | None:
+        found = [next(self.find_lines(p, start), None) for p in patterns]
+        found = [i for i in found if i is not None]
+        return min(found) if found else None
+
+    def last_line(self, patterns: Sequence[Pattern]) -> int:
+        """Index of the last line matching any pattern, -1 when none does."""
+        last = -1
+        for p in patterns:
+            for i in self.find_lines(p, last + 1):
+                last = max(last, i)
+        return last
 
     def last_nonblank(self) -> int | None:
         for i in range(len(self.lines) - 1, -1, -1):
@@ -339,34 +390,29 @@ def _first_match(logs: Sequence[_Prepared], pattern: Pattern) -> Evidence | None
     for log in logs:
         if not pattern.applies_to(log.name):
             continue
-        for i, line in enumerate(log.lines):
-            if pattern.search(line):
-                return Evidence(log.name, i + 1, _clip(line))
+        i = log.first_line([pattern])
+        if i is not None:
+            return Evidence(log.name, i + 1, _clip(log.lines[i]))
     return None
 
 
 def _signature_hits(rule: Rule, logs: Sequence[_Prepared]) -> list[Evidence]:
+    """The first qualifying line of each input file."""
     hits: list[Evidence] = []
     for log in logs:
         patterns = [p for p in rule.signature if p.applies_to(log.name)]
         if not patterns:
             continue
+        stops = [p for p in rule.not_followed_by if p.applies_to(log.name)]
+        after = log.last_line(stops) + 1 if stops else 0
         if rule.scope == "last-line":
             last = log.last_nonblank()
-            candidates = [] if last is None else [last]
+            ok = last is not None and last >= after and any(p.search(log.lines[last]) for p in patterns)
+            hit = last if ok else None
         else:
-            candidates = range(len(log.lines))
-        stops = [p for p in rule.not_followed_by if p.applies_to(log.name)]
-        last_stop = -1
-        if stops:
-            for i, line in enumerate(log.lines):
-                if any(p.search(line) for p in stops):
-                    last_stop = i
-        for i in candidates:
-            line = log.lines[i]
-            if i > last_stop and any(p.search(line) for p in patterns):
-                hits.append(Evidence(log.name, i + 1, _clip(line)))
-                break  # first qualifying line per file
+            hit = log.first_line(patterns, after)
+        if hit is not None:
+            hits.append(Evidence(log.name, hit + 1, _clip(log.lines[hit])))
     return hits
 
 
@@ -375,11 +421,8 @@ def _trend_hit(trend: Trend, logs: Sequence[_Prepared]) -> tuple[list[Evidence],
         if not trend.pattern.applies_to(log.name):
             continue
         points: list[tuple[int, float]] = []
-        for i, line in enumerate(log.lines):
-            m = trend.pattern.search(line)
-            if not m:
-                continue
-            groups = m.groupdict()
+        for i in log.find_lines(trend.pattern):
+            groups = trend.pattern.search(log.lines[i]).groupdict()
             if groups.get("value") is not None:
                 value = float(groups["value"])
             elif groups.get("cached") is not None and groups.get("new") is not None:
@@ -393,7 +436,10 @@ def _trend_hit(trend: Trend, logs: Sequence[_Prepared]) -> tuple[list[Evidence],
         if len(points) < trend.min_points:
             continue
         window = max(3, len(points) // 5)
-        means = [sum(v for _, v in points[k:k + window]) / window for k in range(len(points) - window + 1)]
+        prefix = [0.0]
+        for _, v in points:
+            prefix.append(prefix[-1] + v)
+        means = [(prefix[k + window] - prefix[k]) / window for k in range(len(points) - window + 1)]
         peak_k = max(range(len(means)), key=lambda k: means[k])
         latest = means[-1]
         if means[peak_k] - latest >= trend.drop_points:
