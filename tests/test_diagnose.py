@@ -327,3 +327,33 @@ def test_cli_json_when_nothing_matched():
     result = run("diagnose", "--json", str(LOGS / "healthy-sglang-pp4"))
     assert result.exit_code == 0
     assert json.loads(result.output)["findings"] == []
+
+
+def test_a_pattern_never_matches_across_lines():
+    # found with one search over the whole file, but each candidate is checked on its own line
+    raw = {**GOOD, "signature": ["alpha[^']*omega"]}
+    rule = parse_rules([raw])[0]
+    assert evaluate(rule, [LogText("a.log", ["alpha", "omega"])]) is None
+    finding = evaluate(rule, [LogText("a.log", ["alpha", "omega", "alpha and omega"])])
+    assert finding.evidence[0].where == "a.log:3"
+
+
+def test_not_followed_by_only_looks_later_in_the_same_file():
+    raw = {**GOOD, "signature": ["begin"], "not_followed_by": ["end"]}
+    rule = parse_rules([raw])[0]
+    assert evaluate(rule, [LogText("a.log", ["begin", "end"])]) is None
+    assert evaluate(rule, [LogText("a.log", ["end", "begin"])]).evidence[0].where == "a.log:2"
+    assert evaluate(rule, [LogText("a.log", ["begin"]), LogText("b.log", ["end"])]).evidence[0].where == "a.log:1"
+
+
+def test_files_glob_limits_a_pattern_to_matching_inputs():
+    raw = {**GOOD, "signature": [{"pattern": "boom", "files": "server-*.log"}]}
+    rule = parse_rules([raw])[0]
+    assert evaluate(rule, [LogText("job.out", ["boom"])]) is None
+    assert evaluate(rule, [LogText("run/server-1.log", ["boom"])]) is not None
+
+
+def test_cli_directory_without_logs_is_bad_input(tmp_path):
+    result = run("diagnose", str(tmp_path))
+    assert result.exit_code == 2
+    assert "no *.log, *.out or serve.env in" in result.stderr

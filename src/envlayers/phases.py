@@ -169,6 +169,10 @@ RULES: tuple[_Rule, ...] = (
     _r("vllm", "ready", r"Application startup complete"),
 )
 
+# Every RULES regex needs one of these words; a line without any is skipped with one search.
+_KEYWORDS = re.compile(r"Load weight|Loading|loading|to load|Cache is allocated|max_total_num_tokens|KV cache"
+                       r"|aptur|fired up|concurrency|blocks:|startup complete")
+
 _SGLANG_HINTS = re.compile(
     r"sglang|Load weight begin|ServerArgs\(|\bTP\d+(?: [A-Z]+\d+)*\]|KV Cache is allocated|max_total_num_tokens|fired up")
 _VLLM_HINTS = re.compile(
@@ -238,6 +242,8 @@ class PhaseTracker:
             return None
         if not self._fixed_engine and self.engine is None:
             self.engine = detect_engine(line)
+        if not _KEYWORDS.search(line):
+            return None
         for engine, name, regex, groups in RULES:
             if engine is not None and self.engine is not None and engine != self.engine:
                 continue
