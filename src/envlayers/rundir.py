@@ -1,0 +1,297 @@
+"""Where a launched job's files are, and what the launcher wrote in them.
+
+The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
+
+- the job output ``serve-only-<jobid>.out`` sits in the submit directory (Slurm's ``StdOut`` says where)
+  and carries greppable lines: ``ENVLAYERS-STAGE: run_dir=<abs path>`` early, ``ENVLAYERS-TOPOLOGY: ...``,
+  ``ENVLAYERS-STAGE: rank R up on <host>``, ``ENVLAYERS-STAGE: all N ranks started``,
+  ``ENVLAYERS-WARN: ...``, ``ENVLAYERS-ERROR: ...``, and once live ``ENVLAYERS-STAGE: endpoint live after
+  <s>s`` followed by the endpoint block that starts with ``readiness.BANNER``;
+- the run directory ``<RUN_ROOT>/<jobid>/`` (RUN_ROOT defaults to ``${SCRATCH:-$PWD/runs}/inference-server``)
+  holds ``server-<rank>.log``, ``rank-<rank>.exit``, ``endpoint.json`` (written when live), ``launch.json``,
+  ``serve.env``, ``job.sh``, ``ranks.sh``.
+
+Parsing here is pure (text in, records out); ``locate`` and ``JobFiles`` only read files.
+Unknown fields in the JSON files are ignored, missing ones are ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from .readiness import Endpoint
+    from .slurm import JobInfo
+
+BANNER = "===== endpoint is live ====="  # readiness.BANNER; repeated to keep this module import-light
+
+_STAGE_RE = re.compile(r"^ENVLAYERS-(STAGE|TOPOLOGY|WARN|ERROR|DIAG):\s?(.*)$")
+_RUN_DIR_RE = re.compile(r"^run_dir=(.+)$")
+_RANK_UP_RE = re.compile(r"^rank (\d+) up on (\S+)")
+_ALL_STARTED_RE = re.compile(r"^all (\d+) ranks? (?:started|launched)")
+_LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
+_SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
+_RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
+
+
+@dataclass
+class LauncherReport:
+    """What the launcher said in the job output, in order of appearance."""
+
+    run_dir: str | None = None
+    topology: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    ranks_up: dict[int, str] = field(default_factory=dict)  # rank -> host
+    ranks_started: int | None = None  # N of "all N ranks started"
+    live_after_s: float | None = None
+    endpoint_block: str | None = None
+    _in_block: bool = field(default=False, repr=False)
+
+    @property
+    def live(self) -> bool:
+        return self.live_after_s is not None or self.endpoint_block is not None
+
+    @property
+    def last_error(self) -> str | None:
+        return self.errors[-1] if self.errors else None
+
+    def feed_lines(self, lines) -> list[tuple[str, str]]:
+        """Add lines; returns the new launcher messages as ``(kind, text)``, kind in STAGE/TOPOLOGY/WARN/ERROR/DIAG."""
+        new = []
+        for raw in lines:
+            line = raw.rstrip("\r\n")
+            m = _STAGE_RE.match(line)
+            if m is None:
+                if self._in_block:
+                    if line.strip():
+                        self.endpoint_block = (self.endpoint_block or "") + line + "\n"
+                    else:
+                        self._in_block = False
+                elif line.strip() == BANNER:
+                    self.endpoint_block = line + "\n"
+                    self._in_block = True
+                continue
+            self._in_block = False
+            kind, text = m.group(1), m.group(2).strip()
+            new.append((kind, text))
+            if kind == "TOPOLOGY":
+                self.topology.append(text)
+            elif kind == "WARN":
+                self.warnings.append(text)
+            elif kind == "ERROR":
+                self.errors.append(text)
+            elif kind == "STAGE":
+                self.stages.append(text)
+                if (mm := _RUN_DIR_RE.match(text)) and self.run_dir is None:
+                    self.run_dir = mm.group(1).strip()
+                elif mm := _RANK_UP_RE.match(text):
+                    self.ranks_up[int(mm.group(1))] = mm.group(2)
+                elif mm := _ALL_STARTED_RE.match(text):
+                    self.ranks_started = int(mm.group(1))
+                elif mm := _LIVE_RE.match(text):
+                    self.live_after_s = float(mm.group(1))
+        return new
+
+    def to_dict(self) -> dict:
+        return {"run_dir": self.run_dir, "topology": self.topology, "stages": self.stages,
+                "warnings": self.warnings, "errors": self.errors,
+                "ranks_up": {str(k): v for k, v in sorted(self.ranks_up.items())},
+                "ranks_started": self.ranks_started, "live_after_s": self.live_after_s, "live": self.live}
+
+
+def parse_job_output(text: str) -> LauncherReport:
+    """The launcher's lines from a whole ``serve-only-<jobid>.out``."""
+    report = LauncherReport()
+    report.feed_lines(text.splitlines())
+    return report
+
+
+class Tail:
+    """Reads what a growing file gained since the last call (bytes decoded as UTF-8, tolerant).
+
+    ``read()`` returns ``""`` while the file does not exist; a file that shrank is read again from 0.
+    """
+
+    def __init__(self, path: Path | None, max_first_read: int | None = None):
+        self.path = path
+        self.offset = 0
+        self._max_first = max_first_read
+
+    def read(self) -> str:
+        if self.path is None:
+            return ""
+        try:
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < self.offset:
+                    self.offset = 0
+                if self.offset == 0 and self._max_first and size > self._max_first:
+                    self.offset = size - self._max_first
+                fh.seek(self.offset)
+                data = fh.read()
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            return ""
+        self.offset += len(data)
+        return data.decode("utf-8", errors="replace")
+
+
+def tail_lines(path: Path, n: int, chunk: int = 65536) -> list[str]:
+    """The last ``n`` lines of a file without reading it all."""
+    if n <= 0:
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        end = fh.tell()
+        data = b""
+        pos = end
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(chunk, pos)
+            pos -= step
+            fh.seek(pos)
+            data = fh.read(step) + data
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return lines[-n:]
+
+
+@dataclass
+class JobFiles:
+    """A job's output file and run directory (either may be ``None`` or not exist yet)."""
+
+    job_id: str
+    job_out: Path | None
+    run_dir: Path | None
+
+    def server_log(self, rank: int = 0) -> Path | None:
+        return self.run_dir / f"server-{rank}.log" if self.run_dir else None
+
+    def server_logs(self) -> dict[int, Path]:
+        return self._numbered(_SERVER_LOG_RE)
+
+    def rank_exits(self) -> dict[int, int | None]:
+        """rank -> exit code from ``rank-<rank>.exit`` (``None`` when the file does not hold a number)."""
+        exits: dict[int, int | None] = {}
+        for rank, path in self._numbered(_RANK_EXIT_RE).items():
+            try:
+                text = path.read_text().strip().split()
+                exits[rank] = int(text[0]) if text and text[0].lstrip("-").isdigit() else None
+            except OSError:
+                exits[rank] = None
+        return exits
+
+    def endpoint_data(self) -> dict | None:
+        return self._json("endpoint.json")
+
+    def endpoint(self) -> "Endpoint | None":
+        """``endpoint.json`` as a readiness.Endpoint (unknown fields ignored), or ``None`` before it exists."""
+        data = self.endpoint_data()
+        if not data:
+            return None
+        from .readiness import Endpoint
+
+        try:
+            return Endpoint.from_json(json.dumps(data))
+        except TypeError:  # a required field missing: not an endpoint record we can use
+            return None
+
+    def launch(self) -> dict | None:
+        return self._json("launch.json")
+
+    def read_job_output(self) -> LauncherReport:
+        if self.job_out is None:
+            return LauncherReport()
+        try:
+            return parse_job_output(self.job_out.read_text(errors="replace"))
+        except OSError:
+            return LauncherReport()
+
+    def _json(self, name: str) -> dict | None:
+        if self.run_dir is None:
+            return None
+        try:
+            data = json.loads((self.run_dir / name).read_text())
+        except (OSError, ValueError):
+            return None  # absent, or half-written: the writer replaces it atomically, so try again later
+        return data if isinstance(data, dict) else None
+
+    def _numbered(self, pattern: re.Pattern) -> dict[int, Path]:
+        if self.run_dir is None or not self.run_dir.is_dir():
+            return {}
+        found = {}
+        for entry in self.run_dir.iterdir():
+            m = pattern.match(entry.name)
+            if m:
+                found[int(m.group(1))] = entry
+        return dict(sorted(found.items()))
+
+
+def run_root_candidates(environ: Mapping[str, str], cwd: Path, workdir: str | None = None) -> list[Path]:
+    """Where ``<RUN_ROOT>`` may be, most specific first (the launcher's default is
+    ``${SCRATCH:-$PWD/runs}/inference-server``, with ``$PWD`` the submit directory)."""
+    roots: list[Path] = []
+    for key in ("ENVLAYERS_RUN_ROOT", "RUN_ROOT"):
+        if environ.get(key):
+            roots.append(Path(environ[key]))
+    if environ.get("SCRATCH"):
+        roots.append(Path(environ["SCRATCH"]) / "inference-server")
+    if workdir:
+        roots.append(Path(workdir) / "runs" / "inference-server")
+    roots.append(cwd / "runs" / "inference-server")
+    seen, unique = set(), []
+    for root in roots:
+        if root not in seen:
+            seen.add(root)
+            unique.append(root)
+    return unique
+
+
+def job_output_path(job_id: str, info: "JobInfo | None", cwd: Path) -> Path:
+    """Slurm's ``StdOut`` when it says, else ``serve-only-<jobid>.out`` in the job's (or this) directory."""
+    if info is not None and info.stdout:
+        out = info.stdout.replace("%j", str(job_id)).replace("%x", info.name or "serve-only")
+        if "%" not in out:
+            return Path(out)
+    base = Path(info.workdir) if info is not None and info.workdir else cwd
+    return base / f"serve-only-{job_id}.out"
+
+
+def locate(job_id: str, info: "JobInfo | None" = None, *, environ: Mapping[str, str] | None = None,
+           cwd: Path | None = None, run_dir: str | None = None) -> JobFiles:
+    """Find the job's files: the output from Slurm's record, the run directory from the launcher's
+    ``run_dir=`` line, else the first ``<RUN_ROOT>/<jobid>`` that exists. ``run_dir`` overrides."""
+    environ = os.environ if environ is None else environ
+    cwd = Path.cwd() if cwd is None else cwd
+    job_id = str(job_id)
+    out = job_output_path(job_id, info, cwd)
+    if run_dir:
+        return JobFiles(job_id, out, Path(run_dir))
+    said = None
+    if out.is_file():
+        said = _run_dir_line(out)
+    if said:
+        return JobFiles(job_id, out, Path(said))
+    for root in run_root_candidates(environ, cwd, info.workdir if info else None):
+        if (root / job_id).is_dir():
+            return JobFiles(job_id, out, root / job_id)
+    return JobFiles(job_id, out, None)
+
+
+def _run_dir_line(path: Path, max_bytes: int = 1 << 20) -> str | None:
+    """The ``run_dir=`` of the first ``ENVLAYERS-STAGE: run_dir=`` line (read from the file's start)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(max_bytes).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in head.splitlines():
+        if line.startswith("ENVLAYERS-STAGE:"):
+            m = _RUN_DIR_RE.match(line.split(":", 1)[1].strip())
+            if m:
+                return m.group(1).strip()
+    return None

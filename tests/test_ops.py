@@ -1,0 +1,552 @@
+"""wait / status / logs / stop without a cluster: a fake Slurm (the runner) and a fake run directory."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from envlayers import ops, readiness, rundir, slurm
+from envlayers.cli import cli
+
+VLLM_LOG = [
+    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:01 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...",
+    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:09 [gpu_model_runner.py:2634] Model loading took 15.27 GiB and 7.9 s",
+    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:12 [gpu_worker.py:298] Available KV cache memory: 24.0 GiB",
+    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:12 [kv_cache_utils.py:1087] GPU KV cache size: 344,669 tokens",
+    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:13 [gpu_model_runner.py:3480] Capturing CUDA graphs (mixed prefill-decode)",
+    "(APIServer pid=4100) INFO:     Application startup complete.",
+]
+
+
+def scontrol_line(job_id: str, state: str = "RUNNING", *, reason: str = "None", workdir: str = "/tmp",
+                  nodelist: str = "n1", exit_code: str = "0:0", limit: str = "04:00:00",
+                  run_time: str = "00:01:00", user: str = "alice") -> str:
+    return (f"JobId={job_id} JobName=serve-only UserId={user}(1000) GroupId={user}(1000) JobState={state} "
+            f"Reason={reason} Dependency=(null) ExitCode={exit_code} RunTime={run_time} TimeLimit={limit} "
+            f"SubmitTime=2026-12-02T09:00:00 StartTime=2026-12-02T09:00:01 EndTime=2026-12-02T13:00:01 "
+            f"Partition=mi300 NodeList={nodelist if state != 'PENDING' else ''} NumNodes=1 NumCPUs=8 "
+            f"WorkDir={workdir} StdErr={workdir}/serve-only-{job_id}.out StdIn=/dev/null "
+            f"StdOut={workdir}/serve-only-{job_id}.out Power=\n")
+
+
+class FakeSlurm:
+    """A scriptable Slurm: ``states[job]`` is a list of states, one consumed per scontrol call (the last
+    one sticks); ``on_poll`` runs before each scontrol answer (to grow files as a job would)."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.states: dict[str, list[str]] = {}
+        self.extra: dict[str, dict] = {}
+        self.calls: list[list[str]] = []
+        self.on_poll = None
+        self.squeue_out = ""
+        self.cancelled: list[str] = []
+        self.after_cancel = "CANCELLED"
+
+    def __call__(self, argv, *, input=None, timeout_s=30):
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        done = lambda out, rc=0, err="": subprocess.CompletedProcess(argv, rc, out, err)  # noqa: E731
+        if argv[:3] == ["scontrol", "show", "job"]:
+            job = argv[-1]
+            if self.on_poll:
+                self.on_poll(job, sum(1 for c in self.calls if c[:3] == ["scontrol", "show", "job"]))
+            if job not in self.states:
+                return done("", 1, "slurm_load_jobs error: Invalid job id specified\n")
+            seq = self.states[job]
+            state = seq.pop(0) if len(seq) > 1 else seq[0]
+            return done(scontrol_line(job, state, workdir=str(self.workdir), **self.extra.get(job, {})))
+        if argv[0] == "sacct":
+            return done("", 1, "Slurm accounting storage is disabled\n")
+        if argv[0] == "scancel":
+            self.cancelled.append(argv[-1])
+            if argv[-1] in self.states:
+                self.states[argv[-1]] = ["COMPLETING", self.after_cancel]
+            return done("")
+        if argv[0] == "squeue":
+            return done(self.squeue_out)
+        return done("", 1, f"{argv[0]}: error: not faked\n")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    fs = FakeSlurm(tmp_path)
+    monkeypatch.setattr(slurm, "run", fs)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRATCH", raising=False)
+    monkeypatch.delenv("RUN_ROOT", raising=False)
+    monkeypatch.delenv("ENVLAYERS_RUN_ROOT", raising=False)
+    return fs
+
+
+def make_job(tmp_path: Path, job_id: str, *, out_lines=(), log_lines=None, endpoint: dict | None = None,
+             exits: dict | None = None, launch: dict | None = None) -> Path:
+    run_dir = tmp_path / "runs" / "inference-server" / job_id
+    run_dir.mkdir(parents=True)
+    (tmp_path / f"serve-only-{job_id}.out").write_text(
+        "\n".join([f"ENVLAYERS-STAGE: run_dir={run_dir}", *out_lines]) + "\n")
+    if log_lines is not None:
+        (run_dir / "server-0.log").write_text("\n".join(log_lines) + "\n")
+    if endpoint is not None:
+        (run_dir / "endpoint.json").write_text(json.dumps(endpoint))
+    for rank, code in (exits or {}).items():
+        (run_dir / f"rank-{rank}.exit").write_text(f"{code}\n")
+    if launch is not None:
+        (run_dir / "launch.json").write_text(json.dumps(launch))
+    return run_dir
+
+
+def endpoint_data(job_id: str, run_dir: Path, **extra) -> dict:
+    ep = readiness.Endpoint(job_id=job_id, served_model_name="hpcagent-bench-vllm", model="Qwen/Qwen3-8B",
+                            engine="vllm", shape="single", base_urls=["http://n1:8000/v1"],
+                            api_key_required=False, run_dir=str(run_dir), startup_s=12.0, nodes=["n1"])
+    data = json.loads(ep.to_json())
+    data.update(addresses=["127.0.0.1"], some_future_field={"x": 1}, **extra)
+    return data
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+# ------------------------------------------------------------------------------------------ rundir
+
+JOB_OUT = """ENVLAYERS-STAGE: run_dir=/scratch/alice/inference-server/77
+ENVLAYERS-TOPOLOGY: shape=pipeline nodes=2 gpus_per_node=4 tp=4 pp=2 world=8 api_rank=0 port=8000
+ENVLAYERS-STAGE: rank 0 up on nid001
+ENVLAYERS-STAGE: rank 1 up on nid002
+ENVLAYERS-STAGE: all 2 ranks started
+ENVLAYERS-WARN: readiness budget 7200s exceeds the allocation; clamping to 3240s
+libfabric:81377:1764511190::cxi:core:cxip_gen_auth_key_ss_env_get_vni():612<warn> Unable to find SLINGSHOT_VNIS
+ENVLAYERS-STAGE: endpoint live after 41.5s
+===== endpoint is live =====
+base URL: http://nid001:8000/v1
+model name: hpcagent-bench-vllm
+
+ENVLAYERS-ERROR: rank 1 exited with code 137 after the endpoint was live
+"""
+
+
+def test_parse_job_output_reads_every_launcher_line():
+    r = rundir.parse_job_output(JOB_OUT)
+    assert r.run_dir == "/scratch/alice/inference-server/77"
+    assert r.ranks_up == {0: "nid001", 1: "nid002"} and r.ranks_started == 2
+    assert r.topology == ["shape=pipeline nodes=2 gpus_per_node=4 tp=4 pp=2 world=8 api_rank=0 port=8000"]
+    assert r.warnings == ["readiness budget 7200s exceeds the allocation; clamping to 3240s"]
+    assert r.last_error == "rank 1 exited with code 137 after the endpoint was live"
+    assert r.live and r.live_after_s == 41.5
+    assert r.endpoint_block == ("===== endpoint is live =====\nbase URL: http://nid001:8000/v1\n"
+                                "model name: hpcagent-bench-vllm\n")
+
+
+def test_parse_job_output_accepts_the_launched_spelling_and_no_block():
+    r = rundir.parse_job_output("ENVLAYERS-STAGE: all 4 ranks launched\n")
+    assert r.ranks_started == 4 and not r.live and r.run_dir is None
+
+
+def test_locate_takes_the_run_dir_from_the_job_output(tmp_path):
+    run_dir = make_job(tmp_path, "55")
+    info = slurm.parse_scontrol_job(scontrol_line("55", workdir=str(tmp_path)))
+    files = rundir.locate("55", info, environ={}, cwd=Path("/nonexistent"))
+    assert files.job_out == tmp_path / "serve-only-55.out" and files.run_dir == run_dir
+
+
+def test_locate_falls_back_to_scratch_when_the_output_is_gone(tmp_path):
+    (tmp_path / "scratch" / "inference-server" / "56").mkdir(parents=True)
+    files = rundir.locate("56", None, environ={"SCRATCH": str(tmp_path / "scratch")}, cwd=tmp_path)
+    assert files.run_dir == tmp_path / "scratch" / "inference-server" / "56"
+    assert files.job_out == tmp_path / "serve-only-56.out"
+
+
+def test_locate_without_anything_has_no_run_dir(tmp_path):
+    assert rundir.locate("57", None, environ={}, cwd=tmp_path).run_dir is None
+
+
+def test_job_files_read_tolerantly(tmp_path):
+    run_dir = make_job(tmp_path, "58", exits={0: 0, 1: 137}, endpoint=endpoint_data("58", tmp_path))
+    (run_dir / "rank-2.exit").write_text("")
+    (run_dir / "launch.json").write_text('{"engine": "vllm", "served_mod')  # half-written
+    files = rundir.JobFiles("58", None, run_dir)
+    assert files.rank_exits() == {0: 0, 1: 137, 2: None}
+    assert files.endpoint().base_urls == ["http://n1:8000/v1"]
+    assert files.endpoint_data()["some_future_field"] == {"x": 1}
+    assert files.launch() is None
+    assert rundir.JobFiles("58", None, None).endpoint() is None
+
+
+def test_tail_reads_only_what_was_added_and_survives_truncation(tmp_path):
+    path = tmp_path / "log"
+    tail = rundir.Tail(path)
+    assert tail.read() == ""
+    path.write_text("one\ntw")
+    assert tail.read() == "one\ntw"
+    with path.open("a") as fh:
+        fh.write("o\n")
+    assert tail.read() == "o\n"
+    path.write_text("x\n")
+    assert tail.read() == "x\n"
+
+
+def test_tail_lines(tmp_path):
+    path = tmp_path / "log"
+    path.write_text("".join(f"line {i}\n" for i in range(1000)))
+    assert rundir.tail_lines(path, 3, chunk=16) == ["line 997", "line 998", "line 999"]
+    assert rundir.tail_lines(path, 0) == []
+
+
+# ------------------------------------------------------------------------------------------ progress
+
+def test_progress_plain_prints_a_timestamped_line_per_change():
+    out = io.StringIO()
+    p = ops.Progress(out, mode="plain", clock=lambda: 0)
+    p.update("job 1: PENDING (Priority)", 1, key="a")
+    p.update("job 1: PENDING (Priority)", 2, key="a")
+    p.message("ENVLAYERS-WARN: x")
+    p.update("job 1: RUNNING", 3, key="b")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].endswith("] job 1: PENDING (Priority) [1s]") and lines[0].startswith("[")
+    assert lines[1].endswith("ENVLAYERS-WARN: x") and lines[2].endswith("job 1: RUNNING [3s]")
+
+
+def test_progress_tty_rewrites_one_line_and_keeps_messages_above_it():
+    out = io.StringIO()
+    p = ops.Progress(out, mode="tty")
+    p.update("job 1: PENDING", 1)
+    p.update("job 1: PENDING", 2)
+    p.message("ENVLAYERS-ERROR: boom")
+    p.close()
+    assert out.getvalue() == ("\r\x1b[Kjob 1: PENDING [1s]\r\x1b[Kjob 1: PENDING [2s]"
+                              "\r\x1b[KENVLAYERS-ERROR: boom\njob 1: PENDING [2s]\n")
+
+
+@pytest.mark.parametrize("state, report_lines, with_phase, expect", [
+    pytest.param("PENDING", [], False, "job 9: PENDING (Priority)", id="pending"),
+    pytest.param("RUNNING", [], False, "job 9: RUNNING on n1, waiting for the launcher", id="no-launcher-yet"),
+    pytest.param("RUNNING", ["ENVLAYERS-STAGE: rank 0 up on n1"], False, "job 9: RUNNING on n1, 1/1 ranks up",
+                 id="ranks"),
+    pytest.param("RUNNING", [], True, "job 9: RUNNING on n1, rank 0 KV cache allocated (kv_cache_gib=24)",
+                 id="phase"),
+])
+def test_progress_text(state, report_lines, with_phase, expect):
+    info = slurm.parse_scontrol_job(scontrol_line("9", state, reason="Priority" if state == "PENDING" else "None"))
+    report = rundir.parse_job_output("\n".join(report_lines))
+    phase = None
+    if with_phase:
+        from envlayers.phases import parse_phases
+        phase = parse_phases(VLLM_LOG[2:3]).last
+    assert ops.progress_text("9", info, report, phase) == expect
+
+
+def test_fmt_duration():
+    assert [ops.fmt_duration(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
+
+
+# ------------------------------------------------------------------------------------------ wait
+
+def test_wait_prints_the_endpoint_block_once_live(fake, tmp_path):
+    run_dir = make_job(tmp_path, "100", log_lines=VLLM_LOG)
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("100", run_dir)))
+    fake.states["100"] = ["RUNNING"]
+    res = invoke("wait", "100", "--poll", "0.05")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(readiness.BANNER + "\nbase URL: http://n1:8000/v1\n")
+    assert "stop: scancel 100" in res.stdout
+
+
+def test_wait_shows_state_then_phases_in_order(fake, tmp_path):
+    run_dir = make_job(tmp_path, "101", log_lines=[])
+    fake.states["101"] = ["PENDING", "PENDING", "RUNNING"]
+    log = run_dir / "server-0.log"
+
+    def grow(job, n):  # one more log line per Slurm poll; live after the last
+        if 3 <= n < 3 + len(VLLM_LOG):
+            with log.open("a") as fh:
+                fh.write(VLLM_LOG[n - 3] + "\n")
+        elif n >= 3 + len(VLLM_LOG):
+            (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("101", run_dir)))
+
+    fake.on_poll = grow
+    res = invoke("wait", "101", "--poll", "0.05", "--progress", "plain")
+    assert res.exit_code == 0, res.output
+    seen = [line.split("] ", 1)[1] for line in res.stderr.splitlines()]
+    order = ["PENDING", "RUNNING on n1", "loading weights", "weights loaded", "KV cache allocated", "capturing graphs"]
+    positions = [next(i for i, s in enumerate(seen) if word in s) for word in order]
+    assert positions == sorted(positions), seen
+    assert sum("KV cache allocated" in s for s in seen) == 1  # details filling in is not a new line
+
+
+def test_wait_on_a_job_that_ended_exits_1_with_the_reason_and_error(fake, tmp_path):
+    make_job(tmp_path, "102", out_lines=["ENVLAYERS-STAGE: rank 0 up on n1",
+                                         "ENVLAYERS-ERROR: rank 0 exited with code 1 before the endpoint was live"],
+             log_lines=VLLM_LOG[:2] + ["RuntimeError: boom"], exits={0: 1})
+    fake.states["102"] = ["RUNNING", "FAILED"]
+    fake.extra["102"] = {"exit_code": "1:0"}
+    res = invoke("wait", "102", "--poll", "0.05")
+    assert res.exit_code == 1
+    assert res.stderr.splitlines()[-1].startswith("  next: env_layers diagnose 102")
+    err = res.stderr
+    assert "job 102 ended before its endpoint was live: FAILED, exit 1:0" in err
+    assert "ENVLAYERS-ERROR: rank 0 exited with code 1 before the endpoint was live" in err
+    assert "rank 0 -> 1" in err and "weights loaded" in err
+
+
+def test_wait_ended_job_with_stale_endpoint_is_not_live(fake, tmp_path):
+    run_dir = make_job(tmp_path, "103")
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("103", run_dir)))
+    fake.states["103"] = ["CANCELLED"]
+    res = invoke("wait", "103", "--json")
+    assert res.exit_code == 1
+    data = json.loads(res.stdout)
+    assert data["outcome"] == "ended" and data["state"] == "CANCELLED" and not data["live"]
+
+
+def test_wait_timeout_exits_3_and_says_the_job_goes_on(fake, tmp_path):
+    make_job(tmp_path, "104", log_lines=VLLM_LOG[:1])
+    fake.states["104"] = ["RUNNING"]
+    res = invoke("wait", "104", "--timeout", "0.3", "--poll", "0.05")
+    assert res.exit_code == 3
+    assert "job 104 not live after 0s: RUNNING, rank 0 loading weights" in res.stderr
+    assert "env_layers stop 104" in res.stderr
+
+
+def test_wait_json_when_live(fake, tmp_path):
+    run_dir = make_job(tmp_path, "105", log_lines=VLLM_LOG)
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("105", run_dir)))
+    fake.states["105"] = ["RUNNING"]
+    res = invoke("wait", "105", "--json", "--progress", "none")
+    data = json.loads(res.stdout)
+    assert res.exit_code == 0 and data["outcome"] == "live" and data["endpoint"]["base_url"] == "http://n1:8000/v1"
+    assert data["phase"]["name"] == "ready" and res.stderr == ""
+
+
+def test_wait_notices_a_job_that_slurm_forgot(fake, tmp_path):
+    make_job(tmp_path, "106")
+    fake.states["106"] = ["RUNNING"]
+
+    def forget(job, n):
+        if n >= 2:
+            fake.states.pop("106", None)
+
+    fake.on_poll = forget
+    res = invoke("wait", "106", "--poll", "0.05")
+    assert res.exit_code == 1 and "Slurm no longer lists it" in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["wait", "999"], "no job 999: Slurm does not know it", id="wait-unknown"),
+    pytest.param(["status", "999"], "no job 999", id="status-unknown"),
+    pytest.param(["logs", "999"], "no job 999", id="logs-unknown"),
+    pytest.param(["stop", "999"], "no job 999", id="stop-unknown"),
+    pytest.param(["wait", "12a"], "'12a' is not a Slurm job id", id="bad-id"),
+])
+def test_unknown_job_is_one_line_with_a_hint_and_exit_2(fake, args, message):
+    res = invoke(*args)
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "hint:" in lines[0]
+
+
+# ------------------------------------------------------------------------------------------ status
+
+def test_status_lists_my_jobs_as_a_table(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "200")
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("200", run_dir)))
+    make_job(tmp_path, "201", launch={"engine": "sglang", "served_model_name": "glm-served", "model": "zai/GLM"})
+    fake.squeue_out = (f"200|serve-only|RUNNING|None|1|n1|4:00:00|3:59:00|2026-12-02T09:00:01|N/A|alice|{tmp_path}\n"
+                       f"201|serve-only|RUNNING|None|2|n[2-3]|4:00:00|1:00:00|2026-12-02T09:00:01|N/A|alice|{tmp_path}\n"
+                       f"202|serve-only|PENDING|Resources|4||4:00:00|4:00:00|N/A|N/A|alice|{tmp_path}\n")
+    monkeypatch.setattr("getpass.getuser", lambda: "alice")
+    res = invoke("status")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["JOBID", "STATE", "NODES", "TIME", "LEFT", "MODEL", "ENDPOINT"]
+    assert lines[1].split() == ["200", "RUNNING", "1", "3h59m00s", "hpcagent-bench-vllm", "http://n1:8000/v1"]
+    assert lines[2].split() == ["201", "RUNNING", "2", "1h00m00s", "glm-served", "starting"]
+    assert lines[3].split() == ["202", "PENDING", "(Resources)", "4", "4h00m00s", "-", "-"]
+    assert fake.calls[0][-2:] == ["-u", "alice"]
+
+
+def test_status_all_users_and_json(fake, tmp_path):
+    fake.squeue_out = f"300|serve-only|PENDING|Priority|1||10:00|10:00|N/A|N/A|bob|{tmp_path}\n"
+    res = invoke("status", "--all", "--json")
+    rows = json.loads(res.stdout)
+    assert rows[0]["job_id"] == "300" and rows[0]["state"] == "PENDING (Priority)" and rows[0]["time_left_s"] == 600
+    assert "-u" not in fake.calls[0]
+
+
+def test_status_empty(fake):
+    res = invoke("status", "--all")
+    assert res.exit_code == 0 and "no endpoint jobs" in res.stdout
+
+
+def test_status_of_one_job_is_the_full_record(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "400", out_lines=["ENVLAYERS-STAGE: rank 0 up on n1", "ENVLAYERS-STAGE: all 1 ranks started",
+                                                   "ENVLAYERS-WARN: core limit was unlimited"],
+                       log_lines=VLLM_LOG)
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("400", run_dir)))
+    fake.states["400"] = ["RUNNING"]
+    probed = []
+    monkeypatch.setattr(readiness, "probe", lambda url, name, api_key=None, timeout_s=2.0: probed.append(url) or
+                        readiness.Probe(url, True, 200, "ok"))
+    res = invoke("status", "400")
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert out.startswith("job 400: RUNNING\n")
+    for text in ("nodes:      1 (n1)", "time:       3h59m00s left of 4h00m00s", f"run dir:    {run_dir}",
+                 "ranks:      1/1 up (0 on n1)", "phase:      rank 0 ready", "endpoint:   http://n1:8000/v1",
+                 "probe:      http://127.0.0.1:8000/v1: answers (ok)", "warning:    core limit was unlimited",
+                 "model:      hpcagent-bench-vllm = Qwen/Qwen3-8B (vllm)"):
+        assert text in out, text
+    assert probed == ["http://127.0.0.1:8000/v1"]  # the address, not the node name
+    data = json.loads(invoke("status", "400", "--json", "--no-probe").stdout)
+    assert data["phase"]["name"] == "ready" and data["probes"] == [] and data["launcher"]["ranks_up"] == {"0": "n1"}
+
+
+def test_status_of_a_failed_job_shows_its_errors_and_rank_exits(fake, tmp_path):
+    make_job(tmp_path, "401", out_lines=["ENVLAYERS-ERROR: rank 0 exited with code 137 before the endpoint was live"],
+             log_lines=VLLM_LOG[:1], exits={0: 137})
+    fake.states["401"] = ["FAILED"]
+    fake.extra["401"] = {"exit_code": "1:0", "reason": "NonZeroExitCode"}
+    out = invoke("status", "401").stdout
+    assert out.startswith("job 401: FAILED (NonZeroExitCode), exit 1:0\n")
+    assert "rank exits: rank 0 -> 137" in out and "error:      rank 0 exited with code 137" in out
+    assert "phase:      rank 0 loading weights" in out
+
+
+def test_status_of_a_pending_job(fake, tmp_path):
+    fake.states["402"] = ["PENDING"]
+    fake.extra["402"] = {"reason": "Resources"}
+    out = invoke("status", "402").stdout
+    assert out.startswith("job 402: PENDING (Resources)\n") and "run dir:    - (not created yet)" in out
+
+
+# ------------------------------------------------------------------------------------------ logs
+
+def test_logs_rank0_by_default_and_tail(fake, tmp_path):
+    make_job(tmp_path, "500", log_lines=VLLM_LOG)
+    fake.states["500"] = ["RUNNING"]
+    assert invoke("logs", "500").stdout.splitlines() == VLLM_LOG
+    assert invoke("logs", "500", "--tail", "2").stdout.splitlines() == VLLM_LOG[-2:]
+    data = json.loads(invoke("logs", "500", "-n", "1", "--json").stdout)
+    assert data["lines"] == VLLM_LOG[-1:] and data["rank"] == 0
+
+
+def test_logs_of_the_job_output(fake, tmp_path):
+    make_job(tmp_path, "501", out_lines=["ENVLAYERS-STAGE: rank 0 up on n1"])
+    fake.states["501"] = ["RUNNING"]
+    assert invoke("logs", "501", "--rank", "job", "--tail", "1").stdout == "ENVLAYERS-STAGE: rank 0 up on n1\n"
+
+
+def test_logs_of_a_missing_rank_names_the_ranks_there_are(fake, tmp_path):
+    make_job(tmp_path, "502", log_lines=VLLM_LOG)
+    fake.states["502"] = ["RUNNING"]
+    res = invoke("logs", "502", "--rank", "3")
+    assert res.exit_code == 2 and "no server-3.log" in res.stderr and "ranks with logs: [0]" in res.stderr
+
+
+def test_logs_of_a_pending_job_says_when_they_appear(fake):
+    fake.states["503"] = ["PENDING"]
+    fake.extra["503"] = {"reason": "Priority"}
+    res = invoke("logs", "503")
+    assert res.exit_code == 2
+    assert "no run directory for job 503 yet" in res.stderr and "PENDING (Priority)" in res.stderr
+
+
+def test_logs_bad_rank(fake):
+    res = invoke("logs", "1", "--rank", "x")
+    assert res.exit_code == 2 and "rank number or 'job'" in res.stderr
+
+
+def test_logs_follow_prints_new_lines_until_the_job_ends(fake, tmp_path):
+    run_dir = make_job(tmp_path, "504", log_lines=VLLM_LOG[:1])
+    fake.states["504"] = ["RUNNING", "RUNNING", "COMPLETED"]
+
+    def grow(job, n):
+        if n == 2:
+            with (run_dir / "server-0.log").open("a") as fh:
+                fh.write(VLLM_LOG[1] + "\n")
+
+    fake.on_poll = grow
+    res = invoke("logs", "504", "--follow")
+    assert res.exit_code == 0
+    assert res.stdout.splitlines() == VLLM_LOG[:2]
+
+
+# ------------------------------------------------------------------------------------------ stop
+
+def _no_answer(url, name, api_key=None, timeout_s=2.0):
+    return readiness.Probe(url, False, None, "no answer: [Errno 111] Connection refused")
+
+
+def test_stop_cancels_waits_and_confirms_the_endpoint_is_silent(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "600")
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("600", run_dir)))
+    fake.states["600"] = ["RUNNING"]
+    monkeypatch.setattr(readiness, "probe", _no_answer)
+    res = invoke("stop", "600")
+    assert res.exit_code == 0, res.output
+    assert fake.cancelled == ["600"]
+    assert res.stdout.splitlines() == [
+        "job 600: scancel sent (RUNNING)",
+        "job 600: ended (CANCELLED) after 0s",
+        "endpoint http://127.0.0.1:8000/v1: no longer answers (no answer: [Errno 111] Connection refused)",
+        "job 600: stopped",
+    ]
+
+
+def test_stop_fails_when_the_endpoint_still_answers(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "601")
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("601", run_dir)))
+    fake.states["601"] = ["RUNNING"]
+    monkeypatch.setattr(readiness, "probe", lambda url, name, api_key=None, timeout_s=2.0:
+                        readiness.Probe(url, True, 200, "ok"))
+    monkeypatch.setattr(ops, "stop_job", _fast_stop(ops.stop_job))
+    res = invoke("stop", "601", "--json")
+    data = json.loads(res.stdout)
+    assert res.exit_code == 1 and not data["ok"] and data["ended"] and data["probes"][0]["answers"]
+
+
+def test_stop_fails_when_slurm_does_not_end_the_job(fake, tmp_path):
+    make_job(tmp_path, "602")
+    fake.states["602"] = ["RUNNING"]
+    fake.after_cancel = "COMPLETING"
+    res = invoke("stop", "602", "--timeout", "0.3")
+    assert res.exit_code == 1 and "still COMPLETING" in res.stderr
+
+
+def test_stop_of_an_ended_job_does_not_cancel(fake, tmp_path, monkeypatch):
+    make_job(tmp_path, "603")
+    fake.states["603"] = ["FAILED"]
+    monkeypatch.setattr(readiness, "probe", _no_answer)
+    res = invoke("stop", "603")
+    assert res.exit_code == 0 and fake.cancelled == []
+    assert "already ended (FAILED)" in res.stdout and "never went live" in res.stdout
+
+
+def _fast_stop(real):
+    def stop_job(*args, **kw):
+        return real(*args, probe_window_s=0.2, poll_s=0.05, **kw)
+    return stop_job
+
+
+def test_endpoint_urls_use_addresses_when_given():
+    assert ops.endpoint_urls({"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"],
+                              "addresses": ["10.0.0.1", "10.0.0.2"]}) == [
+        "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    assert ops.endpoint_urls({"base_url": "http://n1:8000/v1"}) == ["http://n1:8000/v1"]
+    assert ops.endpoint_urls(None) == []
+
+
+def test_cli_commands_are_registered_and_cheap_to_import():
+    import subprocess as sp
+    import sys
+    code = ("import sys; from envlayers.cli import cli; import envlayers.cli.ops_cmds; "
+            "print(sorted(m for m in ('envlayers.ops','envlayers.slurm','urllib.request') if m in sys.modules))")
+    out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "[]", out.stderr
