@@ -357,3 +357,15 @@ def test_cli_directory_without_logs_is_bad_input(tmp_path):
     result = run("diagnose", str(tmp_path))
     assert result.exit_code == 2
     assert "no *.log, *.out or serve.env in" in result.stderr
+
+
+def test_cli_job_id_follows_the_run_dir_named_in_the_job_output(tmp_path):
+    run_dir = tmp_path / "elsewhere" / "88"
+    run_dir.mkdir(parents=True)
+    (run_dir / "server-0.log").write_text("nid1:1:1 [0] NCCL WARN Failed to initialize any NET plugin\n")
+    (tmp_path / "serve-only-88.out").write_text(f"ENVLAYERS-STAGE: run_dir={run_dir}\n")
+    result = run("diagnose", "--json", "--root", str(tmp_path), "88", env={"SCRATCH": str(tmp_path / "nope")})
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    assert data["inputs"] == [str(run_dir / "server-0.log"), str(tmp_path / "serve-only-88.out")]
+    assert [f["id"] for f in data["findings"]] == ["net-plugin-init-failed"]

@@ -12,6 +12,7 @@ import click
 from ..errors import EnvLayersError
 
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
+RUN_DIR_LINE = "ENVLAYERS-STAGE: run_dir="
 
 
 def run_dir_for(jobid: str, submit_dir: Path) -> Path:
@@ -19,6 +20,19 @@ def run_dir_for(jobid: str, submit_dir: Path) -> Path:
     scratch = os.environ.get("SCRATCH")
     base = Path(scratch) if scratch else submit_dir / "runs"
     return base / "inference-server" / jobid
+
+
+def run_dir_from_output(out: Path) -> Path | None:
+    """The run directory the launcher announced in the job output (``ENVLAYERS-STAGE: run_dir=...``)."""
+    found = None
+    try:
+        with open(out, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(RUN_DIR_LINE):
+                    found = Path(line[len(RUN_DIR_LINE):].strip())
+    except OSError:
+        return None
+    return found
 
 
 def _dir_logs(folder: Path) -> list[Path]:
@@ -42,7 +56,8 @@ def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
             paths.append(p)
         elif target.isdigit():
             out = submit_dir / f"serve-only-{target}.out"
-            run_dir = run_dir_for(target, submit_dir)
+            announced = run_dir_from_output(out) if out.is_file() else None
+            run_dir = announced if announced is not None and announced.is_dir() else run_dir_for(target, submit_dir)
             found = (_dir_logs(run_dir) if run_dir.is_dir() else []) + ([out] if out.is_file() else [])
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
@@ -78,8 +93,8 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
     """Match a job's logs against the known-issues knowledge base.
 
     \b
-    A JOBID reads ./serve-only-<jobid>.out and the run directory
-    ($SCRATCH/inference-server/<jobid>/, else ./runs/inference-server/<jobid>/);
+    A JOBID reads ./serve-only-<jobid>.out and the run directory it names
+    (else $SCRATCH/inference-server/<jobid>/, else ./runs/inference-server/<jobid>/);
     a directory reads its *.log, *.out and serve.env; a file is read as given.
     Exit status: 0 nothing matched, 1 at least one known issue matched, 2 bad input.
     """
