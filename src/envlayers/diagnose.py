@@ -526,7 +526,10 @@ def read_log(path: str | os.PathLike, name: str | None = None) -> LogText:
     except OSError as err:
         raise EnvLayersError(f"cannot read {p}: {err.strerror}") from None
     text = data.decode("utf-8", errors="replace")
-    return LogText(name if name is not None else str(path), text.split("\n") if text else [])
+    lines = text.split("\n") if text else []
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline ending the last line does not start another
+    return LogText(name if name is not None else str(path), lines)
 
 
 # --- documentation -----------------------------------------------------------------------------
@@ -552,20 +555,20 @@ def render_markdown(rules: Sequence[Rule]) -> str:
         out += ["", f"## {r.id}", "", f"**{r.title}** ({r.severity}, status: {r.status})", ""]
         if r.example:
             out += ["Evidence, for example:", "", "```", r.example, "```", ""]
-        out += ["Signature:", ""]
         if r.trend is not None:
-            out.append(f"- trend of `{r.trend.pattern.describe()}`: fires when the values fall by "
-                       f"{r.trend.drop_points:g} points from their peak (at least {r.trend.min_points} lines)")
+            out += ["Signature: the numbers from lines matching", "",
+                    f"- `{r.trend.pattern.describe()}`", "",
+                    f"fall by {r.trend.drop_points:g} points from their peak (at least {r.trend.min_points} "
+                    "such lines in one log)."]
         else:
             where = "the last non-blank line of a log" if r.scope == "last-line" else "a line"
-            for p in r.signature:
-                out.append(f"- {where} matching `{p.describe()}`")
-        for p in r.not_followed_by:
-            out.append(f"- with no later line in the same log matching `{p.describe()}`")
-        for p in r.requires:
-            out.append(f"- and somewhere in the logs `{p.describe()}`")
-        for p in r.unless:
-            out.append(f"- unless the logs contain `{p.describe()}`")
+            out += [f"Signature: {where} matching any of", ""]
+            out += [f"- `{p.describe()}`" for p in r.signature]
+        conditions = [f"- no later line of the same log matches `{p.describe()}`" for p in r.not_followed_by]
+        conditions += [f"- the logs also contain `{p.describe()}`" for p in r.requires]
+        conditions += [f"- the logs do not contain `{p.describe()}`" for p in r.unless]
+        if conditions:
+            out += ["", "Only when:", "", *conditions]
         out += ["", f"Cause: {r.cause}", "", f"Fix: {r.fix}", "", f"Source: {r.source_text}."]
     return "\n".join(out) + "\n"
 
