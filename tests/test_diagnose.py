@@ -369,3 +369,26 @@ def test_cli_job_id_follows_the_run_dir_named_in_the_job_output(tmp_path):
     data = json.loads(result.output)
     assert data["inputs"] == [str(run_dir / "server-0.log"), str(tmp_path / "serve-only-88.out")]
     assert [f["id"] for f in data["findings"]] == ["net-plugin-init-failed"]
+
+
+def test_knowledge_base_covers_seed_004_table_and_seed_002_startup_failures(rules):
+    required = {
+        # seed 004 symptom table, absent-vs-empty, prefix-cache hit rate under load
+        "host-oom-weight-load", "weights-exceed-mem-fraction", "cpu-starved-jit-hang", "one-parser-only",
+        "rccl-watchdog-timeout", "gdr-rdma-register-einval", "rccl-tcp-fallback", "empty-key-flag-still-passed",
+        "prefix-cache-thrashing",
+        # seed 002 startup failures
+        "ranks-not-placed", "step-exited-early", "no-fabric-address", "readiness-budget-clamped",
+    }
+    assert required <= {rule.id for rule in rules}
+
+
+def test_module_main_prints_markdown_and_diagnoses_files(capsys):
+    from envlayers.diagnose import main
+
+    assert main(["--markdown"]) == 0
+    assert capsys.readouterr().out.startswith("# Known issues\n")
+    assert main([str(LOGS / "launcher-no-fabric.out")]) == 1
+    assert capsys.readouterr().out.startswith("no-fabric-address: ")
+    assert main([str(LOGS / "healthy-vllm" / "server-0.log")]) == 0
+    assert main(["no/such.log"]) == 2
