@@ -392,3 +392,12 @@ def test_module_main_prints_markdown_and_diagnoses_files(capsys):
     assert capsys.readouterr().out.startswith("no-fabric-address: ")
     assert main([str(LOGS / "healthy-vllm" / "server-0.log")]) == 0
     assert main(["no/such.log"]) == 2
+
+
+def test_cli_labels_trend_evidence_as_peak_and_latest():
+    result = run("diagnose", str(LOGS / "sglang-kv-thrash.log"))
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[1].startswith(f"  peak:     {LOGS / 'sglang-kv-thrash.log'}:17: ")
+    assert lines[2].startswith(f"  latest:   {LOGS / 'sglang-kv-thrash.log'}:35: ")
+    assert lines[3].startswith("  detail:   fell from 71.5 ")

@@ -13,6 +13,7 @@ from ..errors import EnvLayersError
 
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
 RUN_DIR_LINE = "ENVLAYERS-STAGE: run_dir="
+EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "peak": "peak:", "latest": "latest:"}
 
 
 def run_dir_for(jobid: str, submit_dir: Path) -> Path:
@@ -116,8 +117,7 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
         for f in findings:
             click.echo(f"{f.rule_id} ({f.severity}): {f.title}")
             for e in f.evidence:
-                label = "evidence: " if e.role in ("signature", "peak", "latest") else "with:     "
-                click.echo(f"  {label}{e.where}: {e.text}")
+                click.echo(f"  {EVIDENCE_LABELS.get(e.role, 'evidence:'):<10}{e.where}: {e.text}")
             if f.detail:
                 click.echo(_wrap("detail:   ", f.detail))
             click.echo(_wrap("cause:    ", f.cause))
