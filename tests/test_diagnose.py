@@ -33,6 +33,8 @@ def logs_of(name: str) -> list[LogText]:
 POSITIVE = [
     pytest.param("sglang-host-oom", "host-oom-weight-load", "sglang-host-oom/server-0.log:6",
                  {"host-oom-weight-load", "rank-exited"}, id="host-oom-weight-load"),
+    pytest.param("vllm-host-oom", "host-oom-weight-load", "vllm-host-oom/server-0.log:5",
+                 {"host-oom-weight-load"}, id="host-oom-weight-load-vllm"),
     pytest.param("sglang-minimum-viable.log", "weights-exceed-mem-fraction", "sglang-minimum-viable.log:9",
                  {"weights-exceed-mem-fraction"}, id="weights-exceed-mem-fraction"),
     pytest.param("sglang-cpu-trap", "cpu-starved-jit-hang", "sglang-cpu-trap/server-0.log:10",
