@@ -98,8 +98,12 @@ def find_core_files(folder: str | os.PathLike) -> list[CoreFile]:
     ``core.python3.4711``). Symlinks are not followed.
     """
     base = Path(folder)
+    try:
+        entries = sorted(os.scandir(base), key=lambda e: e.name)
+    except OSError as err:
+        raise EnvLayersError(f"cannot list {base}: {err.strerror}") from None
     found = []
-    for entry in sorted(os.scandir(base), key=lambda e: e.name):
+    for entry in entries:
         if not entry.is_file(follow_symlinks=False):
             continue
         named = _named_like_core(entry.name)
@@ -107,7 +111,11 @@ def find_core_files(folder: str | os.PathLike) -> list[CoreFile]:
             continue
         elf = is_elf_core(entry.path)
         if named or elf:
-            found.append(CoreFile(path=str(base / entry.name), size_bytes=entry.stat().st_size, elf_core=elf))
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+            except OSError:  # removed while we looked
+                continue
+            found.append(CoreFile(path=str(base / entry.name), size_bytes=size, elf_core=elf))
     return found
 
 
