@@ -147,6 +147,9 @@ def check_cores(folder: str | os.PathLike, limit_file: str | os.PathLike | None 
         raise EnvLayersError(f"no such file: {limits_path}")
     if limits_path.is_file():
         report.limit_file = str(limits_path)
-        report.limits = parse_core_limits(limits_path.read_text(encoding="utf-8", errors="replace"),
-                                          origin=str(limits_path))
+        try:
+            text = limits_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            raise EnvLayersError(f"cannot read {limits_path}: {err.strerror}") from None
+        report.limits = parse_core_limits(text, origin=str(limits_path))
     return report
