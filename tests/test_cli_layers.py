@@ -133,3 +133,26 @@ def test_rendered_sh_sourced_by_bash_gives_the_layer_values():
         input=run("render", "experiment:glm53").output, capture_output=True, text=True, timeout=10,
     )
     assert proc.stdout == "zai-org/GLM-5.3||set"
+
+
+def test_unexpected_errors_are_one_line_without_debug(monkeypatch, capsys):
+    import click
+
+    from envlayers.cli import errors_as_one_line
+
+    monkeypatch.delenv("ENVLAYERS_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        with errors_as_one_line(click.Context(cli)):
+            raise RuntimeError("boom")
+    assert exit_info.value.code == 70
+    assert capsys.readouterr().err == ("env_layers: internal error: RuntimeError: boom; hint: rerun with "
+                                       "ENVLAYERS_DEBUG=1 for the traceback, and report it\n")
+    monkeypatch.setenv("ENVLAYERS_DEBUG", "1")
+    with pytest.raises(RuntimeError):
+        with errors_as_one_line(click.Context(cli)):
+            raise RuntimeError("boom")
+
+
+def test_install_edfs_console_script_has_its_own_usage():
+    proc = subprocess.run(["install_edfs", "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.startswith("Usage: install_edfs [OPTIONS]")

@@ -6,6 +6,7 @@ so ``env_layers render`` does not pay for jinja2, tomli-w or HTTP code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -54,13 +55,29 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
-        try:
+        with errors_as_one_line(ctx):
             return super().invoke(ctx)
-        except EnvLayersError as err:
-            if os.environ.get("ENVLAYERS_DEBUG") == "1":
-                raise
-            click.echo(f"env_layers: error: {err}", err=True)
-            ctx.exit(err.exit_code)
+
+
+@contextlib.contextmanager
+def errors_as_one_line(ctx: click.Context):
+    """An EnvLayersError becomes one line and its exit code; anything else unexpected too,
+    with the traceback only under ENVLAYERS_DEBUG=1."""
+    try:
+        yield
+    except EnvLayersError as err:
+        if os.environ.get("ENVLAYERS_DEBUG") == "1":
+            raise
+        click.echo(f"env_layers: error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # a bug or an OS error
+        if os.environ.get("ENVLAYERS_DEBUG") == "1":
+            raise
+        click.echo(f"env_layers: internal error: {type(err).__name__}: {err}; "
+                   "hint: rerun with ENVLAYERS_DEBUG=1 for the traceback, and report it", err=True)
+        sys.exit(70)
 
 
 def _available(name: str) -> bool:
@@ -72,7 +89,6 @@ def _available(name: str) -> bool:
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--root",
-    envvar="ENVLAYERS_ROOT",
     type=click.Path(file_okay=False),
     default=None,
     help="Folder holding experiments/ and containers/ (default: nearest upward from here, "
@@ -95,7 +111,8 @@ def cli(ctx: click.Context, root: str | None) -> None:
 def get_root(ctx: click.Context):
     from ..paths import find_root
 
-    return find_root(ctx.find_root().obj["root"])
+    obj = ctx.find_root().obj or {}
+    return find_root(obj.get("root"))  # None: ENVLAYERS_ROOT, then upward from the cwd
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,5 +120,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def install_edfs_main(argv: list[str] | None = None) -> None:
+    """The ``install_edfs`` console script: ``env_layers install-edfs`` under its own name."""
     args = sys.argv[1:] if argv is None else argv
-    cli.main(args=["install-edfs", *args], prog_name="install_edfs")
+    ctx = click.Context(cli, obj={"root": None})  # --root comes from ENVLAYERS_ROOT or the cwd
+    command = cli.get_command(ctx, "install-edfs")
+    with errors_as_one_line(ctx):
+        command.main(args=args, prog_name="install_edfs", obj={"root": None})
