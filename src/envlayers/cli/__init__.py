@@ -72,6 +72,9 @@ def errors_as_one_line(ctx: click.Context):
         sys.exit(err.exit_code)
     except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit):
         raise
+    except BrokenPipeError:  # `env_layers render ... | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
     except Exception as err:  # a bug or an OS error
         if os.environ.get("ENVLAYERS_DEBUG") == "1":
             raise
