@@ -14,22 +14,10 @@ ENVLAYERS_REQUIRE_SLURM=1 (CI), where they fail instead.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import labtools
-
-
-def require_slurm() -> bool:
-    return os.environ.get("ENVLAYERS_REQUIRE_SLURM") == "1"
-
-
-def unavailable(reason: str):
-    """Skip, or fail loudly where the lab is required."""
-    if require_slurm():
-        pytest.fail(f"ENVLAYERS_REQUIRE_SLURM=1 but the Slurm lab is unavailable: {reason}", pytrace=False)
-    pytest.skip(f"local Slurm lab unavailable: {reason}")
+from labtools import unavailable
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +28,7 @@ def slurm_lab():
     .nodes ({'n1': '10.200.0.11', ...}), .mode ('netns' | 'nonetns'), .workdir, .lab_dir, .conf,
     .submit(script_text, *sbatch_args, cwd=None, env=None) -> jobid,
     .wait_job(jobid, timeout_s=60.0) -> final JobState, .wait_running(jobid), .job_info(jobid),
-    .job_output(jobid), .cancel(jobid), .run(argv).
+    .job_output(jobid), .cancel(jobid), .track(jobid), .run(argv).
     """
     try:
         lab = labtools.acquire_lab(nodes=3)

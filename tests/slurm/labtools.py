@@ -40,6 +40,20 @@ class LabUnavailable(Exception):
     """The lab cannot run on this machine (not root, no apt, no namespaces...)."""
 
 
+def require_slurm() -> bool:
+    """CI sets ENVLAYERS_REQUIRE_SLURM=1: a lab that cannot start is then a failure, not a skip."""
+    return os.environ.get("ENVLAYERS_REQUIRE_SLURM") == "1"
+
+
+def unavailable(reason: str):
+    """Skip the calling test, or fail it loudly where the lab is required."""
+    import pytest
+
+    if require_slurm():
+        pytest.fail(f"ENVLAYERS_REQUIRE_SLURM=1 but the Slurm lab is unavailable: {reason}", pytrace=False)
+    pytest.skip(f"local Slurm lab unavailable: {reason}")
+
+
 def default_lab_dir() -> Path:
     return Path(os.environ.get("ENVLAYERS_LAB_DIR") or REPO / ".lab").resolve()
 
@@ -187,6 +201,11 @@ class Lab:
         info = self.job_info(jobid) or {}
         path = Path(info.get("StdOut") or self.workdir / f"slurm-{jobid}.out")
         return path.read_text() if path.exists() else ""
+
+    def track(self, jobid: str) -> None:
+        """Have a job submitted some other way (e.g. by the launcher) cancelled at teardown."""
+        if jobid not in self._submitted:
+            self._submitted.append(jobid)
 
     def cancel(self, jobid: str) -> None:
         self.run(["scancel", jobid], check=False)

@@ -138,7 +138,7 @@ srun bash -c '
 def test_down_then_up_works_on_a_private_lab(tmp_path):
     """A second, 1-node lab of its own (own dir, prefix, subnet), so the shared one is not disturbed."""
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        labtools.unavailable("the local Slurm lab needs root")
     env = {
         "ENVLAYERS_LAB_DIR": str(tmp_path / "lab"),
         "ENVLAYERS_LAB_PREFIX": f"t{os.getpid() % 100000}",
