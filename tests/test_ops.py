@@ -144,6 +144,13 @@ def test_parse_job_output_reads_every_launcher_line():
                                 "model name: hpcagent-bench-vllm\n")
 
 
+def test_last_error_skips_the_log_tail_header():
+    r = rundir.parse_job_output("ENVLAYERS-ERROR: rank 0 on n1 exited with code 1 before the endpoint was live\n"
+                                "ENVLAYERS-ERROR: last 20 lines of /runs/7/server-0.log:\n"
+                                "RuntimeError: boom\n")
+    assert r.last_error == "rank 0 on n1 exited with code 1 before the endpoint was live"
+
+
 def test_parse_job_output_accepts_the_launched_spelling_and_no_block():
     r = rundir.parse_job_output("ENVLAYERS-STAGE: all 4 ranks launched\n")
     assert r.ranks_started == 4 and not r.live and r.run_dir is None
@@ -539,6 +546,8 @@ def test_endpoint_urls_use_addresses_when_given():
     assert ops.endpoint_urls({"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"],
                               "addresses": ["10.0.0.1", "10.0.0.2"]}) == [
         "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    assert ops.endpoint_urls({"base_urls": ["http://n1:8000/v1"], "addresses": ["http://10.0.0.1:8000/v1"]}) == [
+        "http://10.0.0.1:8000/v1"]  # the launcher writes whole URLs
     assert ops.endpoint_urls({"base_url": "http://n1:8000/v1"}) == ["http://n1:8000/v1"]
     assert ops.endpoint_urls(None) == []
 

@@ -336,7 +336,9 @@ def describe_end(result: WaitResult) -> list[str]:
     bad = {r: c for r, c in exits.items() if c not in (0, None)}
     if bad:
         lines.append("  rank exits: " + ", ".join(f"rank {r} -> {c}" for r, c in bad.items()))
-    for f in result.findings[:3]:
+    # errors first, informational findings after; the knowledge base's order within each
+    ranked = sorted(result.findings, key=lambda f: (f.severity != "error", f.status == "informational"))
+    for f in ranked[:3]:
         where = f.evidence[0].where if f.evidence else "-"
         lines.append(f"  diagnosis [{f.rule_id}] {where}: {f.cause}")
         lines.append(f"    fix: {f.fix}")
@@ -364,7 +366,7 @@ def _model_names(files: rundir.JobFiles) -> tuple[str | None, str | None, str | 
     for data in (files.endpoint_data(), files.launch()):
         if not data:
             continue
-        model = model or _first(data, "model", "model_path", "MODEL", "hf_model")
+        model = model or _first(data, "model", "model_path", "MODEL", "hf_model", "target")
         served = served or _first(data, "served_model_name", "served_name", "VLLM_SERVED_MODEL")
         engine = engine or _first(data, "engine", "engine_name", "INFERENCE_ENGINE")
     return model, served, engine
@@ -381,8 +383,9 @@ def _first(data: Mapping, *keys: str):
 
 
 def endpoint_urls(data: Mapping | None) -> list[str]:
-    """The URLs to probe: each base URL with its host replaced by the matching address when
-    endpoint.json lists ``addresses`` (node names may not resolve on the login node), else the base URLs."""
+    """The URLs to probe: endpoint.json's ``addresses`` matching the base URLs (node names may not
+    resolve on the login node), each either a URL (used as is) or an IP (put in the base URL's place);
+    else the base URLs."""
     if not data:
         return []
     bases = data.get("base_urls") or ([data["base_url"]] if data.get("base_url") else [])
@@ -390,7 +393,12 @@ def endpoint_urls(data: Mapping | None) -> list[str]:
     urls = []
     for i, base in enumerate(bases):
         addr = addresses[i] if i < len(addresses) else None
-        urls.append(_with_host(base, addr) if addr else base)
+        if not addr:
+            urls.append(base)
+        elif "://" in str(addr):
+            urls.append(str(addr))
+        else:
+            urls.append(_with_host(base, str(addr)))
     return urls
 
 

@@ -1,0 +1,137 @@
+"""wait / status / logs / stop on real jobs: the serve-only launcher on the local Slurm lab, with the
+stand-in engine on PATH (tests/standin), driven through the real CLI as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "cluster" / "serve-only.sbatch"
+STANDIN = REPO / "tests" / "standin"
+BANNER = "===== endpoint is live ====="
+
+pytestmark = pytest.mark.slurm
+
+
+class Job:
+    """One serve-only submission in ``tmp_path`` (the submit directory; SCRATCH under it)."""
+
+    def __init__(self, lab, tmp_path: Path, **env: str):
+        self.lab, self.dir = lab, tmp_path
+        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n")
+        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
+                    "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
+                    "STANDIN_LOAD_SECONDS": "1",
+                    "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
+                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), **env}
+        for key in ("ENVLAYERS_ROOT", "RUN_ROOT", "ENVLAYERS_RUN_ROOT"):
+            self.env.pop(key, None)
+        proc = subprocess.run([str(SBATCH), "--json"], cwd=self.dir, env=self.env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        self.job_id = json.loads(proc.stdout)["job_id"]
+        lab._submitted.append(self.job_id)  # cancelled at teardown if a test fails midway
+
+    @property
+    def run_dir(self) -> Path:
+        return self.dir / "scratch" / "inference-server" / self.job_id
+
+    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=self.dir, env=self.env,
+                              capture_output=True, text=True, timeout=timeout_s)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_wait_shows_phases_in_order_then_status_logs_and_stop(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, STANDIN_LOAD_SECONDS="5")
+    res = job.cli("wait", job.job_id, "--timeout", "60", "--poll", "0.5", "--progress", "plain")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(BANNER + "\nbase URL: http://n1:8000/v1\n"), res.stdout
+    progress = [line.split("] ", 1)[1] for line in res.stderr.splitlines() if line.startswith("[")]
+    order = ["loading weights", "weights loaded", "KV cache allocated", "capturing graphs"]
+    where = [next((i for i, line in enumerate(progress) if f"rank 0 {word}" in line), None) for word in order]
+    assert None not in where and where == sorted(where), progress
+    assert any("RUNNING on n1" in line for line in progress[:where[0] + 1])
+
+    # status: the list and the full record, which asks the endpoint (at its address) whether it answers
+    rows = json.loads(job.cli("status", "--all", "--json").stdout)
+    mine = next(r for r in rows if r["job_id"] == job.job_id)
+    assert mine["state"] == "RUNNING" and mine["endpoint"] == "http://n1:8000/v1"
+    assert mine["model"] == "hpcagent-bench-vllm"
+    record = json.loads(job.cli("status", job.job_id, "--json").stdout)
+    assert record["phase"]["name"] == "ready" and record["run_dir"] == str(job.run_dir)
+    assert [p["answers"] for p in record["probes"]] == [True]
+    assert f"http://{netns_lab.nodes['n1']}:8000/v1" == record["probes"][0]["url"]
+
+    # logs: rank 0's server log and the job output
+    assert "The server is fired up" in job.cli("logs", job.job_id, "--tail", "50").stdout
+    assert BANNER in job.cli("logs", job.job_id, "--rank", "job").stdout
+
+    # stop: Slurm says it ended, the endpoint is silent, nothing of the job is left
+    res = job.cli("stop", job.job_id, "--json")
+    result = json.loads(res.stdout)
+    assert res.returncode == 0 and result["ok"] and result["state_after"] == "CANCELLED", res.stdout
+    assert [p["answers"] for p in result["probes"]] == [False]
+    deadline = time.monotonic() + 15
+    while processes_mentioning(str(job.run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(job.run_dir)) == []
+    # a second stop is harmless
+    again = job.cli("stop", job.job_id)
+    assert again.returncode == 0 and "already ended (CANCELLED)" in again.stdout
+
+
+def test_wait_on_a_rank_that_crashes_exits_nonzero_within_10s_with_the_diagnosis(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, STANDIN_LOAD_SECONDS="3", STANDIN_CRASH_AT="kv", STANDIN_EXIT_CODE="3")
+    res = job.cli("wait", job.job_id, "--timeout", "60", "--poll", "0.5")
+    ended_at = time.time()
+    assert res.returncode == 1, res.stderr
+    crashed_at = (job.run_dir / "rank-0.exit").stat().st_mtime
+    assert ended_at - crashed_at < 10
+    err = res.stderr
+    assert f"job {job.job_id} ended before its endpoint was live: FAILED" in err
+    assert "ENVLAYERS-ERROR: rank 0 on n1 exited with code 3 before the endpoint was live" in err
+    assert "rank exits: rank 0 -> 3" in err
+    assert "diagnosis [" in err and f"env_layers diagnose {job.job_id}" in err
+    data = json.loads(job.cli("wait", job.job_id, "--json").stdout)
+    assert data["outcome"] == "ended" and data["state"] == "FAILED"
+
+
+def test_wait_timeout_leaves_the_job_running_and_stop_ends_it(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, STANDIN_HANG_AT="weights")
+    res = job.cli("wait", job.job_id, "--timeout", "3", "--poll", "0.5")
+    assert res.returncode == 3, res.stderr
+    assert f"job {job.job_id} not live after 3s: RUNNING, rank 0 loading weights" in res.stderr
+    status = job.cli("status", job.job_id)
+    assert status.returncode == 0 and "not live yet" in status.stdout and "phase:      rank 0 loading weights" in \
+        status.stdout
+    res = job.cli("stop", job.job_id)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "endpoint: none recorded (the job never went live)" in res.stdout
+
+
+def test_operator_errors_are_one_line_with_exit_2(netns_lab, tmp_path):
+    env = {**os.environ, **netns_lab.env, "PYTHONPATH": str(REPO / "src")}
+    for args in (["wait", "99999999"], ["status", "99999999"], ["logs", "99999999"], ["stop", "99999999"]):
+        res = subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 2, (args, res.stderr)
+        assert res.stderr.count("\n") == 1 and "no job 99999999" in res.stderr and "hint:" in res.stderr
