@@ -5,9 +5,8 @@ The precedence of the layers is written once, in :func:`stack_sources`.
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from .envfile import Assignment, Origin
 from .errors import CatalogError
@@ -20,24 +19,22 @@ _ENTRY_KEYS = {"description", "layers", "env"}
 _MODEL_KEYS = _ENTRY_KEYS | {"model_layer"}
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """An experiment or a model: extra layer files and inline keys."""
 
     kind: str  # "experiments" | "models"
     name: str
     origin: Origin
     description: str = ""
-    layers: tuple[tuple[str, Origin], ...] = ()
-    env: tuple[Assignment, ...] = ()
-    model_layer: tuple[str, Origin] | None = None
+    layers: tuple = ()  # ((file name, origin), ...)
+    env: tuple = ()  # (Assignment, ...)
+    model_layer: "tuple[str, Origin] | None" = None
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     root: Path
-    experiments: dict[str, Entry] = field(default_factory=dict)
-    models: dict[str, Entry] = field(default_factory=dict)
+    experiments: dict
+    models: dict
 
     def experiment(self, name: str) -> Entry:
         return _lookup(self.experiments, name, "experiment")
@@ -50,6 +47,8 @@ def _lookup(table: dict[str, Entry], name: str, what: str) -> Entry:
     if name in table:
         return table[name]
     valid = ", ".join(sorted(table)) or "(none)"
+    import difflib
+
     near = difflib.get_close_matches(name, list(table), n=1)
     hint = f"did you mean '{near[0]}'?" if near else f"add it to {SETUPS}"
     raise CatalogError(f"unknown {what} '{name}' (valid: {valid})", where=str(SETUPS), hint=hint)

@@ -13,9 +13,8 @@ Nothing is expanded here; :mod:`envlayers.layers` does that.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import NamedTuple, Union
 
 from .errors import LayerSyntaxError
 
@@ -37,21 +36,19 @@ RESERVED = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Ref:
+class Ref(NamedTuple):
     """A reference to a variable: ``op`` is None (``$X``), ``"-"`` or ``":-"``."""
 
     name: str
-    op: str | None = None
-    default: "Value" = ()
+    op: "str | None" = None
+    default: tuple = ()
 
 
 Part = Union[str, Ref]
 Value = tuple  # tuple[Part, ...]
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     path: str
     line: int
 
@@ -59,8 +56,7 @@ class Origin:
         return f"{self.path}:{self.line}"
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(NamedTuple):
     key: str
     value: Value
     origin: Origin

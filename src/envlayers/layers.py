@@ -8,50 +8,49 @@ for the shell that sources the render (the job) to expand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from . import catalog as cat
 from .envfile import Assignment, Origin, Ref, Value, parse_file
 from .errors import StackError
 
 
-@dataclass(frozen=True)
-class Deferred:
+class Deferred(NamedTuple):
     """A reference left for the job's shell: ``${name}``, ``${name-default}``, ``${name:-default}``."""
 
     name: str
-    op: str | None
-    default: Value
+    op: "str | None"
+    default: tuple
     origin: Origin  # the assignment that read it from the environment
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """One layer of a stack: a file, or the inline ``env:`` of a setups.yaml entry."""
 
     label: str
     assignments: tuple[Assignment, ...]
 
 
-@dataclass(frozen=True)
-class Binding:
+class Binding(NamedTuple):
     """A key's final value and the history that led to it (oldest first)."""
 
     key: str
-    value: Value  # literal str parts and Deferred parts only
+    value: tuple  # literal str parts and Deferred parts only
     origin: Origin
-    overridden: tuple[tuple[Value, Origin], ...] = ()
+    overridden: tuple = ()  # ((value, origin), ...)
     first_index: int = 0
 
 
-@dataclass(frozen=True)
 class Env:
     """The merged environment of a stack, in order of each key's first assignment."""
 
-    target: str
-    sources: tuple[str, ...]
-    bindings: dict[str, Binding] = field(default_factory=dict)
+    __slots__ = ("target", "sources", "bindings")
+
+    def __init__(self, target: str, sources: tuple[str, ...], bindings: dict[str, Binding]):
+        self.target = target
+        self.sources = sources
+        self.bindings = bindings
 
     def __contains__(self, key: str) -> bool:
         return key in self.bindings
