@@ -82,7 +82,7 @@ def parse_text(text: str, name: str = "<string>") -> list[Assignment]:
     return _Parser(text, name).parse()
 
 
-def _join(parts: list) -> Value:
+def join_parts(parts: list) -> Value:
     """Merge adjacent literal parts, drop empty ones."""
     out: list = []
     for part in parts:
@@ -194,7 +194,7 @@ class _Parser:
         while True:
             c = self.peek()
             if c in ("", "\n", " ", "\t"):
-                return _join(parts)
+                return join_parts(parts)
             if c == "'":
                 parts.append(self.single_quoted())
             elif c == '"':
@@ -317,7 +317,7 @@ class _Parser:
                 raise self.error(f"unterminated '${{{name}'", hint="close it with '}'", line=line)
             if c == "}":
                 self.advance()
-                return Ref(name, op, _join(parts))
+                return Ref(name, op, join_parts(parts))
             if c == "$":
                 ref = self.dollar(quoted=True)
                 parts.append(ref)

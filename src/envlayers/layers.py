@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import catalog as cat
-from .envfile import Assignment, Origin, Ref, Value, parse_file
+from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file
 from .errors import StackError
 
 
@@ -146,7 +146,7 @@ def _resolve(value: Value, state: dict[str, Value], a: Assignment) -> Value:
             out.append(part)
         else:
             out.extend(_resolve_ref(part, state, a))
-    return _join(out)
+    return join_parts(out)
 
 
 def _resolve_ref(ref: Ref, state: dict[str, Value], a: Assignment) -> Value:
@@ -179,19 +179,6 @@ def _emptiness(value: Value) -> bool | None:
         return True
     # parts are joined, so a str part is never empty
     return False if any(isinstance(p, str) for p in value) else None
-
-
-def _join(parts: list) -> Value:
-    out: list = []
-    for p in parts:
-        if isinstance(p, str):
-            if not p:
-                continue
-            if out and isinstance(out[-1], str):
-                out[-1] += p
-                continue
-        out.append(p)
-    return tuple(out)
 
 
 def _deferred_in(value: Value):
