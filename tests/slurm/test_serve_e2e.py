@@ -174,3 +174,26 @@ def test_readiness_timeout_ends_the_job_with_an_error_not_at_walltime(netns_lab,
     text = run.out.read_text()
     assert "ENVLAYERS-ERROR: endpoint not live after 3s (readiness budget): 0 of 1 answered" in text
     assert "Load weight begin" in text  # where it hung, from the rank-0 log tail
+
+
+def test_api_key_from_a_file_is_enforced_and_never_logged(netns_lab, tmp_path):
+    key = "k3y-" + os.urandom(6).hex()
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    run = Run(netns_lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n")
+    dry = run.sbatch(submit=False).stdout
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert "API key: required" in text and "Authorization: Bearer $SERVER_API_KEY" in text
+    url = f"http://{netns_lab.nodes['n1']}:8000/v1/models"
+    assert curl(url).stdout.endswith("\n401")
+    authorized = subprocess.run(["curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                                 f"Authorization: Bearer {key}", url], capture_output=True, text=True, timeout=10)
+    assert authorized.stdout == "200"
+    netns_lab.cancel(run.job_id)
+    run.state()
+    logs = [dry, run.out.read_text(), *(p.read_text(errors="replace") for p in run.run_dir.iterdir() if p.is_file())]
+    assert not any(key in text for text in logs)
+    # SGLang dumps its arguments, the key among them; the job masks it on the way to the log
+    assert "api_key='***'" in (run.run_dir / "server-0.log").read_text()
