@@ -225,6 +225,7 @@ def test_progress_tty_rewrites_one_line_and_keeps_messages_above_it():
     out = io.StringIO()
     p = ops.Progress(out, mode="tty")
     p.update("job 1: PENDING", 1)
+    p.update("job 1: PENDING", 1.2)  # the same on screen: nothing written
     p.update("job 1: PENDING", 2)
     p.message("ENVLAYERS-ERROR: boom")
     p.close()

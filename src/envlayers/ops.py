@@ -147,9 +147,10 @@ class Progress:
         shown = f"{text} [{fmt_duration(elapsed_s)}]" if elapsed_s is not None else text
         key = text if key is None else key
         if self.mode == "tty":
-            self.stream.write("\r\x1b[K" + shown)
-            self._drawn = True
-            self.stream.flush()
+            if shown != self._last or not self._drawn:
+                self.stream.write("\r\x1b[K" + shown)
+                self._drawn = True
+                self.stream.flush()
         elif self.mode == "plain" and key != self._key:
             self._emit(shown)
         self._key = key
@@ -268,6 +269,8 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
             job.info = info
             next_slurm = now + poll_s
         new_phases = read_files()
+        if info is not None and info.pending and (report.stages or report.topology):
+            next_slurm = now  # the job writes, so it runs: ask Slurm again now rather than show PENDING
         ended = (info is None and known) or (info is not None and info.finished)
         if ended:
             read_files()  # the launcher's last words

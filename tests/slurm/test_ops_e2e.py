@@ -123,9 +123,18 @@ def test_wait_timeout_leaves_the_job_running_and_stop_ends_it(netns_lab, tmp_pat
     status = job.cli("status", job.job_id)
     assert status.returncode == 0 and "not live yet" in status.stdout and "phase:      rank 0 loading weights" in \
         status.stdout
-    res = job.cli("stop", job.job_id)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "endpoint: none recorded (the job never went live)" in res.stdout
+    follow = subprocess.Popen([sys.executable, "-m", "envlayers", "logs", job.job_id, "--follow"], cwd=job.dir,
+                              env=job.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        res = job.cli("stop", job.job_id)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "endpoint: none recorded (the job never went live)" in res.stdout
+        out, _ = follow.communicate(timeout=15)  # --follow ends by itself once the job has ended
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait(5)
+    assert follow.returncode == 0 and "Load weight begin" in out
 
 
 def test_operator_errors_are_one_line_with_exit_2(netns_lab, tmp_path):
