@@ -144,3 +144,24 @@ def test_operator_errors_are_one_line_with_exit_2(netns_lab, tmp_path):
                              capture_output=True, text=True, timeout=30)
         assert res.returncode == 2, (args, res.stderr)
         assert res.stderr.count("\n") == 1 and "no job 99999999" in res.stderr and "hint:" in res.stderr
+
+
+def test_replicas_status_probes_every_endpoint_and_stop_silences_them_all(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, EXPERIMENT="replicas")
+    res = job.cli("wait", job.job_id, "--timeout", "60", "--json", "--progress", "none")
+    assert res.returncode == 0, res.stderr
+    endpoint = json.loads(res.stdout)["endpoint"]
+    assert endpoint["base_urls"] == ["http://n1:8000/v1", "http://n2:8000/v1"]
+    record = json.loads(job.cli("status", job.job_id, "--json").stdout)
+    assert [(p["url"], p["answers"]) for p in record["probes"]] == [
+        (f"http://{netns_lab.nodes['n1']}:8000/v1", True), (f"http://{netns_lab.nodes['n2']}:8000/v1", True)]
+    listed = job.cli("status", "--all").stdout
+    assert f"http://n1:8000/v1 http://n2:8000/v1" in listed
+    res = job.cli("stop", job.job_id, "--json")
+    result = json.loads(res.stdout)
+    assert res.returncode == 0 and result["ok"], res.stdout
+    assert [p["answers"] for p in result["probes"]] == [False, False]
+    deadline = time.monotonic() + 15
+    while processes_mentioning(str(job.run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(job.run_dir)) == []
