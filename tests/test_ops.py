@@ -346,6 +346,13 @@ def test_wait_notices_a_job_that_slurm_forgot(fake, tmp_path):
     assert res.exit_code == 1 and "Slurm no longer lists it" in res.stderr
 
 
+def test_wait_on_a_forgotten_job_with_files_here_ends_at_once(fake, tmp_path):
+    make_job(tmp_path, "107", out_lines=["ENVLAYERS-STAGE: endpoint live after 3.0s", readiness.BANNER])
+    res = invoke("wait", "107", "--poll", "0.05")  # Slurm knows nothing of 107, its output is here
+    assert res.exit_code == 1
+    assert "job 107 ended after its endpoint had been live (Slurm no longer lists it)" in res.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     pytest.param(["wait", "999"], "no job 999: Slurm does not know it", id="wait-unknown"),
     pytest.param(["status", "999"], "no job 999", id="status-unknown"),

@@ -235,7 +235,6 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
     tracker = PhaseTracker()
     file_step = min(poll_s, 0.25)
     next_slurm = t0 + poll_s
-    known = info is not None
     partial = [""]
 
     def read_files() -> list[Phase]:
@@ -271,7 +270,7 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
         new_phases = read_files()
         if info is not None and info.pending and (report.stages or report.topology):
             next_slurm = now  # the job writes, so it runs: ask Slurm again now rather than show PENDING
-        ended = (info is None and known) or (info is not None and info.finished)
+        ended = info is None or info.finished  # None: neither scontrol nor sacct knows it any more
         if ended:
             read_files()  # the launcher's last words
             if partial[0]:
@@ -321,15 +320,16 @@ def describe_end(result: WaitResult) -> list[str]:
     """The lines ``wait`` prints when the job ended before its endpoint was live."""
     info = result.job.info
     jid = result.job.job_id
+    when = "after its endpoint had been live" if result.report.live else "before its endpoint was live"
     if info is None:
-        head = f"job {jid} ended before its endpoint was live (Slurm no longer lists it)"
+        head = f"job {jid} ended {when} (Slurm no longer lists it)"
     else:
         bits = [info.state or "?"]
         if info.reason and info.reason != "None":
             bits.append(info.reason)
         if info.exit_code:
             bits.append(f"exit {info.exit_code}")
-        head = f"job {jid} ended before its endpoint was live: {', '.join(bits)}"
+        head = f"job {jid} ended {when}: {', '.join(bits)}"
     lines = [head]
     if result.report.last_error:
         lines.append(f"  ENVLAYERS-ERROR: {result.report.last_error}")
