@@ -346,6 +346,27 @@ def test_wait_notices_a_job_that_slurm_forgot(fake, tmp_path):
     assert res.exit_code == 1 and "Slurm no longer lists it" in res.stderr
 
 
+def test_wait_rides_out_a_slurm_hiccup(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "108")
+    fake.states["108"] = ["RUNNING"]
+    real = fake.__call__
+
+    def flaky(argv, **kw):
+        n = sum(1 for c in fake.calls if c[:3] == ["scontrol", "show", "job"])
+        if argv[:3] == ["scontrol", "show", "job"] and n in (1, 2):
+            fake.calls.append(list(argv))
+            return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Socket timed out on send/recv "
+                                                             "operation\n")
+        if n >= 3:
+            (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("108", run_dir)))
+        return real(argv, **kw)
+
+    monkeypatch.setattr(slurm, "run", flaky)
+    res = invoke("wait", "108", "--poll", "0.05", "--progress", "plain")
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("Slurm did not answer") == 1 and "Socket timed out" in res.stderr
+
+
 def test_wait_on_a_forgotten_job_with_files_here_ends_at_once(fake, tmp_path):
     make_job(tmp_path, "107", out_lines=["ENVLAYERS-STAGE: endpoint live after 3.0s", readiness.BANNER])
     res = invoke("wait", "107", "--poll", "0.05")  # Slurm knows nothing of 107, its output is here

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Callable, Mapping, TextIO
 
 from . import rundir, slurm
-from .errors import EnvLayersError
+from .errors import EnvLayersError, SlurmError
 from .phases import Phase, PhaseTracker
 
 EXIT_LIVE = 0
 EXIT_ENDED = 1  # the job ended (or was never going to be live)
 EXIT_TIMEOUT = 3  # the wait budget ran out; the job goes on
 
+SLURM_OUTAGE_S = 300.0  # wait rides out Slurm not answering for this long, then gives up
 _JOB_ID_RE = re.compile(r"^\d+$")
 _LOG_FIRST_READ = 8 << 20  # a huge rank-0 log: phases come from its last 8 MiB
 
@@ -235,6 +236,7 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
     tracker = PhaseTracker()
     file_step = min(poll_s, 0.25)
     next_slurm = t0 + poll_s
+    failing_since: float | None = None
     partial = [""]
 
     def read_files() -> list[Phase]:
@@ -264,9 +266,17 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
     while True:
         now = monotonic()
         if now >= next_slurm:
-            info = slurm.job_info(job.job_id, run=slurm.run)
-            job.info = info
             next_slurm = now + poll_s
+            try:
+                info = slurm.job_info(job.job_id, run=slurm.run)
+                job.info = info
+                failing_since = None
+            except SlurmError as err:  # a busy or restarting slurmctld must not end a long wait
+                if failing_since is None:
+                    failing_since = now
+                    progress.message(f"Slurm did not answer ({err.message}); retrying")
+                if now - failing_since > SLURM_OUTAGE_S:
+                    raise
         new_phases = read_files()
         if info is not None and info.pending and (report.stages or report.topology):
             next_slurm = now  # the job writes, so it runs: ask Slurm again now rather than show PENDING
