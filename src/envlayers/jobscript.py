@@ -103,7 +103,7 @@ def prepare(root: Path, model: str, experiment: str = "experiment", *, time: str
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: dict[str, str] | None = None) -> Job:
     from . import engines, topology
-    from .layers import Source, load_env, merge, stack_sources
+    from .layers import Source, load_env, merge
     from .envfile import parse_file
     from .shell import render
 

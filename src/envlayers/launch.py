@@ -255,7 +255,8 @@ class Launch:
                                   self.plan.shape, [u for _, u, _ in targets], bool(self.api_key),
                                   str(self.run_dir), round(elapsed, 1), list(self.nodes))
                     data = json.loads(ep.to_json())
-                    data["addresses"] = [u for _, _, u in targets]
+                    # the node addresses behind base_urls, for hosts that cannot resolve node names
+                    data["addresses"] = [self.addresses[r.node_index] for r in self.plan.readiness_ranks()]
                     tmp = self.run_dir / ".endpoint.json.tmp"
                     tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
                     os.replace(tmp, self.run_dir / "endpoint.json")

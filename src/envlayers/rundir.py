@@ -277,12 +277,13 @@ def locate(job_id: str, info: "JobInfo | None" = None, *, environ: Mapping[str, 
     said = None
     if out.is_file():
         said = _run_dir_line(out)
-    if said:
+    if said and Path(said).is_dir():
         return JobFiles(job_id, out, Path(said))
     for root in run_root_candidates(environ, cwd, info.workdir if info else None):
         if (root / job_id).is_dir():
             return JobFiles(job_id, out, root / job_id)
-    return JobFiles(job_id, out, None)
+    # the announced folder may not be visible here yet (or was moved): keep it for the messages
+    return JobFiles(job_id, out, Path(said) if said else None)
 
 
 def _run_dir_line(path: Path, max_bytes: int = 1 << 20) -> str | None:

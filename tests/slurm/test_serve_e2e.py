@@ -112,7 +112,7 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
     answer = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout)
     assert answer["model"] == "hpcagent-bench-vllm" and answer["choices"][0]["message"]["content"]
     ep = run.endpoint()
-    assert ep["addresses"] == [f"http://{netns_lab.nodes['n1']}:8000/v1"] and ep["api_key_required"] is False
+    assert ep["addresses"] == [netns_lab.nodes["n1"]] and ep["api_key_required"] is False
     assert (run.run_dir / "serve.env").read_text().startswith("export VLLM_SERVED_MODEL='hpcagent-bench-vllm'")
     assert (run.run_dir / "core-limit.txt").read_text() == "rank=0 limit=0\n"
     netns_lab.cancel(run.job_id)
@@ -121,7 +121,7 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
     while processes_mentioning(str(run.run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(run.run_dir)) == []
-    assert curl(ep["addresses"][0] + "/models", timeout_s=2).stdout.endswith("\n000")
+    assert curl(f"http://{ep['addresses'][0]}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")
 
 
 def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
@@ -144,8 +144,9 @@ def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tm
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     assert "base URL: http://n1:8000/v1\nbase URL: http://n2:8000/v1\n" in text
-    for url in run.endpoint()["addresses"]:
-        reply = curl(url + "/chat/completions", {"model": "hpcagent-bench-vllm",
+    assert run.endpoint()["addresses"] == [netns_lab.nodes["n1"], netns_lab.nodes["n2"]]
+    for addr in run.endpoint()["addresses"]:
+        reply = curl(f"http://{addr}:8000/v1/chat/completions", {"model": "hpcagent-bench-vllm",
                                                  "messages": [{"role": "user", "content": "hi"}]})
         assert reply.stdout.endswith("\n200"), reply.stdout
     netns_lab.cancel(run.job_id)

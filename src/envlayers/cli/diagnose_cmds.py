@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -12,28 +11,7 @@ import click
 from ..errors import EnvLayersError
 
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
-RUN_DIR_LINE = "ENVLAYERS-STAGE: run_dir="
 EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "peak": "peak:", "latest": "latest:"}
-
-
-def run_dir_for(jobid: str, submit_dir: Path) -> Path:
-    """``$SCRATCH/inference-server/<jobid>``, or ``<submit dir>/runs/inference-server/<jobid>``."""
-    scratch = os.environ.get("SCRATCH")
-    base = Path(scratch) if scratch else submit_dir / "runs"
-    return base / "inference-server" / jobid
-
-
-def run_dir_from_output(out: Path) -> Path | None:
-    """The run directory the launcher announced in the job output (``ENVLAYERS-STAGE: run_dir=...``)."""
-    found = None
-    try:
-        with open(out, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith(RUN_DIR_LINE):
-                    found = Path(line[len(RUN_DIR_LINE):].strip())
-    except OSError:
-        return None
-    return found
 
 
 def _dir_logs(folder: Path) -> list[Path]:
@@ -56,14 +34,15 @@ def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
         elif p.is_file():
             paths.append(p)
         elif target.isdigit():
-            out = submit_dir / f"serve-only-{target}.out"
-            announced = run_dir_from_output(out) if out.is_file() else None
-            run_dir = announced if announced is not None and announced.is_dir() else run_dir_for(target, submit_dir)
-            found = (_dir_logs(run_dir) if run_dir.is_dir() else []) + ([out] if out.is_file() else [])
+            from ..rundir import locate
+
+            files = locate(target, None, cwd=submit_dir)  # the job's run_dir= line, else the run roots
+            out, run_dir = files.job_out, files.run_dir
+            found = (_dir_logs(run_dir) if run_dir and run_dir.is_dir() else []) + ([out] if out.is_file() else [])
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
-                                     hint=f"looked for {out} and {run_dir}/; run from the submit "
-                                     "directory or pass --root, or give the log files")
+                                     hint=f"looked for {out} and the run directory ($SCRATCH/inference-server/"
+                                     f"{target}); run from the submit directory or pass --root, or give the log files")
             paths += found
         elif p.exists():
             raise EnvLayersError(f"not a regular file or directory: {p}")
