@@ -198,3 +198,35 @@ def test_api_key_from_a_file_is_enforced_and_never_logged(netns_lab, tmp_path):
     assert not any(key in text for text in logs)
     # SGLang dumps its arguments, the key among them; the job masks it on the way to the log
     assert "api_key='***'" in (run.run_dir / "server-0.log").read_text()
+
+
+def test_a_rank_slurm_never_places_fails_within_the_rank_start_budget(netns_lab, tmp_path):
+    # an srun that starts only rank 0, as when Slurm cannot place the rest of the step
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "srun").write_text('#!/bin/bash\nSLURM_PROCID=0 exec bash "${@: -1}"\n')
+    (shim / "srun").chmod(0o755)
+    run = Run(netns_lab, tmp_path, model="glm53",
+              layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\nENVLAYERS_RANK_START_TIMEOUT=3\n",
+              STANDIN_LOAD_SECONDS="60")
+    run.env["PATH"] = f"{shim}:{run.env['PATH']}"
+    run.submit()
+    assert run.state(timeout_s=40) == "FAILED"
+    text = run.out.read_text()
+    assert "ENVLAYERS-ERROR: only 1 of 2 ranks started within 3s (missing: 1)" in text
+    assert "ENVLAYERS-STAGE: endpoint live" not in text
+    assert processes_mentioning(str(run.run_dir)) == []
+
+
+def test_a_rank_that_dies_after_the_endpoint_is_live_ends_the_job(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, STANDIN_CRASH_AFTER_READY_SECONDS="2", STANDIN_EXIT_CODE="9")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert run.state(timeout_s=40) == "FAILED"
+    assert "ENVLAYERS-ERROR: rank 0 on n1 exited with code 9 after the endpoint was live" in run.out.read_text()
+
+
+def test_submitting_the_wrapper_itself_with_sbatch_fails_fast_with_a_hint(netns_lab, tmp_path):
+    job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", cwd=tmp_path)
+    assert netns_lab.wait_job(job_id, timeout_s=30) == "FAILED"
+    assert "it submits itself; run it directly" in netns_lab.job_output(job_id)
