@@ -60,7 +60,8 @@ def test_settings_table_of_the_seed(edf_dir):
                  "#SBATCH --ntasks-per-node=1", "#SBATCH --nodes=4", "ulimit -c 0"):
         assert want in lines
     assert not any(line.startswith("#SBATCH") and (" -A" in line or "--account" in line) for line in lines)
-    assert job.sbatch_args == ["--nodes=4", "--time=04:00:00"]
+    assert job.sbatch_args == ["--nodes=4", "--time=04:00:00", "--partition=mi300", "--mem=0", "--gpus-per-node=4",
+                               "--ntasks-per-node=1", "--exclusive"]
 
 
 def test_pipeline_uses_the_fabric_edf_and_single_the_intranode_variant(edf_dir):
@@ -145,7 +146,8 @@ def test_dry_run_through_the_sbatch_wrapper_prints_script_and_ranks(edf_dir):
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "sbatch --parsable --nodes=4 --time=08:00:00 <<'ENVLAYERS_JOB'\n#!/bin/bash\n" in out
+    assert ("sbatch --parsable --nodes=4 --time=08:00:00 --partition=mi300 --mem=0 --gpus-per-node=4 "
+            "--ntasks-per-node=1 --exclusive <<'ENVLAYERS_JOB'\n#!/bin/bash\n") in out
     assert sum(1 for line in out.splitlines() if line.startswith("#   rank ")) == 4
     assert "--node-rank 3" in out and '--dist-init-addr "${ENVLAYERS_MASTER_ADDR}:29500"' in out
 
@@ -157,7 +159,8 @@ def test_dry_run_json(edf_dir, monkeypatch):
         monkeypatch.setenv(k, v)
     result = CliRunner().invoke(cli, ["--root", str(REPO), "serve", "--dry-run", "--json", "--model", "oss120b"])
     data = json.loads(result.output)
-    assert data["sbatch"] == ["sbatch", "--parsable", "--nodes=1", "--time=04:00:00"]
+    assert data["sbatch"][:4] == ["sbatch", "--parsable", "--nodes=1", "--time=04:00:00"]
+    assert "--mem=0" in data["sbatch"] and "--partition=mi300" in data["sbatch"]
     assert data["edf"] == "hpcagent-bench-vllm-mi300-latest-intranode" and len(data["ranks"]) == 1
 
 

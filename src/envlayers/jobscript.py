@@ -49,7 +49,8 @@ class Job:
             f"{self.submit_command()} <<'{delim}'",
             self.script + delim,
             "",
-            "# Per-rank server commands (the job writes them to ranks.sh; ${ENVLAYERS_MASTER_ADDR} is the first node):",
+            "# Per-rank server commands, as the job writes them to ranks.sh (${ENVLAYERS_MASTER_ADDR} stands for the",
+            "# allocation's first node, which the job fills in; other ${...} expand in the job's shell):",
             *(f"#   rank {i}: {line}" for i, line in enumerate(self.rank_lines)),
         ]
         return "\n".join(out) + "\n"
@@ -142,7 +143,13 @@ def prepare(root: Path, model: str, experiment: str = "experiment", *, time: str
         delimiter=_delimiter(env_text, "ENVLAYERS_ENV"), env_text=env_text, edf=edf_name,
         ready_timeout_s=budget, python=python or sys.executable,
     )
+    # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
+    # these are the recipe: a stray SBATCH_MEM_PER_NODE or SBATCH_PARTITION would break it. The
+    # account stays out: Slurm reads SBATCH_ACCOUNT.
     sbatch_args = [f"--nodes={plan.nodes}", f"--time={time}"]
+    if text.get("SLURM_PARTITION"):
+        sbatch_args.append(f"--partition={text['SLURM_PARTITION']}")
+    sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
     return Job(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name, budget,
                warnings, blockers)
 

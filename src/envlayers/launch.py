@@ -27,7 +27,9 @@ PROBE_EVERY_S = 0.5
 CLAMP = 0.9
 TAIL_LINES = 20
 EXIT_SETTLE_S = 1.5
-SIGNAL_CODES = {"130", "137", "143"}  # SIGINT, SIGKILL, SIGTERM: stopped, not failed
+# exits that are usually srun stopping a rank because another one failed (SIGINT, SIGTERM, a clean
+# stop); SIGKILL (137) is not among them: that is how the kernel's OOM killer ends a rank
+STOPPED_CODES = {"0", "130", "143"}
 
 
 def say(line: str) -> None:
@@ -77,6 +79,18 @@ def rank_script(commands, run_dir: Path) -> str:
     ])
 
 
+def launch_keys(serve_env: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The launch keys: exactly the keys the merged environment assigns, with the values the job's
+    shell gave them (deferred references expanded). A variable merely exported in the submitting
+    shell is not a launch key: sbatch passes the whole environment on, and the dry run would lie."""
+    from .envfile import parse_file
+
+    keys = {a.key for a in parse_file(serve_env, str(serve_env))}
+    env = {k: environ[k] for k in keys if k in environ}
+    env.update({k: v for k, v in environ.items() if k.startswith("ENVLAYERS_")})
+    return env
+
+
 def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     try:
         with open(path, "rb") as fh:
@@ -115,7 +129,7 @@ class Launch:
     def prepare(self):
         from . import engines, slurm, topology
 
-        env = {k: v for k, v in self.environ.items()}
+        env = launch_keys(self.run_dir / "serve.env", self.environ)
         self.plan = topology.plan(env)
         for line in topology.topology_lines(self.plan):
             say(line)
@@ -170,6 +184,7 @@ class Launch:
         argv = self.srun_argv()
         say(f"ENVLAYERS-STAGE: starting {self.plan.nodes} rank(s): {shlex.join(argv)}")
         child_env = dict(self.environ)
+        child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
         if self.api_key:
             child_env["SERVER_API_KEY"] = self.api_key
         self.proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
@@ -201,7 +216,7 @@ class Launch:
             exit_file = self.run_dir / f"rank-{rank}.exit"
             try:
                 code = exit_file.read_text().strip() or "?"
-                exits.append((code in SIGNAL_CODES, exit_file.stat().st_mtime_ns, rank, code))
+                exits.append((code in STOPPED_CODES, exit_file.stat().st_mtime_ns, rank, code))
             except FileNotFoundError:
                 continue
         if exits:
@@ -225,6 +240,7 @@ class Launch:
         next_probe = 0.0
         targets = self.readiness_targets()
         ready: set[int] = set()
+        last_probe: dict[int, str] = {}
         while True:
             self.check_ranks()
             code = self.proc.poll()
@@ -247,8 +263,11 @@ class Launch:
             if not self.live and time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + PROBE_EVERY_S
                 for rank, _, url in targets:
-                    if rank not in ready and probe(url, self.served, self.api_key, timeout_s=2.0).ok:
-                        ready.add(rank)
+                    if rank not in ready:
+                        result = probe(url, self.served, self.api_key, timeout_s=2.0)
+                        last_probe[rank] = result.detail
+                        if result.ok:
+                            ready.add(rank)
                 if len(ready) == len(targets):
                     self.live = True
                     ep = Endpoint(self.job_id, self.served, self.environ.get("INFERENCE_MODEL", ""), self.engine,
@@ -264,8 +283,10 @@ class Launch:
                     sys.stdout.write(ep.block())
                     sys.stdout.flush()
                 elif elapsed > self.budget_s:
+                    waiting = sorted(set(last_probe) - ready)
                     raise LaunchFailure(f"endpoint not live after {self.budget_s}s (readiness budget): "
-                                        f"{len(ready)} of {len(targets)} answered", rank=0)
+                                        f"{len(ready)} of {len(targets)} answered; last probe of rank "
+                                        f"{waiting[0]}: {last_probe[waiting[0]]}", rank=waiting[0])
             time.sleep(POLL_S)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
@@ -289,8 +310,6 @@ class LaunchFailure(Exception):
 
 
 def main(run_dir: Path, environ: dict[str, str] | None = None) -> int:
-    from .cores import check_cores
-
     environ = dict(os.environ if environ is None else environ)
     launch = Launch(run_dir, environ)
     launch.live = False
@@ -319,10 +338,25 @@ def main(run_dir: Path, environ: dict[str, str] | None = None) -> int:
         code = 1
     finally:
         launch.stop()
-    report = check_cores(run_dir)
-    if not report.ok:
-        for c in report.cores:
-            say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
-        for lim in report.bad_limits:
-            say(f"ENVLAYERS-WARN: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
-    return code
+    return code if core_guard(run_dir, Path.cwd()) else 1
+
+
+def core_guard(run_dir: Path, workdir: Path) -> bool:
+    """Report core files in the ranks' working directory and the run directory, and fail when a rank
+    ran with a core limit that is not 0 (the site core_pattern drops multi-GB cores in the CWD)."""
+    from .cores import check_cores
+
+    ok = True
+    try:
+        reports = [check_cores(run_dir)]
+        if workdir.resolve() != run_dir.resolve():
+            reports.append(check_cores(workdir, limit_file=None))
+        for report in reports:
+            for c in report.cores:
+                say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
+            for lim in report.bad_limits:
+                say(f"ENVLAYERS-ERROR: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
+                ok = False
+    except Exception as err:  # the guard must not turn a clean end into a crash
+        say(f"ENVLAYERS-WARN: core check failed: {err}")
+    return ok

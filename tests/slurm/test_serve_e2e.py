@@ -32,7 +32,8 @@ class Run:
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "STANDIN_LOAD_SECONDS": "1",
                     "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
-                    "PYTHONPATH": str(STANDIN / "pypath"), **env}
+                    "PYTHONPATH": str(STANDIN / "pypath"), "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),
+                    **env}
         self.env.pop("ENVLAYERS_ROOT", None)
         self.job_id: str | None = None
 
@@ -70,6 +71,23 @@ class Run:
 
     def state(self, timeout_s: float = 30) -> str:
         return self.lab.wait_job(self.job_id, timeout_s=timeout_s)
+
+    def engine_pids(self) -> list[int]:
+        record = self.dir / "engines.jsonl"
+        lines = record.read_text().splitlines() if record.exists() else []
+        return [json.loads(line)["pid"] for line in lines]
+
+    def assert_nothing_left(self, timeout_s: float = 15) -> None:
+        """No launcher, rank wrapper or engine process of this job is alive."""
+        assert self.engine_pids(), "the stand-in recorded no engine start"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            alive = [p for p in self.engine_pids() if Path(f"/proc/{p}").exists()]
+            alive += processes_mentioning(str(self.run_dir))
+            if not alive:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"processes of job {self.job_id} still alive: {alive}")
 
 
 def curl(url: str, body: dict | None = None, timeout_s: float = 5) -> subprocess.CompletedProcess:
@@ -117,10 +135,7 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
     assert (run.run_dir / "core-limit.txt").read_text() == "rank=0 limit=0\n"
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
-    deadline = time.monotonic() + 15
-    while processes_mentioning(str(run.run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_mentioning(str(run.run_dir)) == []
+    run.assert_nothing_left()
     assert curl(f"http://{ep['addresses'][0]}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")
 
 
@@ -137,6 +152,7 @@ def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
     assert curl(f"http://{n2}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
+    run.assert_nothing_left()  # the worker rank has no port to probe: its pid must be gone
 
 
 def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
@@ -164,7 +180,7 @@ def test_a_rank_that_crashes_during_load_ends_the_job_within_10s(netns_lab, tmp_
     crashed_at = (run.run_dir / "rank-1.exit").stat().st_mtime
     ended_at = time.mktime(time.strptime(netns_lab.job_info(run.job_id)["EndTime"], "%Y-%m-%dT%H:%M:%S"))
     assert ended_at - crashed_at < 10
-    assert processes_mentioning(str(run.run_dir)) == []
+    run.assert_nothing_left()
 
 
 def test_readiness_timeout_ends_the_job_with_an_error_not_at_walltime(netns_lab, tmp_path):
@@ -173,7 +189,8 @@ def test_readiness_timeout_ends_the_job_with_an_error_not_at_walltime(netns_lab,
     run.submit()
     assert run.state(timeout_s=40) == "FAILED"
     text = run.out.read_text()
-    assert "ENVLAYERS-ERROR: endpoint not live after 3s (readiness budget): 0 of 1 answered" in text
+    assert ("ENVLAYERS-ERROR: endpoint not live after 3s (readiness budget): 0 of 1 answered; last probe of "
+            "rank 0: no answer: [Errno 111] Connection refused") in text
     assert "Load weight begin" in text  # where it hung, from the rank-0 log tail
 
 
@@ -215,7 +232,7 @@ def test_a_rank_slurm_never_places_fails_within_the_rank_start_budget(netns_lab,
     text = run.out.read_text()
     assert "ENVLAYERS-ERROR: only 1 of 2 ranks started within 3s (missing: 1)" in text
     assert "ENVLAYERS-STAGE: endpoint live" not in text
-    assert processes_mentioning(str(run.run_dir)) == []
+    run.assert_nothing_left()
 
 
 def test_a_rank_that_dies_after_the_endpoint_is_live_ends_the_job(netns_lab, tmp_path):
@@ -230,3 +247,26 @@ def test_submitting_the_wrapper_itself_with_sbatch_fails_fast_with_a_hint(netns_
     job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", cwd=tmp_path)
     assert netns_lab.wait_job(job_id, timeout_s=30) == "FAILED"
     assert "it submits itself; run it directly" in netns_lab.job_output(job_id)
+
+
+def test_a_rank_killed_by_sigkill_is_blamed_not_the_rank_srun_stopped(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, model="glm53", layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n",
+              STANDIN_LOAD_SECONDS="3", STANDIN_CRASH_AT="weights", STANDIN_CRASH_SIGNAL="KILL", STANDIN_RANKS="1")
+    run.submit()
+    assert run.state(timeout_s=40) == "FAILED"
+    assert "ENVLAYERS-ERROR: rank 1 on n2 exited with code 137 before the endpoint was live" in run.out.read_text()
+
+
+def test_launch_keys_come_from_the_layers_not_the_submitting_shell(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, SGLANG_ATTENTION_BACKEND="triton", MAX_MODEL_LEN="4096",
+              SERVER_API_KEY="ambient-s3cret")
+    dry_rank0 = [line for line in run.sbatch(submit=False).stdout.splitlines() if line.startswith("#   rank 0: ")]
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    ran = [line for line in text.splitlines() if line.startswith("ENVLAYERS-STAGE: rank 0 on n1: ")]
+    assert ran[0].removeprefix("ENVLAYERS-STAGE: rank 0 on n1: ") == dry_rank0[0].removeprefix("#   rank 0: ")
+    assert "--attention-backend aiter" in ran[0] and "--context-length" not in ran[0]
+    assert "API key: none" in text
+    netns_lab.cancel(run.job_id)
+    run.state()
+    assert not any("ambient-s3cret" in p.read_text(errors="replace") for p in run.run_dir.iterdir() if p.is_file())
