@@ -34,7 +34,7 @@ POSITIVE = [
     pytest.param("sglang-host-oom", "host-oom-weight-load", "sglang-host-oom/server-0.log:6",
                  {"host-oom-weight-load", "rank-exited"}, id="host-oom-weight-load"),
     pytest.param("vllm-host-oom", "host-oom-weight-load", "vllm-host-oom/server-0.log:5",
-                 {"host-oom-weight-load"}, id="host-oom-weight-load-vllm"),
+                 {"host-oom-weight-load", "rank-exited"}, id="host-oom-weight-load-vllm"),
     pytest.param("sglang-minimum-viable.log", "weights-exceed-mem-fraction", "sglang-minimum-viable.log:9",
                  {"weights-exceed-mem-fraction"}, id="weights-exceed-mem-fraction"),
     pytest.param("sglang-cpu-trap", "cpu-starved-jit-hang", "sglang-cpu-trap/server-0.log:10",
@@ -403,3 +403,14 @@ def test_cli_labels_trend_evidence_as_peak_and_latest():
     assert lines[1].startswith(f"  peak:     {LOGS / 'sglang-kv-thrash.log'}:17: ")
     assert lines[2].startswith(f"  latest:   {LOGS / 'sglang-kv-thrash.log'}:35: ")
     assert lines[3].startswith("  detail:   fell from 71.5 ")
+
+
+@pytest.mark.parametrize("code, fires", [("137", True), ("1", True), ("0", False), ("143", False)],
+                         ids=["sigkill", "error", "clean-stop", "sigterm"])
+def test_rank_exit_line_in_a_server_log_alone_is_diagnosed(tmp_path, code, fires):
+    log = tmp_path / "server-1.log"
+    log.write_text(f"ENVLAYERS-STAGE: rank 1 up on n2\n[2026-12-02 10:00:00] Load weight begin.\n"
+                   f"ENVLAYERS-STAGE: rank 1 exited with code {code}\n")
+    result = run("diagnose", "--json", str(log))
+    ids = [f["id"] for f in json.loads(result.output)["findings"]]
+    assert ("rank-exited" in ids) is fires

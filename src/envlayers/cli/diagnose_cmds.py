@@ -14,6 +14,16 @@ LOG_GLOBS = ("*.log", "*.out", "serve.env")
 EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "peak": "peak:", "latest": "latest:"}
 
 
+def _slurm_record(job_id: str):
+    """Slurm's record of the job, or None when Slurm is not reachable from here or forgot the job."""
+    from .. import slurm
+
+    try:
+        return slurm.job_info(job_id)
+    except EnvLayersError:
+        return None
+
+
 def _dir_logs(folder: Path) -> list[Path]:
     from ..diagnose import input_order
 
@@ -36,7 +46,8 @@ def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
         elif target.isdigit():
             from ..rundir import locate
 
-            files = locate(target, None, cwd=submit_dir)  # the job's run_dir= line, else the run roots
+            # where Slurm says the job's output is (any directory), its run_dir= line, else the run roots
+            files = locate(target, _slurm_record(target), cwd=submit_dir)
             out, run_dir = files.job_out, files.run_dir
             found = (_dir_logs(run_dir) if run_dir and run_dir.is_dir() else []) + ([out] if out.is_file() else [])
             if not found:
