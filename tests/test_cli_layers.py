@@ -156,3 +156,13 @@ def test_unexpected_errors_are_one_line_without_debug(monkeypatch, capsys):
 def test_install_edfs_console_script_has_its_own_usage():
     proc = subprocess.run(["install_edfs", "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.startswith("Usage: install_edfs [OPTIONS]")
+
+
+def test_render_output_keeps_the_umask(tmp_path):
+    out = tmp_path / "r.sh"
+    old = os.umask(0o077)
+    try:
+        assert run("render", "experiment:qwen38", "-o", str(out)).exit_code == 0
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o600

@@ -129,14 +129,16 @@ def test_force_overwrites_and_reports_it(root, dest):
     assert statuses(edf.install(root, dest, environ={})) == {name: "unchanged" for name in NAMES}
 
 
-def test_symlink_is_never_replaced_without_force(root, dest, tmp_path):
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_symlink_is_never_replaced(root, dest, tmp_path, force):
     dest.mkdir()
     elsewhere = tmp_path / "shared.toml"
     elsewhere.write_text('image = "/x.sqsh"\n')
     link = dest / "hpcagent-bench-vllm-mi300-latest.toml"
     link.symlink_to(elsewhere)
-    r = {r.path.name: r for r in edf.install(root, dest, environ={})}[link.name]
-    assert (r.status, r.reason) == ("differs", "a symbolic link; env_layers does not replace links")
+    r = {r.path.name: r for r in edf.install(root, dest, force=force, environ={})}[link.name]
+    assert (r.status, r.reason) == ("differs", "a symbolic link (it may point into a shared folder): never "
+                                    "replaced, not even with --force; remove the link or install with --dest")
     assert link.is_symlink() and elsewhere.read_text() == 'image = "/x.sqsh"\n'
 
 
@@ -202,19 +204,20 @@ _SLOW_INSTALL = """
 import os, sys, time
 from pathlib import Path
 import envlayers.edf as e
+import envlayers.fsutil as f
 
 def slow_write_all(fd, data):
     for i in range(0, len(data), 96):
         os.write(fd, data[i:i + 96])
         time.sleep(0.0005)
 
-real_replace = e._replace
+real_replace = f._replace
 def slow_replace(src, dst):
     time.sleep(0.002)
     real_replace(src, dst)
     time.sleep(0.002)
 
-e._write_all, e._replace = slow_write_all, slow_replace
+f._write_all, f._replace = slow_write_all, slow_replace
 e.load_catalog(Path(sys.argv[1]))  # warm imports and parse before saying ready
 print("ready", flush=True)
 e.install(Path(sys.argv[1]), Path(sys.argv[2]), environ={})

@@ -32,13 +32,13 @@ import os
 import re
 import shlex
 import socket
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from .errors import EdfError
+from .fsutil import atomic_write
 
 TOPOLOGIES = ("single", "replicas", "pipeline")
 
@@ -309,11 +309,12 @@ def install(
         name = src.edf_name(variant)
         path = dest / f"{name}.toml"
         status, reason, diff = _classify(path, text)
-        if status == "differs" and force:
+        if status == "differs" and force and not path.is_symlink():
             status = "overwritten"
         if status in ("written", "overwritten"):
             try:
-                _atomic_write(path, text)
+                atomic_write(path, text, mode=0o644,
+                             tmp_prefix=f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{path.name}.")
             except OSError as err:
                 raise EdfError(
                     f"cannot write {path}: {err.strerror or err}",
@@ -729,7 +730,8 @@ def _classify(path: Path, text: str) -> tuple[str, str | None, str | None]:
     if current == text:
         return "unchanged", None, None
     if path.is_symlink():
-        reason = "a symbolic link; env_layers does not replace links"
+        reason = ("a symbolic link (it may point into a shared folder): never replaced, not even with --force; "
+                  "remove the link or install with --dest")
     else:
         ours = written_by_envlayers(current)
         if ours is True:
@@ -749,44 +751,6 @@ def _diff(current: str, new: str, path: Path) -> str:
     )
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that no reader ever sees a part of it: a temporary file in
-    the same folder (same filesystem), fsynced, then renamed over the target."""
-    prefix = f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{path.name}."
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
-    try:
-        try:
-            os.fchmod(fd, 0o644)
-            _write_all(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
-_replace: Callable[[str, Path], None] = os.replace
 
 
 def _remove_stale_temps(dest: Path, *, max_age_s: float = 86400.0) -> None:
