@@ -62,7 +62,7 @@ def test_layer_syntax_error_names_file_and_line(catalog_copy):
     result = CliRunner().invoke(cli, ["--root", str(catalog_copy), "render", "experiment:qwen38"])
     assert result.exit_code == 2
     assert result.output.startswith(
-        "env_layers: error: experiments/layers/model-qwen38.env:2: command substitution '$(' is not accepted; hint:"
+        "env_layers: error: experiments/layers/model-qwen38.env:2: command substitution '$(hostname)' is not accepted; hint:"
     )
 
 

@@ -163,6 +163,10 @@ def test_inline_env_in_setups_yaml_is_a_layer(tmp_path):
         pytest.param("experiments:\n  e:\n    env:\n      A:\nmodels: {}\n",
                      "experiments/setups.yaml:4: experiments.e.env.A has no value", id="null-value"),
         pytest.param("experiments: [\n", "experiments/setups.yaml:2: invalid YAML", id="bad-yaml"),
+        pytest.param("version: 2\nexperiments: {}\nmodels: {}\n", "experiments/setups.yaml:1: unsupported version '2'",
+                     id="unknown-version"),
+        pytest.param("experiments:\n  'e:x': {}\nmodels: {}\n",
+                     "experiments/setups.yaml:2: experiments name 'e:x' cannot be used in a target", id="colon-in-name"),
     ],
 )
 def test_malformed_setups_yaml_names_file_line_and_key_path(tmp_path, yaml_text, message):
@@ -171,6 +175,15 @@ def test_malformed_setups_yaml_names_file_line_and_key_path(tmp_path, yaml_text,
     with pytest.raises(CatalogError) as err:
         load_env(tmp_path, "e:m")
     assert str(err.value).startswith(message) and "hint:" in str(err.value)
+
+
+@pytest.mark.parametrize("written", ["010", "+5", "4"], ids=["leading-zero", "plus-sign", "plain"])
+def test_inline_integers_are_kept_as_written(tmp_path, written):
+    (tmp_path / "experiments" / "layers").mkdir(parents=True)
+    (tmp_path / "experiments" / "layers" / "common.env").write_text("")
+    (tmp_path / "experiments" / "layers" / "model-m.env").write_text("")
+    (tmp_path / "experiments" / "setups.yaml").write_text(f"experiments:\n  e:\n    env: {{O: {written}}}\nmodels:\n  m:\n")
+    assert load_env(tmp_path, "e:m").text() == {"O": written}
 
 
 def test_missing_layer_file_names_the_setups_line(tmp_path):

@@ -5,6 +5,7 @@ The precedence of the layers is written once, in :func:`stack_sources`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +17,7 @@ LAYERS_DIR = Path("experiments") / "layers"
 DEFAULT_EXPERIMENT = "experiment"
 
 _ENTRY_KEYS = {"description", "layers", "env"}
+_ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MODEL_KEYS = _ENTRY_KEYS | {"model_layer"}
 
 
@@ -90,6 +92,11 @@ def load(root: Path) -> Catalog:
         key = sorted(unknown)[0]
         raise CatalogError(f"unknown key '{key}'", where=_at(display, top[key][0]),
                            hint="top-level keys are version, experiments, models")
+    if "version" in top:
+        vnode = top["version"][1]
+        if getattr(vnode, "value", None) != "1":
+            raise CatalogError(f"unsupported version {getattr(vnode, 'value', '?')!r}", where=_at(display, vnode),
+                               hint="this envlayers reads version: 1")
     tables = {}
     for kind in ("experiments", "models"):
         if kind not in top:
@@ -97,6 +104,9 @@ def load(root: Path) -> Catalog:
         knode, vnode = top[kind]
         entries = {}
         for name, (nnode, enode) in _mapping(vnode, display, kind).items():
+            if not _ENTRY_NAME.fullmatch(name):
+                raise CatalogError(f"{kind} name '{name}' cannot be used in a target", where=_at(display, nnode),
+                                   hint="use letters, digits, '-', '_' and '.'; ':' separates EXPERIMENT:MODEL")
             entries[name] = _entry(kind, name, nnode, enode, display)
         tables[kind] = entries
     return Catalog(root, tables["experiments"], tables["models"])
@@ -132,7 +142,7 @@ def _scalar_str(node, display: str, keypath: str, allow_int: bool) -> str:
     if tag == "str":
         return node.value
     if tag == "int" and allow_int:
-        return str(int(node.value, 0)) if node.value.lstrip("+-").isdigit() else node.value
+        return node.value  # as written: 010 stays 010, as it would in an env file
     if tag == "null":
         raise CatalogError(f"{keypath} has no value", where=_at(display, node),
                            hint="write '' for a present, empty key; leave the key out for absent")

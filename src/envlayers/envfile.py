@@ -30,9 +30,10 @@ _BLANK = " \t"
 _UNQUOTED_STOP = set(" \t\n'\"\\$`;&|<>()")
 # bash variables that are read-only or change meaning when assigned
 RESERVED = frozenset(
-    "BASHOPTS BASHPID BASH_ARGC BASH_ARGV BASH_LINENO BASH_SOURCE BASH_VERSINFO BASH_COMMAND "
-    "EPOCHREALTIME EPOCHSECONDS EUID FUNCNAME GROUPS LINENO PIPESTATUS PPID RANDOM SECONDS "
-    "SHELLOPTS SRANDOM UID".split()
+    "_ BASHOPTS BASHPID BASH_ALIASES BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS BASH_COMMAND BASH_COMPAT "
+    "BASH_LINENO BASH_REMATCH BASH_SOURCE BASH_SUBSHELL BASH_VERSINFO COMP_WORDBREAKS DIRSTACK "
+    "EPOCHREALTIME EPOCHSECONDS EUID FUNCNAME GROUPS HISTCMD IFS LINENO OPTARG OPTIND PIPESTATUS "
+    "POSIXLY_CORRECT PPID RANDOM SECONDS SHELLOPTS SRANDOM UID".split()
 )
 
 
@@ -131,6 +132,9 @@ class _Parser:
 
     # -- grammar -------------------------------------------------------------------------
     def parse(self) -> list[Assignment]:
+        if self.s.startswith("\ufeff"):
+            raise self.error("the file starts with a byte-order mark (BOM)",
+                             hint="bash reads it as part of the first word; save the file as UTF-8 without BOM", line=1)
         if "\0" in self.s:
             line = self.s[: self.s.index("\0")].count("\n") + 1
             raise self.error("NUL byte in file", hint="layer files are text", line=line)
@@ -159,6 +163,11 @@ class _Parser:
         if self.s.startswith("export", self.i) and self.peek(6) in _BLANK and self.peek(6):
             self.i += 6
             self.skip_blanks()
+            m = _NAME.match(self.s, self.i)
+            if m and self.s[m.end():m.end() + 1] != "=" and not self.s.startswith("+=", m.end()):
+                word = self.rest_of_line().strip()
+                raise self.error(f"'export {word}' exports without assigning",
+                                 hint="every key a layer names is exported; write KEY=value (KEY= for empty)")
         m = _NAME.match(self.s, self.i)
         after = self.s[m.end()] if m and m.end() < len(self.s) else ""
         if not m or after != "=":
@@ -181,6 +190,9 @@ class _Parser:
         c = self.peek()
         if c == "#":
             self.i += len(self.rest_of_line())
+        elif c == "\\" and self.peek(1) in ("\n", ""):
+            raise self.error("line continuation (backslash at end of line) is not accepted",
+                             hint="put the value on one line, or in quotes")
         elif c not in ("", "\n"):
             raise self.error(
                 f"unexpected text after the value of {key}: '{self.rest_of_line().strip()}'",
@@ -265,6 +277,19 @@ class _Parser:
                     j += 1
                 parts.append(self.advance(j - self.i))
 
+    def _construct(self) -> str:
+        """The ``$(...)`` or ``$((...))`` at the cursor, as written (up to its closing parens on this line)."""
+        line = self.rest_of_line()
+        depth = 0
+        for j, c in enumerate(line):
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0 and not (line.startswith("$((") and j + 1 < len(line) and line[j + 1] == ")"):
+                    return line[: j + 1]
+        return line if len(line) <= 40 else line[:37] + "..."
+
     def dollar(self, quoted: bool) -> Part:
         nxt = self.peek(1)
         if nxt == "{":
@@ -275,7 +300,7 @@ class _Parser:
             return Ref(m.group(0))
         if nxt == "(":
             kind = "arithmetic expansion" if self.peek(2) == "(" else "command substitution"
-            raise self.error(f"{kind} '$(' is not accepted")
+            raise self.error(f"{kind} '{self._construct()}' is not accepted")
         if nxt == "'" and not quoted:
             raise self.error("ANSI-C quoting $'...' is not accepted", hint="use '...' or \"...\"")
         if nxt == '"' and not quoted:
