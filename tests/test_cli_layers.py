@@ -82,8 +82,15 @@ def test_explain_absent_key_exits_1():
 def test_explain_json():
     data = json.loads(run("explain", "experiment:glm53", "SGLANG_ATTENTION_BACKEND", "--json").output)
     (rec,) = data["keys"]
-    assert rec == {"key": "SGLANG_ATTENTION_BACKEND", "present": True, "value": "", "empty": True,
+    assert rec == {"key": "SGLANG_ATTENTION_BACKEND", "present": True, "value": "", "empty": True, "deferred": [],
                    "origin": "experiments/layers/model-glm53.env:15", "overridden": []}
+
+
+def test_explain_json_tells_deferred_references_from_literals(catalog_copy):
+    layer = catalog_copy / "experiments/layers/model-qwen38.env"
+    layer.write_text(layer.read_text() + "LIT='${SCRATCH}'\nREF=${SCRATCH}\n")
+    keys = json.loads(run("explain", "experiment:qwen38", "LIT", "REF", "--json", root=catalog_copy).output)["keys"]
+    assert [(k["value"], k["deferred"]) for k in keys] == [("${SCRATCH}", []), ("${SCRATCH}", ["SCRATCH"])]
 
 
 def test_check_passes_on_the_committed_renders():

@@ -102,8 +102,8 @@ def test_env_render_is_readable_by_python_dotenv():
 
     from dotenv import dotenv_values
 
-    text = render(stack("A=plain", "B='two words'", "C="), "env")
-    assert dotenv_values(stream=io.StringIO(text)) == {"A": "plain", "B": "two words", "C": ""}
+    text = render(stack("A=plain", "B='two words'", "C=", "D=\"it's\""), "env")
+    assert dotenv_values(stream=io.StringIO(text)) == {"A": "plain", "B": "two words", "C": "", "D": "it's"}
 
 
 # -- the catalog stack --------------------------------------------------------------------------

@@ -48,10 +48,18 @@ def _dq_body(value: Value, in_default: bool = False) -> str:
     return "".join(out)
 
 
-def bash_value(value: Value) -> str:
-    """The right-hand side of a bash assignment that yields ``value``."""
+def bash_value(value: Value, dotenv: bool = False) -> str:
+    """The right-hand side of a bash assignment that yields ``value``.
+
+    With ``dotenv``, a literal holding a single quote is written in double quotes when that reads
+    the same in bash and in python-dotenv (no backslash, '$', '"' or backquote in it): dotenv
+    readers cannot parse bash's '...'\''...' form.
+    """
     if all(isinstance(p, str) for p in value):
-        return single_quote("".join(value))
+        text = "".join(value)
+        if dotenv and "'" in text and not re.search(r'[\\$"`]', text):
+            return f'"{text}"'
+        return single_quote(text)
     return '"' + _dq_body(value) + '"'
 
 
@@ -70,5 +78,5 @@ def render(env, fmt: str = "sh", with_header: bool = True) -> str:
     if fmt == "json":
         return json.dumps({k: value_text(b.value) for k, b in env.bindings.items()}, indent=2) + "\n"
     prefix = "export " if fmt == "sh" else ""
-    body = "".join(f"{prefix}{k}={bash_value(b.value)}\n" for k, b in env.bindings.items())
+    body = "".join(f"{prefix}{k}={bash_value(b.value, dotenv=fmt == 'env')}\n" for k, b in env.bindings.items())
     return (header(env.target, fmt, env.sources) if with_header else "") + body

@@ -74,6 +74,8 @@ def explain(ctx, target, keys, extra, as_json):
             continue
         records.append({
             "key": key, "present": True, "value": value_text(b.value), "empty": not b.value,
+            # names the job's shell expands in "value" (a literal '${X}' from single quotes is not listed)
+            "deferred": sorted({d.name for d in _deferred(b.value)}),
             "origin": str(b.origin),
             "overridden": [{"value": value_text(v), "origin": str(o)} for v, o in b.overridden],
         })
@@ -91,6 +93,12 @@ def explain(ctx, target, keys, extra, as_json):
                 click.echo(f"    overrode {bash_value(v)}  {o}")
     if any(not r["present"] for r in records):
         sys.exit(1)
+
+
+def _deferred(value):
+    from ..layers import _deferred_in
+
+    return _deferred_in(value)
 
 
 def _render_path(root: Path, experiment: str, model: str) -> Path:
