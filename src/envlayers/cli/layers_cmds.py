@@ -119,7 +119,8 @@ def check(ctx, update):
     """Regenerate every committed render (experiments/renders/.env.EXPERIMENT.MODEL) and compare.
 
     A stale render is shown as a diff and the exit status is 1. `--update` rewrites them
-    (the one command that regenerates the golden renders).
+    (the one command that regenerates the golden renders). Targets whose shape the launcher
+    would refuse (e.g. a 16-GPU model as one-node replicas) are listed as notes.
     """
     import difflib
 
@@ -127,10 +128,18 @@ def check(ctx, update):
     from ..layers import load_env
     from ..shell import render as render_env
 
+    from ..topology import plan
+
     root = get_root(ctx)
     expected = {}
+    notes = []
     for exp, model in _all_targets(root):
-        expected[_render_path(root, exp, model)] = render_env(load_env(root, f"{exp}:{model}"), "sh")
+        env = load_env(root, f"{exp}:{model}")
+        expected[_render_path(root, exp, model)] = render_env(env, "sh")
+        try:
+            plan(env.text())
+        except EnvLayersError as err:
+            notes.append(f"note: {exp}:{model} renders but cannot launch: {err}")
     committed = set((root / RENDERS_DIR).glob(".env.*")) if (root / RENDERS_DIR).is_dir() else set()
     bad = 0
     for path in sorted(committed | set(expected)):
@@ -155,6 +164,8 @@ def check(ctx, update):
         diff = difflib.unified_diff(have.splitlines(True), want.splitlines(True), f"{rel} (committed)",
                                     f"{rel} (rendered now)")
         click.echo("".join(diff), nl=False)
+    for note in notes:
+        click.echo(note)
     if bad:
         sys.exit(1)
     click.echo(f"ok: {len(expected)} render(s) up to date")
