@@ -289,7 +289,8 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
             return _ended(job, report, tracker, monotonic() - t0)
         if info is not None and info.running and info.state != "COMPLETING":
             data = files.endpoint_data()
-            if data:
+            # a rank that already exited means the launcher is ending the job: not live
+            if data and not files.rank_exits():
                 return WaitResult("live", job, report, tracker.last, data, monotonic() - t0)
         elapsed = since(info.start_time) if info is not None and info.running else None
         elapsed = elapsed if elapsed is not None else now - t0
@@ -537,7 +538,8 @@ def format_record(rec: dict) -> str:
     for w in la["warnings"]:
         lines.append(f"  warning:    {w}")
     for e in la["errors"]:
-        lines.append(f"  error:      {e}")
+        if not rundir.TAIL_HEADER_RE.match(e):  # "last 20 lines of ...:" introduces the tail, it says nothing
+            lines.append(f"  error:      {e}")
     return "\n".join(lines) + "\n"
 
 

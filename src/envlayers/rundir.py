@@ -35,7 +35,7 @@ _RUN_DIR_RE = re.compile(r"^run_dir=(.+)$")
 _RANK_UP_RE = re.compile(r"^rank (\d+) up on (\S+)")
 _ALL_STARTED_RE = re.compile(r"^all (\d+) ranks? (?:started|launched)")
 _LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
-_TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
+TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
 _SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
 _RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
 
@@ -62,7 +62,7 @@ class LauncherReport:
     @property
     def last_error(self) -> str | None:
         """The last ``ENVLAYERS-ERROR`` that says something (not a ``last 20 lines of <log>:`` header)."""
-        said = [e for e in self.errors if not _TAIL_HEADER_RE.match(e)]
+        said = [e for e in self.errors if not TAIL_HEADER_RE.match(e)]
         return said[-1] if said else (self.errors[-1] if self.errors else None)
 
     def feed_lines(self, lines) -> list[tuple[str, str]]:
