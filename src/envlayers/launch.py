@@ -140,6 +140,8 @@ class Launch:
         self.nodes = nodes
         self.addresses = [_address(n) for n in nodes]
         build_env = dict(env)
+        if self.plan.shape == "pipeline":
+            self.fabric(build_env)
         key_file = env.get("SERVER_API_KEY_FILE")
         self.api_key = None
         if key_file:
@@ -169,6 +171,32 @@ class Launch:
             "served_model_name": self.served, "shape": self.plan.shape, "nodes": nodes,
             "addresses": self.addresses, "ready_timeout_s": self.budget_s,
         }, indent=2) + "\n", encoding="utf-8")
+
+    def fabric(self, build_env: dict[str, str]) -> None:
+        """Name the head node's fabric interfaces, derive NCCL_SOCKET_IFNAME from them unless the
+        layers set it, and stop before srun when a prefix the operator asked for matches nothing."""
+        from . import fabric
+
+        asked = build_env.get("ENVLAYERS_HSN_IFACE")
+        prefix = asked or fabric.DEFAULT_PREFIX
+        ifaces = fabric.local_ipv4()
+        found = fabric.matching(ifaces, prefix)
+        for name, addr in found:
+            say(f"ENVLAYERS-TOPOLOGY: iface {name} {addr}")
+        if not found:
+            have = ", ".join(sorted(n for n, a in ifaces.items() if a and n != "lo")) or "none"
+            if asked:
+                raise LaunchFailure(f"no routable fabric IPv4 address on the head node: no interface "
+                                    f"{prefix}<N> with an IPv4 address (have: {have}); check ENVLAYERS_HSN_IFACE")
+            say(f"ENVLAYERS-WARN: no {prefix}<N> interface with an IPv4 address on the head node (have: {have}); "
+                "NCCL picks its interface itself (set ENVLAYERS_HSN_IFACE to require one)")
+            return
+        if build_env.get("NCCL_SOCKET_IFNAME"):
+            say(f"ENVLAYERS-TOPOLOGY: nccl_socket_ifname={build_env['NCCL_SOCKET_IFNAME']} (from the layers)")
+            return
+        # one leading "=" makes the whole list exact names (NCCL), so hsn0.561 stays out
+        build_env["NCCL_SOCKET_IFNAME"] = "=" + ",".join(name for name, _ in found)
+        say(f"ENVLAYERS-TOPOLOGY: nccl_socket_ifname={build_env['NCCL_SOCKET_IFNAME']} (derived)")
 
     def srun_argv(self) -> list[str]:
         n = str(self.plan.nodes)

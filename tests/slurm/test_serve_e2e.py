@@ -270,3 +270,30 @@ def test_launch_keys_come_from_the_layers_not_the_submitting_shell(netns_lab, tm
     netns_lab.cancel(run.job_id)
     run.state()
     assert not any("ambient-s3cret" in p.read_text(errors="replace") for p in run.run_dir.iterdir() if p.is_file())
+
+
+def test_pipeline_derives_nccl_socket_ifname_from_the_fabric_interfaces(netns_lab, tmp_path):
+    # lab nodes carry their address on eth0: name that the fabric prefix
+    run = Run(netns_lab, tmp_path, model="glm53",
+              layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\nENVLAYERS_HSN_IFACE=eth\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert f"ENVLAYERS-TOPOLOGY: iface eth0 {netns_lab.nodes['n1']}" in text
+    assert "ENVLAYERS-TOPOLOGY: nccl_socket_ifname==eth0 (derived)" in text
+    netns_lab.cancel(run.job_id)
+    run.state()
+    records = [json.loads(line) for line in (tmp_path / "engines.jsonl").read_text().splitlines()]
+    assert {r["env"].get("NCCL_SOCKET_IFNAME") for r in records} == {"=eth0"}
+
+
+def test_a_fabric_prefix_that_matches_nothing_fails_before_srun(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, model="glm53",
+              layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\nENVLAYERS_HSN_IFACE=hsn\n")
+    run.submit()
+    assert run.state(timeout_s=40) == "FAILED"
+    text = run.out.read_text()
+    assert "ENVLAYERS-ERROR: no routable fabric IPv4 address on the head node: no interface hsn<N>" in text
+    assert "starting 2 rank(s)" not in text
+    diag = subprocess.run(["env_layers", "diagnose", run.job_id], cwd=tmp_path, env=run.env, capture_output=True,
+                          text=True, timeout=60)
+    assert diag.returncode == 1 and "no-fabric-address" in diag.stdout

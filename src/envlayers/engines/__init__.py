@@ -31,7 +31,7 @@ API_KEY_FLAG = "--api-key"
 # Variables set on the server command itself when their key has a value: the CE
 # netstack hook writes its own defaults into the container after the step
 # environment, so only an assignment on the command line wins.
-COMMAND_ENV_KEYS: tuple[str, ...] = ("NCCL_NET_GDR_LEVEL",)
+COMMAND_ENV_KEYS: tuple[str, ...] = ("NCCL_NET_GDR_LEVEL", "NCCL_SOCKET_IFNAME")
 
 
 class EngineError(EnvLayersError):
