@@ -369,3 +369,17 @@ def free_subnet(candidates=range(210, 250)) -> str:
         if f"10.{x}." not in routes:
             return f"10.{x}.0.0/24"
     raise LabUnavailable("no free 10.x.0.0/24 found for a private lab")
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (e.g. a job's run directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labtools import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "cluster" / "serve-only.sbatch"
@@ -46,18 +47,6 @@ class Job:
     def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=self.dir, env=self.env,
                               capture_output=True, text=True, timeout=timeout_s)
-
-
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if text.encode() in (proc / "cmdline").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_wait_shows_phases_in_order_then_status_logs_and_stop(netns_lab, tmp_path):

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labtools import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "cluster" / "serve-only.sbatch"
@@ -95,19 +96,6 @@ def curl(url: str, body: dict | None = None, timeout_s: float = 5) -> subprocess
     if body is not None:
         argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 5)
-
-
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if text.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothing(netns_lab, tmp_path):
