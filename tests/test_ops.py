@@ -393,7 +393,8 @@ def test_unknown_job_is_one_line_with_a_hint_and_exit_2(fake, args, message):
 def test_status_lists_my_jobs_as_a_table(fake, tmp_path, monkeypatch):
     run_dir = make_job(tmp_path, "200")
     (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("200", run_dir)))
-    make_job(tmp_path, "201", launch={"engine": "sglang", "served_model_name": "glm-served", "model": "zai/GLM"})
+    make_job(tmp_path, "201", launch={"engine": "sglang", "served_model_name": "glm-served", "model": "zai/GLM",
+                                      "target": "experiment:glm53"})
     fake.squeue_out = (f"200|serve-only|RUNNING|None|1|n1|4:00:00|3:59:00|2026-12-02T09:00:01|N/A|alice|{tmp_path}\n"
                        f"201|serve-only|RUNNING|None|2|n[2-3]|4:00:00|1:00:00|2026-12-02T09:00:01|N/A|alice|{tmp_path}\n"
                        f"202|serve-only|PENDING|Resources|4||4:00:00|4:00:00|N/A|N/A|alice|{tmp_path}\n")
@@ -402,8 +403,9 @@ def test_status_lists_my_jobs_as_a_table(fake, tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     assert lines[0].split() == ["JOBID", "STATE", "NODES", "TIME", "LEFT", "MODEL", "ENDPOINT"]
-    assert lines[1].split() == ["200", "RUNNING", "1", "3h59m00s", "hpcagent-bench-vllm", "http://n1:8000/v1"]
-    assert lines[2].split() == ["201", "RUNNING", "2", "1h00m00s", "glm-served", "starting"]
+    # the catalog target when the launcher recorded it, else the model: the served name is the same for all
+    assert lines[1].split() == ["200", "RUNNING", "1", "3h59m00s", "Qwen/Qwen3-8B", "http://n1:8000/v1"]
+    assert lines[2].split() == ["201", "RUNNING", "2", "1h00m00s", "experiment:glm53", "starting"]
     assert lines[3].split() == ["202", "PENDING", "(Resources)", "4", "4h00m00s", "-", "-"]
     assert fake.calls[0][-2:] == ["-u", "alice"]
 

@@ -440,17 +440,20 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
             endpoint = " ".join(b for b in bases if b)
         elif info.running:
             endpoint = "starting"
+        target = (files.launch() or {}).get("target")
         rows.append({"job_id": info.job_id, "state": state, "nodes": info.nodes, "nodelist": info.nodelist,
-                     "time_left_s": info.time_left_s, "model": served or model, "hf_model": model,
+                     "time_left_s": info.time_left_s, "model": served or model, "hf_model": model, "target": target,
                      "endpoint": endpoint, "user": info.user,
                      "run_dir": str(files.run_dir) if files.run_dir else None})
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
+    # the catalog target (every catalog model is served under the same name, so that name tells nothing)
     head = ("JOBID", "STATE", "NODES", "TIME LEFT", "MODEL", "ENDPOINT")
     body = [(r["job_id"], r["state"], str(r["nodes"]), fmt_duration(r["time_left_s"])
-             if r["time_left_s"] is not None else "-", r["model"] or "-", r["endpoint"] or "-") for r in rows]
+             if r["time_left_s"] is not None else "-", r.get("target") or r.get("hf_model") or r["model"] or "-",
+             r["endpoint"] or "-") for r in rows]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
     return "\n".join(lines) + "\n"
