@@ -471,8 +471,9 @@ def test_registry_pull_submit_0_prints_the_commands(root, tmp_path):
         f"target: {target}\n"
         f"sbatch: sbatch --job-name=envlayers-pull-sglang-mi300 --export=ALL,ENVLAYERS_ROOT={root.resolve()} "
         f"{SCRIPT} pull sglang-mi300\n"
-        f"enroot: enroot import -x mount -o {target}.partial docker://lmsysorg/sglang-rocm:v0.5.20-rocm724-mi30x-20260919\n"
-        f"then:   mv -f {target}.partial {target}\n"
+        f"enroot: enroot import -x mount -o {target}.partial.sglang-mi300 "
+        "docker://lmsysorg/sglang-rocm:v0.5.20-rocm724-mi30x-20260919\n"
+        f"then:   mv -f {target}.partial.sglang-mi300 {target}\n"
     )
     assert not scratch.exists()  # printed, nothing done
 
