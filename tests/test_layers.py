@@ -193,3 +193,24 @@ def test_missing_layer_file_names_the_setups_line(tmp_path):
     with pytest.raises(StackError) as err:
         load_env(tmp_path, "e:m")
     assert str(err.value).startswith("experiments/setups.yaml:3: layer file experiments/layers/nope.env not found")
+
+
+def test_catalog_cache_is_used_only_for_the_same_text(tmp_path, monkeypatch):
+    from envlayers import catalog
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "experiments" / "layers").mkdir(parents=True)
+    (tmp_path / "experiments" / "layers" / "common.env").write_text("")
+    (tmp_path / "experiments" / "layers" / "model-m.env").write_text("")
+    setups = tmp_path / "experiments" / "setups.yaml"
+    setups.write_text("experiments:\n  e:\n    env: {A: '1'}\nmodels:\n  m:\n")
+    first = catalog.load(tmp_path)
+    (cache,) = (tmp_path / "cache" / "envlayers").iterdir()
+    real_parse = catalog._parse
+    monkeypatch.setattr(catalog, "_parse", lambda *a: pytest.fail("parsed although the cache holds this text"))
+    assert catalog.load(tmp_path) == first  # read back from the cache, equal to a parse
+    monkeypatch.setattr(catalog, "_parse", real_parse)
+    setups.write_text("experiments:\n  e:\n    env: {A: '2'}\nmodels:\n  m:\n")
+    assert load_env(tmp_path, "e:m").text() == {"A": "2"}  # an edit is never hidden by the cache
+    cache.write_text("{not json")
+    assert load_env(tmp_path, "e:m").text() == {"A": "2"}  # a broken cache is ignored

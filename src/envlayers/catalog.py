@@ -69,14 +69,74 @@ def parse_target(target: str) -> tuple[str, str]:
 
 
 def load(root: Path) -> Catalog:
-    import yaml  # imported here: the CLI starts without it
-
     path = root / SETUPS
-    display = str(SETUPS)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CatalogError("file not found", where=display, hint="pass --root DIR or set ENVLAYERS_ROOT") from None
+        raise CatalogError("file not found", where=str(SETUPS), hint="pass --root DIR or set ENVLAYERS_ROOT") from None
+    cached = _cache_read(path, text)
+    if cached is not None:
+        return Catalog(root, *cached)
+    catalog = _parse(root, text)
+    _cache_write(path, text, catalog)
+    return catalog
+
+
+# -- a parse cache: yaml is a third of `env_layers render`'s start-up; the cache is used only when it
+#    holds the very text of setups.yaml, so it can never be stale --------------------------------------
+
+_CACHE_FORMAT = 1
+
+
+def _cache_file(path: Path) -> Path | None:
+    import os
+
+    if os.environ.get("ENVLAYERS_NO_CACHE") == "1":
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = str(path.resolve()).replace("/", "%")
+    return Path(base) / "envlayers" / f"setups{key}.json"
+
+
+def _cache_read(path: Path, text: str):
+    import json
+
+    cache = _cache_file(path)
+    try:
+        data = json.loads(cache.read_text(encoding="utf-8")) if cache else None
+        if not data or data.get("format") != _CACHE_FORMAT or data.get("text") != text:
+            return None
+        return tuple({name: _entry_from(e) for name, e in data[kind].items()} for kind in ("experiments", "models"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _cache_write(path: Path, text: str, catalog: Catalog) -> None:
+    import json
+
+    cache = _cache_file(path)
+    if cache is None:
+        return
+    data = {"format": _CACHE_FORMAT, "text": text, "experiments": catalog.experiments, "models": catalog.models}
+    try:
+        from .fsutil import atomic_write
+
+        atomic_write(cache, json.dumps(data))
+    except OSError:
+        pass  # a read-only home: parse every time
+
+
+def _entry_from(e: list) -> Entry:
+    kind, name, origin, description, layers, env, model_layer = e
+    return Entry(kind, name, Origin(*origin), description, tuple((f, Origin(*o)) for f, o in layers),
+                 tuple(Assignment(k, tuple(v), Origin(*o), t) for k, v, o, t in env),
+                 (model_layer[0], Origin(*model_layer[1])) if model_layer else None)
+
+
+def _parse(root: Path, text: str) -> Catalog:
+    import yaml  # imported here: the CLI starts without it
+
+    display = str(SETUPS)
     try:
         doc = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
