@@ -414,3 +414,15 @@ def test_rank_exit_line_in_a_server_log_alone_is_diagnosed(tmp_path, code, fires
     result = run("diagnose", "--json", str(log))
     ids = [f["id"] for f in json.loads(result.output)["findings"]]
     assert ("rank-exited" in ids) is fires
+
+
+def test_host_oom_evidence_names_the_killed_rank_not_the_one_srun_stopped(tmp_path):
+    stopped, killed = tmp_path / "server-0.log", tmp_path / "server-1.log"
+    stopped.write_text("ENVLAYERS-STAGE: rank 0 up on n1\n[2026-12-02 10:00:00 PP0 TP0] Load weight begin. "
+                       "avail mem=116.20 GB\nENVLAYERS-STAGE: rank 0 exited with code 0\n")
+    killed.write_text("ENVLAYERS-STAGE: rank 1 up on n2\n[2026-12-02 10:00:00 PP1 TP0] Load weight begin. "
+                      "avail mem=116.20 GB\nENVLAYERS-STAGE: rank 1 exited with code 137\n")
+    result = run("diagnose", "--json", str(stopped), str(killed))
+    (finding,) = [f for f in json.loads(result.output)["findings"] if f["id"] == "host-oom-weight-load"]
+    assert [e["file"] for e in finding["evidence"]][:1] == [str(killed)]
+    assert finding["evidence"][-1]["text"] == "ENVLAYERS-STAGE: rank 1 exited with code 137"

@@ -469,8 +469,19 @@ def _evaluate(rule: Rule, prepared: Sequence[_Prepared]) -> Finding | None:
         evidence = _signature_hits(rule, prepared)
         if not evidence:
             return None
+    if rule.requires and len(evidence) > 1:
+        # several ranks show the signature: first the one whose own log also shows what is required
+        # (the rank that was OOM-killed, not the one srun stopped because of it)
+        def corroborated(ev: Evidence) -> bool:
+            if not re.search(r"server-\d+\.log$", ev.file):
+                return False  # the job output repeats every rank's tail: it corroborates nothing
+            own = [log for log in prepared if log.name == ev.file]
+            return any(_first_match(own, pattern) is not None for pattern in rule.requires)
+
+        evidence.sort(key=lambda ev: not corroborated(ev))
     for pattern in rule.requires:
-        found = _first_match(prepared, pattern)
+        mine = [log for log in prepared if log.name == evidence[0].file]
+        found = _first_match(mine, pattern) or _first_match(prepared, pattern)
         if found is None:
             return None
         evidence.append(Evidence(found.file, found.line, found.text, role="requires"))
