@@ -141,7 +141,7 @@ def prepare(root: Path, model: str, experiment: str = "experiment", *, time: str
         target=target, nodes=plan.nodes, partition=text.get("SLURM_PARTITION") or "",
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
         delimiter=_delimiter(env_text, "ENVLAYERS_ENV"), env_text=env_text, edf=edf_name,
-        ready_timeout_s=budget, python=python or sys.executable,
+        ready_timeout_s=budget, python=python or sys.executable, keys=" ".join(env.bindings),
     )
     # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
     # these are the recipe: a stray SBATCH_MEM_PER_NODE or SBATCH_PARTITION would break it. The

@@ -79,13 +79,12 @@ def rank_script(commands, run_dir: Path) -> str:
     ])
 
 
-def launch_keys(serve_env: Path, environ: dict[str, str]) -> dict[str, str]:
-    """The launch keys: exactly the keys the merged environment assigns, with the values the job's
-    shell gave them (deferred references expanded). A variable merely exported in the submitting
-    shell is not a launch key: sbatch passes the whole environment on, and the dry run would lie."""
-    from .envfile import parse_file
-
-    keys = {a.key for a in parse_file(serve_env, str(serve_env))}
+def launch_keys(environ: dict[str, str]) -> dict[str, str]:
+    """The launch keys: exactly the keys the merged environment assigns (ENVLAYERS_KEYS, written by
+    the job script), with the values the job's shell gave them (deferred references expanded). A
+    variable merely exported in the submitting shell is not a launch key: sbatch passes the whole
+    environment on, and the dry run would lie."""
+    keys = environ.get("ENVLAYERS_KEYS", "").split()
     env = {k: environ[k] for k in keys if k in environ}
     env.update({k: v for k, v in environ.items() if k.startswith("ENVLAYERS_")})
     return env
@@ -129,7 +128,7 @@ class Launch:
     def prepare(self):
         from . import engines, slurm, topology
 
-        env = launch_keys(self.run_dir / "serve.env", self.environ)
+        env = launch_keys(self.environ)
         self.plan = topology.plan(env)
         for line in topology.topology_lines(self.plan):
             say(line)

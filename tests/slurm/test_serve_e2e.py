@@ -246,8 +246,9 @@ def test_a_rank_killed_by_sigkill_is_blamed_not_the_rank_srun_stopped(netns_lab,
 
 
 def test_launch_keys_come_from_the_layers_not_the_submitting_shell(netns_lab, tmp_path):
-    run = Run(netns_lab, tmp_path, SGLANG_ATTENTION_BACKEND="triton", MAX_MODEL_LEN="4096",
-              SERVER_API_KEY="ambient-s3cret")
+    # and a value the render writes with nested quotes, which the job must take as it is
+    run = Run(netns_lab, tmp_path, layer="QUOTED=\"it's\"\nNESTED=${ENVLAYERS_UNSET_NAME-$QUOTED}\n",
+              SGLANG_ATTENTION_BACKEND="triton", MAX_MODEL_LEN="4096", SERVER_API_KEY="ambient-s3cret")
     dry_rank0 = [line for line in run.sbatch(submit=False).stdout.splitlines() if line.startswith("#   rank 0: ")]
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
