@@ -405,8 +405,8 @@ def test_cli_labels_trend_evidence_as_peak_and_latest():
     assert lines[3].startswith("  detail:   fell from 71.5 ")
 
 
-@pytest.mark.parametrize("code, fires", [("137", True), ("1", True), ("0", False), ("143", False)],
-                         ids=["sigkill", "error", "clean-stop", "sigterm"])
+@pytest.mark.parametrize("code, fires", [("137", True), ("1", True), ("0", False), ("143", False), ("130", False)],
+                         ids=["sigkill", "error", "clean-stop", "sigterm", "sigint"])
 def test_rank_exit_line_in_a_server_log_alone_is_diagnosed(tmp_path, code, fires):
     log = tmp_path / "server-1.log"
     log.write_text(f"ENVLAYERS-STAGE: rank 1 up on n2\n[2026-12-02 10:00:00] Load weight begin.\n"

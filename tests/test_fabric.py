@@ -14,7 +14,8 @@ IFACES = {"lo": "127.0.0.1", "hsn0": "172.28.86.10", "hsn0.561": "141.142.254.10
     ("hsn", [("hsn0", "172.28.86.10"), ("hsn1", "172.28.86.11")]),
     ("nmn", [("nmn0", "10.100.0.4")]),
     ("ib", []),
-], ids=["vlan-child-and-no-address-left-out", "other-prefix", "nothing"])
+    ("hsn1", [("hsn1", "172.28.86.11")]),
+], ids=["vlan-child-and-no-address-left-out", "other-prefix", "nothing", "an-interface-name"])
 def test_matching(prefix, want):
     assert matching(IFACES, prefix) == want
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,22 @@ def test_core_guard_reports_a_core_file_in_the_working_directory(tmp_path, capsy
     (workdir / "core.1234").write_bytes(b"\x7fELF")
     assert core_guard(run_dir, workdir) is True  # a core is reported; only a limit that is not 0 fails
     assert "ENVLAYERS-WARN: core file left: " in capsys.readouterr().out
+
+
+def test_a_terminated_launcher_still_runs_the_core_guard(tmp_path):
+    # scancel or the time limit is how a serving job ends: the guard must run then too
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "core-limit.txt").write_text("rank=0 limit=unlimited\n")
+    script = ("import os, signal, time\nfrom pathlib import Path\nfrom envlayers import launch\n"
+              "launch.Launch.run = lambda self: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5))\n"
+              "raise SystemExit(launch.main(Path('run'), {}))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert "ENVLAYERS-STAGE: received signal 15; stopping the ranks" in proc.stdout
+    assert "ENVLAYERS-ERROR: rank 0 ran with core limit unlimited" in proc.stdout
+    assert proc.returncode == 1
+
+
+def test_exported_launcher_knobs_from_the_login_shell_are_not_launch_keys():
+    environ = {"ENVLAYERS_KEYS": "A", "A": "1", "ENVLAYERS_HSN_IFACE": "ib", "ENVLAYERS_EDF": "e"}
+    assert launch_keys(environ) == {"A": "1", "ENVLAYERS_KEYS": "A", "ENVLAYERS_EDF": "e"}

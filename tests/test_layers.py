@@ -214,3 +214,18 @@ def test_catalog_cache_is_used_only_for_the_same_text(tmp_path, monkeypatch):
     assert load_env(tmp_path, "e:m").text() == {"A": "2"}  # an edit is never hidden by the cache
     cache.write_text("{not json")
     assert load_env(tmp_path, "e:m").text() == {"A": "2"}  # a broken cache is ignored
+
+
+def test_catalog_cache_written_by_other_code_is_not_used(tmp_path, monkeypatch):
+    from envlayers import catalog
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "experiments" / "layers").mkdir(parents=True)
+    (tmp_path / "experiments" / "setups.yaml").write_text("experiments:\n  e:\nmodels:\n  m:\n")
+    catalog.load(tmp_path)
+    monkeypatch.setattr(catalog, "_code_fingerprint", lambda: "another envlayers")
+    parsed = []
+    real_parse = catalog._parse
+    monkeypatch.setattr(catalog, "_parse", lambda *a: parsed.append(1) or real_parse(*a))
+    catalog.load(tmp_path)
+    assert parsed == [1]

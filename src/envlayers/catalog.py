@@ -83,7 +83,7 @@ def load(root: Path) -> Catalog:
 
 
 # -- a parse cache: yaml is a third of `env_layers render`'s start-up; the cache is used only when it
-#    holds the very text of setups.yaml, so it can never be stale --------------------------------------
+#    holds the very text of setups.yaml and was written by this very code ---------------------------------
 
 _CACHE_FORMAT = 1
 
@@ -98,13 +98,25 @@ def _cache_file(path: Path) -> Path | None:
     return Path(base) / "envlayers" / f"setups{key}.json"
 
 
+def _code_fingerprint() -> str:
+    """The parse depends on this code too: a cache written by another envlayers (an upgrade, a second
+    install sharing ~/.cache) is not used."""
+    import os
+
+    from . import __version__, envfile
+
+    stats = [os.stat(f) for f in (__file__, envfile.__file__)]
+    return __version__ + "".join(f":{st.st_size}:{st.st_mtime_ns}" for st in stats) + f":{__file__}"
+
+
 def _cache_read(path: Path, text: str):
     import json
 
     cache = _cache_file(path)
     try:
         data = json.loads(cache.read_text(encoding="utf-8")) if cache else None
-        if not data or data.get("format") != _CACHE_FORMAT or data.get("text") != text:
+        if (not data or data.get("format") != _CACHE_FORMAT or data.get("code") != _code_fingerprint()
+                or data.get("text") != text):
             return None
         return tuple({name: _entry_from(e) for name, e in data[kind].items()} for kind in ("experiments", "models"))
     except (OSError, ValueError, KeyError, TypeError):
@@ -117,7 +129,8 @@ def _cache_write(path: Path, text: str, catalog: Catalog) -> None:
     cache = _cache_file(path)
     if cache is None:
         return
-    data = {"format": _CACHE_FORMAT, "text": text, "experiments": catalog.experiments, "models": catalog.models}
+    data = {"format": _CACHE_FORMAT, "code": _code_fingerprint(), "text": text,
+            "experiments": catalog.experiments, "models": catalog.models}
     try:
         from .fsutil import atomic_write
 

@@ -12,8 +12,9 @@ DEFAULT_PREFIX = "hsn"
 
 
 def matching(ifaces: dict[str, str | None], prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str]]:
-    """``(name, ipv4)`` of the interfaces named ``<prefix><digits>`` that have an IPv4 address, sorted."""
-    pattern = re.compile(re.escape(prefix) + r"\d+")
+    """``(name, ipv4)`` of the interfaces named ``<prefix><digits>`` (or exactly ``prefix``, so an
+    interface name works too) that have an IPv4 address, sorted."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)?")
     return sorted((name, addr) for name, addr in ifaces.items() if pattern.fullmatch(name) and addr)
 
 

@@ -79,6 +79,10 @@ def rank_script(commands, run_dir: Path) -> str:
     ])
 
 
+# what the job script itself exports besides the merged environment
+JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S")
+
+
 def launch_keys(environ: dict[str, str]) -> dict[str, str]:
     """The launch keys: exactly the keys the merged environment assigns (ENVLAYERS_KEYS, written by
     the job script), with the values the job's shell gave them (deferred references expanded). A
@@ -86,7 +90,7 @@ def launch_keys(environ: dict[str, str]) -> dict[str, str]:
     environment on, and the dry run would lie."""
     keys = environ.get("ENVLAYERS_KEYS", "").split()
     env = {k: environ[k] for k in keys if k in environ}
-    env.update({k: v for k, v in environ.items() if k.startswith("ENVLAYERS_")})
+    env.update({k: environ[k] for k in JOB_SCRIPT_KEYS if k in environ})
     return env
 
 
@@ -122,13 +126,14 @@ class Launch:
         self.proc: subprocess.Popen | None = None
         self.started: set[int] = set()
         self.first_exit_at: float | None = None
+        self.keys = launch_keys(environ)
         self.t0 = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self):
         from . import engines, slurm, topology
 
-        env = launch_keys(self.environ)
+        env = self.keys
         self.plan = topology.plan(env)
         for line in topology.topology_lines(self.plan):
             say(line)
@@ -154,7 +159,7 @@ class Launch:
         self.served = env.get("VLLM_SERVED_MODEL", "")
         for rank, cmd in enumerate(self.commands):
             say(f"ENVLAYERS-STAGE: rank {rank} on {nodes[rank]}: {engines.shell_line(cmd)}")
-        budget = _int_env(self.environ, "ENVLAYERS_READY_TIMEOUT_S", 7200)
+        budget = _int_env(env, "ENVLAYERS_READY_TIMEOUT_S", 7200)
         left = slurm.remaining_s(self.job_id) if self.environ.get("SLURM_JOB_ID") else None
         if left is not None and budget > CLAMP * left:
             clamped = int(CLAMP * left)
@@ -162,11 +167,11 @@ class Launch:
                 f"(90% of the {left}s left)")
             budget = clamped
         self.budget_s = budget
-        self.rank_start_s = _int_env(self.environ, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
+        self.rank_start_s = _int_env(env, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
         say(f"ENVLAYERS-TOPOLOGY: readiness_budget={self.budget_s}s rank_start_budget={self.rank_start_s}s")
         (self.run_dir / "ranks.sh").write_text(rank_script(self.commands, self.run_dir), encoding="utf-8")
         (self.run_dir / "launch.json").write_text(json.dumps({
-            "job_id": self.job_id, "target": self.environ.get("ENVLAYERS_TARGET"), "engine": self.engine,
+            "job_id": self.job_id, "target": env.get("ENVLAYERS_TARGET"), "engine": self.engine,
             "served_model_name": self.served, "shape": self.plan.shape, "nodes": nodes,
             "addresses": self.addresses, "ready_timeout_s": self.budget_s,
         }, indent=2) + "\n", encoding="utf-8")
@@ -201,7 +206,7 @@ class Launch:
         n = str(self.plan.nodes)
         argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
                 f"--cpus-per-task={self.environ.get('SLURM_CPUS_ON_NODE', '1')}", "--kill-on-bad-exit=1"]
-        edf = self.environ.get("ENVLAYERS_EDF")
+        edf = self.keys.get("ENVLAYERS_EDF")
         if edf:
             argv.append(f"--environment={edf}")
         return argv + ["bash", str(self.run_dir / "ranks.sh")]
@@ -330,6 +335,14 @@ class Launch:
             self.proc.wait(5)
 
 
+class _Terminated(BaseException):
+    """SIGTERM/SIGINT reached the launcher (BaseException: no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 class LaunchFailure(Exception):
     def __init__(self, message: str, rank: int | None = None):
         super().__init__(message)
@@ -342,15 +355,16 @@ def main(run_dir: Path, environ: dict[str, str] | None = None) -> int:
     launch.live = False
 
     def on_term(signum, _frame):
-        say(f"ENVLAYERS-STAGE: received signal {signum}; stopping the ranks")
-        launch.stop()
-        sys.exit(128 + signum)
+        raise _Terminated(signum)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     code = 0
     try:
         launch.run()
+    except _Terminated as term:  # scancel or the time limit: the normal end of a serving job
+        say(f"ENVLAYERS-STAGE: received signal {term.signum}; stopping the ranks")
+        code = 128 + term.signum
     except LaunchFailure as err:
         say(f"ENVLAYERS-ERROR: {err}")
         if err.rank is not None:
@@ -364,6 +378,8 @@ def main(run_dir: Path, environ: dict[str, str] | None = None) -> int:
         say(f"ENVLAYERS-ERROR: launcher failed: {err}")
         code = 1
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         launch.stop()
     return code if core_guard(run_dir, Path.cwd()) else 1
 
@@ -371,19 +387,19 @@ def main(run_dir: Path, environ: dict[str, str] | None = None) -> int:
 def core_guard(run_dir: Path, workdir: Path) -> bool:
     """Report core files in the ranks' working directory and the run directory, and fail when a rank
     ran with a core limit that is not 0 (the site core_pattern drops multi-GB cores in the CWD)."""
-    from .cores import check_cores
+    from .cores import check_cores, find_core_files
 
     ok = True
     try:
-        reports = [check_cores(run_dir)]
+        report = check_cores(run_dir)  # the ranks record their core limit there
+        cores = list(report.cores)
         if workdir.resolve() != run_dir.resolve():
-            reports.append(check_cores(workdir, limit_file=None))
-        for report in reports:
-            for c in report.cores:
-                say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
-            for lim in report.bad_limits:
-                say(f"ENVLAYERS-ERROR: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
-                ok = False
+            cores += find_core_files(workdir)
+        for c in cores:
+            say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
+        for lim in report.bad_limits:
+            say(f"ENVLAYERS-ERROR: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
+            ok = False
     except Exception as err:  # the guard must not turn a clean end into a crash
         say(f"ENVLAYERS-WARN: core check failed: {err}")
     return ok
