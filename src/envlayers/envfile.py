@@ -126,10 +126,6 @@ class _Parser:
         end = self.s.find("\n", self.i)
         return self.s[self.i : end if end >= 0 else len(self.s)]
 
-    def statement_text(self, start: int) -> str:
-        end = self.s.find("\n", self.i) if self.i < len(self.s) else -1
-        return self.s[start : end if end >= 0 else len(self.s)].strip()
-
     # -- grammar -------------------------------------------------------------------------
     def parse(self) -> list[Assignment]:
         if self.s.startswith("\ufeff"):
@@ -185,7 +181,7 @@ class _Parser:
         if key in RESERVED:
             raise self.error(f"'{key}' is a bash special variable and cannot be set from a layer", hint="choose another name")
         self.i = m.end() + 1
-        value = self.word(line)
+        value = self.word()
         self.skip_blanks()
         c = self.peek()
         if c == "#":
@@ -200,7 +196,7 @@ class _Parser:
             )
         return Assignment(key, value, Origin(self.name, line), self.s[start : self.i].strip())
 
-    def word(self, stmt_line: int) -> Value:
+    def word(self) -> Value:
         parts: list = []
         at_start = True
         while True:

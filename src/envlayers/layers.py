@@ -61,9 +61,6 @@ class Env:
 
         return {k: value_text(b.value) for k, b in self.bindings.items()}
 
-    def deferred_names(self) -> set[str]:
-        return {d.name for b in self.bindings.values() for d in _deferred_in(b.value)}
-
 
 def stack_sources(root: Path, target: str, extra_files: tuple[Path, ...] = ()) -> list[Source]:
     """The stack for EXPERIMENT:MODEL, lowest precedence first.
@@ -127,7 +124,7 @@ def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
     _check_render_order(env, history)
     if strict:
         for b in bindings.values():
-            for d in _deferred_in(b.value):
+            for d in deferred_in(b.value):
                 raise StackError(f"{b.key} reads ${d.name}, which no layer assigns", where=str(d.origin),
                                  hint=f"assign {d.name} in a layer, or drop --strict to leave it for the job's shell")
     return env
@@ -181,11 +178,12 @@ def _emptiness(value: Value) -> bool | None:
     return False if any(isinstance(p, str) for p in value) else None
 
 
-def _deferred_in(value: Value):
+def deferred_in(value: Value):
+    """Every deferred reference in a value, defaults included."""
     for p in value:
         if isinstance(p, Deferred):
             yield p
-            yield from _deferred_in(p.default)
+            yield from deferred_in(p.default)
 
 
 def _show(value: Value) -> str:
@@ -198,7 +196,7 @@ def _check_render_order(env: Env, history: dict[str, list[tuple[Value, Origin]]]
     """The render writes each key once, in order of first assignment, so a line that reads
     NAME from the environment must come before the line that assigns NAME."""
     for b in env.bindings.values():
-        for d in _deferred_in(b.value):
+        for d in deferred_in(b.value):
             other = env.bindings.get(d.name)
             if other is None or d.name == b.key or other.first_index > b.first_index:
                 continue

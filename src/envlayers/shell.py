@@ -11,7 +11,6 @@ import re
 
 from .envfile import Value
 
-FORMATS = ("sh", "env", "json")
 
 
 def value_text(value: Value) -> str:

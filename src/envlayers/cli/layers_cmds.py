@@ -62,6 +62,7 @@ def explain(ctx, target, keys, extra, as_json):
 
     With KEYs, only those (exit 1 if one is absent: no layer assigns it).
     """
+    from ..layers import deferred_in
     from ..shell import bash_value, value_text
 
     _, env = _target_env(ctx, target, extra)
@@ -75,7 +76,7 @@ def explain(ctx, target, keys, extra, as_json):
         records.append({
             "key": key, "present": True, "value": value_text(b.value), "empty": not b.value,
             # names the job's shell expands in "value" (a literal '${X}' from single quotes is not listed)
-            "deferred": sorted({d.name for d in _deferred(b.value)}),
+            "deferred": sorted({d.name for d in deferred_in(b.value)}),
             "origin": str(b.origin),
             "overridden": [{"value": value_text(v), "origin": str(o)} for v, o in b.overridden],
         })
@@ -93,12 +94,6 @@ def explain(ctx, target, keys, extra, as_json):
                 click.echo(f"    overrode {bash_value(v)}  {o}")
     if any(not r["present"] for r in records):
         sys.exit(1)
-
-
-def _deferred(value):
-    from ..layers import _deferred_in
-
-    return _deferred_in(value)
 
 
 def _render_path(root: Path, experiment: str, model: str) -> Path:
