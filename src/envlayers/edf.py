@@ -47,7 +47,7 @@ FETCH_SCRIPT = Path("containers") / "registry.sbatch"
 INTRANODE_SUFFIX = "-intranode"
 
 # variant -> the topologies that use it. A pipeline-parallel server crosses nodes and needs the
-# Slingshot plugin; a single-node or replica server must run without it (seed 004: with the
+# Slingshot plugin; a single-node or replica server must run without it (docs/containers.md: with the
 # plugin hooks and a forced NCCL_NET its tensor-parallel group fails at init).
 VARIANTS: dict[str, tuple[str, ...]] = {
     "fabric": ("pipeline",),

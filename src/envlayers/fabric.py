@@ -1,4 +1,4 @@
-"""The head node's fabric interfaces for a multi-node server (seed 002).
+"""The head node's fabric interfaces for a multi-node server (docs/keys.md, ENVLAYERS_HSN_IFACE).
 
 Interfaces are matched as ``<prefix><digits>`` (default prefix ``hsn``), so VLAN children such as
 ``hsn0.561`` are left out. ``matching`` is pure; ``local_ipv4`` reads this node's interfaces.

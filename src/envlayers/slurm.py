@@ -3,7 +3,7 @@
 Everything that touches Slurm goes through ``run`` (or a fake passed as ``run=``), so every other
 function here is testable by feeding text in. No policy lives here: callers decide what a state means.
 
-Slurm facts this module relies on (see shared/design/reference-facts.md, slurm-lab-facts.md):
+Slurm facts this module relies on (Slurm's sbatch, scontrol and squeue man pages):
 
 - ``SLURM_TIME_FORMAT=standard`` is forced, since a site may set ``relative``.
 - ``scontrol show job -o ID`` prints one line of ``Key=Value`` pairs; it knows a finished job only for
