@@ -356,7 +356,7 @@ def test_validation_error(tmp_path, old, new, message):
 def test_invalid_yaml_names_the_line(tmp_path):
     # the unclosed list on line 3 is noticed where the parser trips, on line 4
     assert _error(tmp_path, VALID.replace("engine: vllm", "engine: [vllm")) == (
-        "containers/edfs/r.yaml:4: not valid YAML: expected ',' or ']', but got ':'"
+        "containers/edfs/r.yaml:4: invalid YAML: expected ',' or ']', but got ':'; hint: fix the YAML syntax"
     )
 
 
@@ -366,7 +366,7 @@ def test_two_roles_one_squashfs_two_images(tmp_path):
         ":v0.28.0", ":v0.27.1"
     )
     assert _error(tmp_path, other, "s.yaml") == (
-        "containers/edfs/s.yaml: edf.image: edf.image '${SCRATCH}/ce-images/r.sqsh' is also the SquashFS of r, "
+        "containers/edfs/s.yaml:8: edf.image: '${SCRATCH}/ce-images/r.sqsh' is also the SquashFS of r, "
         "which pins 'vllm/vllm-openai-rocm:v0.28.0', not 'vllm/vllm-openai-rocm:v0.27.1'; "
         "hint: one SquashFS holds one image: give this role its own file name"
     )

@@ -154,19 +154,19 @@ def test_inline_env_in_setups_yaml_is_a_layer(tmp_path):
 @pytest.mark.parametrize(
     "yaml_text, message",
     [
-        pytest.param("experiments: {}\n", "experiments/setups.yaml: missing 'models:'", id="missing-models"),
+        pytest.param("experiments: {}\n", "experiments/setups.yaml:1: missing 'models:'", id="missing-models"),
         pytest.param("experiments:\n  e:\n    layer: [x]\nmodels: {}\n",
-                     "experiments/setups.yaml:3: unknown key 'experiments.e.layer'", id="unknown-entry-key"),
+                     "experiments/setups.yaml:3: experiments.e.layer: unknown key", id="unknown-entry-key"),
         pytest.param("experiments:\n  e:\n    env:\n      A: true\nmodels: {}\n",
-                     "experiments/setups.yaml:4: experiments.e.env.A is a YAML bool ('true'), not a string",
+                     "experiments/setups.yaml:4: experiments.e.env.A: is a YAML bool ('true'), not a string",
                      id="bool-value"),
         pytest.param("experiments:\n  e:\n    env:\n      A:\nmodels: {}\n",
-                     "experiments/setups.yaml:4: experiments.e.env.A has no value", id="null-value"),
+                     "experiments/setups.yaml:4: experiments.e.env.A: has no value", id="null-value"),
         pytest.param("experiments: [\n", "experiments/setups.yaml:2: invalid YAML", id="bad-yaml"),
-        pytest.param("version: 2\nexperiments: {}\nmodels: {}\n", "experiments/setups.yaml:1: unsupported version '2'",
+        pytest.param("version: 2\nexperiments: {}\nmodels: {}\n", "experiments/setups.yaml:1: version: unsupported version '2'",
                      id="unknown-version"),
         pytest.param("experiments:\n  'e:x': {}\nmodels: {}\n",
-                     "experiments/setups.yaml:2: experiments name 'e:x' cannot be used in a target", id="colon-in-name"),
+                     "experiments/setups.yaml:2: experiments: name 'e:x' cannot be used in a target", id="colon-in-name"),
     ],
 )
 def test_malformed_setups_yaml_names_file_line_and_key_path(tmp_path, yaml_text, message):
@@ -193,39 +193,3 @@ def test_missing_layer_file_names_the_setups_line(tmp_path):
     with pytest.raises(StackError) as err:
         load_env(tmp_path, "e:m")
     assert str(err.value).startswith("experiments/setups.yaml:3: layer file experiments/layers/nope.env not found")
-
-
-def test_catalog_cache_is_used_only_for_the_same_text(tmp_path, monkeypatch):
-    from envlayers import catalog
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "experiments" / "layers").mkdir(parents=True)
-    (tmp_path / "experiments" / "layers" / "common.env").write_text("")
-    (tmp_path / "experiments" / "layers" / "model-m.env").write_text("")
-    setups = tmp_path / "experiments" / "setups.yaml"
-    setups.write_text("experiments:\n  e:\n    env: {A: '1'}\nmodels:\n  m:\n")
-    first = catalog.load(tmp_path)
-    (cache,) = (tmp_path / "cache" / "envlayers").iterdir()
-    real_parse = catalog._parse
-    monkeypatch.setattr(catalog, "_parse", lambda *a: pytest.fail("parsed although the cache holds this text"))
-    assert catalog.load(tmp_path) == first  # read back from the cache, equal to a parse
-    monkeypatch.setattr(catalog, "_parse", real_parse)
-    setups.write_text("experiments:\n  e:\n    env: {A: '2'}\nmodels:\n  m:\n")
-    assert load_env(tmp_path, "e:m").text() == {"A": "2"}  # an edit is never hidden by the cache
-    cache.write_text("{not json")
-    assert load_env(tmp_path, "e:m").text() == {"A": "2"}  # a broken cache is ignored
-
-
-def test_catalog_cache_written_by_other_code_is_not_used(tmp_path, monkeypatch):
-    from envlayers import catalog
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "experiments" / "layers").mkdir(parents=True)
-    (tmp_path / "experiments" / "setups.yaml").write_text("experiments:\n  e:\nmodels:\n  m:\n")
-    catalog.load(tmp_path)
-    monkeypatch.setattr(catalog, "_code_fingerprint", lambda: "another envlayers")
-    parsed = []
-    real_parse = catalog._parse
-    monkeypatch.setattr(catalog, "_parse", lambda *a: parsed.append(1) or real_parse(*a))
-    catalog.load(tmp_path)
-    assert parsed == [1]

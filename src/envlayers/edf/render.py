@@ -1,0 +1,117 @@
+"""EDF rendering: a validated source and a topology -> the TOML the Container Engine reads.
+
+Each source gives two EDFs (``VARIANTS``): the base name for a pipeline-parallel server (fabric
+hooks on, ``fabric_env`` set) and ``<name>-intranode`` for single-node and replica servers (cxi and
+aws_ofi_nccl hooks off, ``fabric_env`` unset). TOML comes from tomli-w; the only text this module
+adds is a two-line comment header that names the source and carries the SHA-256 of the body, which
+is how ``install`` recognises a file it wrote and that nobody edited since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import EdfError
+from .schema import _EDF_KEYS, FABRIC_HOOKS, TOPOLOGIES, VARIANTS, Source, load_catalog, source
+
+_HEADER_RE = re.compile(r"\A# [^\n]*\n# [^\n]*envlayers-sha256: ([0-9a-f]{64})\n\n")
+
+
+def roles(root: Path) -> list[str]:
+    """The catalog's roles, sorted."""
+    return sorted(load_catalog(root))
+
+
+def edf_name(role: str, topology: str, root: Path) -> str:
+    """The EDF a server of ``role`` in ``topology`` runs with (``srun --environment=<name>``)."""
+    return source(role, root).edf_name(variant_for(topology))
+
+
+def render_edf(role: str, topology: str, root: Path) -> str:
+    """The TOML text ``install`` writes for ``role`` in ``topology``, header included."""
+    return _document(source(role, root), variant_for(topology))
+
+
+def edf_dict(role: str, topology: str, root: Path) -> dict[str, Any]:
+    """The EDF as data (what the TOML parses back to)."""
+    return _edf_data(source(role, root), variant_for(topology))
+
+
+def variant_for(topology: str) -> str:
+    for variant, topologies in VARIANTS.items():
+        if topology in topologies:
+            return variant
+    raise EdfError(
+        f"unknown topology {topology!r}",
+        where="topology",
+        hint=f"one of: {', '.join(TOPOLOGIES)}",
+    )
+
+
+def _edf_data(src: Source, variant: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in _EDF_KEYS:
+        if key in src.edf and key not in ("env", "annotations"):
+            value = src.edf[key]
+            out[key] = list(value) if isinstance(value, list) else value
+    env = dict(src.edf.get("env", {}))
+    annotations = dict(src.edf.get("annotations", {}))
+    if variant == "fabric":
+        env.update(src.fabric_env)
+    else:
+        # "" unsets the variable in the container, so a value from the step's environment
+        # cannot force the fabric either
+        env.update({key: "" for key in src.fabric_env})
+        annotations = {k: v for k, v in annotations.items() if _hook(k) not in FABRIC_HOOKS}
+        # explicit "false": on some vClusters the CXI hook is on unless told otherwise
+        for hook in FABRIC_HOOKS:
+            annotations[f"com.hooks.{hook}.enabled"] = "false"
+    if env:
+        out["env"] = env
+    if annotations:
+        out["annotations"] = _nest(annotations)
+    return out
+
+
+def _hook(annotation: str) -> str | None:
+    parts = annotation.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["com", "hooks"] else None
+
+
+def _nest(flat: dict[str, str]) -> dict[str, Any]:
+    """``{"com.hooks.cxi.enabled": "true"}`` -> ``{"com": {"hooks": {"cxi": {"enabled": "true"}}}}``:
+    the CE reads annotations as nested tables; a quoted dotted key would be one odd key."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        table = out
+        for part in parents:
+            table = table.setdefault(part, {})
+        table[leaf] = value
+    return out
+
+
+def _document(src: Source, variant: str) -> str:
+    import tomli_w
+
+    body = tomli_w.dumps(_edf_data(src, variant))
+    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+    header = (
+        f"# {src.edf_name(variant)}: rendered by env_layers from {src.file} "
+        f"for {'topologies' if len(VARIANTS[variant]) > 1 else 'topology'} {' and '.join(VARIANTS[variant])}.\n"
+        f"# Do not edit: change the source, then run `env_layers install-edfs`. envlayers-sha256: {digest}\n"
+        "\n"
+    )
+    return header + body
+
+
+def written_by_envlayers(text: str) -> bool | None:
+    """True: our header and an unedited body. False: our header, edited since. None: no header."""
+    m = _HEADER_RE.match(text)
+    if not m:
+        return None
+    body = text[m.end():]
+    return hashlib.sha256(body.encode("utf-8")).hexdigest() == m.group(1)

@@ -1,0 +1,265 @@
+"""YAML with positions: the one reader of the project's YAML files, and their one error format.
+
+``experiments/setups.yaml``, ``containers/edfs/*.yaml`` and the diagnose rules are read here, so every
+error they raise reads the same way and names the line::
+
+    experiments/setups.yaml:12: models.glm53.env.PORT: is a YAML bool ('yes'), not a string; hint: quote it
+
+:func:`read` returns a :class:`Doc`: the composed node tree (PyYAML nodes, each with its line), the
+line of every key path, and :meth:`Doc.fail`, which raises the caller's error class in that format.
+The reader is also the guard against hostile input, whatever the file:
+
+- anchors and aliases are refused (a few hundred bytes of nested aliases expand to gigabytes);
+- nesting deeper than :data:`MAX_DEPTH` is refused before it can exhaust the stack;
+- a file that is not UTF-8, cannot be read or is not valid YAML is one error naming the line;
+- every error message is bounded (:data:`MAX_MESSAGE`), and :func:`clip` bounds a value quoted in one.
+
+It composes with libyaml's event parser (PyYAML's ``CParser``) when PyYAML was built with it and
+PyYAML's pure-Python parser otherwise; the composer is PyYAML's own, with the two checks above added.
+A hand reader rather than a schema library: ``import yaml`` is the only import it costs, and the CLI
+must start fast (docs/layers.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .errors import EnvLayersError
+
+MAX_DEPTH = 64  # the project's files nest 6 deep at most
+MAX_MESSAGE = 600  # characters of one error message (and of its hint)
+MAX_VALUE = 80  # characters of a value quoted in a message
+
+Path_ = tuple  # a key path: ("models", "glm53", "env", "PORT") or ("rules", 3, "trend")
+
+
+def clip(value: Any, limit: int = MAX_VALUE) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error quotes what it found, boundedly."""
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def _bounded(text: str | None) -> str | None:
+    if text is None or len(text) <= MAX_MESSAGE:
+        return text
+    return text[:MAX_MESSAGE] + f"... ({len(text) - MAX_MESSAGE} more characters)"
+
+
+def dotted(path: Path_) -> str:
+    """("models", "m", "layers", 0) -> "models.m.layers[0]"."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _compose_class():
+    """A loader whose composer refuses anchors, aliases and deep nesting: libyaml's event parser
+    when PyYAML has it, else PyYAML's pure-Python reader, scanner and parser."""
+    import yaml
+    from yaml.composer import Composer
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    try:
+        from yaml.cyaml import CParser as _Parser
+
+        parts: tuple = (_Parser,)
+
+        def init_parser(self, text):
+            _Parser.__init__(self, text)
+    except ImportError:  # PyYAML without libyaml
+        from yaml.parser import Parser
+        from yaml.reader import Reader
+        from yaml.scanner import Scanner
+
+        parts = (Reader, Scanner, Parser)
+
+        def init_parser(self, text):
+            Reader.__init__(self, text)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+
+    class _Refused(Exception):
+        def __init__(self, line: int, message: str, hint: str):
+            super().__init__(message)
+            self.line, self.message, self.hint = line, message, hint
+
+    class Loader(Composer, *parts, SafeConstructor, Resolver):
+        def __init__(self, text: str):
+            init_parser(self, text)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            self.depth = 0
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            line = event.start_mark.line + 1
+            if isinstance(event, yaml.AliasEvent):
+                raise _Refused(line, f"alias *{clip(event.anchor, 40)[1:-1]} is not allowed",
+                               "write the value out; anchors and aliases are refused in these files")
+            if getattr(event, "anchor", None) is not None:
+                raise _Refused(line, f"anchor &{clip(event.anchor, 40)[1:-1]} is not allowed",
+                               "write the value out; anchors and aliases are refused in these files")
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise _Refused(line, f"nested more than {MAX_DEPTH} levels deep", "flatten the document")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return Loader, _Refused
+
+
+_LOADER = None
+
+
+def _loader():
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = _compose_class()
+    return _LOADER
+
+
+class Doc:
+    """One YAML document read from ``file`` (the name errors show, e.g. ``experiments/setups.yaml``)."""
+
+    def __init__(self, file: str, root: Any, error: type[EnvLayersError]):
+        self.file = file
+        self.root = root  # a yaml Node, or None for an empty document
+        self.error = error
+        self.lines: dict[Path_, int] = {}
+        if root is not None:
+            self._index(root, ())
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def line_of(self, path: Path_) -> int | None:
+        """The line of ``path``, else of its nearest parent that has one."""
+        for n in range(len(path), -1, -1):
+            line = self.lines.get(tuple(path[:n]))
+            if line is not None:
+                return line
+        return None
+
+    def fail(self, path: Path_, message: str, hint: str | None = None, *, node: Any = None,
+             line: int | None = None) -> NoReturn:
+        """Raise ``file:line: key.path: message; hint: ...`` (the line of ``node`` when given, else of
+        ``path`` or its nearest parent)."""
+        if line is None:
+            line = node.start_mark.line + 1 if node is not None else self.line_of(path)
+        label = dotted(path)
+        raise self.error(_bounded(f"{label}: {message}" if label else message),
+                         where=f"{self.file}:{line or 1}", hint=_bounded(hint))
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def data(self) -> Any:
+        """The document as Python values (safe types only)."""
+        if self.root is None:
+            return None
+        loader, _ = _loader()
+        return loader("").construct_document(self.root)
+
+    def mapping(self, node: Any, path: Path_, what: str = "a mapping") -> dict[str, tuple[Any, Any]]:
+        """``{key: (key node, value node)}`` of a mapping node (keys are unique strings: see _index)."""
+        import yaml
+
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(path, f"must be {what}, got {kind_of_node(node)}", "write 'key: value' lines", node=node)
+        return {k.value: (k, v) for k, v in node.value}
+
+    def _index(self, node: Any, path: Path_) -> None:
+        """Record the line of every key path; refuse duplicate and non-string keys (PyYAML keeps the
+        last of two equal keys, silently)."""
+        import yaml
+
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for knode, vnode in node.value:
+                if not isinstance(knode, yaml.ScalarNode):
+                    self.fail(path, "a key must be a plain name, not a list or mapping", "quote the key", node=knode)
+                key = knode.value
+                if key in seen:
+                    self.fail(path + (key,), "duplicate key", "YAML would keep only the last one",
+                              node=knode)
+                seen.add(key)
+                self.lines[path + (key,)] = knode.start_mark.line + 1
+                self._index(vnode, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._index(item, path + (i,))
+
+
+def kind_of_node(node: Any) -> str:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    tag = node.tag.rsplit(":", 1)[-1]
+    return "nothing (null)" if tag == "null" else f"a YAML {tag} ({clip(node.value)})"
+
+
+def parse(text: str, file: str, error: type[EnvLayersError]) -> Doc:
+    """Compose ``text`` (read from ``file``) into a :class:`Doc`."""
+    import yaml
+
+    loader_cls, refused = _loader()
+    try:
+        loader = loader_cls(text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except refused as err:
+        raise error(err.message, where=f"{file}:{err.line}", hint=err.hint) from None
+    except yaml.YAMLError as err:
+        raise _syntax_error(text, file, error, err) from None
+    except RecursionError:  # MAX_DEPTH stops this first; kept for a smaller stack
+        raise error("nested too deep", where=file, hint="flatten the document") from None
+    return Doc(file, root, error)
+
+
+def _syntax_error(text: str, file: str, error: type[EnvLayersError], err: Exception) -> EnvLayersError:
+    """The error for invalid YAML, worded by PyYAML's pure-Python parser: its messages and lines do not
+    depend on whether libyaml is installed. Only events are parsed (no composing: nothing nests)."""
+    import yaml
+
+    try:
+        for _ in yaml.parse(text, Loader=yaml.SafeLoader):
+            pass
+    except yaml.YAMLError as pure:
+        err = pure
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    return error(_bounded(f"invalid YAML: {problem}"), where=f"{file}:{mark.line + 1 if mark else 1}",
+                 hint="fix the YAML syntax")
+
+
+def read(path: str | Path, file: str, error: type[EnvLayersError]) -> Doc:
+    """Read and compose the YAML file ``path``; ``file`` is how errors name it."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise error("file not found", where=file, hint="pass --root DIR, or create it") from None
+    except IsADirectoryError:
+        raise error("is a directory, not a YAML file", where=file) from None
+    except OSError as err:
+        raise error(f"cannot read: {err.strerror or err}", where=file,
+                    hint="check the file's permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)
+        raise error(f"not UTF-8 (byte 0x{data[err.start]:02x} at column {column})",
+                    where=f"{file}:{line}", hint="save the file as UTF-8") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return parse(text, file, error)
