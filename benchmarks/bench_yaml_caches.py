@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Do the YAML parse caches earn their keep? Start-up of two commands against `python3 -c pass`.
+"""Do YAML parse caches earn their keep? Start-up of two commands against `python3 -c pass`.
 
-    python3 benchmarks/bench_yaml_caches.py [--runs 20] [--src DIR] [--no-cache-env]
+    python3 benchmarks/bench_yaml_caches.py [--runs 20] [--config LABEL=SRC[:nocache] ...]
 
-Runs, side by side, `python3 -c pass`, `env_layers render experiment:glm53` and
-`env_layers serve --model glm53 --dry-run` (each --runs times, median) with the envlayers package taken
-from --src (default: this checkout's src/). --no-cache-env adds ENVLAYERS_NO_CACHE=1, which turned the
-setups.yaml cache off in the versions that had one. Used to decide that the caches go (docs/layers.md).
+Runs `python3 -c pass`, `env_layers render experiment:glm53` and `env_layers serve --model glm53
+--dry-run` --runs times each, interleaved across the configurations (so a noisy machine slows all of
+them alike), and prints each median and its ratio to `python3 -c pass`. A configuration takes the
+envlayers package from SRC (default: this checkout's src/); `:nocache` sets ENVLAYERS_NO_CACHE=1, which
+turned the setups.yaml cache off in the versions that had one. To compare with an older version:
+
+    git archive <commit> src | tar -x -C /tmp/old
+    python3 benchmarks/bench_yaml_caches.py --config old=/tmp/old/src --config old-nocache=/tmp/old/src:nocache \
+        --config now=src
 """
 
 from __future__ import annotations
@@ -24,39 +29,41 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def median_s(argv: list[str], runs: int, env: dict) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--src", default=str(REPO / "src"))
-    ap.add_argument("--no-cache-env", action="store_true")
+    ap.add_argument("--config", action="append", default=[], metavar="LABEL=SRC[:nocache]")
     args = ap.parse_args()
     script = str(Path(sysconfig.get_path("scripts")) / "env_layers")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = args.src
-    env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="envlayers-bench-cache-")
-    if args.no_cache_env:
-        env["ENVLAYERS_NO_CACHE"] = "1"
+    base_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    configs = {}
+    for spec in args.config or [f"now={REPO / 'src'}"]:
+        label, _, src = spec.partition("=")
+        src, _, flag = src.partition(":")
+        env = dict(base_env, PYTHONPATH=str(Path(src).resolve()),
+                   XDG_CACHE_HOME=tempfile.mkdtemp(prefix="envlayers-bench-cache-"))
+        if flag == "nocache":
+            env["ENVLAYERS_NO_CACHE"] = "1"
+        configs[label] = env
     cmds = {
         "python3 -c pass": [sys.executable, "-c", "pass"],
         "render experiment:glm53": [sys.executable, script, "render", "experiment:glm53"],
         "serve --model glm53 --dry-run": [sys.executable, script, "serve", "--model", "glm53", "--dry-run"],
     }
-    for argv in cmds.values():  # warm: bytecode and, where there is one, the parse cache
-        subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
-    base = None
-    for label, argv in cmds.items():
-        t = median_s(argv, args.runs, env)
-        base = base or t
-        print(f"{label:<32} {t * 1000:7.1f} ms  {t / base:4.2f}x")
+    times: dict[tuple[str, str], list[float]] = {(c, k): [] for c in configs for k in cmds}
+    for run in range(args.runs + 1):  # run 0 warms bytecode and, where there is one, the parse cache
+        for c, env in configs.items():
+            for k, argv in cmds.items():
+                t0 = time.perf_counter()
+                subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                               env=env)
+                if run:
+                    times[(c, k)].append(time.perf_counter() - t0)
+    for c in configs:
+        base = statistics.median(times[(c, "python3 -c pass")])
+        for k in cmds:
+            t = statistics.median(times[(c, k)])
+            print(f"{c:<14} {k:<32} {t * 1000:7.1f} ms  {t / base:4.2f}x")
 
 
 if __name__ == "__main__":

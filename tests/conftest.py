@@ -1,4 +1,5 @@
-"""Suite-wide settings: a private cache folder, so tests neither read nor fill the user's ~/.cache."""
+"""Suite-wide settings: a private XDG cache folder, so no test (nor an engine stand-in) reads or fills the
+user's ~/.cache."""
 
 from __future__ import annotations
 

@@ -137,9 +137,42 @@ def test_symlink_is_never_replaced(root, dest, tmp_path, force):
     link = dest / "hpcagent-bench-vllm-mi300-latest.toml"
     link.symlink_to(elsewhere)
     r = {r.path.name: r for r in edf.install(root, dest, force=force, environ={})}[link.name]
-    assert (r.status, r.reason) == ("differs", "a symbolic link (it may point into a shared folder): never "
-                                    "replaced, not even with --force; remove the link or install with --dest")
+    assert (r.status, r.reason, r.force_replaces) == (
+        "differs", f"a symbolic link to {elsewhere} (it may point into a shared folder): never replaced; "
+        "remove the link, or install with --dest", False)
     assert link.is_symlink() and elsewhere.read_text() == 'image = "/x.sqsh"\n'
+
+
+def _link_report(root, dest, target, force):
+    dest.mkdir()
+    link = dest / "hpcagent-bench-vllm-mi300-latest.toml"
+    link.symlink_to(target)
+    args = ["--root", str(root), "install-edfs", "--dest", str(dest)] + (["--force"] if force else [])
+    out = run_cli(args, env={"SCRATCH": None})
+    line = " ".join(next(x for x in out.output.splitlines() if link.name in x).split())
+    return out, line, link
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_cli_symlink_report_never_suggests_force(root, dest, tmp_path, force):
+    elsewhere = tmp_path / "shared.toml"
+    elsewhere.write_text('image = "/x.sqsh"\n')
+    out, line, link = _link_report(root, dest, elsewhere, force)
+    assert out.exit_code == 1, out.output
+    assert line == (f"differs {link.name} pipeline: a symbolic link to {elsewhere} (it may point into a "
+                    "shared folder): never replaced; remove the link, or install with --dest")
+    assert "--force" not in out.output.replace("with or without --force", "")
+    assert ("1 EDF is a symbolic link that env_layers does not replace, with or without --force: remove it, "
+            "or install with --dest.") in out.output
+
+
+def test_cli_dangling_symlink_says_its_target_is_missing(root, dest, tmp_path):
+    gone = tmp_path / "gone.toml"
+    out, line, link = _link_report(root, dest, gone, False)
+    assert out.exit_code == 1, out.output
+    assert line == (f"differs {link.name} pipeline: a symbolic link to {gone}, which does not exist: "
+                    "never replaced; remove the link, or install with --dest")
+    assert "cannot be read" not in out.output and link.is_symlink() and not gone.exists()
 
 
 def test_unwritable_target_is_a_clear_error(root, dest):

@@ -88,7 +88,7 @@ def _print_report(folder: Path, results, missing: list[dict]) -> None:
     for r in results:
         line = f"  {r.status:<11} {r.path.name:<{width}}  {', '.join(r.topologies)}"
         if r.status == "differs":
-            line += f": {r.reason}; kept (--force replaces it)"
+            line += f": {r.reason}" + ("; kept (--force replaces it)" if r.force_replaces else "")
         elif r.reason:
             line += f": {r.reason}"
         click.echo(line)
@@ -107,11 +107,16 @@ def _print_report(folder: Path, results, missing: list[dict]) -> None:
     for image in unchecked:
         click.echo(f"Not checked (a variable in the path is not set): {image}")
 
-    kept = sum(r.status == "differs" for r in results)
+    kept = sum(r.status == "differs" and r.force_replaces for r in results)
     if kept:
         noun = "EDF differs" if kept == 1 else "EDFs differ"
         click.echo(f"{kept} {noun} from what env_layers renders and {'was' if kept == 1 else 'were'} kept; "
                    "rerun with --force to replace (the diff above shows what would change).")
+    links = sum(r.status == "differs" and not r.force_replaces for r in results)
+    if links:
+        noun = "EDF is a symbolic link" if links == 1 else "EDFs are symbolic links"
+        click.echo(f"{links} {noun} that env_layers does not replace, with or without --force: remove "
+                   f"{'it' if links == 1 else 'them'}, or install with --dest.")
 
 
 @click.group("edf")

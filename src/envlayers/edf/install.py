@@ -41,6 +41,7 @@ class InstallResult:
     image_path: Path | None  # expanded; None when a variable in it is not set
     image_present: bool | None  # None when image_path is None
     fetch_command: str | None  # the command that imports the image, when it is missing
+    force_replaces: bool = True  # whether --force replaces a file that differs (never a symbolic link)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class InstallResult:
             "image_path": None if self.image_path is None else str(self.image_path),
             "image_present": self.image_present,
             "fetch_command": self.fetch_command,
+            "force_replaces": self.force_replaces,
         }
 
 
@@ -105,7 +107,8 @@ def install(
         name = src.edf_name(variant)
         path = dest / f"{name}.toml"
         status, reason, diff = _classify(path, text)
-        if status == "differs" and force and not path.is_symlink():
+        link = path.is_symlink()
+        if status == "differs" and force and not link:
             status = "overwritten"
         if status in ("written", "overwritten"):
             try:
@@ -135,13 +138,33 @@ def install(
                 image_path=image_path,
                 image_present=present,
                 fetch_command=None if present is not False else fetch_command(src.role, root, cwd),
+                force_replaces=not link,
             )
         )
     return results
 
 
 def _classify(path: Path, text: str) -> tuple[str, str | None, str | None]:
-    if not path.exists() and not path.is_symlink():
+    """(status, reason, diff) of the file at ``path`` against the rendered ``text``. A symbolic link is
+    never replaced (it may point into a shared folder), so its reason says so and not more."""
+    if path.is_symlink():
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        if not path.exists():
+            return ("differs", f"a symbolic link to {target}, which does not exist: never replaced; "
+                    "remove the link, or install with --dest", None)
+        try:
+            current = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as err:
+            return ("differs", f"a symbolic link to {target}, which cannot be read ({err.strerror}): never "
+                    "replaced; remove the link, or install with --dest", None)
+        if current == text:
+            return "unchanged", None, None
+        return ("differs", f"a symbolic link to {target} (it may point into a shared folder): never replaced; "
+                "remove the link, or install with --dest", _diff(current, text, path))
+    if not path.exists():
         return "written", None, None
     try:
         current = path.read_bytes().decode("utf-8", errors="replace")
@@ -149,14 +172,10 @@ def _classify(path: Path, text: str) -> tuple[str, str | None, str | None]:
         return "differs", f"cannot be read ({err.strerror})", None
     if current == text:
         return "unchanged", None, None
-    if path.is_symlink():
-        reason = ("a symbolic link (it may point into a shared folder): never replaced, not even with --force; "
-                  "remove the link or install with --dest")
-    else:
-        ours = written_by_envlayers(current)
-        if ours is True:
-            return "written", "replaced an older render", _diff(current, text, path)
-        reason = "edited since env_layers wrote it" if ours is False else "not written by env_layers"
+    ours = written_by_envlayers(current)
+    if ours is True:
+        return "written", "replaced an older render", _diff(current, text, path)
+    reason = "edited since env_layers wrote it" if ours is False else "not written by env_layers"
     return "differs", reason, _diff(current, text, path)
 
 

@@ -15,14 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdfError
-from .schema import _EDF_KEYS, FABRIC_HOOKS, TOPOLOGIES, VARIANTS, Source, load_catalog, source
+from .schema import _EDF_KEYS, FABRIC_HOOKS, SOURCE_DIR, TOPOLOGIES, VARIANTS, Source, load_catalog, source
 
 _HEADER_RE = re.compile(r"\A# [^\n]*\n# [^\n]*envlayers-sha256: ([0-9a-f]{64})\n\n")
 
 
 def roles(root: Path) -> list[str]:
-    """The catalog's roles, sorted."""
-    return sorted(load_catalog(root))
+    """The catalog's roles, sorted: the names of the source files (a source's role must equal its file
+    name). Only names: the sources are read and validated when one is used (:func:`edf_name`...)."""
+    folder = Path(root) / SOURCE_DIR
+    found = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    if not found:
+        load_catalog(root)  # raises the error that says what is missing
+    return found
 
 
 def edf_name(role: str, topology: str, root: Path) -> str:
