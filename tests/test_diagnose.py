@@ -190,23 +190,25 @@ def test_requires_evidence_is_reported_with_the_signature(rules):
 # --- validation ------------------------------------------------------------------------------------
 
 GOOD = {"id": "x-rule", "title": "t", "cause": "c", "fix": "f", "status": "open",
-        "source": {"seed": "004", "section": "s"}, "signature": ["boom"]}
+        "see": "docs/diagnose.md", "signature": ["boom"]}
 
 
 @pytest.mark.parametrize("change, message", [
-    pytest.param({"signature": ["(unclosed"]}, "rule 'x-rule': key 'signature[0]': invalid regular expression",
+    pytest.param({"signature": ["(unclosed"]}, "rule 'x-rule': signature[0]: invalid regular expression",
                  id="bad-regex"),
-    pytest.param({"unles": ["x"]}, "rule 'x-rule': key 'unles': unknown key", id="unknown-key"),
-    pytest.param({"cause": None}, "rule 'x-rule': key 'cause': missing", id="missing-cause"),
-    pytest.param({"id": "Not_Kebab"}, "key 'id': must be kebab-case", id="id-not-kebab"),
-    pytest.param({"status": "done"}, "rule 'x-rule': key 'status': must be one of", id="bad-status"),
-    pytest.param({"source": "seed 004"}, "rule 'x-rule': key 'source': must be a mapping", id="bad-source"),
-    pytest.param({"example": "nothing here"}, "rule 'x-rule': key 'example': does not match", id="bad-example"),
-    pytest.param({"scope": "first-line"}, "rule 'x-rule': key 'scope': must be one of", id="bad-scope"),
+    pytest.param({"unles": ["x"]}, "rule 'x-rule': unles: unknown key", id="unknown-key"),
+    pytest.param({"cause": None}, "rule 'x-rule': cause: missing", id="missing-cause"),
+    pytest.param({"id": "Not_Kebab"}, "id: must be kebab-case", id="id-not-kebab"),
+    pytest.param({"status": "done"}, "rule 'x-rule': status: must be one of", id="bad-status"),
+    pytest.param({"see": "the design notes"}, "rule 'x-rule': see: must be a page of the project's docs",
+                 id="see-not-a-page"),
+    pytest.param({"see": {"seed": "004", "section": "s"}}, "rule 'x-rule': see: must be a page", id="see-mapping"),
+    pytest.param({"example": "nothing here"}, "rule 'x-rule': example: does not match", id="bad-example"),
+    pytest.param({"scope": "first-line"}, "rule 'x-rule': scope: must be one of", id="bad-scope"),
     pytest.param({"requires": [{"pattern": "x", "file": "serve.env"}]},
-                 "rule 'x-rule': key 'requires[0].file': unknown key", id="pattern-typo"),
+                 "rule 'x-rule': requires[0].file: unknown key", id="pattern-typo"),
     pytest.param({"trend": {"pattern": "rate: (\\d+)", "drop_points": 5}},
-                 "rule 'x-rule': key 'signature': give exactly one", id="signature-and-trend"),
+                 "rule 'x-rule': signature: give exactly one", id="signature-and-trend"),
 ])
 def test_invalid_rule_is_rejected_naming_rule_and_key(change, message):
     raw = {**GOOD, **change}
@@ -219,19 +221,19 @@ def test_invalid_rule_is_rejected_naming_rule_and_key(change, message):
 def test_trend_needs_a_value_group():
     raw = {k: v for k, v in GOOD.items() if k != "signature"}
     raw["trend"] = {"pattern": "rate: (\\d+)", "drop_points": 5}
-    with pytest.raises(RuleError, match="key 'trend.pattern': needs a named group"):
+    with pytest.raises(RuleError, match="trend.pattern: needs a named group"):
         parse_rules([raw])
 
 
 def test_duplicate_rule_id_is_rejected():
-    with pytest.raises(RuleError, match="rule 'x-rule': key 'id': duplicate id"):
+    with pytest.raises(RuleError, match="rule 'x-rule': id: duplicate id"):
         parse_rules([GOOD, GOOD])
 
 
 def test_broken_yaml_names_the_line(tmp_path):
     kb = tmp_path / "kb.yaml"
     kb.write_text("rules:\n  - id: a\n    title: [unclosed\n")
-    with pytest.raises(RuleError, match=r"kb\.yaml:\d+: not valid YAML"):
+    with pytest.raises(RuleError, match=r"kb\.yaml:\d+: invalid YAML"):
         load_rules(kb)
 
 
@@ -241,7 +243,7 @@ def test_broken_yaml_names_the_line(tmp_path):
 def test_known_issues_doc_is_up_to_date(rules):
     doc = REPO / "docs" / "known-issues.md"
     assert doc.read_text() == render_markdown(rules), (
-        "docs/known-issues.md is stale: run `python -m envlayers.diagnose --markdown > docs/known-issues.md`")
+        "docs/known-issues.md is stale: run `env_layers diagnose --markdown > docs/known-issues.md`")
 
 
 # --- CLI ---------------------------------------------------------------------------------------------
@@ -311,10 +313,10 @@ def test_cli_json_shape():
     result = run("diagnose", "--json", str(LOGS / "launcher-ranks-not-placed.out"))
     assert result.exit_code == 1
     data = json.loads(result.output)
-    assert set(data) == {"inputs", "matched", "findings"}
-    assert data["matched"] == 1
+    assert set(data) == {"inputs", "earlier_runs", "matched", "findings"}
+    assert data["matched"] == 1 and data["earlier_runs"] == {}
     finding = data["findings"][0]
-    assert set(finding) == {"id", "title", "severity", "status", "evidence", "detail", "cause", "fix", "source"}
+    assert set(finding) == {"id", "title", "severity", "status", "evidence", "detail", "cause", "fix", "see"}
     assert finding["id"] == "ranks-not-placed"
     assert finding["evidence"] == [{
         "file": str(LOGS / "launcher-ranks-not-placed.out"), "line": 3,
@@ -322,7 +324,7 @@ def test_cli_json_shape():
         "text": "ENVLAYERS-ERROR: only 1 of 2 ranks started within 300s (missing: 1): Slurm did not place them, "
                 "or the run directory is not shared between nodes", "role": "signature",
     }]
-    assert finding["source"].startswith("seed 002_dcbf88ecb03f6148")
+    assert finding["see"] == "docs/operating.md#the-lifecycle"
 
 
 def test_cli_json_when_nothing_matched():
@@ -373,27 +375,32 @@ def test_cli_job_id_follows_the_run_dir_named_in_the_job_output(tmp_path):
     assert [f["id"] for f in data["findings"]] == ["net-plugin-init-failed"]
 
 
-def test_knowledge_base_covers_seed_004_table_and_seed_002_startup_failures(rules):
+def test_knowledge_base_covers_the_startup_symptoms_and_the_launcher_failures(rules):
     required = {
-        # seed 004 symptom table, absent-vs-empty, prefix-cache hit rate under load
+        # SGLang startup symptoms, absent-vs-empty, prefix-cache hit rate under load
         "host-oom-weight-load", "weights-exceed-mem-fraction", "cpu-starved-jit-hang", "one-parser-only",
         "rccl-watchdog-timeout", "gdr-rdma-register-einval", "rccl-tcp-fallback", "empty-key-flag-still-passed",
         "prefix-cache-thrashing",
-        # seed 002 startup failures
+        # the launcher's bounded startup waits
         "ranks-not-placed", "step-exited-early", "no-fabric-address", "readiness-budget-clamped",
     }
     assert required <= {rule.id for rule in rules}
 
 
-def test_module_main_prints_markdown_and_diagnoses_files(capsys):
-    from envlayers.diagnose import main
+def test_cli_markdown_prints_the_known_issues_doc(rules):
+    result = run("diagnose", "--markdown")
+    assert result.exit_code == 0, result.output
+    assert result.output == render_markdown(rules)
 
-    assert main(["--markdown"]) == 0
-    assert capsys.readouterr().out.startswith("# Known issues\n")
-    assert main([str(LOGS / "launcher-no-fabric.out")]) == 1
-    assert capsys.readouterr().out.startswith("no-fabric-address: ")
-    assert main([str(LOGS / "healthy-vllm" / "server-0.log")]) == 0
-    assert main(["no/such.log"]) == 2
+
+def test_there_is_one_command_line_for_diagnose():
+    """The click command is the only CLI: the package has no argparse parser and no __main__."""
+    import envlayers.diagnose as pkg
+
+    folder = Path(pkg.__file__).parent
+    assert not (folder / "__main__.py").exists()
+    assert not hasattr(pkg, "main")
+    assert all("argparse" not in p.read_text() for p in folder.glob("*.py"))
 
 
 def test_cli_labels_trend_evidence_as_peak_and_latest():

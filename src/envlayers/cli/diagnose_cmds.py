@@ -25,15 +25,32 @@ def _slurm_record(job_id: str):
 
 
 def _dir_logs(folder: Path) -> list[Path]:
-    from ..diagnose import input_order
+    """The current run's logs: the top level of a run directory (earlier runs of a requeued job sit in
+    run-<n>/ folders and are not read)."""
+    from ..diagnose import current_run_files, input_order
 
-    found = {p for pattern in LOG_GLOBS for p in folder.glob(pattern) if p.is_file()}
-    return sorted(found, key=input_order)
+    return sorted(current_run_files(folder, LOG_GLOBS), key=input_order)
+
+
+class Inputs:
+    """What ``diagnose`` reads: the files, the run directories they came from, and per job id the run
+    directory with Slurm's record (for the launcher's end)."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+        self.run_dirs: list[Path] = []
+        self.jobs: list[tuple[str, Path | None, object]] = []  # (job id, run dir, slurm.JobInfo | None)
 
 
 def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
     """Files to read: a file as given, a run directory's logs, or a job id's run directory and output."""
-    paths: list[Path] = []
+    return resolve(targets, submit_dir).paths
+
+
+def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
+    """:func:`resolve_inputs`, with the run directories and Slurm records it found on the way."""
+    inputs = Inputs()
+    paths = inputs.paths
     for target in targets:
         p = Path(target)
         if p.is_dir():
@@ -41,15 +58,23 @@ def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
             if not logs:
                 raise EnvLayersError(f"no *.log, *.out or serve.env in {p}")
             paths += logs
+            inputs.run_dirs.append(p)
         elif p.is_file():
             paths.append(p)
         elif target.isdigit():
             from ..rundir import locate
 
             # where Slurm says the job's output is (any directory), its run_dir= line, else the run roots
-            files = locate(target, _slurm_record(target), cwd=submit_dir)
+            info = _slurm_record(target)
+            files = locate(target, info, cwd=submit_dir)
             out, run_dir = files.job_out, files.run_dir
-            found = (_dir_logs(run_dir) if run_dir and run_dir.is_dir() else []) + ([out] if out.is_file() else [])
+            has_dir = run_dir is not None and run_dir.is_dir()
+            found = (_dir_logs(run_dir) if has_dir else []) + ([out] if out.is_file() else [])
+            inputs.jobs.append((target, run_dir if has_dir else None, info))
+            if has_dir:
+                inputs.run_dirs.append(run_dir)
+            if has_dir and not found and info is not None and info.finished:
+                continue  # nothing logged, but the launcher's end (or its lack) still says something
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
                                      hint=f"looked for {out} and the run directory ($SCRATCH/inference-server/"
@@ -63,7 +88,8 @@ def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
     for path in paths:
         if path not in unique:
             unique.append(path)
-    return unique
+    inputs.paths = unique
+    return inputs
 
 
 def _wrap(label: str, text: str) -> str:
@@ -71,39 +97,62 @@ def _wrap(label: str, text: str) -> str:
 
 
 @click.command("diagnose")
-@click.argument("targets", nargs=-1, required=True, metavar="JOBID|LOGFILE|RUNDIR...")
+@click.argument("targets", nargs=-1, metavar="JOBID|LOGFILE|RUNDIR...")
 @click.option("--json", "as_json", is_flag=True, help="Print findings as JSON.")
 @click.option("--root", "submit_root", type=click.Path(file_okay=False), default=None,
               help="Submit directory holding serve-only-<jobid>.out (and runs/ when SCRATCH is unset); "
               "default: the current directory.")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
               help="Knowledge base to use instead of the packaged known-issues.yaml.")
+@click.option("--markdown", is_flag=True,
+              help="Print the knowledge base as docs/known-issues.md and exit (no TARGETS).")
 @click.pass_context
 def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit_root: str | None,
-             rules_path: str | None) -> None:
+             rules_path: str | None, markdown: bool) -> None:
     """Match a job's logs against the known-issues knowledge base.
 
     \b
     A JOBID reads ./serve-only-<jobid>.out and the run directory it names
     (else $SCRATCH/inference-server/<jobid>/, else ./runs/inference-server/<jobid>/);
     a directory reads its *.log, *.out and serve.env; a file is read as given.
+    Only the current run of a requeued job is read (earlier runs sit in run-<n>/).
+    A JOBID that ended without the launcher's launch-end.json is reported: the launcher was killed.
     Exit status: 0 nothing matched, 1 at least one known issue matched, 2 bad input.
     """
     from ..diagnose import diagnose as run_diagnose
-    from ..diagnose import load_rules, read_log
+    from ..diagnose import earlier_runs, launcher_end_finding, load_rules, read_log, render_markdown
 
     rules = load_rules(rules_path)
-    paths = resolve_inputs(targets, Path(submit_root) if submit_root else Path.cwd())
+    if markdown:
+        if targets:
+            raise EnvLayersError("--markdown takes no JOBID, log or directory", hint="run it alone")
+        click.echo(render_markdown(rules), nl=False)
+        return
+    if not targets:
+        raise EnvLayersError("give a JOBID, a log file or a run directory", hint="env_layers diagnose --help")
+    inputs = resolve(targets, Path(submit_root) if submit_root else Path.cwd())
+    paths = inputs.paths
     logs = [read_log(p) for p in paths]
-    findings = run_diagnose(logs, rules)
+    findings = []
+    for job_id, run_dir, info in inputs.jobs:
+        died = launcher_end_finding(run_dir, info, job_id)
+        if died is not None:
+            findings.append(died)
+    findings += run_diagnose(logs, rules)
+    earlier = {str(d): [p.name for p in earlier_runs(d)] for d in inputs.run_dirs}
+    earlier = {d: names for d, names in earlier.items() if names}
 
     if as_json:
         click.echo(json.dumps({
             "inputs": [str(p) for p in paths],
+            "earlier_runs": earlier,
             "matched": len(findings),
             "findings": [f.to_dict() for f in findings],
         }, indent=2))
     else:
+        for run_dir, names in earlier.items():
+            click.echo(f"{run_dir}: the job was requeued; earlier runs in {', '.join(n + '/' for n in names)} "
+                       "are not read (pass one as RUNDIR to diagnose it)")
         for f in findings:
             click.echo(f"{f.rule_id} ({f.severity}): {f.title}")
             for e in f.evidence:
@@ -112,7 +161,7 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
                 click.echo(_wrap("detail:   ", f.detail))
             click.echo(_wrap("cause:    ", f.cause))
             click.echo(_wrap("fix:      ", f.fix))
-            click.echo(f"  source:   {f.source}")
+            click.echo(f"  see:      {f.see}")
             click.echo("")
         lines = sum(len(log.lines) for log in logs)
         if findings:

@@ -1,0 +1,79 @@
+"""How the launcher ended, from a run directory: its ``launch-end.json`` record, or the lack of one.
+
+On every orderly end the launcher writes ``launch-end.json`` (``{"restart", "code", "reason",
+"ended_at"}``) into the run directory ``$RUN_ROOT/<jobid>/``. A job that Slurm reports as ended whose
+run directory has no such record lost its launcher without a word: killed by SIGKILL, the node's OOM
+killer or a node failure. :func:`launcher_end_finding` turns that into a finding that quotes what
+Slurm reported (state and exit code).
+
+After a requeue, the earlier runs of a job sit in ``run-<n>/`` folders of the run directory and the
+current run's files stay at the top: only the top level is the current run (:func:`current_run_files`),
+:func:`earlier_runs` lists the others.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from .evidence import Finding
+
+LAUNCH_END = "launch-end.json"
+RULE_ID = "launcher-died"
+_RUN_FOLDER = re.compile(r"^run-(\d+)$")
+
+
+def earlier_runs(run_dir: Path) -> list[Path]:
+    """The ``run-<n>/`` folders of earlier runs of a requeued job, in run order."""
+    try:
+        found = [p for p in Path(run_dir).iterdir() if _RUN_FOLDER.match(p.name) and p.is_dir()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: int(_RUN_FOLDER.match(p.name).group(1)))
+
+
+def current_run_files(run_dir: Path, patterns: Iterable[str]) -> list[Path]:
+    """The current run's files matching ``patterns`` (globs): the top level only, never ``run-<n>/``."""
+    return sorted({p for pattern in patterns for p in Path(run_dir).glob(pattern) if p.is_file()})
+
+
+def _exit_text(exit_code: str | None) -> str:
+    """Slurm's ``code:signal`` in words: ``0:9`` -> ``0:9 (killed by signal 9)``."""
+    if not exit_code:
+        return "not reported"
+    code, _, signal = exit_code.partition(":")
+    if signal.isdigit() and int(signal):
+        return f"{exit_code} (killed by signal {signal})"
+    if code.isdigit():
+        return f"{exit_code} (exit status {code})"
+    return exit_code
+
+
+def launcher_end_finding(run_dir: Path | None, info: Any, job_id: str) -> Finding | None:
+    """A finding when the job has ended (by Slurm's record ``info``, a ``slurm.JobInfo``) and its run
+    directory holds no ``launch-end.json``; ``None`` when the launcher reported its end, when the job has
+    not ended, or when Slurm's record or the run directory is not available (nothing can be said)."""
+    if info is None or not getattr(info, "finished", False) or run_dir is None or not Path(run_dir).is_dir():
+        return None
+    if (Path(run_dir) / LAUNCH_END).exists():
+        return None
+    state = info.state or "unknown"
+    slurm_said = f"Slurm: State={state}, ExitCode={_exit_text(info.exit_code)}"
+    if getattr(info, "reason", None):
+        slurm_said += f", Reason={info.reason}"
+    return Finding(
+        rule_id=RULE_ID,
+        title="The launcher died without reporting",
+        severity="error",
+        status="open",
+        cause=("The job ended, but its launcher never wrote launch-end.json, which it writes on every orderly "
+               "end: it was killed (SIGKILL, the node's out-of-memory killer, or a node failure) before it could "
+               "say why."),
+        fix=(f"Read what Slurm recorded (`sacct -j {job_id} --format=JobID,State,ExitCode,MaxRSS,NodeList`). "
+             "OUT_OF_MEMORY or signal 9 on the batch step: the node ran out of host memory (lower "
+             "MEM_FRACTION_STATIC, or check --mem=0); NODE_FAIL: resubmit; CANCELLED: someone ran scancel."),
+        see="docs/operating.md#the-lifecycle",
+        evidence=(),
+        detail=f"no {LAUNCH_END} in {run_dir}; {slurm_said}",
+    )
