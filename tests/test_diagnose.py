@@ -433,3 +433,123 @@ def test_host_oom_evidence_names_the_killed_rank_not_the_one_srun_stopped(tmp_pa
     (finding,) = [f for f in json.loads(result.output)["findings"] if f["id"] == "host-oom-weight-load"]
     assert [e["file"] for e in finding["evidence"]][:1] == [str(killed)]
     assert finding["evidence"][-1]["text"] == "ENVLAYERS-STAGE: rank 1 exited with code 137"
+
+
+# --- the trend rule's boundary ------------------------------------------------------------------------
+
+TREND_RULE = {"id": "falling-value", "title": "t", "cause": "c", "fix": "f", "status": "open", "see": "docs/diagnose.md",
+              "trend": {"pattern": r"value: (?P<value>\d+)", "min_points": 10, "drop_points": 20}}
+
+
+@pytest.mark.parametrize("latest, fires", [
+    pytest.param(30, True, id="drop-equal-to-drop_points-fires"),
+    pytest.param(31, False, id="drop-one-below-does-not"),
+])
+def test_trend_fires_when_the_drop_equals_drop_points(latest, fires):
+    # 10 points -> windows of 3: the peak mean is 50, the last window's mean is `latest`
+    values = [50, 50, 50, 40, 40, 40, 40, latest, latest, latest]
+    rule = parse_rules([TREND_RULE])[0]
+    finding = evaluate(rule, [LogText("server-0.log", [f"value: {v}" for v in values])])
+    assert (finding is not None) == fires
+    if fires:
+        assert finding.detail.startswith("fell from 50.0 (peak mean of 3 consecutive lines) to 30.0")
+
+
+# --- references a user can follow ----------------------------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    import re
+
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_rule_points_to_a_page_and_section_that_exist(rules):
+    for rule in rules:
+        if rule.see.startswith("https://"):
+            continue
+        page, _, anchor = rule.see.partition("#")
+        path = REPO / page
+        assert path.is_file(), f"{rule.id}: see: {rule.see}: no such page"
+        if anchor:
+            slugs = {_slug(line.lstrip("#")) for line in path.read_text().splitlines() if line.startswith("#")}
+            assert anchor in slugs, f"{rule.id}: see: {rule.see}: no such section (have {sorted(slugs)})"
+
+
+def test_cli_prints_where_to_read_more():
+    result = run("diagnose", str(LOGS / "launcher-ranks-not-placed.out"))
+    assert "  see:      docs/operating.md#the-lifecycle\n" in result.output
+    assert "seed" not in result.output and "source:" not in result.output
+
+
+# --- the launcher's end, and requeued jobs -----------------------------------------------------------------
+
+
+def _fake_slurm(tmp_path: Path, job_id: str, state: str, exit_code: str, stdout: Path) -> dict:
+    """A `scontrol` on PATH that reports one job, as Slurm prints it (`scontrol show job -o`)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = (f"JobId={job_id} JobName=serve-only UserId=u(1000) JobState={state} Reason=None "
+              f"ExitCode={exit_code} RunTime=00:03:10 TimeLimit=04:00:00 NumNodes=1 NodeList=n1 "
+              f"StdOut={stdout} WorkDir={stdout.parent}")
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho '{record}'\n")
+    scontrol.chmod(0o755)
+    import os
+
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def _job_run_dir(tmp_path: Path, job_id: str) -> Path:
+    run_dir = tmp_path / "scratch" / "inference-server" / job_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "server-0.log").write_text((LOGS / "healthy-vllm" / "server-0.log").read_text())
+    return run_dir
+
+
+@pytest.mark.parametrize("state, exit_code, end_record, expected", [
+    pytest.param("FAILED", "0:9", False, "Slurm: State=FAILED, ExitCode=0:9 (killed by signal 9)", id="sigkill"),
+    pytest.param("OUT_OF_MEMORY", "0:125", False, "Slurm: State=OUT_OF_MEMORY, ExitCode=0:125 (killed by signal 125)",
+                 id="oom-killer"),
+    pytest.param("FAILED", "1:0", True, None, id="orderly-end-reported"),
+    pytest.param("RUNNING", "0:0", False, None, id="still-running"),
+])
+def test_cli_says_the_launcher_died_when_an_ended_job_left_no_end_record(tmp_path, state, exit_code, end_record,
+                                                                        expected):
+    run_dir = _job_run_dir(tmp_path, "9001")
+    if end_record:
+        (run_dir / "launch-end.json").write_text(json.dumps(
+            {"restart": 0, "code": 1, "reason": "rank 0 exited", "ended_at": "2026-12-02T10:00:00Z"}))
+    env = _fake_slurm(tmp_path, "9001", state, exit_code, tmp_path / "serve-only-9001.out")
+    env["SCRATCH"] = str(tmp_path / "scratch")
+    result = run("diagnose", "--json", "--root", str(tmp_path), "9001", env=env)
+    data = json.loads(result.output)
+    died = [f for f in data["findings"] if f["id"] == "launcher-died"]
+    if expected is None:
+        assert died == [] and result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 1, result.output
+    assert died[0]["detail"] == f"no launch-end.json in {run_dir}; {expected}"
+    assert died[0]["title"] == "The launcher died without reporting"
+    text = run("diagnose", "--root", str(tmp_path), "9001", env=env).output
+    assert text.startswith("launcher-died (error): The launcher died without reporting\n")
+    assert expected in " ".join(text.split())  # wrapped at 100 columns
+
+
+def test_a_requeued_job_is_diagnosed_from_its_current_run_only(tmp_path):
+    run_dir = _job_run_dir(tmp_path, "9002")
+    earlier = run_dir / "run-0"
+    earlier.mkdir()
+    (earlier / "server-0.log").write_text("ENVLAYERS-ERROR: no routable fabric address on the head node\n")
+    (earlier / "launch-end.json").write_text("{}")
+    (run_dir / "run-1").mkdir()
+    result = run("diagnose", "--json", str(run_dir))
+    data = json.loads(result.output)
+    assert result.exit_code == 0, result.output
+    assert data["inputs"] == [str(run_dir / "server-0.log")]
+    assert data["earlier_runs"] == {str(run_dir): ["run-0", "run-1"]}
+    text = run("diagnose", str(run_dir)).output
+    assert text.splitlines()[0] == (f"{run_dir}: the job was requeued; earlier runs in run-0/, run-1/ are not read "
+                                    "(pass one as RUNDIR to diagnose it)")
+    assert run("diagnose", str(earlier)).exit_code == 1  # an earlier run can still be diagnosed on its own
