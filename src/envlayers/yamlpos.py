@@ -11,7 +11,8 @@ The reader is also the guard against hostile input, whatever the file:
 
 - anchors and aliases are refused (a few hundred bytes of nested aliases expand to gigabytes);
 - nesting deeper than :data:`MAX_DEPTH` is refused before it can exhaust the stack;
-- a file that is not UTF-8, cannot be read or is not valid YAML is one error naming the line;
+- a file that is not UTF-8, cannot be read, is not a regular file (a FIFO would block), is larger than
+  :data:`MAX_BYTES` or is not valid YAML is one error, naming the line where there is one;
 - every error message is bounded (:data:`MAX_MESSAGE`), and :func:`clip` bounds a value quoted in one.
 
 It composes with libyaml's event parser (PyYAML's ``CParser``) when PyYAML was built with it and
@@ -30,6 +31,7 @@ from .errors import EnvLayersError
 MAX_DEPTH = 64  # the project's files nest 6 deep at most
 MAX_MESSAGE = 600  # characters of one error message (and of its hint)
 MAX_VALUE = 80  # characters of a value quoted in a message
+MAX_BYTES = 4 << 20  # a file larger than this is not one of ours
 
 Path_ = tuple  # a key path: ("models", "glm53", "env", "PORT") or ("rules", 3, "trend")
 
@@ -244,15 +246,31 @@ def _syntax_error(text: str, file: str, error: type[EnvLayersError], err: Except
 
 def read(path: str | Path, file: str, error: type[EnvLayersError]) -> Doc:
     """Read and compose the YAML file ``path``; ``file`` is how errors name it."""
+    import os
+    import stat
+
     try:
-        data = Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise error("file not found", where=file, hint="pass --root DIR, or create it") from None
-    except IsADirectoryError:
-        raise error("is a directory, not a YAML file", where=file) from None
     except OSError as err:
-        raise error(f"cannot read: {err.strerror or err}", where=file,
-                    hint="check the file's permissions") from None
+        raise error(f"cannot read: {err.strerror or err}", where=file, hint="check the file's permissions") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a directory, a FIFO or a device would block or never end
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise error(f"is {kind}, not a YAML file", where=file, hint="point it at a regular file")
+        if st.st_size > MAX_BYTES:
+            raise error(f"is {st.st_size} bytes, more than the {MAX_BYTES} this reader takes", where=file,
+                        hint="these files are a few kilobytes; is it the right file?")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as err:
+        raise error(f"cannot read: {err.strerror or err}", where=file, hint="check the file's permissions") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise error(f"is more than {MAX_BYTES} bytes", where=file, hint="these files are a few kilobytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -102,7 +102,7 @@ def _wrap(label: str, text: str) -> str:
 @click.option("--root", "submit_root", type=click.Path(file_okay=False), default=None,
               help="Submit directory holding serve-only-<jobid>.out (and runs/ when SCRATCH is unset); "
               "default: the current directory.")
-@click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--rules", "rules_path", metavar="FILE", default=None,
               help="Knowledge base to use instead of the packaged known-issues.yaml.")
 @click.option("--markdown", is_flag=True,
               help="Print the knowledge base as docs/known-issues.md and exit (no TARGETS).")
