@@ -73,7 +73,8 @@ def load(root: Path) -> Catalog:
     """Read and validate ``experiments/setups.yaml`` under ``root``; every error names file:line."""
     from . import yamlpos
 
-    doc = yamlpos.read(Path(root) / SETUPS, str(SETUPS), CatalogError)
+    doc = yamlpos.read(Path(root) / SETUPS, str(SETUPS), CatalogError,
+                       missing_hint="pass --root DIR or set ENVLAYERS_ROOT")
     return _parse(root, doc)
 
 

@@ -244,7 +244,8 @@ def _syntax_error(text: str, file: str, error: type[EnvLayersError], err: Except
                  hint="fix the YAML syntax")
 
 
-def read(path: str | Path, file: str, error: type[EnvLayersError]) -> Doc:
+def read(path: str | Path, file: str, error: type[EnvLayersError],
+         missing_hint: str = "pass --root DIR, or create it") -> Doc:
     """Read and compose the YAML file ``path``; ``file`` is how errors name it."""
     import os
     import stat
@@ -252,7 +253,7 @@ def read(path: str | Path, file: str, error: type[EnvLayersError]) -> Doc:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise error("file not found", where=file, hint="pass --root DIR, or create it") from None
+        raise error("file not found", where=file, hint=missing_hint) from None
     except OSError as err:
         raise error(f"cannot read: {err.strerror or err}", where=file, hint="check the file's permissions") from None
     try:
