@@ -56,15 +56,17 @@ def dotted(path: Path_) -> str:
     return out
 
 
-def _compose_class():
+def _compose_class(libyaml: bool = True):
     """A loader whose composer refuses anchors, aliases and deep nesting: libyaml's event parser
-    when PyYAML has it, else PyYAML's pure-Python reader, scanner and parser."""
+    when PyYAML has it (and ``libyaml``), else PyYAML's pure-Python reader, scanner and parser."""
     import yaml
     from yaml.composer import Composer
     from yaml.constructor import SafeConstructor
     from yaml.resolver import Resolver
 
     try:
+        if not libyaml:
+            raise ImportError("the pure-Python parser was asked for")
         from yaml.cyaml import CParser as _Parser
 
         parts: tuple = (_Parser,)
@@ -208,11 +210,12 @@ def kind_of_node(node: Any) -> str:
     return "nothing (null)" if tag == "null" else f"a YAML {tag} ({clip(node.value)})"
 
 
-def parse(text: str, file: str, error: type[EnvLayersError]) -> Doc:
-    """Compose ``text`` (read from ``file``) into a :class:`Doc`."""
+def parse(text: str, file: str, error: type[EnvLayersError], *, loader=None) -> Doc:
+    """Compose ``text`` (read from ``file``) into a :class:`Doc` (``loader``: a ``_compose_class()``
+    result, for tests of the pure-Python path)."""
     import yaml
 
-    loader_cls, refused = _loader()
+    loader_cls, refused = loader or _loader()
     try:
         loader = loader_cls(text)
         try:
