@@ -553,3 +553,12 @@ def test_a_requeued_job_is_diagnosed_from_its_current_run_only(tmp_path):
     assert text.splitlines()[0] == (f"{run_dir}: the job was requeued; earlier runs in run-0/, run-1/ are not read "
                                     "(pass one as RUNDIR to diagnose it)")
     assert run("diagnose", str(earlier)).exit_code == 1  # an earlier run can still be diagnosed on its own
+
+
+@pytest.mark.parametrize("args, needle", [
+    pytest.param((), "give a JOBID, a log file or a run directory", id="nothing-to-read"),
+    pytest.param(("--markdown", "x.log"), "--markdown takes no JOBID", id="markdown-with-targets"),
+])
+def test_cli_usage_errors(args, needle):
+    result = run("diagnose", *args)
+    assert result.exit_code == 2 and needle in result.stderr
