@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from envlayers import ops, readiness, rundir, slurm
 from envlayers.cli import cli
+from envlayers.cli import ops_format as fmt
 
 VLLM_LOG = [
     "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:01 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...",
@@ -188,7 +189,7 @@ def test_job_files_read_tolerantly(tmp_path):
 
 def test_tail_reads_only_what_was_added_and_survives_truncation(tmp_path):
     path = tmp_path / "log"
-    tail = rundir.Tail(path)
+    tail = rundir.FileTail(path)
     assert tail.read() == ""
     path.write_text("one\ntw")
     assert tail.read() == "one\ntw"
@@ -210,7 +211,7 @@ def test_tail_lines(tmp_path):
 
 def test_progress_plain_prints_a_timestamped_line_per_change():
     out = io.StringIO()
-    p = ops.Progress(out, mode="plain", clock=lambda: 0)
+    p = fmt.Progress(out, mode="plain", clock=lambda: 0)
     p.update("job 1: PENDING (Priority)", 1, key="a")
     p.update("job 1: PENDING (Priority)", 2, key="a")
     p.message("ENVLAYERS-WARN: x")
@@ -223,7 +224,7 @@ def test_progress_plain_prints_a_timestamped_line_per_change():
 
 def test_progress_tty_rewrites_one_line_and_keeps_messages_above_it():
     out = io.StringIO()
-    p = ops.Progress(out, mode="tty")
+    p = fmt.Progress(out, mode="tty")
     p.update("job 1: PENDING", 1)
     p.update("job 1: PENDING", 1.2)  # the same on screen: nothing written
     p.update("job 1: PENDING", 2)
@@ -248,11 +249,12 @@ def test_progress_text(state, report_lines, with_phase, expect):
     if with_phase:
         from envlayers.phases import parse_phases
         phase = parse_phases(VLLM_LOG[2:3]).last
-    assert ops.progress_text("9", info, report, phase) == expect
+    job = ops.TrackedJob("9", info, rundir.JobFiles("9", None, None))
+    assert fmt.progress_text(ops.WaitEvent("state", job, report, phase)) == expect
 
 
 def test_fmt_duration():
-    assert [ops.fmt_duration(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
+    assert [fmt.fmt_duration(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
 
 
 # ------------------------------------------------------------------------------------------ wait
