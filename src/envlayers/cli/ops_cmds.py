@@ -36,7 +36,7 @@ class Seconds(click.ParamType):
                 number = float(str(value).strip())
             except ValueError:
                 number = None
-        option = "/".join(param.opts) if param is not None else "value"
+        option = param.opts[0] if param is not None and param.opts else "value"
         low = "more than 0" if not self.zero_ok else "0 or more"
         limit = f" and at most {self.maximum:g}" if self.maximum is not None else ""
         if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not self.zero_ok) or \
@@ -44,6 +44,22 @@ class Seconds(click.ParamType):
             raise EnvLayersError(f"{value!r} is not a usable number of seconds: give a number {low}{limit}",
                                  where=option, hint=self.hint or f"e.g. {option} 5")
         return number
+
+
+class Count(click.ParamType):
+    """A whole number 0 or more (a line count); a bad one is a one-line ``EnvLayersError`` (exit 2)."""
+
+    name = "count"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if text.isdigit():
+            return int(text)
+        option = param.opts[0] if param is not None and param.opts else "value"
+        raise EnvLayersError(f"{value!r} is not a number of lines: give a whole number 0 or more", where=option,
+                             hint=f"e.g. {option} 50")
 
 
 _TIMEOUT_HINT = "leave --timeout out to wait as long as the job lives"
@@ -146,7 +162,7 @@ def _rank_choice(value: str) -> str | int:
 @click.option("--rank", "rank_text", default="0", show_default=True, metavar="N|job",
               help="Which log: server-N.log of rank N, or 'job' for serve-only-<jobid>.out.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends (Ctrl-C stops).")
-@click.option("--tail", "-n", "tail_n", type=click.IntRange(min=0), default=None, metavar="N",
+@click.option("--tail", "-n", "tail_n", type=Count(), default=None, metavar="N",
               help="Only the last N lines (with --follow: then the new ones).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one object with the lines (with --follow: one per line).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
