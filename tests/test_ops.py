@@ -860,3 +860,12 @@ def test_wait_on_a_job_whose_launcher_died_says_so(fake, tmp_path):
     res = invoke("wait", "731", "--poll", "0.5")
     assert res.exit_code == 1
     assert "  the launcher died without reporting (killed?); Slurm reports FAILED exit 0:9" in res.stderr
+
+
+def test_a_job_on_its_way_back_to_pending_is_requeued(fake, tmp_path):
+    requeued_job(tmp_path, "725")
+    fake.states["725"] = ["REQUEUED"]
+    fake.extra["725"] = {"restarts": 1}
+    res = invoke("wait", "725", "--timeout", "1", "--poll", "0.5", "--progress", "plain")
+    assert res.exit_code == 3
+    assert "job 725: REQUEUED, requeued (restart 1); waiting for Slurm to start it again" in res.stderr

@@ -43,8 +43,8 @@ def progress_text(event: "WaitEvent", details: bool = True) -> str:
     if info is None:
         return f"job {jid}: Slurm no longer lists it"
     state = info.state or "?"
-    if info.pending:
-        head = f"job {jid}: PENDING" + (f" ({info.reason})" if info.reason else "")
+    if info.pending or job.requeued and not info.running:
+        head = f"job {jid}: {state}" + (f" ({info.reason})" if info.reason and info.reason != "None" else "")
         return head + (", " + REQUEUED.format(n=job.restart) if job.requeued else "")
     if info.state == "COMPLETING" or info.finished:
         return f"job {jid}: {state}"

@@ -60,12 +60,17 @@ class TrackedJob:
         self.files = current_files(files or self.files, info)
 
 
+def waiting_to_start(info: slurm.JobInfo | None) -> bool:
+    """Pending, or on its way back to pending (Slurm's ``REQUEUED``, ``REQUEUE_HOLD``, ``REQUEUE_FED``)."""
+    return info is not None and (info.pending or (info.state or "").startswith("REQUEUE"))
+
+
 def current_files(files: rundir.JobFiles, info: slurm.JobInfo | None) -> rundir.JobFiles:
     """``files`` with ``previous_at_top`` set from Slurm's record and the top-level launch.json."""
     if info is None:
         stale = False  # Slurm forgot the job: the files are all there is
     else:
-        stale = rundir.top_is_previous(files.recorded_restart(), info.restarts, info.pending)
+        stale = rundir.top_is_previous(files.recorded_restart(), info.restarts, waiting_to_start(info))
     if stale == files.previous_at_top:
         return files
     return rundir.JobFiles(files.job_id, files.job_out, files.run_dir, previous_at_top=stale)
