@@ -748,7 +748,7 @@ def test_status_of_a_requeued_pending_job_shows_nothing_old_as_current(fake, tmp
     res = invoke("status", "720")
     out = res.stdout
     assert res.exit_code == 0 and out.startswith("job 720: PENDING (BeginTime)\n"), out
-    assert "  requeued:   requeued (restart 1); waiting for Slurm to start it again\n" in out
+    assert "  run:        requeued (restart 1); waiting for Slurm to start it again\n" in out
     for old in ("endpoint:", "ranks:", "rank exits:", "phase:", "http://n1:8000", "exited with code 143",
                 "launcher:"):
         assert old not in out.replace("earlier:", ""), (old, out)
@@ -816,7 +816,7 @@ def test_status_after_the_requeued_job_started_again(fake, tmp_path):
     fake.states["724"] = ["RUNNING"]
     fake.extra["724"] = {"restarts": 1, "nodelist": "n2"}
     out = invoke("status", "724", "--no-probe").stdout
-    assert "  restart:    1 (this run's files are at the top of the run dir)\n" in out
+    assert "  run:        restart 1 (its files are at the top of the run dir)\n" in out
     assert "ranks:      1/1 up (0 on n2)" in out and "n1" not in out.split("earlier:")[0]
     assert "endpoint:   not live yet" in out and "rank exits:" not in out
     assert "  earlier:    run-0/: restart 0, had been live, rank exits 0 -> 143, launcher ended without reporting" \

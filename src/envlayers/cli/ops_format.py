@@ -255,9 +255,9 @@ def format_record(rec: dict) -> str:
         state += f", exit {s['exit_code']}"
     lines.append(f"job {jid}: {state}")
     if rec.get("requeued"):
-        lines.append(f"  requeued:   {REQUEUED.format(n=rec['restart'])}")
+        lines.append(f"  run:        {REQUEUED.format(n=rec['restart'])}")
     elif rec.get("restart"):
-        lines.append(f"  restart:    {rec['restart']} (this run's files are at the top of the run dir)")
+        lines.append(f"  run:        restart {rec['restart']} (its files are at the top of the run dir)")
     if s:
         nodes = f"{s['nodes']} ({s['nodelist']})" if s.get("nodelist") else str(s.get("nodes", "-"))
         lines.append(f"  nodes:      {nodes}")
