@@ -179,7 +179,8 @@ def test_a_killed_launcher_is_reported_by_wait_and_status(netns_lab, tmp_path):
     deadline = time.monotonic() + 60
     pid = None
     while time.monotonic() < deadline:
-        pid = launcher_pid(job.run_dir) if (job.run_dir / "launch.json").is_file() else None
+        started = all((job.run_dir / name).is_file() for name in ("launch.json", "server-0.log"))
+        pid = launcher_pid(job.run_dir) if started else None  # the rank is up and loading: a launcher at work
         if pid is not None:
             break
         time.sleep(0.2)
