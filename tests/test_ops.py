@@ -869,3 +869,9 @@ def test_a_job_on_its_way_back_to_pending_is_requeued(fake, tmp_path):
     res = invoke("wait", "725", "--timeout", "1", "--poll", "0.5", "--progress", "plain")
     assert res.exit_code == 3
     assert "job 725: REQUEUED, requeued (restart 1); waiting for Slurm to start it again" in res.stderr
+
+
+def test_status_of_a_forgotten_job_whose_launcher_left_no_end_record(fake, tmp_path):
+    make_job(tmp_path, "732", launch={"engine": "vllm"})  # Slurm knows nothing of 732 any more
+    out = invoke("status", "732").stdout
+    assert "  launcher:   the launcher died without reporting (killed?); Slurm no longer lists the job\n" in out

@@ -161,8 +161,9 @@ def endpoint_block(result: "WaitResult") -> str:
 def launcher_line(end: dict) -> str | None:
     """What the launcher said about its end (or that it could not): one line, or ``None`` while running."""
     if end["launcher"] == "died":
-        return LAUNCHER_DIED.format(state=end["slurm_state"] or "nothing (it forgot the job)",
-                                    code=end["slurm_exit"] or "-")
+        if end["slurm_state"] is None:
+            return LAUNCHER_DIED.split(";")[0] + "; Slurm no longer lists the job"
+        return LAUNCHER_DIED.format(state=end["slurm_state"], code=end["slurm_exit"] or "-")
     if end["launcher"] == "reported":
         code = f" (code {end['code']})" if end.get("code") is not None else ""
         return f"the launcher reported: {end.get('reason') or 'no reason given'}{code}"
