@@ -875,3 +875,33 @@ def test_status_of_a_forgotten_job_whose_launcher_left_no_end_record(fake, tmp_p
     make_job(tmp_path, "732", launch={"engine": "vllm"})  # Slurm knows nothing of 732 any more
     out = invoke("status", "732").stdout
     assert "  launcher:   the launcher died without reporting (killed?); Slurm no longer lists the job\n" in out
+
+
+def test_logs_follow_waits_for_the_log_then_follows_it_on_the_fake_clock(fake, tmp_path, clock):
+    run_dir = make_job(tmp_path, "505")
+    fake.states["505"] = ["RUNNING", "RUNNING", "RUNNING", "RUNNING", "COMPLETED"]
+
+    def grow(job, n):
+        if n == 3:
+            (run_dir / "server-0.log").write_text(VLLM_LOG[0] + "\n")
+        if n == 4:
+            with (run_dir / "server-0.log").open("a") as fh:
+                fh.write(VLLM_LOG[1])  # the last line without its newline: printed once the job ended
+
+    fake.on_poll = grow
+    res = invoke("logs", "505", "--follow", "--json")
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["line"] for line in res.stdout.splitlines()] == VLLM_LOG[:2]
+    assert clock.slept and set(clock.slept) <= {0.25, 1.0}  # the watcher's steps, on the fake clock
+
+
+def test_wait_on_a_restarted_job_ignores_the_previous_runs_endpoint(fake, tmp_path):
+    run_dir = requeued_job(tmp_path, "726")
+    (run_dir / "rank-0.exit").unlink()  # only endpoint.json and launch.json (restart 0) left at the top
+    fake.states["726"] = ["RUNNING"]
+    fake.extra["726"] = {"restarts": 1, "nodelist": "n2"}
+    res = invoke("wait", "726", "--timeout", "2", "--poll", "0.5", "--json", "--progress", "plain")
+    assert res.exit_code == 3, res.output
+    data = json.loads(res.stdout)
+    assert data["live"] is False and data["endpoint"] is None and data["requeued"] and data["phase"] is None
+    assert "job 726: RUNNING on n2, restart 1, waiting for the launcher of the new run" in res.stderr
