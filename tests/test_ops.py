@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import subprocess
@@ -11,7 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from envlayers import ops, readiness, rundir, slurm
+from envlayers.ops import watch
 from envlayers.cli import cli
+from envlayers.cli import ops_format as fmt
 
 VLLM_LOG = [
     "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:01 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...",
@@ -25,9 +28,10 @@ VLLM_LOG = [
 
 def scontrol_line(job_id: str, state: str = "RUNNING", *, reason: str = "None", workdir: str = "/tmp",
                   nodelist: str = "n1", exit_code: str = "0:0", limit: str = "04:00:00",
-                  run_time: str = "00:01:00", user: str = "alice") -> str:
+                  run_time: str = "00:01:00", user: str = "alice", restarts: int = 0) -> str:
     return (f"JobId={job_id} JobName=serve-only UserId={user}(1000) GroupId={user}(1000) JobState={state} "
-            f"Reason={reason} Dependency=(null) ExitCode={exit_code} RunTime={run_time} TimeLimit={limit} "
+            f"Reason={reason} Dependency=(null) Requeue=1 Restarts={restarts} BatchFlag=1 Reboot=0 "
+            f"ExitCode={exit_code} RunTime={run_time} TimeLimit={limit} "
             f"SubmitTime=2026-12-02T09:00:00 StartTime=2026-12-02T09:00:01 EndTime=2026-12-02T13:00:01 "
             f"Partition=mi300 NodeList={nodelist if state != 'PENDING' else ''} NumNodes=1 NumCPUs=8 "
             f"WorkDir={workdir} StdErr={workdir}/serve-only-{job_id}.out StdIn=/dev/null "
@@ -73,9 +77,36 @@ class FakeSlurm:
         return done("", 1, f"{argv[0]}: error: not faked\n")
 
 
+class FakeClock:
+    """Time that passes only when slept: no unit test here sleeps for real."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> watch.Clock:
+        return watch.Clock(monotonic=self.monotonic, sleep=self.sleep)
+
+
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def clock(monkeypatch):
+    fc = FakeClock()
+    for module in ("wait", "logs", "stop"):
+        monkeypatch.setattr(importlib.import_module(f"envlayers.ops.{module}"), "Clock", fc.clock)
+    return fc
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch, clock):
     fs = FakeSlurm(tmp_path)
+    fs.clock = clock
     monkeypatch.setattr(slurm, "run", fs)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SCRATCH", raising=False)
@@ -188,7 +219,7 @@ def test_job_files_read_tolerantly(tmp_path):
 
 def test_tail_reads_only_what_was_added_and_survives_truncation(tmp_path):
     path = tmp_path / "log"
-    tail = rundir.Tail(path)
+    tail = rundir.FileTail(path)
     assert tail.read() == ""
     path.write_text("one\ntw")
     assert tail.read() == "one\ntw"
@@ -210,7 +241,7 @@ def test_tail_lines(tmp_path):
 
 def test_progress_plain_prints_a_timestamped_line_per_change():
     out = io.StringIO()
-    p = ops.Progress(out, mode="plain", clock=lambda: 0)
+    p = fmt.Progress(out, mode="plain", clock=lambda: 0)
     p.update("job 1: PENDING (Priority)", 1, key="a")
     p.update("job 1: PENDING (Priority)", 2, key="a")
     p.message("ENVLAYERS-WARN: x")
@@ -223,7 +254,7 @@ def test_progress_plain_prints_a_timestamped_line_per_change():
 
 def test_progress_tty_rewrites_one_line_and_keeps_messages_above_it():
     out = io.StringIO()
-    p = ops.Progress(out, mode="tty")
+    p = fmt.Progress(out, mode="tty")
     p.update("job 1: PENDING", 1)
     p.update("job 1: PENDING", 1.2)  # the same on screen: nothing written
     p.update("job 1: PENDING", 2)
@@ -248,11 +279,12 @@ def test_progress_text(state, report_lines, with_phase, expect):
     if with_phase:
         from envlayers.phases import parse_phases
         phase = parse_phases(VLLM_LOG[2:3]).last
-    assert ops.progress_text("9", info, report, phase) == expect
+    job = ops.TrackedJob("9", info, rundir.JobFiles("9", None, None))
+    assert fmt.progress_text(ops.WaitEvent("state", job, report, phase)) == expect
 
 
 def test_fmt_duration():
-    assert [ops.fmt_duration(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
+    assert [fmt.fmt_duration(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
 
 
 # ------------------------------------------------------------------------------------------ wait
@@ -590,3 +622,283 @@ def test_cli_commands_are_registered_and_cheap_to_import():
             "print(sorted(m for m in ('envlayers.ops','envlayers.slurm','urllib.request') if m in sys.modules))")
     out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+# ------------------------------------------------------------------------------------------ the watcher
+
+def test_watcher_asks_slurm_every_poll_and_looks_at_files_every_step(fake, tmp_path, clock):
+    make_job(tmp_path, "700")
+    fake.states["700"] = ["RUNNING"]
+    job = ops.find_job("700")
+    w = watch.JobWatcher(job, poll_s=1.0, step_s=0.25, clock=clock.clock())
+    asked = [tick.asked_slurm for _, tick in zip(range(9), w.ticks())]
+    # turns at t0, +0.25, ... +2.0: Slurm at +1.0 and +2.0 only
+    assert asked == [False, False, False, False, True, False, False, False, True]
+    assert clock.slept == [0.25] * 8
+
+
+def test_watcher_rides_out_slurm_silence_then_gives_up(fake, tmp_path, clock, monkeypatch):
+    make_job(tmp_path, "701")
+    fake.states["701"] = ["RUNNING"]
+    job = ops.find_job("701")
+    monkeypatch.setattr(slurm, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\n"))
+    w = watch.JobWatcher(job, poll_s=10.0, step_s=10.0, clock=clock.clock(), outage_s=60.0)
+    ticks = w.ticks()
+    silent = []
+    with pytest.raises(slurm.SlurmError, match="Socket timed out"):
+        for tick in ticks:
+            silent.append(tick.slurm_silent)
+    said = [s for s in silent if s]
+    assert len(said) == 1 and "Socket timed out" in said[0]  # said once per outage
+    assert 60.0 < clock.now - 1000.0 <= 80.0  # gave up once the outage passed outage_s
+
+
+# ------------------------------------------------------------------------------------------ a rank that exited
+
+@pytest.mark.parametrize("exits, state", [
+    pytest.param({1: 137}, "RUNNING", id="rank-1-killed-while-running"),
+    pytest.param({0: 0}, "RUNNING", id="rank-0-exited-0"),
+    pytest.param({0: 1, 1: 0}, "COMPLETING", id="completing"),
+])
+def test_wait_is_not_live_while_a_rank_has_exited_and_says_which(fake, tmp_path, exits, state):
+    run_dir = make_job(tmp_path, "710", log_lines=VLLM_LOG, exits=exits)
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("710", run_dir)))
+    fake.states["710"] = [state]
+    res = invoke("wait", "710", "--timeout", "2", "--poll", "0.5", "--progress", "plain")
+    assert res.exit_code == 3, res.output
+    first = next(iter(exits.items()))
+    assert f"rank {first[0]} exited with code {first[1]}" in res.stderr
+    data = json.loads(invoke("wait", "710", "--timeout", "1", "--json", "--progress", "none").stdout)
+    assert data["live"] is False and data["outcome"] == "timeout" and data["endpoint"] is None
+    assert data["rank_exits"] == {str(r): c for r, c in exits.items()}
+
+
+def test_wait_with_a_fake_clock_never_reports_live_past_an_exit_file(fake, tmp_path, clock):
+    run_dir = make_job(tmp_path, "711", exits={1: 9})
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("711", run_dir)))
+    fake.states["711"] = ["RUNNING", "RUNNING", "RUNNING", "FAILED"]
+    events = []
+    result = ops.wait_for("711", poll_s=1.0, on_event=events.append, clock=clock.clock())
+    assert result.outcome == "ended" and result.rank_exits == {1: 9}
+    states = [e for e in events if e.kind == "state"]
+    assert states and all(e.rank_exits == {1: 9} for e in states)
+    assert max(clock.slept) == 0.25 and sum(clock.slept) >= 3.0  # polled with the fake clock only
+
+
+# ------------------------------------------------------------------------------------------ requeue
+
+def test_scontrol_restarts_parsed():
+    assert slurm.parse_scontrol_job(scontrol_line("1", restarts=2)).restarts == 2
+    assert slurm.parse_scontrol_job("JobId=1 JobState=RUNNING").restarts is None
+
+
+@pytest.mark.parametrize("recorded, restarts, pending, expect", [
+    pytest.param(0, 0, False, False, id="first-run"),
+    pytest.param(None, 0, False, False, id="first-run-before-launch-json"),
+    pytest.param(0, 1, False, True, id="requeued-running-old-launch-json"),
+    pytest.param(None, 1, False, True, id="requeued-running-no-launch-json-yet"),
+    pytest.param(1, 1, False, False, id="requeued-new-run-wrote-launch-json"),
+    pytest.param(1, 1, True, True, id="pending-again"),
+    pytest.param(0, None, False, False, id="slurm-did-not-say"),
+])
+def test_top_is_previous(recorded, restarts, pending, expect):
+    assert rundir.top_is_previous(recorded, restarts, pending) is expect
+
+
+def test_job_output_of_a_requeued_job_reports_the_last_run_only():
+    r = rundir.parse_job_output("ENVLAYERS-STAGE: run_dir=/r/9\nENVLAYERS-STAGE: rank 0 up on n1\n"
+                                "ENVLAYERS-STAGE: endpoint live after 3.0s\nENVLAYERS-ERROR: old\n"
+                                "ENVLAYERS-STAGE: run_dir=/r/9\nENVLAYERS-WARN: new\n")
+    assert r.runs_seen == 2 and r.ranks_up == {} and not r.live and r.errors == [] and r.warnings == ["new"]
+    assert r.run_dir == "/r/9"
+
+
+RUN0_OUT = ["ENVLAYERS-STAGE: rank 0 up on n1", "ENVLAYERS-STAGE: all 1 ranks started",
+            "ENVLAYERS-STAGE: endpoint live after 12.0s", readiness.BANNER, "base URL: http://n1:8000/v1", "",
+            "ENVLAYERS-ERROR: rank 0 on n1 exited with code 143 after the endpoint was live"]
+
+
+def requeued_job(tmp_path: Path, job_id: str) -> Path:
+    """A run dir as the first run of a job left it when Slurm requeued it (node failure): files at the top."""
+    run_dir = make_job(tmp_path, job_id, out_lines=RUN0_OUT, log_lines=VLLM_LOG, exits={0: 143},
+                       launch={"job_id": job_id, "engine": "vllm", "served_model_name": "hpcagent-bench-vllm",
+                               "restart": 0})
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data(job_id, run_dir, restart=0)))
+    return run_dir
+
+
+def start_again(tmp_path: Path, run_dir: Path, job_id: str, restart: int) -> None:
+    """What the job side does when a requeued job starts again: the top-level entries move to run-<n>/."""
+    n = next(i for i in range(100) if not (run_dir / f"run-{i}").exists())
+    (run_dir / f"run-{n}").mkdir()
+    for entry in list(run_dir.iterdir()):
+        if not entry.name.startswith("run-"):
+            entry.rename(run_dir / f"run-{n}" / entry.name)
+    (run_dir / "launch.json").write_text(json.dumps({"job_id": job_id, "engine": "vllm", "restart": restart,
+                                                     "served_model_name": "hpcagent-bench-vllm"}))
+    with (tmp_path / f"serve-only-{job_id}.out").open("a") as fh:
+        fh.write(f"ENVLAYERS-STAGE: run_dir={run_dir}\nENVLAYERS-STAGE: rank 0 up on n2\n")
+
+
+def test_status_of_a_requeued_pending_job_shows_nothing_old_as_current(fake, tmp_path):
+    run_dir = requeued_job(tmp_path, "720")
+    fake.states["720"] = ["PENDING"]
+    fake.extra["720"] = {"restarts": 1, "reason": "BeginTime"}
+    res = invoke("status", "720")
+    out = res.stdout
+    assert res.exit_code == 0 and out.startswith("job 720: PENDING (BeginTime)\n"), out
+    assert "  run:        requeued (restart 1); waiting for Slurm to start it again\n" in out
+    for old in ("endpoint:", "ranks:", "rank exits:", "phase:", "http://n1:8000", "exited with code 143",
+                "launcher:"):
+        assert old not in out.replace("earlier:", ""), (old, out)
+    assert "  earlier:    top of the run dir (not moved yet): restart 0, had been live, rank exits 0 -> 143" in out
+    data = json.loads(invoke("status", "720", "--json", "--no-probe").stdout)
+    assert data["requeued"] and data["restart"] == 1 and data["endpoint"] is None and data["rank_exits"] == {}
+    assert data["launcher"]["ranks_up"] == {} and data["phase"] is None
+    assert [(r["folder"], r["restart"], r["live"]) for r in data["earlier_runs"]] == [(None, 0, True)]
+    assert data["earlier_runs"][0]["path"] == str(run_dir)
+
+
+def test_wait_on_a_requeued_job_keeps_waiting_then_follows_the_new_run(fake, tmp_path):
+    run_dir = requeued_job(tmp_path, "721")
+    fake.states["721"] = ["PENDING", "PENDING", "PENDING", "RUNNING"]
+    fake.extra["721"] = {"restarts": 1, "reason": "BeginTime"}
+
+    def new_run(job, n):
+        if n == 5:
+            start_again(tmp_path, run_dir, "721", restart=1)
+        if n == 7:
+            data = endpoint_data("721", run_dir, restart=1)
+            data.update(base_urls=["http://n2:8000/v1"], base_url="http://n2:8000/v1")
+            (run_dir / "endpoint.json").write_text(json.dumps(data))
+
+    fake.on_poll = new_run
+    res = invoke("wait", "721", "--poll", "0.5", "--progress", "plain", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["outcome"] == "live" and data["endpoint"]["base_urls"] == ["http://n2:8000/v1"]
+    assert data["restart"] == 1 and data["rank_exits"] == {}
+    assert "requeued (restart 1); waiting for Slurm to start it again" in res.stderr
+    assert "exited with code 143" not in res.stderr  # the previous run's error is not this run's
+
+
+def test_wait_on_a_requeued_pending_job_times_out_instead_of_ending(fake, tmp_path):
+    requeued_job(tmp_path, "722")
+    fake.states["722"] = ["PENDING"]
+    fake.extra["722"] = {"restarts": 1, "reason": "BeginTime"}
+    res = invoke("wait", "722", "--timeout", "3", "--poll", "0.5")
+    assert res.exit_code == 3, res.output
+    assert ("job 722 not live after 3s: PENDING (BeginTime), requeued (restart 1); waiting for Slurm to start it "
+            "again") in res.stderr
+    assert "had been live" not in res.stderr
+
+
+def test_logs_of_a_requeued_job_name_the_previous_runs_log(fake, tmp_path):
+    run_dir = requeued_job(tmp_path, "723")
+    fake.states["723"] = ["PENDING"]
+    fake.extra["723"] = {"restarts": 1, "reason": "BeginTime"}
+    res = invoke("logs", "723")
+    assert res.exit_code == 2
+    assert ("job 723 was requeued (restart 1): the current run has not written server-0.log yet; the previous "
+            f"run's: {run_dir}/server-0.log (moved to run-0/ when the job starts again)") in res.stderr
+    start_again(tmp_path, run_dir, "723", restart=1)
+    fake.states["723"] = ["RUNNING"]
+    res = invoke("logs", "723")
+    assert res.exit_code == 2
+    assert f"no server-0.log in {run_dir}; the previous run's: run-0/server-0.log" in res.stderr
+    assert "--follow` waits for it" in res.stderr
+
+
+def test_status_after_the_requeued_job_started_again(fake, tmp_path):
+    run_dir = requeued_job(tmp_path, "724")
+    start_again(tmp_path, run_dir, "724", restart=1)
+    fake.states["724"] = ["RUNNING"]
+    fake.extra["724"] = {"restarts": 1, "nodelist": "n2"}
+    out = invoke("status", "724", "--no-probe").stdout
+    assert "  run:        restart 1 (its files are at the top of the run dir)\n" in out
+    assert "ranks:      1/1 up (0 on n2)" in out and "n1" not in out.split("earlier:")[0]
+    assert "endpoint:   not live yet" in out and "rank exits:" not in out
+    assert "  earlier:    run-0/: restart 0, had been live, rank exits 0 -> 143, launcher ended without reporting" \
+        in out
+
+
+# ------------------------------------------------------------------------------------------ how the launcher ended
+
+@pytest.mark.parametrize("state, exit_code, launch_end, launch, kind, expect", [
+    pytest.param("FAILED", "0:9", None, True, "died",
+                 "the launcher died without reporting (killed?); Slurm reports FAILED exit 0:9", id="killed"),
+    pytest.param("FAILED", "1:0", {"restart": 0, "code": 1, "reason": "rank 0 exited with code 3",
+                                   "ended_at": "2026-12-02T10:00:00"}, True, "reported",
+                 "the launcher reported: rank 0 exited with code 3 (code 1)", id="reported"),
+    pytest.param("CANCELLED", "0:15", None, False, "never started",
+                 "the launcher of this run never started; Slurm reports CANCELLED exit 0:15", id="never-started"),
+    pytest.param("RUNNING", "0:0", None, True, "running", None, id="running"),
+])
+def test_status_says_how_the_launcher_ended(fake, tmp_path, state, exit_code, launch_end, launch, kind, expect):
+    run_dir = make_job(tmp_path, "730", launch={"engine": "vllm", "restart": 0} if launch else None)
+    if launch_end is not None:
+        (run_dir / "launch-end.json").write_text(json.dumps(launch_end))
+    fake.states["730"] = [state]
+    fake.extra["730"] = {"exit_code": exit_code}
+    out = invoke("status", "730", "--no-probe").stdout
+    data = json.loads(invoke("status", "730", "--json", "--no-probe").stdout)["launcher_end"]
+    assert data["launcher"] == kind and data["slurm_state"] == state and data["slurm_exit"] == exit_code
+    if expect is None:
+        assert "launcher:" not in out
+    else:
+        assert f"  launcher:   {expect}\n" in out, out
+
+
+def test_wait_on_a_job_whose_launcher_died_says_so(fake, tmp_path):
+    make_job(tmp_path, "731", launch={"engine": "vllm"}, log_lines=VLLM_LOG[:2])
+    fake.states["731"] = ["RUNNING", "FAILED"]
+    fake.extra["731"] = {"exit_code": "0:9"}
+    res = invoke("wait", "731", "--poll", "0.5")
+    assert res.exit_code == 1
+    assert "  the launcher died without reporting (killed?); Slurm reports FAILED exit 0:9" in res.stderr
+
+
+def test_a_job_on_its_way_back_to_pending_is_requeued(fake, tmp_path):
+    requeued_job(tmp_path, "725")
+    fake.states["725"] = ["REQUEUED"]
+    fake.extra["725"] = {"restarts": 1}
+    res = invoke("wait", "725", "--timeout", "1", "--poll", "0.5", "--progress", "plain")
+    assert res.exit_code == 3
+    assert "job 725: REQUEUED, requeued (restart 1); waiting for Slurm to start it again" in res.stderr
+
+
+def test_status_of_a_forgotten_job_whose_launcher_left_no_end_record(fake, tmp_path):
+    make_job(tmp_path, "732", launch={"engine": "vllm"})  # Slurm knows nothing of 732 any more
+    out = invoke("status", "732").stdout
+    assert "  launcher:   the launcher died without reporting (killed?); Slurm no longer lists the job\n" in out
+
+
+def test_logs_follow_waits_for_the_log_then_follows_it_on_the_fake_clock(fake, tmp_path, clock):
+    run_dir = make_job(tmp_path, "505")
+    fake.states["505"] = ["RUNNING", "RUNNING", "RUNNING", "RUNNING", "COMPLETED"]
+
+    def grow(job, n):
+        if n == 3:
+            (run_dir / "server-0.log").write_text(VLLM_LOG[0] + "\n")
+        if n == 4:
+            with (run_dir / "server-0.log").open("a") as fh:
+                fh.write(VLLM_LOG[1])  # the last line without its newline: printed once the job ended
+
+    fake.on_poll = grow
+    res = invoke("logs", "505", "--follow", "--json")
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["line"] for line in res.stdout.splitlines()] == VLLM_LOG[:2]
+    assert clock.slept and set(clock.slept) <= {0.25, 1.0}  # the watcher's steps, on the fake clock
+
+
+def test_wait_on_a_restarted_job_ignores_the_previous_runs_endpoint(fake, tmp_path):
+    run_dir = requeued_job(tmp_path, "726")
+    (run_dir / "rank-0.exit").unlink()  # only endpoint.json and launch.json (restart 0) left at the top
+    fake.states["726"] = ["RUNNING"]
+    fake.extra["726"] = {"restarts": 1, "nodelist": "n2"}
+    res = invoke("wait", "726", "--timeout", "2", "--poll", "0.5", "--json", "--progress", "plain")
+    assert res.exit_code == 3, res.output
+    data = json.loads(res.stdout)
+    assert data["live"] is False and data["endpoint"] is None and data["requeued"] and data["phase"] is None
+    assert "job 726: RUNNING on n2, restart 1, waiting for the launcher of the new run" in res.stderr

@@ -9,9 +9,16 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
   <s>s`` followed by the endpoint block that starts with ``readiness.BANNER``;
 - the run directory ``<RUN_ROOT>/<jobid>/`` (RUN_ROOT defaults to ``${SCRATCH:-$PWD/runs}/inference-server``)
   holds ``server-<rank>.log``, ``rank-<rank>.exit``, ``endpoint.json`` (written when live), ``launch.json``,
-  ``serve.env``, ``job.sh``, ``ranks.sh``.
+  ``launch-end.json`` (written by the launcher on every orderly end: ``restart``, ``code``, ``reason``,
+  ``ended_at``), ``serve.env``, ``job.sh``, ``ranks.sh``;
+- a requeued job keeps the current run's files at the top of that folder: when it starts again, every
+  top-level entry except the ``run-<n>/`` folders moves into ``run-<n>/`` (``n`` the first free number
+  from 0); ``launch.json`` and ``endpoint.json`` carry ``"restart"`` (Slurm's ``SLURM_RESTART_COUNT``,
+  0 for the first run). Until the new run has written its ``launch.json``, the top-level files are the
+  previous run's (:func:`top_is_previous`), and :class:`JobFiles` then shows none of them as current.
 
 Parsing here is pure (text in, records out); ``locate`` and ``JobFiles`` only read files.
+``FileTail`` is the one reader of a growing file (and ``tail_lines`` of a file's last lines).
 Unknown fields in the JSON files are ignored, missing ones are ``None``.
 """
 
@@ -38,13 +45,19 @@ _LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
 TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
 _SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
 _RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
+_RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
+LAUNCH_END = "launch-end.json"
 
 
 @dataclass
 class LauncherReport:
-    """What the launcher said in the job output, in order of appearance."""
+    """What the launcher said in the job output, in order of appearance.
+
+    A requeued job prints a new ``run_dir=`` line when it starts again: from there on the report is the
+    new run's (``runs_seen`` counts the runs the output shows)."""
 
     run_dir: str | None = None
+    runs_seen: int = 0
     topology: list[str] = field(default_factory=list)
     stages: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -92,7 +105,11 @@ class LauncherReport:
                 self.errors.append(text)
             elif kind == "STAGE":
                 self.stages.append(text)
-                if (mm := _RUN_DIR_RE.match(text)) and self.run_dir is None:
+                if mm := _RUN_DIR_RE.match(text):
+                    if self.runs_seen:
+                        self._new_run()
+                        self.stages.append(text)
+                    self.runs_seen += 1
                     self.run_dir = mm.group(1).strip()
                 elif mm := _RANK_UP_RE.match(text):
                     self.ranks_up[int(mm.group(1))] = mm.group(2)
@@ -101,6 +118,12 @@ class LauncherReport:
                 elif mm := _LIVE_RE.match(text):
                     self.live_after_s = float(mm.group(1))
         return new
+
+    def _new_run(self) -> None:
+        fresh = LauncherReport()
+        for name in ("topology", "stages", "warnings", "errors", "ranks_up", "ranks_started", "live_after_s",
+                     "endpoint_block", "_in_block"):
+            setattr(self, name, getattr(fresh, name))
 
     def to_dict(self) -> dict:
         return {"run_dir": self.run_dir, "topology": self.topology, "stages": self.stages,
@@ -116,8 +139,8 @@ def parse_job_output(text: str) -> LauncherReport:
     return report
 
 
-class Tail:
-    """Reads what a growing file gained since the last call (bytes decoded as UTF-8, tolerant).
+class FileTail:
+    """THE reader of a growing file: what it gained since the last call (bytes decoded as UTF-8, tolerant).
 
     ``read()`` returns ``""`` while the file does not exist; a file that shrank is read again from 0.
     """
@@ -163,22 +186,58 @@ def tail_lines(path: Path, n: int, chunk: int = 65536) -> list[str]:
     return lines[-n:]
 
 
+def top_is_previous(recorded_restart: int | None, slurm_restarts: int | None, pending: bool) -> bool:
+    """Whether the top-level files of a run directory belong to an earlier run than the one Slurm runs now.
+
+    ``recorded_restart``: the ``restart`` of the top-level ``launch.json`` (0 when it has none, ``None``
+    when there is no launch.json); ``slurm_restarts``: Slurm's ``Restarts`` (``None`` when Slurm did not
+    say). A pending job has no current files: whatever is there is a previous run's."""
+    if pending:
+        return True
+    if slurm_restarts is None:
+        return False  # nothing to compare with: trust the files
+    return slurm_restarts > (recorded_restart or 0)
+
+
 @dataclass
 class JobFiles:
-    """A job's output file and run directory (either may be ``None`` or not exist yet)."""
+    """A job's output file and run directory (either may be ``None`` or not exist yet).
+
+    ``previous_at_top``: the top-level files are an earlier run's (a requeued job that has not started
+    again): every accessor of the current run's files then answers "nothing yet"."""
 
     job_id: str
     job_out: Path | None
     run_dir: Path | None
+    previous_at_top: bool = False
 
     def server_log(self, rank: int = 0) -> Path | None:
+        if self.previous_at_top:
+            return None
         return self.run_dir / f"server-{rank}.log" if self.run_dir else None
 
     def server_logs(self) -> dict[int, Path]:
-        return self._numbered(_SERVER_LOG_RE)
+        return {} if self.previous_at_top else self._numbered(_SERVER_LOG_RE)
+
+    def earlier_runs(self) -> dict[int, Path]:
+        """n -> ``run-<n>/``: the folders earlier runs of a requeued job were moved into."""
+        if self.run_dir is None or not self.run_dir.is_dir():
+            return {}
+        return self._numbered(_RUN_SUBDIR_RE, dirs=True)
+
+    def recorded_restart(self) -> int | None:
+        """The ``restart`` of the top-level launch.json, whichever run wrote it (0 when it has none,
+        ``None`` when there is no readable launch.json)."""
+        data = self._json("launch.json")
+        if data is None:
+            return None
+        value = data.get("restart", 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
     def rank_exits(self) -> dict[int, int | None]:
         """rank -> exit code from ``rank-<rank>.exit`` (``None`` when the file does not hold a number)."""
+        if self.previous_at_top:
+            return {}
         exits: dict[int, int | None] = {}
         for rank, path in self._numbered(_RANK_EXIT_RE).items():
             try:
@@ -189,7 +248,11 @@ class JobFiles:
         return exits
 
     def endpoint_data(self) -> dict | None:
-        return self._json("endpoint.json")
+        return None if self.previous_at_top else self._json("endpoint.json")
+
+    def launch_end(self) -> dict | None:
+        """``launch-end.json`` of the current run: how the launcher ended (``None``: it did not say)."""
+        return None if self.previous_at_top else self._json(LAUNCH_END)
 
     def endpoint(self) -> "Endpoint | None":
         """``endpoint.json`` as a readiness.Endpoint (unknown fields ignored), or ``None`` before it exists."""
@@ -204,10 +267,11 @@ class JobFiles:
             return None
 
     def launch(self) -> dict | None:
-        return self._json("launch.json")
+        return None if self.previous_at_top else self._json("launch.json")
 
     def read_job_output(self) -> LauncherReport:
-        if self.job_out is None:
+        """The current run's launcher lines (nothing while the top-level files are a previous run's)."""
+        if self.job_out is None or self.previous_at_top:
             return LauncherReport()
         try:
             return parse_job_output(self.job_out.read_text(errors="replace"))
@@ -223,13 +287,13 @@ class JobFiles:
             return None  # absent, or half-written: the writer replaces it atomically, so try again later
         return data if isinstance(data, dict) else None
 
-    def _numbered(self, pattern: re.Pattern) -> dict[int, Path]:
+    def _numbered(self, pattern: re.Pattern, dirs: bool = False) -> dict[int, Path]:
         if self.run_dir is None or not self.run_dir.is_dir():
             return {}
         found = {}
         for entry in self.run_dir.iterdir():
             m = pattern.match(entry.name)
-            if m:
+            if m and (not dirs or entry.is_dir()):
                 found[int(m.group(1))] = entry
         return dict(sorted(found.items()))
 

@@ -119,6 +119,7 @@ class JobInfo:
     end_time: str | None = None
     exit_code: str | None = None
     user: str | None = None
+    restarts: int | None = None  # scontrol's Restarts: how often Slurm requeued the job (None: not said)
 
     @property
     def finished(self) -> bool:
@@ -229,6 +230,7 @@ def parse_scontrol_job(text: str) -> JobInfo:
         end_time=_clean(f.get("EndTime")),
         exit_code=_clean(f.get("ExitCode")),
         user=_user(f.get("UserId")),
+        restarts=_count(f.get("Restarts")),
     )
 
 
@@ -441,3 +443,9 @@ def _first_error(proc: subprocess.CompletedProcess, prefer: str | None = None) -
 
 def _strip_prefix(line: str) -> str:
     return re.sub(r"^\w+: error: ", "", line)
+
+
+def _count(value: str | None) -> int | None:
+    """A non-negative count Slurm printed (``Restarts=2`` -> 2), ``None`` when absent or not a number."""
+    value = _clean(value)
+    return int(value) if value is not None and value.isdigit() else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from labtools import processes_mentioning
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "cluster" / "serve-only.sbatch"
 STANDIN = REPO / "tests" / "standin"
+BIN = Path(sys.executable).parent  # this interpreter's console scripts (env_layers), activated venv or not
 BANNER = "===== endpoint is live ====="
 
 pytestmark = pytest.mark.slurm
@@ -30,7 +32,8 @@ class Job:
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
                     "STANDIN_LOAD_SECONDS": "1",
-                    "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
+                    "PATH": f"{STANDIN / 'bin'}:{BIN}:{lab.env.get('PATH', os.environ['PATH'])}",
+                    "PYTHON": sys.executable,
                     "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), **env}
         for key in ("ENVLAYERS_ROOT", "RUN_ROOT", "ENVLAYERS_RUN_ROOT"):
             self.env.pop(key, None)
@@ -151,6 +154,50 @@ def test_replicas_status_probes_every_endpoint_and_stop_silences_them_all(netns_
     assert res.returncode == 0 and result["ok"], res.stdout
     assert [p["answers"] for p in result["probes"]] == [False, False]
     deadline = time.monotonic() + 15
+    while processes_mentioning(str(job.run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(job.run_dir)) == []
+
+
+def launcher_pid(run_dir: Path) -> int | None:
+    """The PID of the job's launcher: ``-m envlayers launch --run-dir <run_dir>``, a child of slurmstepd."""
+    needle = b"envlayers\0launch\0--run-dir\0" + str(run_dir).encode() + b"\0"
+    for pid in processes_mentioning(str(run_dir)):
+        try:
+            if needle not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            if Path(f"/proc/{ppid}/comm").read_text().strip() == "slurmstepd":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_a_killed_launcher_is_reported_by_wait_and_status(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, STANDIN_HANG_AT="weights")
+    deadline = time.monotonic() + 60
+    pid = None
+    while time.monotonic() < deadline:
+        started = all((job.run_dir / name).is_file() for name in ("launch.json", "server-0.log"))
+        pid = launcher_pid(job.run_dir) if started else None  # the rank is up and loading: a launcher at work
+        if pid is not None:
+            break
+        time.sleep(0.2)
+    assert pid is not None, f"no launcher process for {job.run_dir}"
+    os.kill(pid, signal.SIGKILL)  # only this one process: Slurm ends the job and its ranks
+    res = job.cli("wait", job.job_id, "--timeout", "60", "--poll", "0.5")
+    assert res.returncode == 1, res.stderr
+    assert "the launcher died without reporting (killed?); Slurm reports " in res.stderr
+    status = job.cli("status", job.job_id, "--no-probe")
+    line = next(ln for ln in status.stdout.splitlines() if ln.startswith("  launcher:"))
+    record = json.loads(job.cli("status", job.job_id, "--json", "--no-probe").stdout)
+    end = record["launcher_end"]
+    assert end["launcher"] == "died" and end["slurm_state"] in ("FAILED", "CANCELLED", "COMPLETED"), end
+    assert line == (f"  launcher:   the launcher died without reporting (killed?); Slurm reports {end['slurm_state']} "
+                    f"exit {end['slurm_exit']}")
+    assert not (job.run_dir / "launch-end.json").exists()
+    deadline = time.monotonic() + 30
     while processes_mentioning(str(job.run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(job.run_dir)) == []

@@ -1,19 +1,68 @@
 """``wait``, ``status``, ``logs``, ``stop``: operate an endpoint job from its id, on the login node.
 
-Thin click wrappers around ``envlayers.ops`` (imported when a command runs). Exit statuses:
-0 done (``wait``: live), 1 the job ended / could not be stopped cleanly, 2 bad input (no such job,
-no log yet), 3 ``wait`` ran out of time while the job goes on.
+Thin click wrappers: ``envlayers.ops`` does the work and returns records (imported when a command runs),
+``cli.ops_format`` turns them into lines. Exit statuses: 0 done (``wait``: live), 1 the job ended /
+could not be stopped cleanly, 2 bad input (no such job, no log yet, a number that is not one),
+3 ``wait`` ran out of time while the job goes on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import click
 
 from ..errors import EnvLayersError
 
 _RUN_DIR_HELP = "The job's run directory, when it is not where the job output says (or the output is gone)."
+MAX_POLL_S = 600.0
+
+
+class Seconds(click.ParamType):
+    """A number of seconds: finite, not negative, ``> 0`` unless ``zero_ok``, at most ``maximum``.
+    A bad one is a one-line ``EnvLayersError`` naming the option (exit 2), never a traceback or a hang."""
+
+    name = "seconds"
+
+    def __init__(self, zero_ok: bool, maximum: float | None = None, hint: str = ""):
+        self.zero_ok, self.maximum, self.hint = zero_ok, maximum, hint
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                number = None
+        option = param.opts[0] if param is not None and param.opts else "value"
+        low = "more than 0" if not self.zero_ok else "0 or more"
+        limit = f" and at most {self.maximum:g}" if self.maximum is not None else ""
+        if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not self.zero_ok) or \
+                (self.maximum is not None and number > self.maximum):
+            raise EnvLayersError(f"{value!r} is not a usable number of seconds: give a number {low}{limit}",
+                                 where=option, hint=self.hint or f"e.g. {option} 5")
+        return number
+
+
+class Count(click.ParamType):
+    """A whole number 0 or more (a line count); a bad one is a one-line ``EnvLayersError`` (exit 2)."""
+
+    name = "count"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if text.isdigit():
+            return int(text)
+        option = param.opts[0] if param is not None and param.opts else "value"
+        raise EnvLayersError(f"{value!r} is not a number of lines: give a whole number 0 or more", where=option,
+                             hint=f"e.g. {option} 50")
+
+
+_TIMEOUT_HINT = "leave --timeout out to wait as long as the job lives"
 
 
 def _dump(data) -> None:
@@ -22,10 +71,10 @@ def _dump(data) -> None:
 
 @click.command()
 @click.argument("job_id")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, metavar="S",
+@click.option("--timeout", "timeout_s", type=Seconds(zero_ok=True, hint=_TIMEOUT_HINT), default=None, metavar="S",
               help="Give up after S seconds (exit 3; the job goes on). Default: as long as the job lives.")
-@click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=1.0, show_default=True, metavar="S",
-              help="Seconds between Slurm queries (files are checked at least every 0.25 s).")
+@click.option("--poll", "poll_s", type=Seconds(zero_ok=False, maximum=MAX_POLL_S), default=1.0, show_default=True,
+              metavar="S", help="Seconds between Slurm queries (files are checked at least every 0.25 s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
 @click.option("--progress", type=click.Choice(["auto", "tty", "plain", "none"]), default="auto", show_default=True,
               help="Progress on stderr: one live line (tty), timestamped lines (plain), or none.")
@@ -42,36 +91,24 @@ def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float
     A downstream job can depend on it:  env_layers wait 1234 --timeout 3600 && run-bench
     """
     from .. import ops
+    from . import ops_format as fmt
 
-    printer = ops.Progress(mode=None if progress == "auto" else progress)
+    printer = fmt.Progress(mode=None if progress == "auto" else progress)
     try:
-        result = ops.wait_for(job_id, timeout_s=timeout_s, poll_s=poll_s, progress=printer, run_dir=run_dir)
+        result = ops.wait_for(job_id, timeout_s=timeout_s, poll_s=poll_s, on_event=printer, run_dir=run_dir)
     finally:
         printer.close()
     if as_json:
         _dump(result.to_dict())
     elif result.outcome == "live":
-        click.echo(_block(result), nl=False)
+        click.echo(fmt.endpoint_block(result), nl=False)
     elif result.outcome == "ended":
-        for line in ops.describe_end(result):
+        for line in fmt.describe_end(result):
             click.echo(line, err=True)
     else:
-        for line in ops.describe_timeout(result, timeout_s or 0):
+        for line in fmt.describe_timeout(result, timeout_s or 0):
             click.echo(line, err=True)
     ctx.exit(result.exit_code)
-
-
-def _block(result) -> str:
-    from ..readiness import Endpoint
-
-    data = dict(result.endpoint or {})
-    try:
-        endpoint = Endpoint.from_json(json.dumps(data))
-        return endpoint.block()
-    except (TypeError, ValueError, KeyError, IndexError):
-        if result.report.endpoint_block:
-            return result.report.endpoint_block
-        return json.dumps(data, indent=2) + "\n"
 
 
 @click.command()
@@ -82,8 +119,10 @@ def _block(result) -> str:
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, run_dir: str | None) -> None:
     """Without JOB_ID: your endpoint jobs (id, state, nodes, time left, model, endpoint).
-    With JOB_ID: the full record (state, reason, nodes, run dir, last startup phase, endpoint, errors)."""
+    With JOB_ID: the full record (state, reason, nodes, run dir, how the launcher ended, last startup
+    phase, endpoint, errors, earlier runs of a requeued job)."""
     from .. import ops
+    from . import ops_format as fmt
 
     if job_id is None:
         import getpass
@@ -92,7 +131,7 @@ def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, r
         if as_json:
             _dump(rows)
         elif rows:
-            click.echo(ops.format_table(rows), nl=False)
+            click.echo(fmt.format_table(rows), nl=False)
         else:
             click.echo("no endpoint jobs (job name serve-only) in the queue" + ("" if all_users else " for you"))
         return
@@ -101,7 +140,7 @@ def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, r
     if as_json:
         _dump(record)
     else:
-        click.echo(ops.format_record(record), nl=False)
+        click.echo(fmt.format_record(record), nl=False)
 
 
 def _rank_choice(value: str) -> str | int:
@@ -110,9 +149,11 @@ def _rank_choice(value: str) -> str | int:
     try:
         rank = int(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r}: give a rank number or 'job' (the job output)") from None
+        raise EnvLayersError(f"{value!r} is not a rank: give a rank number or 'job' (the job output)",
+                             where="--rank", hint="e.g. --rank 0 (the API rank) or --rank job") from None
     if rank < 0:
-        raise click.BadParameter("a rank is 0 or more")
+        raise EnvLayersError(f"{value!r} is not a rank: a rank is 0 or more", where="--rank",
+                             hint="e.g. --rank 0 (the API rank) or --rank job")
     return rank
 
 
@@ -121,101 +162,44 @@ def _rank_choice(value: str) -> str | int:
 @click.option("--rank", "rank_text", default="0", show_default=True, metavar="N|job",
               help="Which log: server-N.log of rank N, or 'job' for serve-only-<jobid>.out.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends (Ctrl-C stops).")
-@click.option("--tail", "-n", "tail_n", type=click.IntRange(min=0), default=None, metavar="N",
+@click.option("--tail", "-n", "tail_n", type=Count(), default=None, metavar="N",
               help="Only the last N lines (with --follow: then the new ones).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one object with the lines (with --follow: one per line).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 def logs(job_id: str, rank_text: str, follow: bool, tail_n: int | None, as_json: bool, run_dir: str | None) -> None:
-    """Print a job's server log (rank 0 by default) or its job output."""
-    import time
-    from pathlib import Path
-
-    from .. import ops, rundir, slurm
+    """Print a job's server log (rank 0 of the current run by default) or its job output."""
+    from .. import ops
+    from ..ops import logs as oplogs
 
     rank = _rank_choice(rank_text)
     job = ops.find_job(job_id, run_dir=run_dir)
-    path = _log_path(job, rank)
+    path = oplogs.log_path(job, rank)
     if path is None or not path.is_file():
         if not follow:
-            raise _no_log(job, rank, path)
-        # --follow on a job that has not written it yet: wait for it while the job lives
-        while path is None or not path.is_file():
-            info = slurm.job_info(job.job_id, run=slurm.run)
-            if info is None or info.finished:
-                raise _no_log(job, rank, path)
-            job.info = info
-            job.files = rundir.locate(job.job_id, info, run_dir=run_dir)
-            path = _log_path(job, rank)
-            time.sleep(1.0)
-
-    def emit(lines: list[str]) -> None:
-        for line in lines:
-            if as_json and follow:
-                click.echo(json.dumps({"job_id": job.job_id, "rank": rank, "line": line}))
-            elif not as_json:
-                click.echo(line)
-
-    if tail_n is not None:
-        first = rundir.tail_lines(Path(path), tail_n)
-        reader = rundir.Tail(Path(path))
-        reader.offset = Path(path).stat().st_size
-    else:
-        reader = rundir.Tail(Path(path))
-        first = reader.read().splitlines()
+            raise oplogs.no_log_error(job, rank, path)
+        path = oplogs.wait_for_log(job, rank, run_dir=run_dir)  # --follow: wait for it while the job lives
+    log = oplogs.read_log(path, tail_n)
     if as_json and not follow:
-        _dump({"job_id": job.job_id, "rank": rank, "path": str(path), "lines": first})
+        _dump({"job_id": job.job_id, "rank": rank, "path": str(path), "lines": log.lines})
         return
-    emit(first)
+
+    def emit(line: str) -> None:
+        click.echo(json.dumps({"job_id": job.job_id, "rank": rank, "line": line}) if as_json else line)
+
+    for line in log.lines:
+        emit(line)
     if not follow:
         return
-    partial = ""
-    next_slurm = 0.0
     try:
-        while True:
-            text = partial + reader.read()
-            lines = text.split("\n")
-            partial = lines.pop()
-            emit(lines)
-            now = time.monotonic()
-            if now >= next_slurm:
-                info = slurm.job_info(job.job_id, run=slurm.run)
-                if info is None or info.finished:
-                    text = partial + reader.read()
-                    emit([ln for ln in text.split("\n") if ln] if text else [])
-                    return
-                next_slurm = now + 2.0
-            time.sleep(0.25)
+        for line in oplogs.follow(job, log):
+            emit(line)
     except KeyboardInterrupt:
         return
 
 
-def _log_path(job, rank):
-    if rank == "job":
-        return job.files.job_out
-    return job.files.server_log(rank)
-
-
-def _no_log(job, rank, path) -> EnvLayersError:
-    info = job.info
-    if rank == "job":
-        what = f"no job output for job {job.job_id} at {path}"
-    elif job.files.run_dir is None:
-        what = f"no run directory for job {job.job_id} yet"
-    else:
-        have = sorted(job.files.server_logs())
-        what = f"no server-{rank}.log in {job.files.run_dir}" + (f" (ranks with logs: {have})" if have else "")
-    if info is not None and info.pending:
-        hint = f"the job is PENDING ({info.reason}); logs appear once it runs: `env_layers wait {job.job_id}`"
-    elif info is not None and not info.finished:
-        hint = f"the launcher writes it as the ranks start; `env_layers logs {job.job_id} --follow` waits for it"
-    else:
-        hint = f"`env_layers logs {job.job_id} --rank job` shows what the job itself printed"
-    return EnvLayersError(what, hint=hint)
-
-
 @click.command()
 @click.argument("job_id")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="S",
+@click.option("--timeout", "timeout_s", type=Seconds(zero_ok=True), default=60.0, show_default=True, metavar="S",
               help="How long to wait for Slurm to say the job ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
@@ -225,31 +209,12 @@ def stop(ctx: click.Context, job_id: str, timeout_s: float, as_json: bool, run_d
 
     Exit 0 when stopped and silent; 1 when the job did not end in time or an endpoint still answers."""
     from .. import ops
+    from . import ops_format as fmt
 
     result = ops.stop_job(job_id, timeout_s=timeout_s, run_dir=run_dir)
     if as_json:
         _dump(result.to_dict())
-        ctx.exit(0 if result.ok else 1)
-    jid = result.job_id
-    if result.cancelled:
-        click.echo(f"job {jid}: scancel sent ({result.state_before})")
     else:
-        click.echo(f"job {jid}: already ended ({result.state_before or 'forgotten by Slurm'}); nothing to cancel")
-    if not result.ended:
-        click.echo(f"job {jid}: still {result.state_after} after {ops.fmt_duration(result.waited_s)}", err=True)
-        click.echo(f"  Slurm has not ended it yet; check `squeue -j {jid}` and run `env_layers stop {jid}` again",
-                   err=True)
-        ctx.exit(1)
-    if result.cancelled:
-        click.echo(f"job {jid}: ended ({result.state_after or 'gone from Slurm'}) after "
-                   f"{ops.fmt_duration(result.waited_s)}")
-    for p in result.probes:
-        word = "STILL ANSWERS" if p["answers"] else "no longer answers"
-        click.echo(f"endpoint {p['url']}: {word} ({p['detail']})", err=p["answers"])
-    if not result.probes:
-        click.echo("endpoint: none recorded (the job never went live)")
-    if result.still_answers:
-        click.echo("  a server outlived its job: find it on the node (`ps -ef | grep serve`) and tell the admins",
-                   err=True)
-        ctx.exit(1)
-    click.echo(f"job {jid}: stopped")
+        for text, to_err in fmt.describe_stop(result):
+            click.echo(text, err=to_err)
+    ctx.exit(0 if result.ok else 1)

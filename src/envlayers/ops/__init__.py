@@ -1,0 +1,24 @@
+"""Operating a launched endpoint job from its id, as data: one module per operation.
+
+``lookup`` (a job id -> Slurm's record and the current run's files), ``watch`` (the one polling loop,
+shared by ``wait`` and ``logs --follow``), ``wait``, ``status``, ``stop``, ``logs``, ``probe`` (asking
+an endpoint whether it answers). Nothing here formats for a terminal: that is ``envlayers.cli.ops_format``.
+
+Reads Slurm through ``slurm.run`` (looked up at call time, so tests can replace it) and never decides
+failure from a log line: a job has failed when Slurm says it ended, a wait has failed when its budget is
+spent. Log lines only explain.
+"""
+
+from __future__ import annotations
+
+from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, TrackedJob, check_job_id, find_job
+from .probe import endpoint_urls
+from .status import job_record, launcher_end, list_rows
+from .stop import StopResult, stop_job
+from .wait import WaitEvent, WaitResult, wait_for
+
+__all__ = [
+    "EXIT_ENDED", "EXIT_LIVE", "EXIT_TIMEOUT", "StopResult", "TrackedJob", "WaitEvent", "WaitResult",
+    "check_job_id", "endpoint_urls", "find_job", "job_record", "launcher_end", "list_rows", "stop_job",
+    "wait_for",
+]

@@ -1,0 +1,44 @@
+"""Asking a job's endpoint whether it answers: which URLs (``endpoint.json``'s node addresses put in the
+base URLs' place, since node names may not resolve on the login node) and the probe of each."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+
+def endpoint_urls(data: Mapping | None) -> list[str]:
+    """The URLs to probe: endpoint.json's ``addresses`` matching the base URLs, each either a URL (used
+    as is) or an IP (put in the base URL's place); else the base URLs."""
+    if not data:
+        return []
+    bases = data.get("base_urls") or ([data["base_url"]] if data.get("base_url") else [])
+    addresses = data.get("addresses") or []
+    urls = []
+    for i, base in enumerate(bases):
+        addr = addresses[i] if i < len(addresses) else None
+        if not addr:
+            urls.append(base)
+        elif "://" in str(addr):
+            urls.append(str(addr))
+        else:
+            urls.append(_with_host(base, str(addr)))
+    return urls
+
+
+def _with_host(url: str, host: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def probe_all(data: Mapping | None, served: str, timeout_s: float) -> list[dict]:
+    """``{"url", "answers", "ok", "detail"}`` for every URL of the endpoint record."""
+    from .. import readiness
+
+    answers = []
+    for url in endpoint_urls(data):
+        p = readiness.probe(url, served, timeout_s=timeout_s)
+        answers.append({"url": url, "answers": p.status is not None, "ok": p.ok, "detail": p.detail})
+    return answers

@@ -1,0 +1,74 @@
+"""``stop``: scancel a job, wait until Slurm says it ended, then check that no endpoint URL still answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .. import rundir, slurm
+from .lookup import find_job
+from .probe import probe_all
+from .watch import Clock
+
+
+@dataclass
+class StopResult:
+    job_id: str
+    state_before: str | None
+    cancelled: bool
+    ended: bool
+    state_after: str | None
+    waited_s: float
+    probes: list[dict]
+
+    @property
+    def still_answers(self) -> list[str]:
+        return [p["url"] for p in self.probes if p["answers"]]
+
+    @property
+    def ok(self) -> bool:
+        return self.ended and not self.still_answers
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "state_before": self.state_before, "cancelled": self.cancelled,
+                "ended": self.ended, "state_after": self.state_after, "waited_s": round(self.waited_s, 2),
+                "probes": self.probes, "ok": self.ok}
+
+
+def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, probe_window_s: float = 5.0,
+             run_dir: str | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None,
+             clock: Clock | None = None) -> StopResult:
+    """scancel, wait until Slurm says the job ended, then check that no endpoint URL answers (the
+    endpoint of any run: a server of an earlier run outliving it is as bad)."""
+    clock = clock or Clock()
+    job = find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
+    before = job.state
+    cancelled = False
+    t0 = clock.monotonic()
+    info = job.info
+    if info is not None and not info.finished:
+        slurm.cancel(job.job_id, run=slurm.run)
+        cancelled = True
+        while True:
+            info = slurm.job_info(job.job_id, run=slurm.run)
+            if info is None or info.finished or clock.monotonic() - t0 >= timeout_s:
+                break
+            clock.sleep(poll_s)
+    ended = info is None or info.finished
+    files = job.files
+    if files.run_dir is None:
+        files = rundir.locate(job.job_id, info or job.info, environ=environ, cwd=cwd, run_dir=run_dir)
+    top = rundir.JobFiles(job.job_id, files.job_out, files.run_dir)  # whichever run wrote it
+    data = top.endpoint_data()
+    served = (data or {}).get("served_model_name") or ""
+    probes: list[dict] = []
+    if ended:
+        deadline = clock.monotonic() + probe_window_s
+        while True:
+            probes = [{k: p[k] for k in ("url", "answers", "detail")} for p in probe_all(data, served, 1.0)]
+            if not any(p["answers"] for p in probes) or clock.monotonic() >= deadline:
+                break
+            clock.sleep(poll_s)
+    return StopResult(job.job_id, before, cancelled, ended, info.state if info else None,
+                      clock.monotonic() - t0, probes)
