@@ -496,14 +496,14 @@ def test_activate_sh_puts_both_entry_points_first_from_any_directory(tmp_path):
 CATALOG = {
     "qwen38": ("sglang", "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 "
                          "--pp-size 1 --host 127.0.0.1 --port {port} --mem-fraction-static 0.80 --attention-backend "
-                         "aiter --reasoning-parser qwen3 --tool-call-parser qwen25"),
+                         "aiter --enable-metrics --reasoning-parser qwen3 --tool-call-parser qwen25"),
     "kimi27sglang-rank0": ("sglang", "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
                                      "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 --dist-init-addr 127.0.0.1:29500 "
                                      "--host 127.0.0.1 --port {port} --mem-fraction-static 0.85 --attention-backend "
-                                     "aiter --reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code"),
+                                     "aiter --enable-metrics --reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code"),
     "glm53-rank3": ("sglang", "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 "
                               "--pp-size 4 --nnodes 4 --node-rank 3 --dist-init-addr 127.0.0.1:29500 --host 127.0.0.1 "
-                              "--port {port} --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45"),
+                              "--port {port} --mem-fraction-static 0.85 --enable-metrics --reasoning-parser glm45 --tool-call-parser glm45"),
     "oss120b": ("vllm", "openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm --tensor-parallel-size 4 "
                         "--pipeline-parallel-size 1 --host 127.0.0.1 --port {port} --gpu-memory-utilization 0.90 "
                         "--reasoning-parser openai_gptoss --tool-call-parser openai --enable-auto-tool-choice"),
