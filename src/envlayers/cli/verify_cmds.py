@@ -41,11 +41,12 @@ def verify(ctx: click.Context, spec: str, model: str | None, api_key_file: str |
     """
     from .. import verify as gates
 
+    checks = tuple(only) or gates.NAMES
+    data = gates.load_accuracy_data(baselines_file) if "accuracy" in checks else None  # bad data: exit 2 at once
     root = (ctx.find_root().obj or {}).get("root")
     target = gates.resolve(spec, model=model, api_key_file=api_key_file, timeout_s=timeout_s, run_dir=run_dir,
                            root=root)
-    report = gates.run_gates(target, checks=tuple(only) or gates.NAMES, timeout_s=timeout_s,
-                             baselines_file=baselines_file)
+    report = gates.run_gates(target, checks=checks, timeout_s=timeout_s, accuracy_data=data)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

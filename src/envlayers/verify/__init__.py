@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .checks import NAMES, Check
 from .target import CannotVerify, Target, resolve
 
-__all__ = ["NAMES", "CannotVerify", "Check", "Report", "Target", "resolve", "run_gates"]
+__all__ = ["NAMES", "CannotVerify", "Check", "Report", "Target", "load_accuracy_data", "resolve", "run_gates"]
 
 
 @dataclass
@@ -54,17 +54,24 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
-def run_gates(target: Target, *, checks: tuple[str, ...] = NAMES, timeout_s: float = 180.0,
-              baselines_file: str | None = None, prompts_file: str | None = None) -> Report:
-    """Run ``checks`` (in the order of NAMES) against every base URL of ``target``."""
-    from . import checks as gates
-    from .client import Client
+def load_accuracy_data(baselines_file: str | None = None, prompts_file: str | None = None):
+    """The prompts and baselines, validated: call it before any request, so bad data costs nothing."""
     from .data import load_baselines, load_prompts
 
+    prompts = load_prompts(prompts_file)
+    return prompts, load_baselines(baselines_file, n_prompts=len(prompts))
+
+
+def run_gates(target: Target, *, checks: tuple[str, ...] = NAMES, timeout_s: float = 180.0,
+              accuracy_data=None) -> Report:
+    """Run ``checks`` (in the order of NAMES) against every base URL of ``target``.
+    ``accuracy_data``: ``load_accuracy_data()``'s result (loaded here when not given)."""
+    from . import checks as gates
+    from .client import Client
+
     prompts = baselines = None
-    if "accuracy" in checks:  # bad data is a could-not-run error before any request
-        prompts = load_prompts(prompts_file)
-        baselines = load_baselines(baselines_file, n_prompts=len(prompts))
+    if "accuracy" in checks:
+        prompts, baselines = accuracy_data or load_accuracy_data()
     report = Report(target)
     for url in target.base_urls:
         client = Client(url, target.api_key, timeout_s=timeout_s)
