@@ -68,6 +68,9 @@ Behaviour knobs (environment variables; all optional):
   STANDIN_PRINT_ARGS=0              do not print the engine's own argument dump (the real engines
                                     print it, API key included; default 1)
   STANDIN_REPLY=<text>              completion text (default: "Hello! You said: <last user message>")
+  STANDIN_REASONING=0|1             the model thinks (default: guessed from its name); its reasoning is
+                                    separate only with --reasoning-parser, else <think> inline in content
+  STANDIN_WRONG_ANSWERS=1           answer the accuracy gate's prompts wrongly (env_layers verify)
   STANDIN_LOG_STREAM=stdout|stderr  override where log lines go
 
 Phases, in order (aliases in brackets): start, init [dist], weights [load, weight],
