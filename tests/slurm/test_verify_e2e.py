@@ -73,6 +73,17 @@ def test_catalog_launch_line_passes_every_gate_with_the_jobs_own_key(netns_lab, 
     text = job.cli("verify", job.job_id, "--check", "metrics", "--check", "tools")
     assert text.returncode == 0 and secret not in res.stdout + res.stderr + text.stdout + text.stderr
     job.stop()
+    gone = job.cli("verify", job.job_id)  # endpoint.json is still there, the endpoint is not
+    assert gone.returncode == 2 and f"job {job.job_id} has ended" in gone.stderr, gone.stderr
+
+
+def test_a_job_not_live_yet_cannot_be_verified_and_says_to_wait(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, STANDIN_HANG_AT="weights")
+    res = job.cli("verify", job.job_id, "--timeout-s", "5")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "has no endpoint.json yet" in res.stderr and f"`env_layers wait {job.job_id}`" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    job.stop()
 
 
 def test_missing_parsers_metrics_off_and_garbled_answers_fail_for_their_reasons(netns_lab, tmp_path):
