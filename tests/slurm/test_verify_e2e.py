@@ -100,3 +100,16 @@ def test_missing_parsers_metrics_off_and_garbled_answers_fail_for_their_reasons(
     assert "SKIP  metrics    turned off for this job (SGLANG_ENABLE_METRICS='false')" in out
     assert out.rstrip().splitlines()[-1] == "verdict: FAILED (0 passed, 3 failed, 1 skipped)"
     job.stop()
+
+
+def test_replicas_are_verified_one_by_one(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, EXPERIMENT="replicas")
+    _, res = job.wait_then_verify("--check", "tools", "--check", "metrics", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    urls = [f"http://{netns_lab.nodes[n]}:8000/v1" for n in ("n1", "n2")]
+    assert report["target"]["base_urls"] == urls
+    assert [(c["name"], c["url"], c["status"]) for c in report["checks"]] == [
+        ("tools", urls[0], "pass"), ("metrics", urls[0][:-3] + "/metrics", "pass"),
+        ("tools", urls[1], "pass"), ("metrics", urls[1][:-3] + "/metrics", "pass")]
+    job.stop()
