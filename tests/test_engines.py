@@ -133,14 +133,16 @@ VLLM_LINE = GDR + "vllm serve "
             GLM53, 0,
             SGLANG_LINE + "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
-            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --enable-metrics --reasoning-parser glm45 --tool-call-parser glm45",
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --enable-metrics "
+            "--reasoning-parser glm45 --tool-call-parser glm45",
             id="glm53-rank0-no-attention-backend",
         ),
         pytest.param(
             GLM53, 1,
             SGLANG_LINE + "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 1 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
-            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --enable-metrics --reasoning-parser glm45 --tool-call-parser glm45",
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --enable-metrics "
+            "--reasoning-parser glm45 --tool-call-parser glm45",
             id="glm53-rank1",
         ),
         pytest.param(

@@ -10,8 +10,7 @@ from envlayers.cli import cli
 from envlayers.engines import EngineError, build_rank_command
 from envlayers.readiness import Endpoint
 from envlayers.topology import plan
-from test_verify import OSS120B, QWEN38  # the stand-in helpers
-from test_verify import standin  # noqa: F401  (fixture)
+from test_verify import OSS120B, QWEN38, standins  # the stand-in helpers
 
 BASE = {
     "INFERENCE_ENGINE": "sglang", "INFERENCE_MODEL": "Qwen/Qwen3.8-27B-FP8", "VLLM_SERVED_MODEL": "served",
@@ -77,16 +76,17 @@ def test_endpoint_block_shows_the_metrics_url(metrics, shown):
     pytest.param("sglang", QWEN38, 404, id="sglang-without-flag"),
     pytest.param("sglang", [*QWEN38, "--enable-metrics"], 200, id="sglang-with-flag"),
 ])
-def test_the_standin_serves_metrics_only_when_the_real_engine_would(standin, kind, args, status):  # noqa: F811
+def test_the_standin_serves_metrics_only_when_the_real_engine_would(tmp_path, kind, args, status):
     import urllib.error
     import urllib.request
 
-    server = standin(kind, args)
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as resp:
-            got, body = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        got, body = err.code, ""
+    with standins(tmp_path) as start:
+        server = start(kind, args)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as resp:
+                got, body = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            got, body = err.code, ""
     assert got == status
     if status == 200:
         assert f"# TYPE {kind}:" in body

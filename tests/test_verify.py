@@ -3,6 +3,7 @@ pass and to fail for its reason, with the fix it names; plus the pure parts (sco
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -72,8 +73,9 @@ class StandIn:
         self.log.close()
 
 
-@pytest.fixture
-def standin(tmp_path):
+@contextlib.contextmanager
+def standins(tmp_path: Path):
+    """``start(kind, args, env)`` -> a serving StandIn; all are stopped on exit."""
     started: list[StandIn] = []
 
     def start(kind: str, args: list[str], env: dict | None = None) -> StandIn:
@@ -81,9 +83,17 @@ def standin(tmp_path):
         started.append(s)
         return s
 
-    yield start
-    for s in started:
-        s.stop()
+    try:
+        yield start
+    finally:
+        for s in started:
+            s.stop()
+
+
+@pytest.fixture
+def standin(tmp_path):
+    with standins(tmp_path) as start:
+        yield start
 
 
 def verify(*args: str) -> tuple[int, dict]:

@@ -41,7 +41,8 @@ TOOL_MESSAGES = [
 ]
 REASONING_PROMPT = "Compute 7 + 5. Think it through, then reply with only the number."
 MAX_TOKENS = 2048  # room for a reasoning model to think before it answers
-_PROSE_CALL = re.compile(r"<tool_call>|<\|tool_call|\"name\"\s*:\s*\"get_weather\"|get_weather\s*\(|functions\.get_weather")
+_PROSE_CALL = re.compile(r"<tool_call>|<\|tool_call|\"name\"\s*:\s*\"get_weather\"|get_weather\s*\("
+                         r"|functions\.get_weather")
 
 
 @dataclass

@@ -155,7 +155,8 @@ def load_baselines(path: str | os.PathLike | None = None, n_prompts: int | None 
     src = Path(path) if path is not None else BASELINES_FILE
     data = _top(_read_yaml(src), src, {"version", "default", "models"}, "models")
     if "default" not in data:
-        raise _fail(src, "default", "missing", hint="the floor for a model without an entry: {min_correct: N, how: ...}")
+        raise _fail(src, "default", "missing",
+                    hint="the floor for a model without an entry: {min_correct: N, how: ...}")
     default = _baseline(src, "default", data["default"], "default", n_prompts, with_model=False)
     models_raw = data.get("models") or {}
     if not isinstance(models_raw, Mapping):
