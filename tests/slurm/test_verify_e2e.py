@@ -21,12 +21,12 @@ pytestmark = pytest.mark.slurm
 
 
 class Job:
-    """One qwen38 serve-only submission from ``tmp_path`` with ``layer`` appended to the operator's env file."""
+    """One serve-only submission from ``tmp_path`` with ``layer`` appended to the operator's env file."""
 
-    def __init__(self, lab, tmp_path: Path, layer: str = "", **env: str):
+    def __init__(self, lab, tmp_path: Path, layer: str = "", model: str = "qwen38", **env: str):
         self.lab, self.dir = lab, tmp_path
         (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
-        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
+        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
                     "STANDIN_LOAD_SECONDS": "1",
                     "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
@@ -112,4 +112,17 @@ def test_replicas_are_verified_one_by_one(netns_lab, tmp_path):
     assert [(c["name"], c["url"], c["status"]) for c in report["checks"]] == [
         ("tools", urls[0], "pass"), ("metrics", urls[0][:-3] + "/metrics", "pass"),
         ("tools", urls[1], "pass"), ("metrics", urls[1][:-3] + "/metrics", "pass")]
+    job.stop()
+
+
+def test_the_vllm_catalog_line_passes_every_gate(netns_lab, tmp_path):
+    job = Job(netns_lab, tmp_path, model="oss120b")
+    block, res = job.wait_then_verify("--json")
+    assert "metrics: http://n1:8000/metrics\n" in block
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert statuses(report) == {"tools": "pass", "reasoning": "pass", "accuracy": "pass", "metrics": "pass"}
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["reasoning"]["summary"].startswith("reasoning separate in reasoning;")  # vLLM's field name
+    assert report["target"]["engine"] == "vllm" and checks["accuracy"]["data"]["baseline"] == "oss120b"
     job.stop()
