@@ -126,21 +126,23 @@ VLLM_LINE = GDR + "vllm serve "
             QWEN38, 0,
             SGLANG_LINE + "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 1 --host 0.0.0.0 --port 8000 --mem-fraction-static 0.80 "
-            "--attention-backend aiter --reasoning-parser qwen3 --tool-call-parser qwen25",
+            "--attention-backend aiter --enable-metrics --reasoning-parser qwen3 --tool-call-parser qwen25",
             id="qwen38-sglang-single",
         ),
         pytest.param(
             GLM53, 0,
             SGLANG_LINE + "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
-            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45",
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --enable-metrics "
+            "--reasoning-parser glm45 --tool-call-parser glm45",
             id="glm53-rank0-no-attention-backend",
         ),
         pytest.param(
             GLM53, 1,
             SGLANG_LINE + "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 1 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
-            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45",
+            "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --enable-metrics "
+            "--reasoning-parser glm45 --tool-call-parser glm45",
             id="glm53-rank1",
         ),
         pytest.param(
@@ -148,7 +150,7 @@ VLLM_LINE = GDR + "vllm serve "
             SGLANG_LINE + "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 3 --dist-init-addr \"${ENVLAYERS_MASTER_ADDR}:29500\" "
             "--host 0.0.0.0 --port 8000 --mem-fraction-static 0.85 --attention-backend aiter "
-            "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code",
+            "--enable-metrics --reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code",
             id="kimi27sglang-rank3",
         ),
         pytest.param(
@@ -171,7 +173,7 @@ VLLM_LINE = GDR + "vllm serve "
             QWEN38_REPLICAS, 1,
             SGLANG_LINE + "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm "
             "--tp-size 4 --pp-size 1 --host 0.0.0.0 --port 8000 --mem-fraction-static 0.80 "
-            "--attention-backend aiter --reasoning-parser qwen3 --tool-call-parser qwen25",
+            "--attention-backend aiter --enable-metrics --reasoning-parser qwen3 --tool-call-parser qwen25",
             id="replicas-rank1-is-an-independent-server",
         ),
     ],

@@ -62,10 +62,16 @@ class Endpoint:
     run_dir: str
     startup_s: float | None = None
     nodes: list[str] = field(default_factory=list)
+    metrics: bool | None = None  # None: the engine serves /metrics (vLLM always; SGLang unless turned off)
 
     @property
     def base_url(self) -> str:
         return self.base_urls[0]
+
+    def metrics_url(self, base_url: str | None = None) -> str:
+        """Prometheus text at the server root: ``http://host:port/metrics`` (not under /v1)."""
+        base = (base_url or self.base_url).rstrip("/")
+        return (base[:-3] if base.endswith("/v1") else base) + "/metrics"
 
     def curl(self, base_url: str | None = None) -> str:
         body = json.dumps({
@@ -99,6 +105,8 @@ class Endpoint:
             lines.append(f"base URLs: {len(self.base_urls)} independent replicas, the client spreads load")
             lines += [f"base URL: {u}" for u in self.base_urls]
         lines.append(f"model name: {self.served_model_name}")
+        if self.metrics is not False:
+            lines.append(f"metrics: {self.metrics_url()}")
         lines.append(f"serving: {self.model} ({self.engine}, {self.shape})")
         if self.api_key_required:
             lines.append("API key: required (the SERVER_API_KEY of this run; send 'Authorization: Bearer <key>')")

@@ -68,6 +68,9 @@ Behaviour knobs (environment variables; all optional):
   STANDIN_PRINT_ARGS=0              do not print the engine's own argument dump (the real engines
                                     print it, API key included; default 1)
   STANDIN_REPLY=<text>              completion text (default: "Hello! You said: <last user message>")
+  STANDIN_REASONING=0|1             the model thinks (default: guessed from its name); its reasoning is
+                                    separate only with --reasoning-parser, else <think> inline in content
+  STANDIN_WRONG_ANSWERS=1           answer the accuracy gate's prompts wrongly (env_layers verify)
   STANDIN_LOG_STREAM=stdout|stderr  override where log lines go
 
 Phases, in order (aliases in brackets): start, init [dist], weights [load, weight],
@@ -1000,6 +1003,133 @@ class VLLMScript:
 
 
 # ----------------------------------------------------------------------------------------------
+# Parsers and answers: what `env_layers verify` checks (tool calls, reasoning, accuracy)
+# ----------------------------------------------------------------------------------------------
+
+# models that think before they answer, as the catalog's are (STANDIN_REASONING overrides the guess)
+THINKING_RE = re.compile(r"qwen3|kimi|glm-?[45]|gpt-oss|deepseek-r1|\bqwq\b", re.I)
+
+
+class GateKnobs:
+    """``STANDIN_REASONING=0|1`` (the model thinks; default guessed from its name) and
+    ``STANDIN_WRONG_ANSWERS=1`` (answer the accuracy prompts wrongly, as a garbling fabric would)."""
+
+    def __init__(self, env):
+        self.reasoning = _flag("STANDIN_REASONING", env.get("STANDIN_REASONING"))
+        self.wrong_answers = bool(_flag("STANDIN_WRONG_ANSWERS", env.get("STANDIN_WRONG_ANSWERS")))
+
+
+def _flag(name: str, value: str | None) -> bool | None:
+    if value is None or value.strip() == "":
+        return None
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise KnobError(f"{name}={value!r}: expected 0 or 1")
+
+
+_ORDINALS = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4}
+_FACTS = {
+    "chemical symbol for gold": "Au",
+    "capital of japan": "Tokyo",
+    "days are in a leap year": "366",
+    "boiling point of water at sea level in degrees celsius": "100",
+}
+
+
+def solve(prompt: str) -> str | None:
+    """The answer to one of the accuracy gate's prompt forms, worked out (not looked up), or None."""
+    text = " ".join(prompt.split())
+    if m := re.search(r"Compute (-?\d+) ([-+*/]) (-?\d+)\.", text):
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b and a % b == 0 else None}[op]
+        return None if value is None else str(value)
+    if m := re.search(r"Write the text '([^']*)' in upper case", text):
+        return m.group(1).upper()
+    if m := re.search(r"Join the words ((?:'[^']*'(?:, | and )?)+) with hyphens", text):
+        return "-".join(re.findall(r"'([^']*)'", m.group(1)))
+    if m := re.search(r"What is the (\w+) word of '([^']*)'", text):
+        words, index = m.group(2).split(), _ORDINALS.get(m.group(1).lower())
+        return words[index] if index is not None and index < len(words) else None
+    if m := re.search(r"Write the words of '([^']*)' in reverse order", text):
+        return " ".join(reversed(m.group(1).split()))
+    low = text.lower()
+    for question, answer in _FACTS.items():
+        if question in low:
+            return answer
+    return None
+
+
+def garble(answer: str) -> str:
+    """A wrong answer of the same kind: a number off by one, a string backwards."""
+    if answer.lstrip("-").isdigit():
+        return str(int(answer) + 1)
+    backwards = answer[::-1]
+    return backwards if backwards.lower() != answer.lower() else answer + "x"
+
+
+def tool_arguments(tool: dict, text: str) -> dict:
+    """Arguments for ``tool`` from the request: each required property gets a value of its type
+    (a string: the capitalised word after "in"/"for" in the message, as "Paris" in "weather in Paris")."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    place = re.search(r"\b(?:in|for|of) ([A-Z][\w-]*)", text)
+    args = {}
+    for name in params.get("required") or []:
+        spec = props.get(name) or {}
+        kind = spec.get("type")
+        if spec.get("enum"):
+            args[name] = spec["enum"][0]
+        elif kind in ("integer", "number"):
+            args[name] = 1
+        elif kind == "boolean":
+            args[name] = True
+        else:
+            args[name] = place.group(1) if place else "value"
+    return args
+
+
+def thinks(cfg: "Config", gate: GateKnobs) -> bool:
+    return gate.reasoning if gate.reasoning is not None else bool(THINKING_RE.search(cfg.model))
+
+
+def shape_reply(cfg: "Config", gate: GateKnobs, text: str, last_user: str, tools, tool_choice, chat: bool,
+                fixed_reply: bool):
+    """The engine's parsers at work: returns ``(text, tool_calls, reasoning, finish)``.
+
+    - tool calls come back structured only with the tool parser (vLLM: ``--enable-auto-tool-choice
+      --tool-call-parser``, checked before this; SGLang: ``--tool-call-parser``), else as the model's
+      raw ``<tool_call>`` prose in ``content``;
+    - a thinking model's reasoning is separate only with ``--reasoning-parser`` (SGLang
+      ``reasoning_content``, vLLM ``reasoning``), else inline as ``<think>...</think>`` in ``content``;
+    - the accuracy prompts get their worked-out answer, or a wrong one under STANDIN_WRONG_ANSWERS=1.
+    """
+    answer = None if fixed_reply else solve(last_user)
+    if answer is not None:
+        text = garble(answer) if gate.wrong_answers else answer
+    tool_calls, finish = None, "stop"
+    if chat and tools and tool_choice != "none" and isinstance(tools, list) and isinstance(tools[0], dict):
+        fn = tools[0].get("function") or {}
+        call = {"name": fn.get("name", "tool"), "arguments": tool_arguments(fn, last_user)}
+        if cfg.tool_parser:
+            tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                           "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+            text, finish = "", "tool_calls"
+        else:
+            text = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    reasoning = None
+    if chat and thinks(cfg, gate):
+        thought = f"The user asks: {last_user.strip()[:120]} I will answer briefly."
+        if cfg.reasoning_parser:
+            reasoning = thought
+        else:
+            text = f"<think>\n{thought}\n</think>\n\n{text}"
+    return text, tool_calls, reasoning, finish
+
+
+# ----------------------------------------------------------------------------------------------
 # HTTP
 # ----------------------------------------------------------------------------------------------
 
@@ -1011,6 +1141,7 @@ class State:
         self.lock = threading.Lock()
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.started = int(time.time())
+        self.gate = GateKnobs({})  # run() sets the process's own
 
 
 def _words(text: str) -> list[str]:
@@ -1219,19 +1350,12 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(400, f"The input ({prompt_tokens} tokens) is longer than the model's context length "
                                     f"({c.max_len} tokens).", "BadRequestError")
         text = st.knobs.reply if st.knobs.reply is not None else f"Hello! You said: {last_user.strip()[:500]}"
-        words = _words(text)
-        finish = "stop"
+        text, tool_calls, reasoning, finish = shape_reply(c, st.gate, text, last_user, tools, tool_choice, chat,
+                                                          fixed_reply=st.knobs.reply is not None)
+        words = _words(text) if tool_calls is None else []
         if limit is not None and len(words) > limit:
             words, finish = words[:limit], "length"
-        text = " ".join(words)
-        tool_calls = None
-        if tools and c.tool_parser and tool_choice != "none" and isinstance(tools, list) and \
-                isinstance(tools[0], dict):
-            fn = (tools[0].get("function") or {}).get("name", "tool")
-            tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                           "function": {"name": fn, "arguments": "{}"}}]
-            text, finish = "", "tool_calls"
-        reasoning = "The user sent a message; I will answer briefly." if c.reasoning_parser and chat else None
+            text = " ".join(words)
         completion_tokens = len(words) if tool_calls is None else 8
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}
@@ -1248,7 +1372,7 @@ class Handler(BaseHTTPRequestHandler):
             message = {"role": "assistant", "content": text if tool_calls is None else None,
                        "tool_calls": tool_calls or []}
             if c.reasoning_parser:
-                message["reasoning_content"] = reasoning
+                message["reasoning_content" if c.engine == "sglang" else "reasoning"] = reasoning
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                     "choices": [choice], "usage": usage}
@@ -1285,7 +1409,8 @@ class Handler(BaseHTTPRequestHandler):
             if chat:
                 chunk(event(delta={"role": "assistant", "content": ""}))
                 if reasoning:
-                    chunk(event(delta={"reasoning_content": reasoning}))
+                    chunk(event(delta={"reasoning_content" if self.st.cfg.engine == "sglang" else "reasoning":
+                                       reasoning}))
                 if tool_calls:
                     chunk(event(delta={"tool_calls": [dict(tool_calls[0], index=0)]}))
             for i, word in enumerate(words):
@@ -1419,6 +1544,11 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
     except KnobError as exc:
         sys.stderr.write(f"standin: {exc}\n")
         return 2
+    try:
+        gate = GateKnobs(env)
+    except KnobError as exc:
+        sys.stderr.write(f"standin: {exc}\n")
+        return 2
 
     parser = build_parser(engine)
     args = normalize_vllm_args(argv) if engine == "vllm" else list(argv)
@@ -1455,6 +1585,7 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
     script = SGLangScript(cfg, log, knobs) if engine == "sglang" else VLLMScript(cfg, log, knobs)
     applies = knobs.applies(cfg.rank)
     state = State(cfg, log, knobs)
+    state.gate = gate
 
     server = None
     if cfg.serves_api and engine == "vllm":

@@ -170,7 +170,9 @@ def test_sglang_prints_real_startup_lines_in_order_then_serves(engines):
     assert status == 200
     reply = json.loads(body)
     assert reply["object"] == "chat.completion" and reply["model"] == "hpcagent-bench-vllm"
-    assert reply["choices"][0]["message"]["content"] == "Hello! You said: Say hi."
+    # Qwen3.8 thinks; without --reasoning-parser its thinking stays inline in the content
+    content = reply["choices"][0]["message"]["content"]
+    assert content.startswith("<think>\n") and content.endswith("</think>\n\nHello! You said: Say hi.")
     assert reply["usage"]["total_tokens"] == reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"]
     status, body = http(port, "/v1/models")
     assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["hpcagent-bench-vllm"]
@@ -201,7 +203,7 @@ def test_sglang_metrics_need_enable_metrics_like_the_real_engine(engines):
 
 def test_streaming_chat_sends_sse_chunks_and_done(engines):
     port = free_port()
-    e = engines("vllm", vllm_args(port), port=port)
+    e = engines("vllm", vllm_args(port), env={"STANDIN_REASONING": "0"}, port=port)  # no inline <think>
     e.wait_for("Application startup complete.")
     status, body = http(port, "/v1/chat/completions", {"model": "hpcagent-bench-vllm", "stream": True,
                                                        "messages": [{"role": "user", "content": "a b"}]})
@@ -269,7 +271,7 @@ def test_keep_alive_connection_survives_rejected_posts(engines):
     import http.client
 
     port = free_port()
-    e = engines("sglang", sglang_args(port, "--api-key", "k"), port=port)
+    e = engines("sglang", sglang_args(port, "--api-key", "k"), env={"STANDIN_REASONING": "0"}, port=port)
     e.wait_for("fired up")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     body = json.dumps({"messages": [{"role": "user", "content": "x"}]})
@@ -496,14 +498,14 @@ def test_activate_sh_puts_both_entry_points_first_from_any_directory(tmp_path):
 CATALOG = {
     "qwen38": ("sglang", "--model-path Qwen/Qwen3.8-27B-FP8 --served-model-name hpcagent-bench-vllm --tp-size 4 "
                          "--pp-size 1 --host 127.0.0.1 --port {port} --mem-fraction-static 0.80 --attention-backend "
-                         "aiter --reasoning-parser qwen3 --tool-call-parser qwen25"),
+                         "aiter --enable-metrics --reasoning-parser qwen3 --tool-call-parser qwen25"),
     "kimi27sglang-rank0": ("sglang", "--model-path moonshotai/Kimi-K2.7-Code --served-model-name hpcagent-bench-vllm "
                                      "--tp-size 4 --pp-size 4 --nnodes 4 --node-rank 0 --dist-init-addr 127.0.0.1:29500 "
                                      "--host 127.0.0.1 --port {port} --mem-fraction-static 0.85 --attention-backend "
-                                     "aiter --reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code"),
+                                     "aiter --enable-metrics --reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --trust-remote-code"),
     "glm53-rank3": ("sglang", "--model-path zai-org/GLM-5.3 --served-model-name hpcagent-bench-vllm --tp-size 4 "
                               "--pp-size 4 --nnodes 4 --node-rank 3 --dist-init-addr 127.0.0.1:29500 --host 127.0.0.1 "
-                              "--port {port} --mem-fraction-static 0.85 --reasoning-parser glm45 --tool-call-parser glm45"),
+                              "--port {port} --mem-fraction-static 0.85 --enable-metrics --reasoning-parser glm45 --tool-call-parser glm45"),
     "oss120b": ("vllm", "openai/gpt-oss-120b --served-model-name hpcagent-bench-vllm --tensor-parallel-size 4 "
                         "--pipeline-parallel-size 1 --host 127.0.0.1 --port {port} --gpu-memory-utilization 0.90 "
                         "--reasoning-parser openai_gptoss --tool-call-parser openai --enable-auto-tool-choice"),

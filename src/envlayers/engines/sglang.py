@@ -4,6 +4,10 @@ Host and port are always explicit: SGLang binds 127.0.0.1:30000 by default. A
 multi-node (pipeline) plan gives every rank ``--nnodes N --node-rank R
 --dist-init-addr MASTER:RDZV_PORT``; ranks > 0 then run SGLang's dummy health server on
 the same host and port of their own node, which is why readiness probes rank 0 only.
+
+SGLang serves ``/metrics`` (Prometheus text) only with ``--enable-metrics``; the launcher
+passes it unless ``SGLANG_ENABLE_METRICS`` is empty or false, so every engine answers
+``<base>/metrics`` as vLLM does.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from envlayers.engines import (
+    EngineError,
     RankCommand,
     command_env,
     extra_args,
@@ -42,8 +47,34 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) 
     argv += flag(env, "MEM_FRACTION_STATIC", "--mem-fraction-static")
     argv += flag(env, "SGLANG_ATTENTION_BACKEND", "--attention-backend", DEFAULT_ATTENTION_BACKEND)
     argv += flag(env, "MAX_MODEL_LEN", "--context-length")
+    argv += metrics_flag(env)
     argv += flag(env, "REASONING_PARSER", "--reasoning-parser")
     argv += flag(env, "TOOL_CALL_PARSER", "--tool-call-parser")
     argv += flag(env, "SERVER_API_KEY", "--api-key")
     argv += extra_args(env)
     return RankCommand(argv=tuple(argv), env=command_env(env))
+
+
+METRICS_ON: tuple[str, ...] = ("true", "1", "yes", "on")
+METRICS_OFF: tuple[str, ...] = ("false", "0", "no", "off")
+
+
+def metrics_enabled(env: Mapping[str, str]) -> bool:
+    """``SGLANG_ENABLE_METRICS``: absent -> on (vLLM serves /metrics always, SGLang only with
+    ``--enable-metrics``), empty or a false word -> off, a true word -> on, anything else -> error."""
+    value = env.get("SGLANG_ENABLE_METRICS")
+    if value is None:
+        return True
+    word = value.strip().lower()
+    if word == "" or word in METRICS_OFF:
+        return False
+    if word in METRICS_ON:
+        return True
+    raise EngineError(f"{value!r} is not a boolean; it turns SGLang's /metrics on or off",
+                      where="SGLANG_ENABLE_METRICS",
+                      hint="use true or false (empty also means off); delete the line for the default, on")
+
+
+def metrics_flag(env: Mapping[str, str]) -> list[str]:
+    """``--enable-metrics`` unless ``SGLANG_ENABLE_METRICS`` turns it off."""
+    return ["--enable-metrics"] if metrics_enabled(env) else []

@@ -1,0 +1,124 @@
+"""Bounded HTTP to one endpoint, with the standard library only.
+
+Every request has a wall-clock limit: it runs in a daemon thread with urllib's socket timeout, and
+the caller waits at most ``timeout_s`` for the whole answer, so a server that accepts the
+connection and then dribbles or stalls cannot hang a gate. The API key goes in the
+``Authorization`` header and nowhere else: it is never part of a result or a message.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BODY = 8 << 20
+
+
+@dataclass
+class Answer:
+    """One request's outcome: ``status`` is None when nothing (complete) came back, and ``error`` says why."""
+
+    url: str
+    status: int | None
+    body: bytes = b""
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+
+    def text(self, limit: int = 300) -> str:
+        text = self.body.decode("utf-8", errors="replace")
+        return text if len(text) <= limit else text[:limit] + "..."
+
+    def describe(self) -> str:
+        """One line for evidence: the status and the error message an engine put in the body."""
+        if self.status is None:
+            return f"no answer from {self.url}: {self.error}"
+        data = self.json()
+        message = None
+        if isinstance(data, dict):
+            err = data.get("error") if isinstance(data.get("error"), dict) else None
+            message = (err or {}).get("message") or data.get("message") or data.get("detail")
+            if message is None and isinstance(data.get("error"), str):
+                message = data["error"]
+        return f"HTTP {self.status} from {self.url}" + (f": {message}" if message else "")
+
+
+class Client:
+    """Requests to ``base_url`` (ending in /v1); ``root`` is the server root, where /metrics is."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 120.0):
+        self.base_url = base_url.rstrip("/")
+        self.root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self._key = api_key
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:  # never the key
+        return f"Client({self.base_url!r}, key={'yes' if self._key else 'no'}, timeout_s={self.timeout_s})"
+
+    def get(self, path: str, *, at_root: bool = False) -> Answer:
+        return self.request("GET", (self.root if at_root else self.base_url) + path)
+
+    def post(self, path: str, payload: dict) -> Answer:
+        return self.request("POST", self.base_url + path, json.dumps(payload).encode("utf-8"))
+
+    def post_all(self, path: str, payloads: list[dict], parallel: int = 6) -> list[Answer]:
+        """The payloads at most ``parallel`` at a time; answers in the order given."""
+        gate = threading.Semaphore(max(1, parallel))
+        results: list[Answer | None] = [None] * len(payloads)
+
+        def one(i: int, payload: dict) -> None:
+            with gate:
+                results[i] = self.post(path, payload)
+
+        threads = [threading.Thread(target=one, args=(i, p), daemon=True) for i, p in enumerate(payloads)]
+        for t in threads:
+            t.start()
+        rounds = -(-len(payloads) // max(1, parallel))
+        deadline = time.monotonic() + rounds * (self.timeout_s + 2.0)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        url = self.base_url + path
+        return [r if r is not None else Answer(url, None, error=f"no answer within {self.timeout_s:g}s")
+                for r in results]
+
+    def request(self, method: str, url: str, data: bytes | None = None) -> Answer:
+        box: list[Answer] = []
+        worker = threading.Thread(target=lambda: box.append(self._blocking(method, url, data)), daemon=True)
+        started = time.monotonic()
+        worker.start()
+        worker.join(self.timeout_s + 0.5)
+        if not box:
+            return Answer(url, None, error=f"no complete answer within {self.timeout_s:g}s",
+                          elapsed_s=time.monotonic() - started)
+        return box[0]
+
+    def _blocking(self, method: str, url: str, data: bytes | None) -> Answer:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(url, data=data, method=method, headers={"Accept": "application/json"})
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self._key:
+            req.add_header("Authorization", f"Bearer {self._key}")
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return Answer(url, resp.status, resp.read(MAX_BODY), elapsed_s=time.monotonic() - started)
+        except urllib.error.HTTPError as err:
+            try:
+                body = err.read(MAX_BODY)
+            except OSError:
+                body = b""
+            return Answer(url, err.code, body, elapsed_s=time.monotonic() - started)
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            return Answer(url, None, error=str(reason), elapsed_s=time.monotonic() - started)

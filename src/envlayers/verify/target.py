@@ -1,0 +1,214 @@
+"""What the gates run against: JOBID or URL -> a :class:`Target` (base URLs, served name, key, and
+what the model's catalog entry expects).
+
+A job id is looked up as ``env_layers status``/``wait`` do (``ops.find_job``); its run directory gives
+``endpoint.json`` (written once live, so ``verify`` works right after ``env_layers wait``),
+``launch.json`` (the target, hence the catalog model) and ``serve.env`` (what ran: the key file, the
+parsers, the fabric keys). A URL is asked ``/v1/models`` for the served name and the model behind it.
+The key is read from ``--api-key-file`` or the job's ``SERVER_API_KEY_FILE``; it is never printed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import EnvLayersError
+from .client import Client
+
+_JOB_ID_RE = re.compile(r"^\d+(_\d+)?$")
+
+
+class CannotVerify(EnvLayersError):
+    """The gates cannot run: no endpoint, no answer, no key (exit 2)."""
+
+
+@dataclass
+class Target:
+    label: str
+    base_urls: list[str]
+    served: str = ""
+    api_key: str | None = field(default=None, repr=False)
+    engine: str | None = None
+    model: str | None = None  # INFERENCE_MODEL, or the root /v1/models reports
+    catalog_model: str | None = None
+    reasoning_parser: str | None = None  # what the catalog entry names; "" none; None unknown
+    tool_call_parser: str | None = None
+    metrics_off: str | None = None  # the SGLANG_ENABLE_METRICS value that turned /metrics off
+    gdr_level: str | None = None
+    multi_node: bool | None = None
+    job_id: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "base_urls": self.base_urls, "served_model_name": self.served,
+                "api_key": "set" if self.api_key else None, "engine": self.engine, "model": self.model,
+                "catalog_model": self.catalog_model, "reasoning_parser": self.reasoning_parser,
+                "tool_call_parser": self.tool_call_parser, "job_id": self.job_id, "multi_node": self.multi_node,
+                "notes": self.notes}
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+def base_url_of(spec: str) -> str:
+    """``http://host:port`` or ``.../v1`` or ``.../v1/`` -> ``http://host:port/v1``."""
+    from urllib.parse import urlsplit
+
+    url = spec.rstrip("/")
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise CannotVerify(f"{spec!r} is not a URL with a host", where="URL",
+                           hint="give the base URL the endpoint block prints, e.g. http://nid001234:8000/v1")
+    return url if parts.path.endswith("/v1") else (url + "/v1" if parts.path in ("", "/") else url)
+
+
+def read_key(path: str, where: str) -> str:
+    try:
+        key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise CannotVerify(f"cannot read the API key file {path}: {err.strerror}", where=where,
+                           hint="give a file that holds the key (readable only by you)") from None
+    if not key:
+        raise CannotVerify(f"the API key file {path} is empty", where=where)
+    return key
+
+
+def read_serve_env(path: Path | None) -> dict[str, str]:
+    """``serve.env`` (the job's merged keys, as ``export KEY='value'`` lines) as text values."""
+    from ..envfile import parse_text
+
+    if path is None or not path.is_file():
+        return {}
+    try:
+        assignments = parse_text(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    except EnvLayersError:
+        return {}
+    env = {}
+    for a in assignments:
+        if all(isinstance(part, str) for part in a.value):
+            env[a.key] = "".join(a.value)
+    return env
+
+
+def catalog_entry(root_opt: str | None, catalog_model: str | None, model: str | None) -> tuple[str | None, dict]:
+    """The catalog model (named, or the one serving ``model``) and its merged keys; ``(None, {})``
+    when there is no catalog here or no entry matches."""
+    from .. import catalog as cat
+    from .. import layers
+    from ..paths import find_root
+
+    try:
+        root = find_root(root_opt)
+        catalog = cat.load(root)
+    except EnvLayersError:
+        return catalog_model, {}
+    experiment = "experiment" if "experiment" in catalog.experiments else next(iter(catalog.experiments), None)
+    if experiment is None:
+        return catalog_model, {}
+    names = [catalog_model] if catalog_model else list(catalog.models)
+    for name in names:
+        if name not in catalog.models:
+            continue
+        try:
+            env = layers.load_env(root, f"{experiment}:{name}").text()
+        except EnvLayersError:
+            continue
+        if catalog_model or (model and env.get("INFERENCE_MODEL") == model):
+            return name, env
+    return catalog_model, {}
+
+
+def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> tuple[Target, dict[str, str]]:
+    from .. import ops
+
+    job = ops.find_job(job_id, run_dir=run_dir)
+    files = job.files
+    data = files.endpoint_data()
+    state = job.info.state if job.info else "forgotten by Slurm"
+    if not data:
+        raise CannotVerify(f"job {job.job_id} has no endpoint.json yet ({state}; run dir: {files.run_dir})",
+                           hint=f"`env_layers wait {job.job_id}` blocks until the endpoint is live, then verify")
+    if job.info is not None and job.info.finished:
+        raise CannotVerify(f"job {job.job_id} has ended ({state}): its endpoint is gone",
+                           hint="verify a running job (`env_layers status` lists them)")
+    env = read_serve_env(files.run_dir / "serve.env" if files.run_dir else None)
+    launch = files.launch() or {}
+    target_name = str(launch.get("target") or "")
+    urls = ops.endpoint_urls(data)
+    t = Target(label=f"job {job.job_id}", base_urls=urls, served=str(data.get("served_model_name") or ""),
+               engine=data.get("engine"), model=data.get("model") or env.get("INFERENCE_MODEL"),
+               catalog_model=target_name.partition(":")[2] or env.get("MODEL") or None, job_id=job.job_id)
+    t.gdr_level = env.get("NCCL_NET_GDR_LEVEL") or None
+    t.multi_node = data.get("shape") == "pipeline" or len(data.get("nodes") or []) > len(urls)
+    if t.engine == "sglang" and "SGLANG_ENABLE_METRICS" in env:
+        from ..engines.sglang import metrics_enabled
+
+        try:
+            if not metrics_enabled(env):
+                t.metrics_off = env["SGLANG_ENABLE_METRICS"]
+        except EnvLayersError:
+            pass
+    key_file = api_key_file or env.get("SERVER_API_KEY_FILE") or None
+    if key_file:
+        t.api_key = read_key(key_file, "--api-key-file" if api_key_file else f"{files.run_dir}/serve.env: "
+                                                                                "SERVER_API_KEY_FILE")
+    elif data.get("api_key_required"):
+        raise CannotVerify(f"job {job.job_id}'s endpoint needs an API key and its serve.env names no key file",
+                           hint="pass --api-key-file FILE")
+    t.notes.append(f"job {job.job_id}: {state}; run dir {files.run_dir}")
+    return t, env
+
+
+def resolve(spec: str, *, model: str | None = None, api_key_file: str | None = None, timeout_s: float = 30.0,
+            run_dir: str | None = None, root: str | None = None) -> Target:
+    """The target of ``env_layers verify SPEC``, checked to answer /v1/models with the served name."""
+    job_env: dict[str, str] = {}
+    if is_url(spec):
+        target = Target(label=base_url_of(spec), base_urls=[base_url_of(spec)])
+        if api_key_file:
+            target.api_key = read_key(api_key_file, "--api-key-file")
+    elif _JOB_ID_RE.match(spec):
+        target, job_env = from_job(spec, run_dir=run_dir, api_key_file=api_key_file)
+    else:
+        raise CannotVerify(f"{spec!r} is neither a job id nor a URL", where="JOBID|URL",
+                           hint="give a Slurm job id (1234) or a base URL (http://host:8000/v1)")
+    if model:
+        target.served = model
+    _preflight(target, timeout_s)
+    name, env = catalog_entry(root, target.catalog_model, target.model)
+    target.catalog_model = name
+    source = env or job_env  # the catalog says what the model needs; without one, what the job ran
+    if source:
+        target.reasoning_parser = source.get("REASONING_PARSER") or ""
+        target.tool_call_parser = source.get("TOOL_CALL_PARSER") or None
+    return target
+
+
+def _preflight(target: Target, timeout_s: float) -> None:
+    """Every base URL answers /v1/models and lists the served name (filled in from it for a URL)."""
+    for url in target.base_urls:
+        answer = Client(url, target.api_key, timeout_s=min(timeout_s, 30.0)).get("/models")
+        if answer.status in (401, 403):
+            raise CannotVerify(f"{url}/models: HTTP {answer.status}: the endpoint needs an API key",
+                               hint="pass --api-key-file FILE (a job's own key file is found through its serve.env)")
+        data = answer.json() if answer.status == 200 else None
+        cards = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(cards, list) or not cards:
+            raise CannotVerify(f"{answer.describe()}" if answer.status != 200 else
+                               f"{url}/models: not an OpenAI model list",
+                               hint="is the endpoint live? `env_layers status <jobid>` says")
+        ids = [c.get("id") for c in cards if isinstance(c, dict)]
+        if not target.served:
+            target.served = ids[0]
+            if len(ids) > 1:
+                target.notes.append(f"{url} serves {ids}; verifying {ids[0]!r} (--model picks another)")
+        elif target.served not in ids:
+            raise CannotVerify(f"{url} serves {ids}, not {target.served!r}", hint="pass --model NAME")
+        card = cards[ids.index(target.served)]
+        target.model = target.model or card.get("root") or None
+        owner = card.get("owned_by")
+        if target.engine is None and owner in ("vllm", "sglang"):
+            target.engine = owner
