@@ -3,7 +3,8 @@
 Host and port are always explicit: SGLang binds 127.0.0.1:30000 by default. A
 multi-node (pipeline) plan gives every rank ``--nnodes N --node-rank R
 --dist-init-addr MASTER:RDZV_PORT``; ranks > 0 then run SGLang's dummy health server on
-the same host and port of their own node, which is why readiness probes rank 0 only.
+the same host and port of their own node, which is why readiness probes rank 0 only. SGLang takes the API key only as ``--api-key``
+on its command line; it is appended last, filled in by ranks.sh at run time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from envlayers.engines import (
     command_env,
     extra_args,
     flag,
+    has_key,
     required,
     server_host,
 )
@@ -22,6 +24,9 @@ from envlayers.topology import Plan, RankPlan
 
 COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 DEFAULT_ATTENTION_BACKEND = "aiter"
+# SGLang reads its API key only from ``--api-key`` (ServerArgs.api_key; no environment variable):
+# a known limit, see docs/keys.md
+KEY_FLAG = "--api-key"
 
 
 def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) -> RankCommand:
@@ -44,6 +49,5 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) 
     argv += flag(env, "MAX_MODEL_LEN", "--context-length")
     argv += flag(env, "REASONING_PARSER", "--reasoning-parser")
     argv += flag(env, "TOOL_CALL_PARSER", "--tool-call-parser")
-    argv += flag(env, "SERVER_API_KEY", "--api-key")
     argv += extra_args(env)
-    return RankCommand(argv=tuple(argv), env=command_env(env))
+    return RankCommand(argv=tuple(argv), env=command_env(env), key_flag=KEY_FLAG if has_key(env) else None)
