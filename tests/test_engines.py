@@ -427,7 +427,7 @@ def test_redact_masks_the_api_key(given, masked):
 def test_shell_line_masks_the_key_unless_asked_not_to():
     cmd = command({**QWEN38, "SERVER_API_KEY": "s3cret", "SERVER_EXTRA_ARGS": "--api-key=other"})
     assert "s3cret" not in shell_line(cmd) and "other" not in shell_line(cmd)
-    assert shell_line(cmd).endswith("--api-key='***' --api-key '***'")
+    assert shell_line(cmd).endswith("'--api-key=***' --api-key '***'")
     assert "--api-key=other" in shell_line(cmd, redact=False) and "s3cret" not in shell_line(cmd, redact=False)
 
 
