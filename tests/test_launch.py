@@ -445,3 +445,55 @@ def test_core_guard_reports_a_core_file_in_the_working_directory(tmp_path, capsy
     (workdir / "core.1234").write_bytes(b"\x7fELF")
     assert core_guard(run_dir, workdir) is True  # a core is reported; only a limit that is not 0 fails
     assert "ENVLAYERS-WARN: core file left: " in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- a requeued job starts clean
+
+
+def requeue_block() -> str:
+    """The job script's block that files an earlier run away, cut from a real rendered job."""
+    from envlayers.jobscript import _template
+
+    script = _template().render(target="t", nodes=1, partition="", gpus_per_node=4, shape="single", sources=[],
+                                delimiter="E", env_text="", edf="", ready_timeout_s=1, python="python3", keys="")
+    start = script.index('mkdir -p "$RUN_DIR"\n')
+    end = script.index("unset ENVLAYERS_PREV f n\n") + len("unset ENVLAYERS_PREV f n\n")
+    return "set -euo pipefail\n" + script[start:end]
+
+
+def files_under(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("before, after, said", [
+    pytest.param([], [], None, id="first-run-nothing-to-move"),
+    pytest.param(["rank-0.exit", "server-0.log", ".endpoint.json.x.tmp", "cache/"],
+                 ["run-0", "run-0/.endpoint.json.x.tmp", "run-0/cache", "run-0/rank-0.exit", "run-0/server-0.log"],
+                 "run-0", id="earlier-files-into-run-0"),
+    pytest.param(["run-0/rank-0.exit", "rank-0.exit", "run-x/"],
+                 ["run-0", "run-0/rank-0.exit", "run-1", "run-1/rank-0.exit", "run-1/run-x"], "run-1",
+                 id="second-restart-into-run-1"),
+    pytest.param(["run-0/launch.json", "run-2/launch.json", "serve.env"],
+                 ["run-0", "run-0/launch.json", "run-1", "run-1/serve.env", "run-2", "run-2/launch.json"], "run-1",
+                 id="first-free-number"),
+    pytest.param(["run-0/launch.json"], ["run-0", "run-0/launch.json"], None, id="only-earlier-runs"),
+])
+def test_a_requeued_job_files_the_earlier_run_away(tmp_path, before, after, said):
+    run_dir = tmp_path / "7"
+    for entry in before:
+        path = run_dir / entry
+        if entry.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("old\n")
+    proc = subprocess.run(["bash", "-c", requeue_block()], capture_output=True, text=True, timeout=10,
+                          env={"PATH": os.environ["PATH"], "RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
+                               "SLURM_RESTART_COUNT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert files_under(run_dir) == after
+    if said:
+        assert proc.stdout == (f"ENVLAYERS-STAGE: restart 1 of job 7 (requeued by Slurm); the previous run's files "
+                               f"are in {run_dir}/{said}\n")
+    else:
+        assert proc.stdout == ""
