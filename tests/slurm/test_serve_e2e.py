@@ -358,11 +358,23 @@ def assert_second_run_is_clean(run: Run, text: str) -> None:
     assert (run.run_dir / "run-0" / "server-0.log").exists()
 
 
+def start_requeued_now(lab, job_id: str, timeout_s: float = 60) -> None:
+    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = lab.job_info(job_id) or {}
+        if info.get("JobState") == "PENDING" and info.get("Restarts", "0") != "0":
+            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+            return
+        time.sleep(0.2)
+
+
 def test_a_requeued_job_starts_clean_and_says_it_is_a_restart(netns_lab, tmp_path):
     run = Run(netns_lab, tmp_path, SERVE_TIME="00:10:00")
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     netns_lab.run(["scontrol", "requeue", run.job_id])
+    start_requeued_now(netns_lab, run.job_id)
     text = run.wait_for(RESTARTED, timeout_s=180)
     assert_second_run_is_clean(run, text)
     first_end = json.loads((run.run_dir / "run-0" / "launch-end.json").read_text())
@@ -378,8 +390,12 @@ def test_a_job_whose_node_goes_down_is_requeued_and_starts_clean(netns_lab, tmp_
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     node = run.endpoint()["nodes"][0]
+    # drained first: the lab's ReturnToService=2 would hand a node that is merely DOWN (its slurmd still
+    # registers) straight back to the requeued job
+    netns_lab.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=envlayers-test"])
     netns_lab.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=envlayers-test"])
     try:
+        start_requeued_now(netns_lab, run.job_id)
         text = run.wait_for(RESTARTED, timeout_s=180)
     finally:
         netns_lab.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
