@@ -497,3 +497,14 @@ def test_a_requeued_job_files_the_earlier_run_away(tmp_path, before, after, said
                                f"are in {run_dir}/{said}\n")
     else:
         assert proc.stdout == ""
+
+
+def test_the_dry_run_prints_the_srun_line_the_job_runs(tmp_path):
+    from envlayers.jobscript import prepare as prepare_job
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\nINFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
+    job = prepare_job(Path(__file__).resolve().parents[1], "glm53", env_file=mine, python="/usr/bin/python3")
+    lines = job.dry_run_text().splitlines()
+    assert lines[-1] == ('#   srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "--cpus-per-task=${SLURM_CPUS_ON_NODE}" '
+                         '--kill-on-bad-exit=1 bash "${RUN_DIR}/ranks.sh"')
