@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from envlayers import engines, topology
-from envlayers.launch import launcher
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
 from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
                                       srun_dry_line)

@@ -10,6 +10,7 @@ ended without one had its launcher killed).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -87,10 +88,15 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
     job_id = environ.get("SLURM_JOB_ID", "0")
     names = slurm.hostnames(environ.get("SLURM_JOB_NODELIST", ""))
     left = slurm.remaining_s(job_id) if environ.get("SLURM_JOB_ID") else None
-    restart = environ.get("SLURM_RESTART_COUNT", "")
     return Allocation(job_id=job_id, run_dir=run_dir, nodes=resolve_nodes(names),
                       cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
-                      restart=int(restart) if restart.strip().isdigit() else 0, ifaces=fabric.local_ipv4())
+                      restart=restart_count(environ), ifaces=fabric.local_ipv4())
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """SLURM_RESTART_COUNT: how often Slurm requeued this job (0 for its first run)."""
+    value = environ.get("SLURM_RESTART_COUNT", "")
+    return int(value) if value.strip().isdigit() else 0
 
 
 class _Terminated(BaseException):
@@ -109,8 +115,7 @@ class Launcher:
         self.environ = dict(environ)
         self.keys = launch_keys(environ)
         self.job_id = self.environ.get("SLURM_JOB_ID", "0")
-        restart = self.environ.get("SLURM_RESTART_COUNT", "")
-        self.restart = int(restart) if restart.strip().isdigit() else 0
+        self.restart = restart_count(self.environ)
         self.proc: subprocess.Popen | None = None
         self.supervisor = None
         self.t0 = time.monotonic()
@@ -126,7 +131,7 @@ class Launcher:
         alloc = allocation(self.run_dir, self.environ)
         key_file = self.keys.get("SERVER_API_KEY_FILE")
         api_key = read_api_key(key_file) if key_file else None
-        lp = prepare(self.keys, Allocation(**{**alloc.__dict__, "api_key": bool(api_key)}))
+        lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         for line in lp.lines:
             say(line)
         for name, text in lp.files.items():
