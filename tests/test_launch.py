@@ -91,6 +91,16 @@ def test_sglang_with_a_key_warns_that_the_key_is_on_its_command_line(tmp_path):
     assert "VLLM_API_KEY=*** vllm serve" in " ".join(vllm.lines).replace("'", "")
 
 
+@pytest.mark.parametrize("keys, served", [
+    pytest.param(SINGLE_VLLM, True, id="vllm-always"),
+    pytest.param(SINGLE_SGLANG, True, id="sglang-default-on"),
+    pytest.param({**SINGLE_SGLANG, "SGLANG_ENABLE_METRICS": "false"}, False, id="sglang-turned-off"),
+    pytest.param({**SINGLE_SGLANG, "SGLANG_ENABLE_METRICS": ""}, False, id="sglang-empty-is-off"),
+])
+def test_the_plan_knows_whether_the_engine_serves_metrics(tmp_path, keys, served):
+    assert prepare(keys, alloc(tmp_path, nodes=(N1,))).metrics is served
+
+
 @pytest.mark.parametrize("text", [pytest.param("", id="empty"), pytest.param(" \n\n", id="only-whitespace")])
 def test_an_empty_key_file_is_an_error_naming_the_file(tmp_path, text):
     key = tmp_path / "key"
