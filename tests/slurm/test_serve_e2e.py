@@ -358,14 +358,20 @@ def assert_second_run_is_clean(run: Run, text: str) -> None:
     assert (run.run_dir / "run-0" / "server-0.log").exists()
 
 
-def start_requeued_now(lab, job_id: str, timeout_s: float = 60) -> None:
-    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once."""
+def start_requeued_now(lab, job_id: str, timeout_s: float = 90) -> None:
+    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once. The
+    update is repeated until the job leaves PENDING: issued while the requeue is still completing,
+    Slurm can drop it."""
     deadline = time.monotonic() + timeout_s
+    asked_at = None
     while time.monotonic() < deadline:
         info = lab.job_info(job_id) or {}
-        if info.get("JobState") == "PENDING" and info.get("Restarts", "0") != "0":
-            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        restarted = info.get("Restarts", "0") != "0"
+        if restarted and info.get("JobState") not in ("PENDING", "COMPLETING", "REQUEUED", None):
             return
+        if restarted and info.get("JobState") == "PENDING" and (asked_at is None or time.monotonic() - asked_at > 2):
+            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+            asked_at = time.monotonic()
         time.sleep(0.2)
 
 
