@@ -104,13 +104,14 @@ def test_api_key_in_a_layer_is_refused(tmp_path, edf_dir):
     mine.write_text("SERVER_API_KEY=s3cret\n")
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
-    assert str(err.value).startswith("SERVER_API_KEY: an API key in a layer would be written into the job script")
+    assert str(err.value).startswith(f"{mine}:1: SERVER_API_KEY in a layer would be written into the render")
     assert "s3cret" not in str(err.value)
 
 
 def test_api_key_file_keeps_the_key_out_of_the_script(tmp_path, edf_dir):
     key = tmp_path / "key"
-    key.write_text("s3cret\n")
+    key.write_text("s3cret-k3y\n")
+    key.chmod(0o600)
     mine = tmp_path / "mine.env"
     mine.write_text(f"SERVER_API_KEY_FILE={key}\n")
     job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)

@@ -21,7 +21,7 @@ echo "ENVLAYERS-STAGE: job ${SLURM_JOB_ID} started on $(hostname) with nodes ${S
 #   experiments/layers/common.env
 #   experiments/layers/model-kimi27sglang.env
 #   experiments/serve-only.env
-ENVLAYERS_SERVE_ENV=$(cat <<'ENVLAYERS_ENV'
+IFS= read -r -d '' ENVLAYERS_SERVE_ENV <<'ENVLAYERS_ENV' || true
 export VLLM_SERVED_MODEL='hpcagent-bench-vllm'
 export SLURM_PARTITION='mi300'
 export GPUS_PER_NODE='4'
@@ -45,7 +45,14 @@ export JUDGE_NODES='0'
 export AGENT_NODES='0'
 export RUN_ROOT="${SCRATCH:-${PWD}/runs}/inference-server"
 ENVLAYERS_ENV
-)
+
+# References the layers leave for the job: each must be set here, or `set -u` would end the job
+# without saying which layer line needs it.
+envlayers_missing=0
+envlayers_unset_ref() { echo "ENVLAYERS-ERROR: $1"; envlayers_missing=1; }
+[ -n "${SCRATCH:-}" ] || [ -n "${PWD+x}" ] || envlayers_unset_ref 'RUN_ROOT (experiments/serve-only.env:9) references $PWD, which is not set in the job; fix: export PWD before submitting (sbatch passes your environment on), assign it in a layer, or write ${PWD-default}'
+[ "$envlayers_missing" = 0 ] || exit 1
+
 set -a
 eval "$ENVLAYERS_SERVE_ENV"
 set +a
@@ -57,7 +64,7 @@ export ENVLAYERS_EDF=hpcagent-bench-sglang-mi300-latest
 export ENVLAYERS_READY_TIMEOUT_S=7200
 RUN_DIR="${RUN_ROOT:?RUN_ROOT is not set: experiments/serve-only.env sets it}/${SLURM_JOB_ID}"
 mkdir -p "$RUN_DIR"
-printf '%s\n' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
+printf '%s' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
 cat "$0" > "$RUN_DIR/job.sh"
 echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"
 
