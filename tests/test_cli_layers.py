@@ -218,10 +218,13 @@ def test_render_o_writes_through_a_fifo(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
     reader.start()
-    assert run("render", "experiment:qwen38", "-o", str(fifo)).exit_code == 0
+    result = run("render", "experiment:qwen38", "-o", str(fifo))
+    if fifo.is_fifo():  # let the reader end even when nothing was written through
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     reader.join(10)
+    assert result.exit_code == 0, result.output
     assert got == [(REPO / "experiments/renders/.env.experiment.qwen38").read_text()]
     assert fifo.is_fifo()
 
