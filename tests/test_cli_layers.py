@@ -221,7 +221,7 @@ def test_render_o_writes_through_a_fifo(tmp_path):
     reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
     reader.start()
     result = run("render", "experiment:qwen38", "-o", str(fifo))
-    if fifo.is_fifo():  # let the reader end even when nothing was written through
+    if reader.is_alive() and fifo.is_fifo():  # let the reader end even when nothing was written through
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     reader.join(10)
     assert result.exit_code == 0, result.output
