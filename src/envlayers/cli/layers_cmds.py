@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from . import get_root
+from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 
 RENDERS_DIR = Path("experiments") / "renders"
@@ -199,7 +200,7 @@ def list_cmd(ctx, as_json):
     for name, entry in cat.models.items():
         row = {"name": name, "description": entry.description}
         try:
-            text = load_env(root, f"{catalog.DEFAULT_EXPERIMENT}:{name}").text()
+            text = load_env(root, f"{DEFAULT_EXPERIMENT}:{name}").text()
             row.update(engine=text.get("INFERENCE_ENGINE"), nodes=text.get("INFERENCE_NODES", "1"),
                        model=text.get("INFERENCE_MODEL"), partition=text.get("SLURM_PARTITION"))
         except EnvLayersError as err:
