@@ -7,6 +7,7 @@ Regenerate the golden job scripts after an intended change:
 from __future__ import annotations
 
 import difflib
+import sys
 import os
 import subprocess
 from pathlib import Path
@@ -344,3 +345,23 @@ def test_job_submission_plan_is_the_topology_plan(edf_dir):
 
     job = prepare(REPO, "qwen38", python=PY, environ=edf_dir)
     assert type(job) is JobSubmission and isinstance(job.plan, Plan)
+
+
+# -- start-up: the template is compiled once ---------------------------------------------------------
+
+def test_the_template_is_compiled_once_into_the_user_cache(tmp_path, edf_dir):
+    import jinja2
+
+    env = {**os.environ, **edf_dir, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
+    env.pop("ENVLAYERS_NO_CACHE", None)
+    cmd = [sys.executable, "-m", "envlayers", "--root", str(REPO), "serve", "--dry-run"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    cached = list((tmp_path / "cache/envlayers" / f"jinja2-{jinja2.__version__}").glob("__jinja2_*.cache"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert second.stdout == first.stdout and cached[0].stat().st_mtime_ns == stamp  # loaded, not rewritten
+    off = subprocess.run(cmd, env={**env, "ENVLAYERS_NO_CACHE": "1", "XDG_CACHE_HOME": str(tmp_path / "c2")},
+                         capture_output=True, text=True, timeout=60)
+    assert off.stdout == first.stdout and not (tmp_path / "c2/envlayers").exists()

@@ -308,3 +308,15 @@ def test_render_refuses_a_secret_with_file_line(key):
 
 def test_an_empty_secret_key_renders():
     assert "SERVER_API_KEY=''" in render(stack("SERVER_API_KEY="), "sh")
+
+
+def test_a_catalog_layer_name_with_a_newline_is_refused(tmp_path):
+    import shutil
+
+    shutil.copytree(REPO / "experiments", tmp_path / "experiments")
+    (tmp_path / "experiments/layers/a\necho pwned.env").write_text("A=1\n")
+    setups = tmp_path / "experiments/setups.yaml"
+    setups.write_text(setups.read_text().replace("layers: [replicas.env]", 'layers: ["a\\necho pwned.env"]', 1))
+    assert '"a\\necho pwned.env"' in setups.read_text()
+    with pytest.raises(StackError, match="control character"):
+        stack_sources(tmp_path, "replicas:qwen38")

@@ -123,11 +123,16 @@ def _catalog_sources(root: Path, experiment: str, model: str) -> list[Source]:
 
 
 def _path_source(root: Path, path: Path, what: str) -> Source:
-    label = _display(root, path)
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in label):
-        raise StackError(f"the file name {label!r} holds a control character (a newline, ...)", where=what,
-                         hint="rename the file: its name is written into the job script and every message")
+    label = _checked_label(_display(root, path), what)
     return Source(label, tuple(parse_file(Path(path), label)))
+
+
+def _checked_label(label: str, where: str) -> str:
+    """A source's label goes into `#` lines of renders and job scripts: no control characters."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in label):
+        raise StackError(f"the file name {label!r} holds a control character (a newline, ...)", where=where,
+                         hint="rename the file: its name is written into renders, the job script and messages")
+    return label
 
 
 def _display(root: Path, path: Path) -> str:
@@ -140,6 +145,7 @@ def _display(root: Path, path: Path) -> str:
 def _file_source(root: Path, name: str, ref: Origin | None) -> Source:
     rel = cat.LAYERS_DIR / name
     path = root / rel
+    _checked_label(name, str(ref or rel))
     if "/" in name or name in ("", ".", ".."):
         raise StackError(f"layer '{name}' must be a file name in {cat.LAYERS_DIR}", where=str(ref or rel),
                          hint="write just the file name, e.g. replicas.env")
