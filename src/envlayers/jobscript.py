@@ -87,6 +87,11 @@ def comment_text(text: str) -> str:
     return _CONTROL_RE.sub(lambda m: repr(m.group(0))[1:-1], text)
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a one-line message: control characters escaped, bounded in length."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
 def _delimiter(text: str, base: str) -> str:
     delim, n = base, 0
     lines = set(text.splitlines())
@@ -144,7 +149,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if limit_s and budget > limit_s:
         warnings.append(f"readiness budget {budget}s exceeds the time limit {time}; the job clamps it to 90% "
                         "of the time left")
-    partition = _partition(env)
+    partition = _partition(env, text)
     script = _template().render(
         job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
@@ -163,11 +168,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
                          budget, warnings, blockers)
 
 
-def _partition(env: Env) -> str:
+def _partition(env: Env, text: Mapping[str, str]) -> str:
     b = env.bindings.get("SLURM_PARTITION")
-    value = env.text().get("SLURM_PARTITION") or ""
+    value = text.get("SLURM_PARTITION") or ""
     if value and not _PARTITION_RE.match(value):
-        raise EnvLayersError(f"SLURM_PARTITION {comment_text(value)!r} is not a partition name",
+        raise EnvLayersError(f"SLURM_PARTITION {_shown(value)} is not a partition name",
                              where=str(b.origin) if b else "SLURM_PARTITION",
                              hint="letters, digits, '.', '_' and '-', several separated by commas (no $ or spaces)")
     return value
@@ -269,21 +274,21 @@ class ScriptTextError(EnvLayersError):
 def _sh(value) -> _Safe:
     text = str(value)
     if "\0" in text:
-        raise ScriptTextError(f"a NUL byte cannot be written into the job script: {comment_text(text)!r}")
+        raise ScriptTextError(f"a NUL byte cannot be written into the job script: {_shown(text)}")
     return _Safe(shlex.quote(text))
 
 
 def _comment(value) -> _Safe:
     text = str(value)
     if _CONTROL_RE.search(text):
-        raise ScriptTextError(f"{comment_text(text)!r} holds a control character (a newline, ...) and would "
+        raise ScriptTextError(f"{_shown(text)} holds a control character (a newline, ...) and would "
                               "break out of its comment line in the job script", hint="rename it")
     return _Safe(text)
 
 
 def _num(value) -> _Safe:
     if type(value) is not int:
-        raise ScriptTextError(f"expected a whole number for the job script, got {value!r}")
+        raise ScriptTextError(f"expected a whole number for the job script, got {_shown(repr(value))}")
     return _Safe(str(value))
 
 
@@ -303,7 +308,8 @@ def _heredoc(value, delimiter: str) -> _Safe:
 def _finalize(value):
     if isinstance(value, _Safe):
         return value
-    raise ScriptTextError(f"a job script template emits {value!r} without a filter (sh, comment, num, code)")
+    raise ScriptTextError(f"a job script template emits {_shown(str(value))} without a filter "
+                          "(sh, comment, num, code, heredoc)")
 
 
 @lru_cache(maxsize=1)
