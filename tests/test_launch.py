@@ -105,9 +105,9 @@ def test_the_plan_knows_whether_the_engine_serves_metrics(tmp_path, keys, served
 def test_an_empty_key_file_is_an_error_naming_the_file(tmp_path, text):
     key = tmp_path / "key"
     key.write_text(text)
-    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {key} is empty"):
+    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {key}: the key file is empty"):
         read_api_key(str(key))
-    with pytest.raises(LaunchFailure, match=f"cannot read SERVER_API_KEY_FILE {tmp_path / 'nope'}"):
+    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {tmp_path / 'nope'}: the key file does not exist"):
         read_api_key(str(tmp_path / "nope"))
 
 
