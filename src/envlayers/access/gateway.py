@@ -198,7 +198,7 @@ def check_gateway_port(gateway: Gateway, bind: str, port: int, timeout_s: float 
     if "open failed" in text:
         reason = text.split("open failed:", 1)[1].splitlines()[0].strip()
         if "refused" in reason.lower():
-            return PortCheck("free", f"connection refused on the gateway ({reason})", how)
+            return PortCheck("free", "connection refused on the gateway host", how)
         return _local_fallback(gateway, bind, port, f"the gateway's sshd would not connect: {reason}", how)
     authenticated = "Authenticated to" in text
     if authenticated and (timed_out or rc == 0):

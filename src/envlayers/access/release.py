@@ -58,8 +58,9 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
         route = record.get("route") or {}
         reminded = record.get("state") == "closed"
         steps.append(Step("route", "already" if reminded else "reminder",
-                          "remove this route from the gateway's model registry and reload the gateway"
-                          + (" (reminded when the tunnel was closed)" if reminded else " now, before its port closes"),
+                          "reminded when the tunnel was closed: this route must be gone from the gateway's registry"
+                          if reminded else "remove this route from the gateway's model registry and reload the "
+                          "gateway now, before its port closes",
                           [f"base_url: {route.get('base_url')}", f"provider_model_id: {route.get('provider_model_id')}"]))
     # 2. the tunnel
     status, detail = close_tunnel(acc)

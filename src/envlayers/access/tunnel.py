@@ -37,9 +37,10 @@ STEP_NAME = "envlayers-tunnel"
 LOG_NAME = "tunnel.log"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
 MAX_DELAY_S = 60
-# keep ssh's non-debug lines, and of its debug lines only those that say how the forward went
-_FILTER = ("!/^debug[0-9]?:/ || /remote forward (success|failure) for|Authenticated to/ "
-           "{ print; fflush() }")
+# keep ssh's non-debug lines, and of its debug lines only those that say how the forward went; a bash
+# loop, not awk or sed, since those may hold lines back in their input buffers
+_FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote forward "*) ;; debug*) continue ;; '
+           "esac; printf '%s\\n' \"$l\"; done")
 _CONFIRMED_RE = re.compile(r"remote forward success for: listen (\S+)")
 _REFUSED_RE = re.compile(r"remote forward failure for:|remote port forwarding failed for listen port")
 _NODE_RE = re.compile(r"^ENVLAYERS-TUNNEL: node=(\S+) step=(\S+) pid=(\d+)", re.M)
@@ -49,6 +50,10 @@ class TunnelFailed(EnvLayersError):
     """The tunnel did not come up: the gateway refused the forward, or ssh/srun ended first."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, lines: list[str] | None = None):
+        super().__init__(message, hint=hint)
+        self.lines = lines or []  # commands to print under the error, one per line
 
 
 @dataclass
@@ -71,7 +76,7 @@ class TunnelSpec:
 
     def node_script(self) -> str:
         ssh = shlex.join(self.ssh_argv())
-        run_ssh = f"{ssh} 2> >(exec awk {shlex.quote(_FILTER)} >&2)"
+        run_ssh = f"{ssh} 2> >({_FILTER} >&2)"
         head = ('echo "ENVLAYERS-TUNNEL: node=$(hostname) step=${SLURM_JOB_ID}.${SLURM_STEP_ID} pid=$$'
                 + (f' keep_alive={self.restarts}"' if self.keep_alive else '"'))
         if not self.keep_alive:
@@ -251,8 +256,8 @@ def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> Tun
             what = (f"the gateway {dest} refused the forward of {spec.remote_bind}:{port} ({last}); most often "
                     f"an earlier forward still holds the port, else its sshd forbids remote forwards "
                     f"(AllowTcpForwarding)")
-        steps = " ; ".join(find_holder_commands(port))
-        return TunnelFailed(what, hint=f"on the gateway host: {steps} ; then run this command again")
+        return TunnelFailed(what, hint="clear it on the gateway host, then run this command again",
+                            lines=["on the gateway host:", *(f"  {c}" for c in find_holder_commands(port))])
     if outcome == "exited":
         return TunnelFailed(f"the tunnel to {dest} ended before the forward was up: {last}",
                             hint="the full output is in tunnel.log of the run directory; a key or host-key problem "

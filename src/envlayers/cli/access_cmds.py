@@ -97,7 +97,8 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
               show_default=True, metavar="S", help="How long to wait for the gateway to accept the forward.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tunnel record as JSON.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
-def tunnel(job_id: str, destination: str, remote_port: int, remote_bind: str | None, ssh_port: int | None,
+@click.pass_context
+def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, remote_bind: str | None, ssh_port: int | None,
            identity: str | None, options: tuple[str, ...], keep_alive: bool, restarts: int, replica: int,
            start_timeout_s: float, as_json: bool, run_dir: str | None) -> None:
     """Open a reverse SSH tunnel from the node serving JOB_ID's API to a fixed loopback port on a
@@ -108,7 +109,7 @@ def tunnel(job_id: str, destination: str, remote_port: int, remote_bind: str | N
     by an earlier forward: the commands to clear it are printed); 2 on bad input."""
     from ..access.gateway import Gateway, check_destination, check_options, check_port, check_remote_bind
     from ..access.job import open_job
-    from ..access.tunnel import TunnelSpec, api_target, open_tunnel
+    from ..access.tunnel import TunnelFailed, TunnelSpec, api_target, open_tunnel
 
     bind = check_remote_bind(remote_bind)
     gateway = Gateway(check_destination(destination), check_port(ssh_port, "--ssh-port") if ssh_port else None,
@@ -118,7 +119,13 @@ def tunnel(job_id: str, destination: str, remote_port: int, remote_bind: str | N
     acc.require_live("tunnel")
     node, port = api_target(acc, replica)
     spec = TunnelSpec(acc.job_id, node, port, gateway, bind, remote_port, keep_alive, restarts)
-    result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s)
+    try:
+        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s)
+    except TunnelFailed as err:
+        click.echo(f"env_layers: error: {err}", err=True)
+        for line in err.lines:
+            click.echo(f"  {line}", err=True)
+        ctx.exit(err.exit_code)
     if as_json:
         _dump(result.to_dict())
         return
