@@ -4,8 +4,9 @@
 ``known_hosts`` line and an ``sshd_config`` (no PAM, no passwords, ``GatewayPorts`` off), and starts
 Debian's ``/usr/sbin/sshd`` on a free port of ``listen`` (``127.0.0.1`` by default). ``netns=NAME``
 runs it inside that network namespace (``ip netns exec``), e.g. a lab node's, so that it is a host of
-the lab's private network. ``stop()`` ends it by the PID in its PidFile, and the connection children
-it forked (they hold the forwarded ports) with it. Nothing here is reachable beyond the address given.
+the lab's private network. ``stop()`` ends it by its PID (checked against its command line), and the connection children
+it forked (they hold the forwarded ports) with it; it runs in the foreground (``-D``) as a child
+of the test process. Nothing here is reachable beyond the address given.
 
 ``ensure_openssh()`` installs openssh-server and openssh-client with apt-get when run as root and
 they are missing (without starting the system service); otherwise it returns why it cannot.
@@ -19,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
@@ -94,7 +95,7 @@ class Sshd:
     user: str
     netns: str | None = None
     pid: int | None = None
-    forked: list[int] = field(default_factory=list)
+    _proc: subprocess.Popen | None = None
 
     @property
     def identity(self) -> Path:
@@ -152,17 +153,18 @@ class Sshd:
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         server = cls(folder, listen, port, user, netns)
         (folder / "sshd.pid").unlink(missing_ok=True)
-        proc = subprocess.run(server.in_netns([SSHD, "-f", str(config), "-E", str(server.log)]),
-                              capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0:
-            raise RuntimeError(f"sshd did not start (rc={proc.returncode}): {proc.stderr}{server.log_text()}")
+        # -D: stay in the foreground (daemon() fails where /dev/null is not the usual device); own session
+        proc = subprocess.Popen(server.in_netns([SSHD, "-D", "-f", str(config), "-E", str(server.log)]),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        server.pid = proc.pid  # `ip netns exec` execs sshd in place: the same PID
+        server._proc = proc
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and proc.poll() is None:
             try:
-                server.pid = int((folder / "sshd.pid").read_text().strip())
                 with socket.create_connection((listen, port), timeout=1):
                     return server
-            except (OSError, ValueError):
+            except OSError:
                 time.sleep(0.05)
         server.stop()
         raise RuntimeError(f"sshd on {listen}:{port} did not listen within 10s: {server.log_text()}")
@@ -200,4 +202,6 @@ class Sshd:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        if self._proc is not None:
+            self._proc.wait(5)  # reap it: no zombie left behind
         return victims
