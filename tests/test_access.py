@@ -335,3 +335,96 @@ def test_connect_is_for_the_owner_only(tmp_path, no_slurm):
     proc = cli("connect", "77", "--run-dir", str(run), env=no_slurm)
     assert proc.returncode == 2 and proc.stdout == ""
     assert f"job 77 is not yours: its run directory {run} belongs to nobody, you are root" in proc.stderr
+
+
+def test_ping_gives_up_on_a_server_that_trickles_its_answer():
+    import threading
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        stop = threading.Event()
+
+        def trickle():  # one byte every 0.3 s: no single read ever times out
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.is_set():
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        return
+                    time.sleep(0.3)
+
+        threading.Thread(target=trickle, daemon=True).start()
+        t0 = time.monotonic()
+        result = ping(f"http://127.0.0.1:{port}/v1", "tiny", timeout_s=1)
+        took = time.monotonic() - t0
+        stop.set()
+    assert not result.ok and "no complete reply within 1s" in result.checks[0].detail
+    assert took < 4
+
+
+def _no_slurm_job(tmp_path: Path, port: int) -> Path:
+    run = _run_dir(tmp_path)
+    ep = json.loads((run / "endpoint.json").read_text())
+    ep.update(base_urls=[f"http://n1:{port}/v1"], addresses=["127.0.0.1"])
+    (run / "endpoint.json").write_text(json.dumps(ep))
+    return run
+
+
+@pytest.mark.parametrize("command", ["ping", "tunnel"])
+def test_a_job_slurm_no_longer_knows_is_not_pinged_or_tunnelled(tmp_path, no_slurm, command):
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    extra = ["--to", "me@gw", "--remote-port", "8001"] if command == "tunnel" else []
+    proc = cli(command, "77", "--run-dir", str(run), *extra, env=no_slurm)
+    assert proc.returncode == 2 and "job 77 has ended (no longer known to Slurm)" in proc.stderr
+    assert not (run / "tunnel.log").exists()
+
+
+def _tunnel_record(run: Path, server, pid: int, argv: list[str], port: int) -> None:
+    (run / "tunnel.json").write_text(json.dumps({
+        "job_id": "77", "state": "open", "node": "n1", "local_port": 8000,
+        "gateway": {"destination": server.destination, "ssh_port": server.port, "identity": str(server.identity),
+                    "options": server.client_options()},
+        "remote_bind": "127.0.0.1", "remote_port": port,
+        "route": {"base_url": f"http://127.0.0.1:{port}/v1", "provider_model_id": "tiny"},
+        "host": socket.gethostname(), "srun_pid": pid, "srun_argv": argv, "step_id": None}))
+
+
+def test_release_kills_the_recorded_pid_only_while_it_runs_the_recorded_command(tmp_path, no_slurm, sshd):
+    port = sshdtools.free_port()
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    other = subprocess.Popen(["sleep", "60"])  # the recorded PID, now another program
+    try:
+        _tunnel_record(run, sshd, other.pid, ["srun", "--overlap", "--jobid=77"], port)
+        proc = cli("release", "77", "--run-dir", str(run), env=no_slurm)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"2. tunnel: already: srun pid {other.pid} no longer runs the tunnel" in proc.stdout
+        assert other.poll() is None  # not ours any more: untouched
+    finally:
+        other.kill()
+        other.wait()
+    ours = subprocess.Popen(["sleep", "61"])  # the recorded PID still running the recorded command
+    _tunnel_record(run, sshd, ours.pid, ["sleep", "61"], port)
+    proc = cli("release", "77", "--run-dir", str(run), "--json", env=no_slurm)
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0 and ours.wait(10) == -15  # SIGTERM
+    steps = {s["name"]: s for s in data["steps"]}
+    assert steps["tunnel"]["status"] == "done" and steps["job"]["status"] == "already"
+    assert steps["gateway-port"]["status"] == "done" and "no longer answers" in steps["gateway-port"]["detail"]
+    again = cli("release", "77", "--run-dir", str(run), env=no_slurm)
+    assert again.stdout.splitlines()[-1] == "job 77: everything is already released"
+    assert json.loads((run / "tunnel.json").read_text())["state"] == "closed"
+
+
+def test_release_fails_while_the_gateway_port_still_answers(tmp_path, no_slurm, sshd, engine):
+    port = int(engine.rsplit(":", 1)[1].split("/")[0])  # something answers on the "gateway" port
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    _tunnel_record(run, sshd, 1, ["srun"], port)
+    proc = cli("release", "77", "--run-dir", str(run), env=no_slurm, timeout_s=120)
+    assert proc.returncode == 1
+    assert f"4. gateway port: failed: 127.0.0.1:{port} on {sshd.destination} still answers" in proc.stdout
+    assert f"ss -ltnp 'sport = :{port}'" in proc.stdout and "NOT fully released" in proc.stdout

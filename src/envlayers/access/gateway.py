@@ -139,6 +139,19 @@ def check_remote_bind(text: str | None) -> str:
     return f"[{addr}]" if addr.version == 6 else str(addr)
 
 
+def check_identity(path: str | None) -> str | None:
+    """The ``--identity`` file as an absolute path (ssh runs on the node, in the run directory)."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    p = Path(path).expanduser().absolute()
+    if not p.is_file():
+        raise EnvLayersError(f"{p} does not exist or is not a file", where="--identity",
+                             hint="give the private key the node's ssh should use; the node must be able to read it")
+    return str(p)
+
+
 def check_port(value: int, where: str) -> int:
     if not 1 <= int(value) <= 65535:
         raise EnvLayersError(f"{value} is not a TCP port", where=where, hint="give a number from 1 to 65535")

@@ -59,7 +59,21 @@ def normalize_base_url(text: str) -> str:
 
 
 def _request(url: str, body: dict | None, api_key: str | None, timeout_s: float):
-    """(status, parsed JSON or None, detail, seconds). Never raises for network or HTTP errors."""
+    """(status, parsed JSON or None, detail, seconds), within about ``timeout_s`` in all: urllib's
+    timeout bounds each socket operation, and a server that trickles bytes is cut off here."""
+    import threading
+
+    box: list = []
+    t0 = time.monotonic()
+    worker = threading.Thread(target=lambda: box.append(_request_once(url, body, api_key, timeout_s)), daemon=True)
+    worker.start()
+    worker.join(timeout_s + 1.0)
+    if not box:
+        return None, None, f"no answer: no complete reply within {timeout_s:g}s", time.monotonic() - t0
+    return box[0]
+
+
+def _request_once(url: str, body: dict | None, api_key: str | None, timeout_s: float):
     import urllib.error
     import urllib.request
 

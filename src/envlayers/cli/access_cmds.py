@@ -107,13 +107,15 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
     \b
     Exit 0 once the gateway accepted the forward; 1 when it did not (e.g. the port is still held
     by an earlier forward: the commands to clear it are printed); 2 on bad input."""
-    from ..access.gateway import Gateway, check_destination, check_options, check_port, check_remote_bind
+    from ..access.gateway import (Gateway, check_destination, check_identity, check_options, check_port,
+                                  check_remote_bind)
     from ..access.job import open_job
     from ..access.tunnel import TunnelFailed, TunnelSpec, api_target, open_tunnel
 
     bind = check_remote_bind(remote_bind)
-    gateway = Gateway(check_destination(destination), check_port(ssh_port, "--ssh-port") if ssh_port else None,
-                      identity, check_options(options))
+    gateway = Gateway(check_destination(destination),
+                      check_port(ssh_port, "--ssh-port") if ssh_port is not None else None,
+                      check_identity(identity), check_options(options))
     check_port(remote_port, "--remote-port")
     acc = open_job(job_id, run_dir=run_dir)
     acc.require_live("tunnel")
