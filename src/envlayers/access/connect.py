@@ -14,7 +14,7 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
     info = acc.job.info
     tunnel = acc.tunnel()
     gateway = None
-    if tunnel and tunnel.get("state") == "open":
+    if tunnel and tunnel.get("state") == "open" and acc.live:  # a job's end ends its tunnel
         gateway = {"destination": tunnel["gateway"]["destination"],
                    "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]),
                    "provider_model_id": acc.served}
