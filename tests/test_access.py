@@ -265,13 +265,21 @@ def test_gateway_port_check_through_a_real_sshd(sshd, engine):
     assert free.state == "free" and not free.held
 
 
-def test_gateway_port_check_says_unknown_when_it_cannot_log_in(sshd, tmp_path):
-    other_key = tmp_path / "other"
+def test_gateway_port_check_falls_back_to_a_direct_connect_when_the_gateway_is_this_host(sshd, tmp_path, engine):
+    other_key = tmp_path / "other"  # a key the gateway does not know: ssh cannot log in
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
     g = gw.Gateway(sshd.destination, sshd.port, str(other_key), tuple(sshd.client_options()))
-    check = gw.check_gateway_port(g, "127.0.0.2", sshdtools.free_port())  # 127.0.0.2: not a fallback here
-    assert check.state in ("unknown", "free")
-    assert check.state == "free" or "Permission denied" in check.detail
+    free = gw.check_gateway_port(g, "127.0.0.1", sshdtools.free_port())
+    assert free.state == "free" and "Permission denied" in free.detail and "the gateway is this host" in free.detail
+    port = int(engine.rsplit(":", 1)[1].split("/")[0])
+    assert gw.check_gateway_port(g, "127.0.0.1", port).state == "listening"
+
+
+def test_gateway_port_check_says_unknown_when_it_cannot_reach_a_remote_gateway(tmp_path):
+    # a numeric address that is not this host, reached through a proxy command that fails: no packet leaves
+    g = gw.Gateway("me@10.255.255.1", 22, None, ("ProxyCommand=false",))
+    check = gw.check_gateway_port(g, "127.0.0.1", 8001, timeout_s=10)
+    assert check.state == "unknown" and not check.held and "ssh to the gateway failed" in check.detail
 
 
 # ------------------------------------------------------------------------------------------ connect
