@@ -190,8 +190,12 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         fh.write(f"ENVLAYERS-TUNNEL: starting at {_now()}: {shlex.join(argv)}\n")
         fh.flush()
         offset = fh.tell()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=_clean_env(), cwd=str(run_dir))
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=_clean_env(), cwd=str(run_dir))
+        except FileNotFoundError:
+            raise EnvLayersError("`srun` is not on PATH", hint="run this where Slurm's client tools are, e.g. "
+                                 "the login node you submitted from") from None
     deadline = time.monotonic() + start_timeout_s
     text = ""
     outcome = "timeout"
@@ -267,7 +271,8 @@ def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> Tun
 
 
 def _stop(pid: int, argv: list[str], step_id: str | None, acc: JobAccess | None, wait_s: float = 10.0) -> str:
-    """End a tunnel step: scancel the step when known, SIGTERM srun if it is still ours."""
+    """End a tunnel step: scancel the step when known, then SIGTERM srun if it still runs ``argv``
+    (SIGKILL after ``wait_s``). Returns what was done, in words."""
     said = []
     if step_id and "." in step_id and step_id.split(".", 1)[1]:
         try:
@@ -275,18 +280,20 @@ def _stop(pid: int, argv: list[str], step_id: str | None, acc: JobAccess | None,
             said.append(f"scancel {step_id}")
         except EnvLayersError as err:
             said.append(f"scancel {step_id} failed: {err.message}")
-    if cmdline(pid) == argv:
+    if not argv or cmdline(pid) != argv:
+        return ", ".join(said)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.kill(pid, signal.SIGTERM)
-            said.append(f"SIGTERM to srun pid {pid}")
+            os.kill(pid, sig)
         except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + wait_s
-    while cmdline(pid) == argv and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if cmdline(pid) == argv:
-        os.kill(pid, signal.SIGKILL)
-        said.append(f"SIGKILL to srun pid {pid}")
+            break
+        deadline = time.monotonic() + wait_s
+        while cmdline(pid) == argv and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if cmdline(pid) != argv:
+            break
+    ended = cmdline(pid) != argv
+    said.append(f"srun pid {pid} {'ended' if ended else 'still runs after SIGKILL'}")
     return ", ".join(said)
 
 
@@ -316,7 +323,7 @@ def close_tunnel(acc: JobAccess) -> tuple[str, str]:
         status, detail = "closed", f"opened on {record['host']}, so its pid means nothing here; {how}"
     else:
         how = _stop(pid, record["srun_argv"], step, acc)
-        status, detail = "closed", f"{how}; the step and its ssh ended"
+        status, detail = "closed", how
     record.update(state="closed", closed_at=_now())
     if acc.run_dir is not None:
         write_record(acc.run_dir, record)
