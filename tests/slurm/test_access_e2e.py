@@ -154,6 +154,8 @@ def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
     assert pid_alive(record["srun_pid"]) and pid_alive(record["node_pid"], "ssh")
     assert f"-R 127.0.0.1:{rport}:127.0.0.1:8000" in record["ssh_command"]
     assert key not in (run.run_dir / "tunnel.log").read_text()
+    second = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", str(rport + 1))
+    assert second.returncode == 2 and f"job {jid} already has a tunnel to" in second.stderr
 
     # a chat completion through the gateway host's fixed loopback port, with the key
     body = json.dumps({"model": "hpcagent-bench-vllm", "max_tokens": 8,
