@@ -110,10 +110,10 @@ def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
     assert ping.returncode == 0 and json.loads(ping.stdout)["ok"], ping.stdout + ping.stderr
 
     # the tool's own refusal of a public gateway bind: nothing is started
-    steps_before = slurm_lab.run(["squeue", "-h", "-s", "-j", jid]).stdout
+    steps_before = slurm_lab.run(["squeue", "-h", "-s", "-j", jid, "-o", "%i"]).stdout
     public = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", "8001", "--remote-bind", "0.0.0.0")
     assert public.returncode == 2 and "binds every interface of the gateway host" in public.stderr
-    assert slurm_lab.run(["squeue", "-h", "-s", "-j", jid]).stdout == steps_before
+    assert slurm_lab.run(["squeue", "-h", "-s", "-j", jid, "-o", "%i"]).stdout == steps_before
     assert not (run.run_dir / "tunnel.log").exists()
 
     # an earlier allocation's forward still holds the port on the gateway host
