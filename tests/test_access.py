@@ -174,12 +174,20 @@ def _standin(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the stand-in engine did not listen")
 
 
+def _end(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:  # a handler thread still in a request: do not leave it running
+        proc.kill()
+        proc.wait(10)
+
+
 @pytest.fixture
 def engine(tmp_path):
     proc, url = _standin(tmp_path)
     yield url
-    proc.terminate()
-    proc.wait(10)
+    _end(proc)
 
 
 @pytest.fixture
@@ -187,8 +195,7 @@ def keyed_engine(tmp_path):
     key = "k-" + os.urandom(6).hex()
     proc, url = _standin(tmp_path, "--api-key", key)
     yield url, key
-    proc.terminate()
-    proc.wait(10)
+    _end(proc)
 
 
 def test_ping_times_both_checks_against_the_real_stand_in(engine):
