@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 from .. import slurm
@@ -171,8 +170,8 @@ class TunnelResult:
         return {**self.record, "gateway_check": self.gateway_check}
 
 
-def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0, check_gateway: bool = True,
-                on_line: Callable[[str], None] | None = None) -> TunnelResult:
+def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0,
+                check_gateway: bool = True) -> TunnelResult:
     """Start the step, wait (at most ``start_timeout_s``) until ssh says the gateway accepted the
     forward, record it. Raises :class:`TunnelFailed` (exit 1) when it does not come up."""
     run_dir = acc.run_dir
@@ -216,6 +215,11 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
             break
         time.sleep(0.1)
     node_line = _NODE_RE.search(text)
+    settle = time.monotonic() + 2.0
+    while outcome == "up" and node_line is None and time.monotonic() < settle:
+        time.sleep(0.1)  # srun relays the task's stdout and stderr separately: the node's line may lag
+        text = _read_from(log, offset)
+        node_line = _NODE_RE.search(text)
     record = {
         "job_id": spec.job_id, "state": "open", "node": spec.node, "local_port": spec.local_port,
         "gateway": spec.gateway.to_dict(), "remote_bind": spec.remote_bind, "remote_port": spec.remote_port,
