@@ -87,7 +87,9 @@ def start_job(lab, tmp_path: Path) -> tuple[Run, str]:
     key_file = tmp_path / "api-key"
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
-    run = Run(lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n", SERVE_TIME="00:10:00")
+    # the job runs this checkout's launcher too, not whichever envlayers is installed
+    run = Run(lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n", SERVE_TIME="00:10:00",
+              PYTHONPATH=f"{REPO / 'tests' / 'standin' / 'pypath'}:{REPO / 'src'}")
     dry = run.sbatch(submit=False)
     assert "sbatch" in dry.stdout and BANNER not in dry.stdout
     run.submit()
