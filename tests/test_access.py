@@ -443,3 +443,16 @@ def test_release_fails_while_the_gateway_port_still_answers(tmp_path, no_slurm, 
     assert proc.returncode == 1
     assert f"4. gateway port: failed: 127.0.0.1:{port} on {sshd.destination} still answers" in proc.stdout
     assert f"ss -ltnp 'sport = :{port}'" in proc.stdout and "NOT fully released" in proc.stdout
+
+
+def test_connect_refuses_a_job_slurm_runs_as_someone_else(tmp_path, no_slurm):
+    run = _run_dir(tmp_path)
+    record = (f"JobId=77 JobName=serve-only UserId=nobody(65534) JobState=RUNNING Reason=None NumNodes=1 "
+              f"NodeList=n1 WorkDir={tmp_path} StdOut={tmp_path}/serve-only-77.out")
+    scontrol = Path(no_slurm["PATH"].split(":")[0]) / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho '{record}'\n")
+    for command in (["connect", "77"], ["ping", "77"], ["release", "77"]):
+        proc = cli(*command, "--run-dir", str(run), env=no_slurm)
+        assert proc.returncode == 2 and "job 77 is not yours: Slurm runs it as nobody, you are" in proc.stderr, \
+            proc.stderr
+        assert proc.stdout == ""
