@@ -456,3 +456,21 @@ def test_connect_refuses_a_job_slurm_runs_as_someone_else(tmp_path, no_slurm):
         assert proc.returncode == 2 and "job 77 is not yours: Slurm runs it as nobody, you are" in proc.stderr, \
             proc.stderr
         assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("state, port, dest, found", [
+    pytest.param("open", 8001, "me@gw", "41", id="same-port-open"),
+    pytest.param("closed", 8001, "me@gw", None, id="closed"),
+    pytest.param("open", 8002, "me@gw", None, id="other-port"),
+    pytest.param("open", 8001, "me@other-gw", None, id="other-gateway"),
+])
+def test_a_held_port_is_traced_to_another_jobs_recorded_tunnel(tmp_path, monkeypatch, state, port, dest, found):
+    from envlayers.access.tunnel import recorded_holder
+
+    monkeypatch.setenv("ENVLAYERS_RUN_ROOT", str(tmp_path))
+    (tmp_path / "41").mkdir()
+    (tmp_path / "41" / "tunnel.json").write_text(json.dumps(
+        {"job_id": "41", "state": state, "remote_port": port, "gateway": {"destination": dest}}))
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "tunnel.json").write_text("{not json")
+    assert recorded_holder(TunnelSpec("42", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001)) == found

@@ -260,6 +260,10 @@ def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> Tun
         if check.held:
             what = (f"port {port} on the gateway host {spec.gateway.host} is still held by an earlier forward "
                     f"({check.detail}): an earlier allocation's tunnel, which lives on the gateway host")
+            other = recorded_holder(spec)
+            if other:
+                what += (f"; job {other} recorded an open tunnel to that port: `env_layers release {other}` "
+                         "closes it if that job still runs")
         else:
             what = (f"the gateway {dest} refused the forward of {spec.remote_bind}:{port} ({last}); most often "
                     f"an earlier forward still holds the port, else its sshd forbids remote forwards "
@@ -272,6 +276,23 @@ def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> Tun
                                  "shows as 'Permission denied' or 'Host key verification failed'")
     return TunnelFailed(f"no confirmation from the gateway {dest} within {timeout_s:g}s (last: {last}); the tunnel "
                         "was stopped", hint="is the gateway reachable from the node? raise --start-timeout")
+
+
+def recorded_holder(spec: TunnelSpec) -> str | None:
+    """Another job whose run directory records an open tunnel to the same gateway and port."""
+    from ..rundir import run_root_candidates
+
+    for root in run_root_candidates(os.environ, Path.cwd()):
+        for path in sorted(root.glob(f"*/{TUNNEL_FILE}")) if root.is_dir() else ():
+            try:
+                rec = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if (isinstance(rec, dict) and rec.get("state") == "open" and rec.get("job_id") != spec.job_id
+                    and rec.get("remote_port") == spec.remote_port
+                    and (rec.get("gateway") or {}).get("destination") == spec.gateway.destination):
+                return str(rec.get("job_id"))
+    return None
 
 
 def _stop(pid: int, argv: list[str], step_id: str | None, acc: JobAccess | None, wait_s: float = 10.0) -> str:
