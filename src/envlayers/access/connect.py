@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from .gateway import route_url
 from .job import JobAccess, key_file_warning, read_key
+from .tunnel import is_recorded_process
 
 
 def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None) -> dict:
     info = acc.job.info
     tunnel = acc.tunnel()
     gateway = None
-    if tunnel and tunnel.get("state") == "open" and acc.live:  # a job's end ends its tunnel
+    # a job's end ends its tunnel; an srun that no longer runs means the tunnel dropped (or gave up)
+    if tunnel and tunnel.get("state") == "open" and acc.live and is_recorded_process(tunnel) is not False:
         gateway = {"destination": tunnel["gateway"]["destination"],
                    "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]),
                    "provider_model_id": acc.served}
