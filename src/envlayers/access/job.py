@@ -31,7 +31,7 @@ def user_name(uid: int) -> str:
 class JobAccess:
     """What ``connect``, ``ping``, ``tunnel`` and ``release`` need to know about one job."""
 
-    job: ops.Job
+    job: ops.TrackedJob
     endpoint: dict | None  # endpoint.json, once live
     launch: dict | None  # launch.json
     serve_env: dict[str, str]  # serve.env's literal values
@@ -126,7 +126,7 @@ def read_serve_env(run_dir: Path | None) -> dict[str, str]:
     return out
 
 
-def check_owner(job: ops.Job, uid: int | None = None) -> None:
+def check_owner(job: ops.TrackedJob, uid: int | None = None) -> None:
     """Raise unless the caller is the job's owner (Slurm's UserId and the run directory's owner)."""
     uid = os.getuid() if uid is None else uid
     me = user_name(uid)

@@ -70,12 +70,12 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     lines = [f"endpoint {p['url']}: {'STILL ANSWERS' if p['answers'] else 'no longer answers'} ({p['detail']})"
              for p in stopped.probes]
     if not stopped.ok:
-        what = (f"still {stopped.state_after} after {ops.fmt_duration(stopped.waited_s)}" if not stopped.ended
+        what = (f"still {stopped.state_after} after {stopped.waited_s:.1f}s" if not stopped.ended
                 else "the job ended but its endpoint still answers")
         steps.append(Step("job", "failed", what, lines))
     elif stopped.cancelled:
         steps.append(Step("job", "done", f"scancel sent ({stopped.state_before}); ended "
-                          f"({stopped.state_after or 'gone from Slurm'}) after {ops.fmt_duration(stopped.waited_s)}",
+                          f"({stopped.state_after or 'gone from Slurm'}) after {stopped.waited_s:.1f}s",
                           lines))
     else:
         steps.append(Step("job", "already", f"already ended ({stopped.state_before or 'forgotten by Slurm'})", lines))
