@@ -236,7 +236,7 @@ def plan(env: Mapping[str, str]) -> Plan:
 
     if ray_serve or (instances > 1 and nodes > 1 and world > gpn):
         why = ("USE_RAY_SERVE=true" if ray_serve else
-               f"{instances} instances that each span nodes (tp x pp = {world} > {gpn} GPU(s) per node)")
+               f"{instances} instances that each span nodes: tp x pp = {world} > {gpn} GPU(s) per node")
         _check_engine(engine, "gateway", why)
         return _gateway(nodes, gpn, tp, pp, instances, backend, why, common)
     if instances > 1:
