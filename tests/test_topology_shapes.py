@@ -300,8 +300,9 @@ def test_engine_that_cannot_serve_the_shape_is_refused(env, message):
     ray_serve=st.sampled_from([None, "true", "false"]),
     engine=st.sampled_from([None, "vllm", "sglang"]),
 )
-def test_no_accepted_plan_idles_a_gpu_on_several_nodes_or_over_asks(nodes, gpn, tp, pp, inst, mode, backend,
-                                                                     ray_serve, engine):
+def test_no_accepted_plan_idles_a_gpu_on_several_nodes_or_over_asks(
+    nodes, gpn, tp, pp, inst, mode, backend, ray_serve, engine
+):
     env = keys(nodes=nodes, gpn=gpn, tp=tp, pp=pp, inst=inst, mode=mode, backend=backend, ray_serve=ray_serve,
                engine=engine)
     try:

@@ -300,10 +300,11 @@ def _one_across_nodes(nodes, gpn, tp, pp, mode, backend, engine, common) -> Plan
         raise chk.missing_error(nodes, gpn, tp, pp)
     if backend is not None:
         why = f"DISTRIBUTED_BACKEND={backend}"
-    elif engine == "sglang":
-        backend, why = "native", "SGLang spans nodes only with its own rendezvous"
     elif mode == "pipeline":
         backend, why = "native", "INFERENCE_MODE=pipeline"
+    elif tp > gpn and engine == "sglang":
+        backend, why = "native", (f"tp={tp} is larger than a node's {gpn} GPU(s), and SGLang spans nodes only "
+                                  "with its own rendezvous")
     elif tp > gpn:
         backend, why = "ray", f"tp={tp} is larger than a node's {gpn} GPU(s): tensor parallelism across nodes uses Ray"
     else:

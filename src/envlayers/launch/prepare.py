@@ -146,7 +146,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                             "an extra --nodes on the sbatch line? Slurm honours the last one", lines=tuple(lines))
     build_env = dict(keys)
     build_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
-    if plan.shape == "pipeline":
+    if plan.multi_node:  # every shape whose ranks talk across nodes
         choice = fabric.choose(dict(alloc.ifaces), keys.get("ENVLAYERS_HSN_IFACE"), keys.get("NCCL_SOCKET_IFNAME"))
         lines += choice.lines
         if choice.error:
