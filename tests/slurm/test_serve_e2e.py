@@ -143,6 +143,30 @@ def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
     run.assert_nothing_left()  # the worker rank has no port to probe: its pid must be gone
 
 
+def test_data_parallel_on_two_nodes_answers_on_node_zero_only(netns_lab, tmp_path):
+    # oss20bdp: 8 vLLM data-parallel instances of tp=1 on 2 nodes, one endpoint on node 0 (docs/topology.md)
+    run = Run(netns_lab, tmp_path, model="oss20bdp",
+              layer="SERVER_EXTRA_ARGS='--api-server-count 2 --enforce-eager'\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert ("ENVLAYERS-TOPOLOGY: shape=data-parallel nodes=2 gpus_per_node=4 tp=1 pp=1 world=1 instances=8 "
+            "instances_per_node=4 api_rank=0 port=8000") in text
+    rank1 = next(line for line in text.splitlines() if line.startswith("ENVLAYERS-STAGE: rank 1 on n2: "))
+    assert ("--headless --data-parallel-size 8 --data-parallel-start-rank 4 --data-parallel-size-local 4 "
+            "--data-parallel-address n1 --data-parallel-rpc-port 13345") in rank1
+    assert "--api-server-count" not in rank1 and rank1.endswith("--enforce-eager")
+    assert "VLLM_ALLREDUCE_USE_SYMM_MEM=0" in rank1
+    assert "base URL: http://n1:8000/v1\n" in text and "http://n2:8000" not in text
+    n1, n2 = netns_lab.nodes["n1"], netns_lab.nodes["n2"]
+    reply = curl(f"http://{n1}:8000/v1/chat/completions", {"model": "hpcagent-bench-vllm",
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert reply.stdout.endswith("\n200"), reply.stdout
+    assert curl(f"http://{n2}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")  # headless: no server
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    run.assert_nothing_left()
+
+
 def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
     run = Run(netns_lab, tmp_path, EXPERIMENT="replicas")
     run.submit()
