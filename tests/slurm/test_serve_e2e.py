@@ -167,6 +167,31 @@ def test_data_parallel_on_two_nodes_answers_on_node_zero_only(netns_lab, tmp_pat
     run.assert_nothing_left()
 
 
+def test_a_rendezvous_port_in_use_on_the_head_node_moves_to_the_next_free_one(netns_lab, tmp_path):
+    from labtools import lab_command
+
+    status = lab_command("status", env={"ENVLAYERS_LAB_DIR": str(netns_lab.lab_dir)}).stdout
+    ns = next(re.search(r"netns=(\S+)", line).group(1) for line in status.splitlines()
+              if line.startswith("node: name=n1 "))
+    holder = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c",
+                               "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); "
+                               "print('held', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        run = Run(netns_lab, tmp_path, model="glm53", layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
+        run.submit()
+        text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+        assert ("ENVLAYERS-TOPOLOGY: rdzv_port=29501 (RDZV_PORT=29500 is in use on the head node; the first free "
+                "port above it)") in text
+        assert "ENVLAYERS-TOPOLOGY: rendezvous=rank0 rdzv_port=29501" in text
+        assert "--nnodes 2 --node-rank 1 --dist-init-addr n1:29501" in text
+        netns_lab.cancel(run.job_id)
+        assert run.state() == "CANCELLED"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
 def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
     run = Run(netns_lab, tmp_path, EXPERIMENT="replicas")
     run.submit()
