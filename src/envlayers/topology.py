@@ -44,31 +44,15 @@ from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner
     DEFAULT_NODES,
     DEFAULT_RDZV_PORT,
     DEFAULT_SERVER_PORT,
+    ENGINE_SHAPES,
     MODES,
+    SHAPES,
 )
 
 Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
-SHAPES: tuple[str, ...] = ("single", "pipeline", "replicas", "data-parallel", "ray", "gateway")
 
 DEFAULT_PIPELINE_PARALLEL_SIZE = 1
 TOPOLOGY_PREFIX = "ENVLAYERS-TOPOLOGY:"
-
-# Which shapes each engine can serve, and why not the others (refused at submit time).
-ENGINE_SHAPES: dict[str, tuple[str, ...]] = {
-    "vllm": SHAPES,
-    "sglang": ("single", "pipeline", "replicas"),
-}
-_SGLANG_WHY = {
-    "data-parallel": ("SGLang puts several instances behind one endpoint through its router (sgl-router), "
-                      "which the launcher does not start",
-                      "INFERENCE_MODE=replicas for one SGLang server per node (an endpoint each), "
-                      "or INFERENCE_ENGINE=vllm"),
-    "ray": ("SGLang has no Ray executor: it spans nodes with its own rendezvous (--nnodes, --dist-init-addr)",
-            "delete DISTRIBUTED_BACKEND (SGLang then uses its own rendezvous)"),
-    "gateway": ("the Ray Serve gateway starts a vllm serve with the Ray executor for each instance; SGLang has "
-                "no Ray executor", "INFERENCE_ENGINE=vllm, or NUMBER_OF_INSTANCES=1 and USE_RAY_SERVE=false"),
-}
-
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -182,22 +166,6 @@ def _ranks(nodes: int, api_port: int, every_rank_serves: bool = False) -> tuple[
     )
 
 
-def _check_engine(engine: str | None, shape: str, why_shape: str) -> None:
-    if engine is None or engine not in ENGINE_SHAPES or shape in ENGINE_SHAPES[engine]:
-        return
-    why, hint = _SGLANG_WHY[shape]
-    raise TopologyError(f"the plan is {shape} ({why_shape}), but {why}", where="INFERENCE_ENGINE", hint=hint)
-
-
-def _check_ports(a_key: str, a: int, b_key: str, b: int, default: int) -> None:
-    if a == b:
-        raise TopologyError(
-            f"{a_key} and {b_key} are both {a}; rank 0 binds both on the same node",
-            where=f"{a_key}, {b_key}",
-            hint=f"delete {a_key} to use the default ({default}), or pick another port",
-        )
-
-
 def plan(env: Mapping[str, str]) -> Plan:
     """Decide the deployment shape for the merged launch keys ``env``.
 
@@ -237,11 +205,11 @@ def plan(env: Mapping[str, str]) -> Plan:
     if ray_serve or (instances > 1 and nodes > 1 and world > gpn):
         why = ("USE_RAY_SERVE=true" if ray_serve else
                f"{instances} instances that each span nodes: tp x pp = {world} > {gpn} GPU(s) per node")
-        _check_engine(engine, "gateway", why)
+        chk.check_engine(engine, "gateway", why)
         return _gateway(nodes, gpn, tp, pp, instances, backend, why, common)
     if instances > 1:
         why = f"{instances} instances of tp x pp = {world} GPU(s), each fits a node"
-        _check_engine(engine, "data-parallel", why)
+        chk.check_engine(engine, "data-parallel", why)
         return _data_parallel(nodes, gpn, tp, pp, instances, backend, why, common)
     if backend == "ray" and nodes == 1:
         raise chk.conflict(
@@ -311,8 +279,8 @@ def _one_across_nodes(nodes, gpn, tp, pp, mode, backend, engine, common) -> Plan
         backend, why = "native", (f"tp={tp} fits a node of {gpn} GPU(s): tensor parallelism inside a node, "
                                   f"pipeline parallelism (pp={pp}) across nodes, the engine's own rendezvous")
     shape = "pipeline" if backend == "native" else "ray"
-    _check_engine(engine, shape, why)
-    _check_ports("RDZV_PORT", common["rdzv_port"], "SERVER_PORT", common["api_port"], DEFAULT_RDZV_PORT)
+    chk.check_engine(engine, shape, why)
+    chk.check_ports("RDZV_PORT", common["rdzv_port"], "SERVER_PORT", common["api_port"], DEFAULT_RDZV_PORT)
     notes = []
     if shape == "pipeline" and gpn % tp != 0:
         notes.append(f"tp={tp} does not fit inside one node of {gpn} GPU(s): tensor parallelism crosses the "
@@ -365,7 +333,7 @@ def _data_parallel(nodes, gpn, tp, pp, instances, backend, why, common) -> Plan:
                 f"set TENSOR_PARALLEL_SIZE={gpn // per_node // pp} or fewer nodes",
             )
         notes.append(f"the {instances} instances use {share} of the {gpn} GPU(s) on the node")
-    _check_ports("DATA_PARALLEL_RPC_PORT", common["dp_rpc_port"], "SERVER_PORT", common["api_port"],
+    chk.check_ports("DATA_PARALLEL_RPC_PORT", common["dp_rpc_port"], "SERVER_PORT", common["api_port"],
                  DEFAULT_DP_RPC_PORT)
     reason = f"{why}: vLLM data parallelism, {per_node} per node, one endpoint on node 0"
     return Plan("data-parallel", nodes, gpn, tp, pp, instances, _ranks(nodes, common["api_port"]),
@@ -393,7 +361,7 @@ def _gateway(nodes, gpn, tp, pp, instances, backend, why, common) -> Plan:
             raise chk.instance_idle_error(what, used, nodes, gpn, hint=f"set NUMBER_OF_INSTANCES={fit}"
                                           if total % world == 0 else f"set INFERENCE_NODES={-(-used // gpn)}")
         notes.append(f"the {instances} instance(s) use {used} of the {gpn} GPU(s) on the node")
-    _check_ports("RDZV_PORT", common["rdzv_port"], "SERVER_PORT", common["api_port"], DEFAULT_RDZV_PORT)
+    chk.check_ports("RDZV_PORT", common["rdzv_port"], "SERVER_PORT", common["api_port"], DEFAULT_RDZV_PORT)
     cap = gpn // world
     reason = f"{why}: a Ray Serve gateway on node 0 in front of {instances} vLLM instance(s) on Ray"
     return Plan("gateway", nodes, gpn, tp, pp, instances, _ranks(nodes, common["api_port"]), notes=tuple(notes),

@@ -1,6 +1,7 @@
 """The planner's inputs and refusals: launch keys parsed by the absent-vs-empty rule, the
 parallelism derived from the allocation when the layers leave it absent, and every
-``TopologyError`` a shape can end in, each naming what the mistake would cost.
+``TopologyError`` a shape can end in, each naming what the mistake would cost, including which
+shapes each engine can serve (``ENGINE_SHAPES``) and why not the others.
 
 Pure; :mod:`envlayers.topology` decides the shape from what this module parses.
 """
@@ -24,6 +25,24 @@ DEFAULT_INSTANCES = 1
 DEFAULT_SERVER_PORT = 8000
 DEFAULT_RDZV_PORT = 29500
 DEFAULT_DP_RPC_PORT = 13345
+
+SHAPES: tuple[str, ...] = ("single", "pipeline", "replicas", "data-parallel", "ray", "gateway")
+
+# Which shapes each engine can serve, and why not the others (refused at submit time).
+ENGINE_SHAPES: dict[str, tuple[str, ...]] = {
+    "vllm": SHAPES,
+    "sglang": ("single", "pipeline", "replicas"),
+}
+_SGLANG_WHY = {
+    "data-parallel": ("SGLang puts several instances behind one endpoint through its router (sgl-router), "
+                      "which the launcher does not start",
+                      "INFERENCE_MODE=replicas for one SGLang server per node (an endpoint each), "
+                      "or INFERENCE_ENGINE=vllm"),
+    "ray": ("SGLang has no Ray executor: it spans nodes with its own rendezvous (--nnodes, --dist-init-addr)",
+            "delete DISTRIBUTED_BACKEND (SGLang then uses its own rendezvous)"),
+    "gateway": ("the Ray Serve gateway starts a vllm serve with the Ray executor for each instance; SGLang has "
+                "no Ray executor", "INFERENCE_ENGINE=vllm, or NUMBER_OF_INSTANCES=1 and USE_RAY_SERVE=false"),
+}
 
 TRUE_WORDS = ("true",)
 FALSE_WORDS = ("false",)
@@ -267,3 +286,19 @@ def instances_missing_error(what: str, used: int, nodes: int, gpn: int, hint: st
 
 def conflict(message: str, where: str, hint: str) -> TopologyError:
     return TopologyError(message, where=where, hint=hint)
+
+
+def check_engine(engine: str | None, shape: str, why_shape: str) -> None:
+    if engine is None or engine not in ENGINE_SHAPES or shape in ENGINE_SHAPES[engine]:
+        return
+    why, hint = _SGLANG_WHY[shape]
+    raise TopologyError(f"the plan is {shape} ({why_shape}), but {why}", where="INFERENCE_ENGINE", hint=hint)
+
+
+def check_ports(a_key: str, a: int, b_key: str, b: int, default: int) -> None:
+    if a == b:
+        raise TopologyError(
+            f"{a_key} and {b_key} are both {a}; rank 0 binds both on the same node",
+            where=f"{a_key}, {b_key}",
+            hint=f"delete {a_key} to use the default ({default}), or pick another port",
+        )
