@@ -229,8 +229,8 @@ PRODUCT = "NUMBER_OF_INSTANCES x TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
         pytest.param(keys(nodes=2, gpn=4, tp=4, pp=1, backend="ray"),
                      "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE: TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE = "
                      "4 x 1 uses 4 GPU(s), but INFERENCE_NODES x GPUS_PER_NODE = 2 x 4 = 8 GPU(s) are allocated; "
-                     "4 GPU(s) would sit idle and be billed for the whole walltime; hint: set PIPELINE_PARALLEL_SIZE=2, "
-                     "or INFERENCE_MODE=replicas for independent servers", id="ray-idle-gpus"),
+                     "4 GPU(s) would sit idle and be billed for the whole walltime; hint: set "
+                     "PIPELINE_PARALLEL_SIZE=2, or INFERENCE_MODE=replicas for independent servers", id="ray-idle-gpus"),
         pytest.param(keys(inst=0), "NUMBER_OF_INSTANCES: must be a positive integer, got '0'", id="instances-zero"),
         pytest.param({"NUMBER_OF_INSTANCES": ""},
                      "NUMBER_OF_INSTANCES: is empty; it must be a positive integer; hint: delete the line to use the "
@@ -326,3 +326,21 @@ def test_no_accepted_plan_idles_a_gpu_on_several_nodes_or_over_asks(
         assert p.backend == "ray" and engine != "sglang"
     if p.shape != "replicas":
         assert [r.serves_api for r in p.ranks] == [True] + [False] * (nodes - 1)
+
+
+@pytest.mark.parametrize(
+    "env, tp, pp, derived",
+    [
+        pytest.param(keys(nodes=2, gpn=8, inst=4, pp=2), 2, 2,
+                     ("tp=2 (INFERENCE_NODES x GPUS_PER_NODE / NUMBER_OF_INSTANCES = 16 / 4 / "
+                      "PIPELINE_PARALLEL_SIZE 2)",),
+                     id="tp-from-the-share-and-pp"),
+        pytest.param(keys(nodes=1, gpn=4, tp=2), 2, 1, ("pp=1 (one instance spans 1 node(s))",), id="pp-one-node"),
+        pytest.param(keys(nodes=4, gpn=4, tp=8), 8, 2, ("pp=2 (one instance spans 4 node(s), its tp=8 already 2)",),
+                     id="pp-after-tp-spans-nodes"),
+        pytest.param(keys(nodes=2, gpn=4, tp=4, pp=2), 4, 2, (), id="nothing-derived"),
+    ],
+)
+def test_derived_parallelism_says_where_it_came_from(env, tp, pp, derived):
+    p = plan(env)
+    assert (p.tp, p.pp, p.derived) == (tp, pp, derived)

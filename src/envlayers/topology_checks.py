@@ -162,7 +162,7 @@ def derive(nodes: int, gpn: int, instances: int, tp: int | None, pp: int | None)
             per_pp = pp or 1
             tp = share // per_pp if share % per_pp == 0 else share
             tp_why = f"INFERENCE_NODES x GPUS_PER_NODE / NUMBER_OF_INSTANCES = {nodes * gpn} / {instances}"
-            if pp:
+            if pp and share % pp == 0:
                 tp_why += f" / PIPELINE_PARALLEL_SIZE {pp}"
         else:
             tp = gpn
