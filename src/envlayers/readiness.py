@@ -10,7 +10,7 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field
 
-BANNER = "===== endpoint is live ====="
+from .defaults import BANNER
 
 
 @dataclass(frozen=True)

@@ -284,17 +284,17 @@ def test_an_empty_key_file_ends_the_job_with_an_error_naming_it(netns_lab, tmp_p
     key_file.chmod(0o600)
     # emptied after the login node's checks, while the job waits (held), as a file changed between
     # submission and start would be
-    key_file.write_text("k\n")
+    key_file.write_text("a-usable-key-1234\n")
     run = Run(netns_lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n", SBATCH_HOLD="1")
     run.submit()
     key_file.write_text("")
     netns_lab.run(["scontrol", "release", run.job_id])
     assert run.state(timeout_s=40) == "FAILED"
     text = run.out.read_text()
-    assert f"ENVLAYERS-ERROR: SERVER_API_KEY_FILE {key_file} is empty" in text
+    assert f"ENVLAYERS-ERROR: SERVER_API_KEY_FILE {key_file}: the key file is empty" in text
     assert "unbound variable" not in text and "starting 1 rank(s)" not in text
     end = json.loads((run.run_dir / "launch-end.json").read_text())
-    assert end["code"] == 1 and end["reason"].startswith(f"SERVER_API_KEY_FILE {key_file} is empty")
+    assert end["code"] == 1 and end["reason"].startswith(f"SERVER_API_KEY_FILE {key_file}: the key file is empty")
 
 
 def test_a_rank_slurm_never_places_fails_within_the_rank_start_budget(netns_lab, tmp_path):
@@ -407,14 +407,20 @@ def assert_second_run_is_clean(run: Run, text: str) -> None:
     assert (run.run_dir / "run-0" / "server-0.log").exists()
 
 
-def start_requeued_now(lab, job_id: str, timeout_s: float = 60) -> None:
-    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once."""
+def start_requeued_now(lab, job_id: str, timeout_s: float = 90) -> None:
+    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once. The
+    update is repeated until the job leaves PENDING: issued while the requeue is still completing,
+    Slurm can drop it."""
     deadline = time.monotonic() + timeout_s
+    asked_at = None
     while time.monotonic() < deadline:
         info = lab.job_info(job_id) or {}
-        if info.get("JobState") == "PENDING" and info.get("Restarts", "0") != "0":
-            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        restarted = info.get("Restarts", "0") != "0"
+        if restarted and info.get("JobState") not in ("PENDING", "COMPLETING", "REQUEUED", None):
             return
+        if restarted and info.get("JobState") == "PENDING" and (asked_at is None or time.monotonic() - asked_at > 2):
+            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+            asked_at = time.monotonic()
         time.sleep(0.2)
 
 
