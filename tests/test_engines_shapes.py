@@ -4,8 +4,11 @@ rejects on headless ranks, and VLLM_ALLREDUCE_USE_SYMM_MEM on multi-node command
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envlayers.engines import build_commands, shell_line
+from envlayers.errors import TopologyError
 from envlayers.engines.vllm import ray_head_command
 from envlayers.topology import plan
 
@@ -130,3 +133,33 @@ def test_master_reference_stays_expandable_in_the_printed_line():
     assert '--data-parallel-address "${ENVLAYERS_MASTER_ADDR}"' in line
     ray_line = shell_line(commands(RAY, "${ENVLAYERS_MASTER_ADDR}")[1])
     assert ray_line == 'VLLM_ALLREDUCE_USE_SYMM_MEM=0 ray start "--address=${ENVLAYERS_MASTER_ADDR}:29500" --block'
+
+
+def _value(argv, name, default=None):
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+@settings(max_examples=200, deadline=None)
+@given(nodes=st.integers(1, 6), gpn=st.integers(1, 8), tp=st.integers(1, 8), inst=st.integers(2, 24))
+def test_data_parallel_ranks_cover_every_instance_once(nodes, gpn, tp, inst):
+    env = {**BASE, "INFERENCE_NODES": str(nodes), "GPUS_PER_NODE": str(gpn), "TENSOR_PARALLEL_SIZE": str(tp),
+           "NUMBER_OF_INSTANCES": str(inst)}
+    try:
+        p = plan(env)
+    except TopologyError:
+        return
+    if p.shape != "data-parallel":
+        return
+    covered = []
+    for i, cmd in enumerate(commands(env)):
+        argv = cmd.argv
+        assert _value(argv, "--data-parallel-size") == str(inst)
+        assert ("--headless" in argv) == (i > 0)
+        if nodes == 1:
+            covered += range(inst)
+            continue
+        start = int(_value(argv, "--data-parallel-start-rank", "0"))
+        local = int(_value(argv, "--data-parallel-size-local"))
+        assert local * tp <= gpn
+        covered += range(start, start + local)
+    assert sorted(covered) == list(range(inst))
