@@ -79,18 +79,25 @@ def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, as_
 
 
 @click.command()
+@click.argument("target", required=False)
 @common
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def plan(ctx, model, experiment, time_, base_env, env_file, as_json):
-    """Show the deployment plan: shape, ranks, per-rank server commands."""
+def plan(ctx, target, model, experiment, time_, base_env, env_file, as_json):
+    """Show the deployment plan of TARGET (EXPERIMENT:MODEL, or --model/--experiment): the shape and
+    why it was chosen, ranks, per-rank server commands. docs/topology.md says when each shape is chosen."""
+    if target is not None:
+        experiment, sep, model = target.partition(":")
+        if not sep or not experiment or not model:
+            raise EnvLayersError(f"'{target}' is not EXPERIMENT:MODEL", where="TARGET",
+                                 hint="e.g. env_layers plan experiment:qwen38, or --model qwen38")
     job = _prepare(ctx, model, experiment, time_, base_env, env_file)
     if as_json:
         data = job.to_json()
         data.pop("script")
         click.echo(json.dumps(data, indent=2))
         return
-    for line in job.topology:
+    for line in job.reasons + job.topology:
         click.echo(line)
     click.echo(f"EDF: {job.edf or '(none: CONTAINER_RUNTIME=none)'}")
     click.echo(f"readiness budget: {job.ready_timeout_s}s")
