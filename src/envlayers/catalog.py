@@ -100,8 +100,9 @@ def load(root: Path) -> Catalog:
     skipped = []
     for name, path in _model_files(Path(root)):
         if not _ENTRY_NAME.fullmatch(name):
-            skipped.append((str(path.relative_to(root)), f"{_clip(name)} cannot be a model name: use letters, "
-                            "digits, '-', '_' and '.'"))
+            rel = str(path.relative_to(root))
+            shown = rel if rel.isprintable() else _clip(rel)  # a control character is never printed raw
+            skipped.append((shown, f"{_clip(name)} cannot be a model name: use letters, digits, '-', '_' and '.'"))
         elif name not in models:
             rel = str(path.relative_to(root))
             models[name] = Entry("models", name, Origin(rel, 1), _first_comment(path), source=FROM_LAYER_FILE)
