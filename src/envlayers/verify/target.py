@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 from .client import Client
 
@@ -105,7 +106,7 @@ def catalog_entry(root_opt: str | None, catalog_model: str | None, model: str | 
         catalog = cat.load(root)
     except EnvLayersError:
         return catalog_model, {}
-    experiment = "experiment" if "experiment" in catalog.experiments else next(iter(catalog.experiments), None)
+    experiment = DEFAULT_EXPERIMENT if DEFAULT_EXPERIMENT in catalog.experiments else next(iter(catalog.experiments), None)
     if experiment is None:
         return catalog_model, {}
     names = [catalog_model] if catalog_model else list(catalog.models)
