@@ -50,6 +50,14 @@ def test_misfits(nodes, gpus, partition, problems):
     assert allocation.misfits(alloc, 4, 4, "mi300") == problems
 
 
+@pytest.mark.parametrize("partition, problems", [
+    pytest.param("mi200", [], id="second-of-the-list"),
+    pytest.param("debug", ["partition debug, not mi300 or mi200"], id="none-of-the-list"),
+])
+def test_a_plan_may_name_several_partitions(partition, problems):
+    assert allocation.misfits(allocation.Allocation("9", 1, 4, partition), 1, 4, "mi300,mi200") == problems
+
+
 def test_a_plan_without_partition_takes_any():
     assert allocation.misfits(allocation.Allocation("9", 1, 4, "debug"), 1, 4, None) == []
 

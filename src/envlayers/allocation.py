@@ -81,8 +81,9 @@ def misfits(alloc: Allocation, nodes: int, gpus_per_node: int, partition: str | 
         out.append(f"{_nodes(alloc.nodes)}, not {nodes}")
     if (alloc.gpus_per_node or 0) != gpus_per_node:
         out.append(f"{alloc.gpus_per_node or 0} GPU(s) per node, not {gpus_per_node}")
-    if partition and alloc.partition != partition:
-        out.append(f"partition {alloc.partition or '?'}, not {partition}")
+    allowed = [p for p in (partition or "").split(",") if p]  # the layers may name a list (sbatch -p a,b)
+    if allowed and alloc.partition not in allowed:
+        out.append(f"partition {alloc.partition or '?'}, not {' or '.join(allowed)}")
     return out
 
 

@@ -106,6 +106,6 @@ def test_a_batch_job_environment_that_makes_no_sense_does_not_fit(tmp_path, env,
     full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     full.update(env, SLURM_JOB_ID="5", SLURM_JOB_PARTITION="mi300", PYTHONPATH=str(REPO / "src"),
                 ENVLAYERS_ROOT=str(REPO), MODEL="qwen38")
-    proc = subprocess.run([sys.executable, "-m", "envlayers.cli.inalloc_cmds"], env=full, cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "envlayers", "serve", "--in-allocation"], env=full, cwd=tmp_path,
                           capture_output=True, text=True, timeout=30)
     assert_clean_error(proc, "does not fit experiment:qwen38", needle, "cluster/serve-only.sbatch")

@@ -1,11 +1,10 @@
 """``sbatch cluster/serve-only.sbatch``: run the serve-only job inside the allocation it was given.
 
 The wrapper is named like a batch script, so operators submit it with sbatch. Inside that job it calls
-this: the same job script ``env_layers serve`` would submit is rendered (``jobscript.prepare``) and, when
-the allocation fits the plan (:mod:`envlayers.allocation`: nodes, GPUs per node, partition), run as this
-job; when it does not, the job ends at once with one line that names the command that works.
-
-Runs as ``python -m envlayers.cli.inalloc_cmds`` (the wrapper's entry point under sbatch).
+``env_layers serve --in-allocation``, which lands here: the job script ``serve`` would submit (rendered by
+``jobscript.prepare``) runs as this job when the allocation fits the plan (:mod:`envlayers.allocation`:
+nodes, GPUs per node, partition); when it does not, the job ends at once with one line that names the
+command that works.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import sys
 import click
 
 from ..errors import EnvLayersError
-from .serve_cmds import _prepare, common
 
 BASH = "/bin/bash"
 
@@ -66,26 +64,3 @@ def _write_script(script: str, job_id: str, environ: dict[str, str]) -> str:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(script)
     return path
-
-
-@click.command("serve-in-allocation")
-@common
-@click.option("--dry-run", is_flag=True, help="Check the allocation and print the job script; run nothing.")
-@click.pass_context
-def serve_here(ctx, model, experiment, time_, base_env, env_file, dry_run):
-    """Inside a batch job: run the serve-only job of MODEL here if this allocation fits its plan."""
-    job = _prepare(ctx, model, experiment, time_, base_env, env_file)
-    run_here(job, dict(os.environ), dry_run=dry_run)
-
-
-def main(argv: list[str] | None = None) -> None:
-    from . import cli, errors_as_one_line
-
-    ctx = click.Context(cli, obj={"root": None})  # the catalog: ENVLAYERS_ROOT, else upward from the cwd
-    with errors_as_one_line(ctx):
-        serve_here.main(args=sys.argv[1:] if argv is None else argv, prog_name="serve-only.sbatch",
-                        obj={"root": None})
-
-
-if __name__ == "__main__":
-    main()
