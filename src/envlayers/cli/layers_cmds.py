@@ -125,7 +125,7 @@ def _all_targets(cat) -> list[tuple[str, str]]:
 
 
 def _models_summary(cat) -> str:
-    """'5 model(s): 1 in setups.yaml, 4 from a layer file alone'."""
+    """'2 experiment(s) x 5 model(s): 1 in setups.yaml, 4 from a layer file alone'."""
     from ..catalog import FROM_LAYER_FILE
 
     alone = sum(1 for m in cat.models.values() if m.source == FROM_LAYER_FILE)
