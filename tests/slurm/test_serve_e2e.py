@@ -324,9 +324,13 @@ def test_a_rank_that_dies_after_the_endpoint_is_live_ends_the_job(netns_lab, tmp
 
 
 def test_submitting_the_wrapper_itself_with_sbatch_fails_fast_with_a_hint(netns_lab, tmp_path):
-    job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", cwd=tmp_path)
+    # no GPUs asked for: the allocation cannot hold the plan (tests/slurm/test_wrapper_sbatch_e2e.py has the rest)
+    job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", "--output=slurm-%j.out", cwd=tmp_path,
+                              env={**os.environ, **netns_lab.env, "PYTHONPATH": str(REPO / "src"), "MODEL": "qwen38"})
     assert netns_lab.wait_job(job_id, timeout_s=30) == "FAILED"
-    assert "it submits itself; run it directly" in netns_lab.job_output(job_id)
+    out = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert "does not fit experiment:qwen38 (0 GPU(s) per node, not 4)" in out
+    assert "run it without sbatch, and it submits that job itself: MODEL=qwen38 cluster/serve-only.sbatch" in out
 
 
 def test_a_rank_killed_by_sigkill_is_blamed_not_the_rank_srun_stopped(netns_lab, tmp_path):
