@@ -1,11 +1,13 @@
 """The click-free fast path of `env_layers render` against the click path: same stdout, stderr, exit code
 and written file, for a table of command lines (valid, invalid, edge cases). Each line runs twice as a real
-process: through `main()` (which takes the fast path when it can) and through the click group directly.
+process, each in its own copy of the catalog: through `main()` (which takes the fast path when it can) and
+through the click group directly.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,12 +135,13 @@ def test_fast_path_matches_click_path(tmp_path, places, args, extra_env, way_exp
     results = {}
     for way, code in (("main", VIA_MAIN), ("click", VIA_CLICK)):
         run_dir = tmp_path / way
-        run_dir.mkdir()
+        # the working folder: a copy of the catalog, so a relative output path (-o -x) lands in it, not here
+        shutil.copytree(REPO / "experiments", run_dir / "experiments")
         names = dict(places, out=str(run_dir / "out.sh"), outdir=str(run_dir))
         argv = [a.format(**names) for a in args]
         env = {k: v for k, v in os.environ.items() if k not in ("ENVLAYERS_ROOT", "ENVLAYERS_DEBUG")}
         env.update({k: v.format(**names) for k, v in extra_env.items()})
-        proc, way_taken = _run(code, argv, env, run_dir, REPO)
+        proc, way_taken = _run(code, argv, env, run_dir, run_dir)
         outputs = {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*"))
                    if p.is_file() and p.name != "click-imported"}
         # the per-way folder is named in messages about the output path: compare them as {outdir}
