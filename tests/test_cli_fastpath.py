@@ -124,6 +124,10 @@ CASES = [
 ]
 
 
+# answered without click up to the write, which fails: the same one-line error as the click path
+FAST_PATH_ERRORS = {"output-new-folder"}
+
+
 def _run(code: str, args: list[str], env: dict[str, str], tmp: Path, cwd: Path):
     flag = tmp / "click-imported"
     proc = subprocess.run([sys.executable, "-c", code, str(flag), *args], cwd=cwd, env=env, capture_output=True,
@@ -132,7 +136,7 @@ def _run(code: str, args: list[str], env: dict[str, str], tmp: Path, cwd: Path):
 
 
 @pytest.mark.parametrize("args, extra_env, way_expected", CASES)
-def test_fast_path_matches_click_path(tmp_path, places, args, extra_env, way_expected):
+def test_fast_path_matches_click_path(request, tmp_path, places, args, extra_env, way_expected):
     results = {}
     for way, code in (("main", VIA_MAIN), ("click", VIA_CLICK)):
         run_dir = tmp_path / way
@@ -153,7 +157,7 @@ def test_fast_path_matches_click_path(tmp_path, places, args, extra_env, way_exp
         if way == "main":
             assert way_taken == way_expected, f"stderr: {proc.stderr[-500:]!r}"
     assert results["main"] == results["click"]
-    if way_expected != CLICK:
+    if way_expected != CLICK and request.node.callspec.id not in FAST_PATH_ERRORS:
         assert results["main"][0] == 0 and (results["main"][1] or results["main"][3])
 
 
