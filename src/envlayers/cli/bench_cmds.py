@@ -15,6 +15,18 @@ from ..errors import EnvLayersError
 INSTALL_HINT = "install the optional extra: pip install 'envlayers[bench]' (it brings matplotlib)"
 
 
+def _seconds(lo: float, hi: float):
+    """A click callback: a finite number of seconds in [lo, hi] (click's FloatRange fails on "nan")."""
+    import math
+
+    def check(ctx, param, value):
+        if value is None or not math.isfinite(value) or not lo <= value <= hi:
+            raise click.BadParameter(f"{value!r} is not a number of seconds from {lo:g} to {hi:g}")
+        return value
+
+    return check
+
+
 def parse_levels(text: str) -> list[int]:
     """``"1,4,16"`` -> [1, 4, 16]: positive, at most the cap, no repeats, in the order given."""
     from ..bench.load import MAX_CONCURRENCY
@@ -34,7 +46,6 @@ def parse_levels(text: str) -> list[int]:
 
 def check_plot_path(path: str) -> None:
     """Before any load: the PNG can be written there and matplotlib is installed."""
-    import importlib.util
     import os
     from pathlib import Path
 
@@ -45,8 +56,10 @@ def check_plot_path(path: str) -> None:
     if p.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
         raise EnvLayersError(f"--plot {path!r}: cannot write there ({'a folder' if p.is_dir() else f'{parent} is not a writable folder'})",
                              hint="give a file in an existing folder you can write")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise EnvLayersError("--plot needs matplotlib, which is not installed", hint=INSTALL_HINT)
+    try:
+        import matplotlib  # noqa: F401 - only with --plot, before any load is sent
+    except ImportError:
+        raise EnvLayersError("--plot needs matplotlib, which is not installed", hint=INSTALL_HINT) from None
 
 
 def resolve_target(target: str, *, model: str | None, api_key_file: str | None, replica: int,
@@ -78,9 +91,9 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
               help="Concurrency levels (requests in flight), run in turn.")
 @click.option("--requests", "requests", type=click.IntRange(min=1, max=100_000), default=32, show_default=True,
               metavar="N", help="Requests per level.")
-@click.option("--duration-s", "duration_s", type=click.FloatRange(min=1, max=3600), default=60.0, show_default=True,
+@click.option("--duration-s", "duration_s", type=float, callback=_seconds(1, 3600), default=60.0, show_default=True,
               metavar="S", help="Per level: no request starts after S seconds.")
-@click.option("--timeout-s", "timeout_s", type=click.FloatRange(min=1, max=600), default=60.0, show_default=True,
+@click.option("--timeout-s", "timeout_s", type=float, callback=_seconds(1, 600), default=60.0, show_default=True,
               metavar="S", help="Per request, from sending it to the end of its stream.")
 @click.option("--input-tokens", type=click.IntRange(min=1, max=100_000), default=128, show_default=True, metavar="N",
               help="Prompt length in words (about one token each).")
