@@ -82,12 +82,15 @@ def bench(*args: str) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout)
 
 
-@pytest.mark.parametrize("ttft_s, rate, tokens", [
-    pytest.param(0.1, 100.0, 24, id="fast"),
-    pytest.param(0.3, 25.0, 12, id="slow"),
+@pytest.mark.parametrize("ttft_s, rate, tokens, extra", [
+    pytest.param(0.1, 100.0, 24, (), id="fast"),
+    pytest.param(0.3, 25.0, 12, (), id="slow"),
+    # a thinking model whose reasoning streams separately: its first chunk is the first token too
+    pytest.param(0.2, 50.0, 16, ("--reasoning-parser", "qwen3"), id="reasoning"),
 ])
-def test_measured_latency_and_throughput_match_the_configured_pace(engines, ttft_s, rate, tokens):
-    e = engines({"STANDIN_TTFT_S": str(ttft_s), "STANDIN_TOKENS_PER_S": str(rate)})
+def test_measured_latency_and_throughput_match_the_configured_pace(engines, ttft_s, rate, tokens, extra):
+    e = engines({"STANDIN_TTFT_S": str(ttft_s), "STANDIN_TOKENS_PER_S": str(rate), "STANDIN_REASONING": "1"
+                 if extra else "0"}, *extra)
     code, data = bench(e.url, "--concurrency", "1,4", "--requests", "8", "--output-tokens", str(tokens))
     assert code == 0
     assert data["target"]["model"] == SERVED  # taken from /v1/models

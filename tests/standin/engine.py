@@ -504,10 +504,13 @@ class StreamPace:
             words = [filler[i % len(filler)] for i in range(limit + 1)]  # cut to the limit: "length"
         return words
 
-    def paced(self, words: list[str]):
-        """Yield (index, word) at the configured pace."""
+    def first_token(self) -> None:
+        """Before a streamed reply's first chunk (role, reasoning or content): the time to first token."""
         if self.ttft_s:
             time.sleep(self.ttft_s)
+
+    def paced(self, words: list[str]):
+        """Yield (index, word) at the configured pace, the first at once (after ``first_token``)."""
         start = time.monotonic()
         for i, word in enumerate(words):
             if i and self.gap_s:
@@ -1445,6 +1448,7 @@ class Handler(BaseHTTPRequestHandler):
             return json.dumps(body)
 
         try:
+            self.st.knobs.pace.first_token()
             if chat:
                 chunk(event(delta={"role": "assistant", "content": ""}))
                 if reasoning:
