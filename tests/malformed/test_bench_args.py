@@ -21,6 +21,8 @@ URL = "http://127.0.0.1:9/v1"  # discard port: nothing answers
     pytest.param(("--concurrency", "-4"), ("'-4' is not a whole number",), id="concurrency-negative"),
     pytest.param(("--concurrency", "100000"), ("'100000' is not a whole number from 1 to 512",), id="concurrency-huge"),
     pytest.param(("--concurrency", "4,1,4"), ("4 is given twice",), id="concurrency-repeat"),
+    pytest.param(("--concurrency", "1,64", "--requests", "32"),
+                 ("--concurrency 64 is more than --requests 32", "give --requests 64 or more"), id="concurrency-over-requests"),
     pytest.param(("--requests", "0"), ("--requests",), id="requests-zero"),
     pytest.param(("--requests", "1000001"), ("--requests",), id="requests-huge"),
     pytest.param(("--duration-s", "0"), ("--duration-s",), id="duration-zero"),

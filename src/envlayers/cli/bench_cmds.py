@@ -126,6 +126,10 @@ def bench(ctx: click.Context, target: str, concurrency: str, requests: int, dura
     from ..bench import load, report
 
     levels = parse_levels(concurrency)
+    if max(levels) > requests:
+        raise EnvLayersError(f"--concurrency {max(levels)} is more than --requests {requests}: that level could never "
+                             f"have {max(levels)} requests in flight",
+                             hint=f"give --requests {max(levels)} or more (requests per level)")
     if plot_file is not None:
         check_plot_path(plot_file)
     base_url, served, key, what = resolve_target(target, model=model, api_key_file=api_key_file,
