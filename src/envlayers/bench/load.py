@@ -95,6 +95,7 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
         headers["Authorization"] = f"Bearer {s.api_key}"
     conn, path = _connection(s.base_url, s.timeout_s)
     usage_tokens = None
+    end = None
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
         resp = conn.getresponse()
@@ -126,12 +127,13 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
                 return sample
             if isinstance(event, dict) and _content(event):
                 sample.chunk_times.append(time.monotonic() - t0)
+        end = time.monotonic()  # the stream ended ([DONE] or the server closed it)
     except (OSError, http.client.HTTPException) as err:
         sample.error = f"no answer: {type(err).__name__}: {err}" if str(err) else f"no answer: {type(err).__name__}"
         return sample
     finally:
         conn.close()
-    sample.e2e_s = time.monotonic() - t0
+    sample.e2e_s = end - t0
     if not sample.chunk_times:
         sample.error = "the reply streamed no tokens"
         return sample
