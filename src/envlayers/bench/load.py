@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 MAX_CONCURRENCY = 512
-MAX_REQUESTS = 100_000
 
 
 @dataclass

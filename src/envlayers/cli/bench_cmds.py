@@ -92,9 +92,9 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
 @click.option("--requests", "requests", type=click.IntRange(min=1, max=100_000), default=32, show_default=True,
               metavar="N", help="Requests per level.")
 @click.option("--duration-s", "duration_s", type=float, callback=_seconds(1, 3600), default=60.0, show_default=True,
-              metavar="S", help="Per level: no request starts after S seconds.")
+              metavar="S", help="Per level: no request starts after S seconds (1 to 3600).")
 @click.option("--timeout-s", "timeout_s", type=float, callback=_seconds(1, 600), default=60.0, show_default=True,
-              metavar="S", help="Per request, from sending it to the end of its stream.")
+              metavar="S", help="Per request, from sending it to the end of its stream (1 to 600).")
 @click.option("--input-tokens", type=click.IntRange(min=1, max=100_000), default=128, show_default=True, metavar="N",
               help="Prompt length in words (about one token each).")
 @click.option("--output-tokens", type=click.IntRange(min=1, max=100_000), default=64, show_default=True, metavar="N",
