@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# bench: matplotlib for `env_layers bench --plot` and its test (wheels only, about 20 s)
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 
 if [ "$(id -u)" = 0 ]; then
   # As root the Slurm tests can always run here, so a skipped one is a failure.

@@ -72,6 +72,10 @@ Behaviour knobs (environment variables; all optional):
                                     separate only with --reasoning-parser, else <think> inline in content
   STANDIN_WRONG_ANSWERS=1           answer the accuracy gate's prompts wrongly (env_layers verify)
   STANDIN_LOG_STREAM=stdout|stderr  override where log lines go
+  STANDIN_TTFT_S=<s>                streamed replies: seconds before the first token (default 0)
+  STANDIN_TOKENS_PER_S=<r>          streamed replies: tokens per second after it, per request
+                                    (default unpaced); with ``ignore_eos: true`` a reply is padded to
+                                    max_tokens, as the real engines generate to the limit
 
 Phases, in order (aliases in brackets): start, init [dist], weights [load, weight],
 kv [kv-cache, cache, memory], graphs [graph, capture, cuda-graph], listen [serve, http],
@@ -481,6 +485,41 @@ def _number(name: str, value: str | None, default, kind=float):
     return out
 
 
+class StreamPace:
+    """How a streamed reply is paced (``env_layers bench`` checks its numbers against these):
+    ``STANDIN_TTFT_S`` before the first token, then ``STANDIN_TOKENS_PER_S`` tokens a second, each
+    request on its own (a request's pace does not depend on how many others run)."""
+
+    def __init__(self, env):
+        self.ttft_s = _number("STANDIN_TTFT_S", env.get("STANDIN_TTFT_S"), 0.0)
+        rate = _number("STANDIN_TOKENS_PER_S", env.get("STANDIN_TOKENS_PER_S"), None)
+        if rate == 0:
+            raise KnobError("STANDIN_TOKENS_PER_S=0: must be positive (unset it for no pacing)")
+        self.gap_s = 1.0 / rate if rate else 0.0
+
+    def pad(self, words: list[str], req: dict, limit) -> list[str]:
+        """``ignore_eos: true`` with a limit: the real engines generate exactly max_tokens."""
+        if req.get("ignore_eos") is True and isinstance(limit, int) and len(words) < limit:
+            filler = words or ["token"]
+            words = [filler[i % len(filler)] for i in range(limit + 1)]  # cut to the limit: "length"
+        return words
+
+    def first_token(self) -> None:
+        """Before a streamed reply's first chunk (role, reasoning or content): the time to first token."""
+        if self.ttft_s:
+            time.sleep(self.ttft_s)
+
+    def paced(self, words: list[str]):
+        """Yield (index, word) at the configured pace, the first at once (after ``first_token``)."""
+        start = time.monotonic()
+        for i, word in enumerate(words):
+            if i and self.gap_s:
+                delay = start + i * self.gap_s - time.monotonic()  # no drift over a long reply
+                if delay > 0:
+                    time.sleep(delay)
+            yield i, word
+
+
 class Knobs:
     def __init__(self, env):
         self.load_s = _number("STANDIN_LOAD_SECONDS", env.get("STANDIN_LOAD_SECONDS"), 1.0)
@@ -523,6 +562,7 @@ class Knobs:
         if stream not in ("", "stdout", "stderr"):
             raise KnobError(f"STANDIN_LOG_STREAM={stream!r}: expected stdout or stderr")
         self.log_stream = stream or None
+        self.pace = StreamPace(env)
         inject = env.get("STANDIN_INJECT") or ""
         if inject.startswith("@"):
             try:
@@ -1353,6 +1393,8 @@ class Handler(BaseHTTPRequestHandler):
         text, tool_calls, reasoning, finish = shape_reply(c, st.gate, text, last_user, tools, tool_choice, chat,
                                                           fixed_reply=st.knobs.reply is not None)
         words = _words(text) if tool_calls is None else []
+        if tool_calls is None and req.get("stream"):
+            words = st.knobs.pace.pad(words, req, limit)
         if limit is not None and len(words) > limit:
             words, finish = words[:limit], "length"
             text = " ".join(words)
@@ -1406,6 +1448,7 @@ class Handler(BaseHTTPRequestHandler):
             return json.dumps(body)
 
         try:
+            self.st.knobs.pace.first_token()
             if chat:
                 chunk(event(delta={"role": "assistant", "content": ""}))
                 if reasoning:
@@ -1413,7 +1456,7 @@ class Handler(BaseHTTPRequestHandler):
                                        reasoning}))
                 if tool_calls:
                     chunk(event(delta={"tool_calls": [dict(tool_calls[0], index=0)]}))
-            for i, word in enumerate(words):
+            for i, word in self.st.knobs.pace.paced(words):
                 piece = word if i == 0 else " " + word
                 chunk(event(delta={"content": piece}) if chat else event(text=piece))
             chunk(event(delta={}, text="", finish_reason=finish))

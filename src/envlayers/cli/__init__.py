@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ping": ("access_cmds", "ping", "Check /v1/models and a one-token chat, with latency."),
     "tunnel": ("access_cmds", "tunnel", "Open a reverse SSH tunnel from the API node to a gateway host."),
     "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
+    "bench": ("bench_cmds", "bench", "Load a live endpoint: throughput and latency at several concurrencies."),
 }
 
 # commands that parse a layer stack and end: the cyclic GC is paused while they run (the long-running

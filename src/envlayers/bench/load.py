@@ -1,0 +1,199 @@
+"""The load generator: streamed chat completions at a fixed concurrency, bounded in count and time.
+
+Standard library only (threads and ``http.client``): the maintained generators (guidellm, aiperf,
+``vllm bench serve``) each pull in torch or transformers and fetch a tokenizer from a model hub,
+which a cluster's compute network usually cannot reach (docs/operating.md, "Load report").
+
+Each request asks for ``output_tokens`` tokens with ``ignore_eos`` (vLLM and SGLang both accept it),
+streams the reply (``stream_options.include_usage`` for the engine's own token count) and records
+when each content chunk arrived. Requests go only to the one base URL given.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+MAX_CONCURRENCY = 512
+
+
+@dataclass
+class Settings:
+    base_url: str  # ends in /v1
+    model: str
+    api_key: str | None = None
+    requests: int = 32  # per level
+    duration_s: float = 60.0  # per level: no request starts after this
+    timeout_s: float = 60.0  # per request, from sending to the last byte
+    input_tokens: int = 128  # prompt length in words (about one token each)
+    output_tokens: int = 64
+    ignore_eos: bool = True
+
+
+@dataclass
+class Sample:
+    """One request: seconds from sending it, None where it never got that far."""
+
+    ok: bool
+    start_s: float  # since the level started
+    e2e_s: float | None = None
+    ttft_s: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk, from sending
+    output_tokens: int = 0  # the engine's usage count, else the content chunks
+    error: str | None = None
+
+
+@dataclass
+class LevelRun:
+    concurrency: int
+    wall_s: float
+    samples: list[Sample]
+    cut_short: bool  # the duration ran out before every request was sent
+
+
+def prompt_text(words: int) -> str:
+    """A prompt of ``words`` words; distinct per request so no prefix cache serves it whole."""
+    base = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+    return " ".join(base[i % len(base)] for i in range(max(1, words)))
+
+
+def _connection(base_url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(base_url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname, parts.port, timeout=timeout_s), parts.path.rstrip("/") + "/chat/completions"
+
+
+def _content(event: dict) -> str:
+    """The text a chunk carries: content, reasoning (vLLM ``reasoning``, SGLang ``reasoning_content``)."""
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        text = "".join(str(delta.get(k) or "") for k in ("content", "reasoning", "reasoning_content"))
+        if delta.get("tool_calls"):
+            text += "tool"
+        if text:
+            return text
+    return ""
+
+
+def one_request(s: Settings, number: int, level_t0: float) -> Sample:
+    """Send one streamed request and time it; never raises, never runs past ``s.timeout_s`` by more
+    than one socket read."""
+    t0 = time.monotonic()
+    sample = Sample(ok=False, start_s=t0 - level_t0)
+    body = {"model": s.model, "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": s.output_tokens, "temperature": 0.0,
+            "messages": [{"role": "user", "content": f"{number} {prompt_text(s.input_tokens - 1)}"}]}
+    if s.ignore_eos:
+        body["ignore_eos"] = True
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if s.api_key:
+        headers["Authorization"] = f"Bearer {s.api_key}"
+    conn, path = _connection(s.base_url, s.timeout_s)
+    usage_tokens = None
+    end = None
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            sample.error = _http_error(resp)
+            return sample
+        while True:
+            if time.monotonic() - t0 > s.timeout_s:
+                sample.error = f"no complete reply within {s.timeout_s:g}s"
+                return sample
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            try:
+                event = json.loads(data)
+            except ValueError:
+                sample.error = "a streamed chunk is not JSON"
+                return sample
+            if isinstance(event, dict) and isinstance(event.get("usage"), dict):
+                usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
+            if isinstance(event, dict) and event.get("error"):
+                sample.error = f"error in the stream: {str(event['error'])[:200]}"
+                return sample
+            if isinstance(event, dict) and _content(event):
+                sample.chunk_times.append(time.monotonic() - t0)
+        end = time.monotonic()  # the stream ended ([DONE] or the server closed it)
+    except (OSError, http.client.HTTPException) as err:
+        sample.error = f"no answer: {type(err).__name__}: {err}" if str(err) else f"no answer: {type(err).__name__}"
+        return sample
+    finally:
+        conn.close()
+    sample.e2e_s = end - t0
+    if not sample.chunk_times:
+        sample.error = "the reply streamed no tokens"
+        return sample
+    sample.ttft_s = sample.chunk_times[0]
+    sample.output_tokens = usage_tokens if isinstance(usage_tokens, int) and usage_tokens > 0 \
+        else len(sample.chunk_times)
+    sample.ok = True
+    return sample
+
+
+def _http_error(resp: http.client.HTTPResponse) -> str:
+    detail = f"HTTP {resp.status}"
+    try:
+        message = json.loads(resp.read(4096)).get("error", {})
+        message = message.get("message") if isinstance(message, dict) else message
+        if message:
+            detail += f": {str(message)[:200]}"
+    except (ValueError, AttributeError, OSError, http.client.HTTPException):
+        pass
+    if resp.status == 401:
+        detail += " (the endpoint wants a key: --api-key-file FILE)"
+    return detail
+
+
+def run_level(s: Settings, concurrency: int) -> LevelRun:
+    """``concurrency`` workers send ``s.requests`` requests in all, each starting its next as soon as
+    its last ended; none starts after ``s.duration_s``. Returns when every started request ended."""
+    lock = threading.Lock()
+    counter = iter(range(s.requests))
+    samples: list[Sample] = []
+    cut = threading.Event()
+    t0 = time.monotonic()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                number = next(counter, None)
+            if number is None:
+                return
+            if time.monotonic() - t0 >= s.duration_s:
+                cut.set()
+                return
+            sample = one_request(s, number, t0)
+            with lock:
+                samples.append(sample)
+
+    threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}")
+               for i in range(min(concurrency, s.requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(s.duration_s + s.timeout_s + 30)  # a request past its timeout is cut by one_request
+    return LevelRun(concurrency, time.monotonic() - t0, sorted(samples, key=lambda x: x.start_s), cut.is_set())
+
+
+def run(s: Settings, levels: list[int], progress=None) -> list[LevelRun]:
+    """Every level in turn; ``progress(level_run)`` after each."""
+    out = []
+    for c in levels:
+        result = run_level(s, c)
+        out.append(result)
+        if progress:
+            progress(result)
+    return out

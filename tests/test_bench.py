@@ -1,0 +1,205 @@
+"""``env_layers bench`` against real stand-in engines on 127.0.0.1 that stream at a configured pace
+(STANDIN_TTFT_S, STANDIN_TOKENS_PER_S): the measured TTFT, ITL, end-to-end latency and throughput
+match the configured rates (loose bounds: the machine is shared), errors are counted, the load is
+bounded in count and time, and the table, JSON and plot come out."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from envlayers.bench import load, report
+from envlayers.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standin"
+SERVED = "bench-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """A stand-in vLLM serving on 127.0.0.1 with the given pace."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], *extra: str):
+        self.port = _free_port()
+        full = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")}
+        full.update({"STANDIN_LOAD_SECONDS": "0", "PYTHONPATH": str(STANDIN / "pypath"), **env})
+        self.log = tmp_path / f"engine-{self.port}.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([str(STANDIN / "bin" / "vllm"), "serve", "m", "--served-model-name", SERVED,
+                                          "--host", "127.0.0.1", "--port", str(self.port), *extra],
+                                         env=full, stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("the stand-in did not serve within 20 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def engines(tmp_path):
+    started: list[Engine] = []
+
+    def start(env: dict[str, str], *extra: str) -> Engine:
+        started.append(Engine(tmp_path, env, *extra))
+        return started[-1]
+
+    yield start
+    for e in started:
+        e.stop()
+
+
+def bench(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(cli, ["bench", *args, "--json"])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("ttft_s, rate, tokens, extra", [
+    pytest.param(0.1, 100.0, 24, (), id="fast"),
+    pytest.param(0.3, 25.0, 12, (), id="slow"),
+    # a thinking model whose reasoning streams separately: its first chunk is the first token too
+    pytest.param(0.2, 50.0, 16, ("--reasoning-parser", "qwen3"), id="reasoning"),
+])
+def test_measured_latency_and_throughput_match_the_configured_pace(engines, ttft_s, rate, tokens, extra):
+    e = engines({"STANDIN_TTFT_S": str(ttft_s), "STANDIN_TOKENS_PER_S": str(rate), "STANDIN_REASONING": "1"
+                 if extra else "0"}, *extra)
+    code, data = bench(e.url, "--concurrency", "1,4", "--requests", "8", "--output-tokens", str(tokens))
+    assert code == 0
+    assert data["target"]["model"] == SERVED  # taken from /v1/models
+    expected_e2e = ttft_s + (tokens - 1) / rate
+    for lv in data["levels"]:
+        assert (lv["requests"], lv["ok"], lv["errors"]) == (8, 8, 0)
+        assert lv["output_tokens"] == 8 * tokens  # ignore_eos: every request got all its tokens
+        assert ttft_s * 0.9 <= lv["ttft_s"]["p50"] <= ttft_s + 0.3
+        assert 0.9 / rate <= lv["itl_s"]["p50"] <= 2.0 / rate + 0.01
+        assert expected_e2e * 0.9 <= lv["e2e_s"]["p50"] <= expected_e2e * 1.5 + 0.3
+        assert lv["ttft_s"]["p50"] <= lv["ttft_s"]["p90"] <= lv["ttft_s"]["p99"]
+        # each of `concurrency` workers finishes one request per e2e: tokens/s about c * tokens / e2e
+        ideal = lv["concurrency"] * tokens / expected_e2e
+        assert ideal * 0.3 <= lv["output_tokens_per_s"] <= ideal * 1.1
+        assert lv["requests_per_s"] == pytest.approx(lv["output_tokens_per_s"] / tokens, rel=0.01)
+    one, four = data["levels"]
+    assert four["output_tokens_per_s"] > 2 * one["output_tokens_per_s"]  # the stand-in scales with concurrency
+
+
+def test_table_and_plot(engines, tmp_path):
+    pytest.importorskip("matplotlib")
+    e = engines({"STANDIN_TTFT_S": "0.05", "STANDIN_TOKENS_PER_S": "200"})
+    png = tmp_path / "bench.png"
+    result = CliRunner().invoke(cli, ["bench", e.url, "--concurrency", "1,2,4", "--requests", "4",
+                                      "--output-tokens", "8", "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["conc", "ok"])
+    rows = [line.split() for line in lines[header + 1:header + 4]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("1", "4", "0"), ("2", "4", "0"), ("4", "4", "0")]
+    assert all(len(r[5].split("/")) == 3 for r in rows)  # TTFT p50/p90/p99
+    assert f"plot: {png}" in result.stdout
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_key_from_file_and_refused_without_it(engines, tmp_path):
+    key = "k-" + os.urandom(6).hex()
+    e = engines({"STANDIN_TOKENS_PER_S": "500"}, "--api-key", key)
+    result = CliRunner().invoke(cli, ["bench", e.url, "--requests", "2", "--concurrency", "1"])
+    assert result.exit_code == 1
+    assert "HTTP 401" in result.stderr and "--api-key-file" in result.stderr
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    code, data = bench(e.url, "--requests", "2", "--concurrency", "1", "--api-key-file", str(key_file))
+    assert code == 0 and data["levels"][0]["ok"] == 2
+    assert key not in json.dumps(data)
+
+
+def test_nothing_listening_fails_fast_without_load():
+    port = _free_port()
+    t0 = time.monotonic()
+    result = CliRunner().invoke(cli, ["bench", f"http://127.0.0.1:{port}/v1", "--timeout-s", "5"])
+    assert result.exit_code == 1
+    assert "is not ready for a load test" in result.stderr and "no answer" in result.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_failed_requests_are_counted_with_their_reason(engines):
+    e = engines({"STANDIN_TOKENS_PER_S": "500"})
+    s = load.Settings(e.url, "no-such-model", requests=6, output_tokens=4, timeout_s=10)
+    summary = report.summarize(load.run_level(s, 3))
+    assert (summary["requests"], summary["ok"], summary["errors"]) == (6, 0, 6)
+    assert summary["error_kinds"][0]["count"] == 6
+    assert summary["error_kinds"][0]["error"].startswith("HTTP 404: The model `no-such-model` does not exist")
+    assert summary["requests_per_s"] == 0 and summary["ttft_s"]["p50"] is None
+    assert "6 failed: HTTP 404" in report.format_table(report.report(s, [load.run_level(s, 1)],
+                                                                     {"base_url": e.url, "model": "x"}))
+
+
+@pytest.mark.parametrize("what, settings, concurrency, most_s", [
+    # each request would take 3 s to its first token; the 1 s request timeout cuts every one
+    pytest.param("timeout", dict(requests=4, timeout_s=1.0, duration_s=30), 4, 3.0, id="per-request-timeout"),
+    # 1000 requests asked for, none may start after 1 s: the level ends soon after
+    pytest.param("duration", dict(requests=1000, timeout_s=10.0, duration_s=1.0), 2, 1.0 + 3.5 + 2.0,
+                 id="per-level-duration"),
+])
+def test_the_load_is_bounded(engines, what, settings, concurrency, most_s):
+    ttft = "3" if what == "timeout" else "0.5"
+    e = engines({"STANDIN_TTFT_S": ttft, "STANDIN_TOKENS_PER_S": "100"})
+    s = load.Settings(e.url, SERVED, output_tokens=4, **settings)
+    t0 = time.monotonic()
+    run = load.run_level(s, concurrency)
+    assert time.monotonic() - t0 < most_s
+    if what == "timeout":
+        assert len(run.samples) == 4 and not any(x.ok for x in run.samples)
+        assert all("timed out" in x.error or "no complete reply" in x.error for x in run.samples)
+    else:
+        assert run.cut_short and 2 <= len(run.samples) < 20 and all(x.ok for x in run.samples)
+
+
+@pytest.mark.parametrize("values, p, expected", [
+    pytest.param([], 50, None, id="empty"),
+    pytest.param([5.0], 99, 5.0, id="one"),
+    pytest.param([1.0, 2.0, 3.0, 4.0], 50, 2.5, id="interpolated"),
+    pytest.param([4.0, 1.0, 3.0, 2.0], 90, 3.7, id="unsorted"),
+])
+def test_percentile(values, p, expected):
+    got = report.percentile(values, p)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_cli_table_is_lazy():
+    """`env_layers --help` lists bench without importing its module."""
+    out = subprocess.run([sys.executable, "-c", "import sys; from envlayers.cli import main\n"
+                          "try: main(['--help'])\nexcept SystemExit: pass\n"
+                          "print('LOADED' if 'envlayers.bench.load' in sys.modules or "
+                          "'envlayers.cli.bench_cmds' in sys.modules else 'LAZY')"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert "bench" in out.stdout and out.stdout.strip().endswith("LAZY")
