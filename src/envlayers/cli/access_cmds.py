@@ -10,6 +10,8 @@ import json
 
 import click
 
+from .params import Seconds
+
 _RUN_DIR_HELP = "The job's run directory, when it is not where the job output says (or the output is gone)."
 
 
@@ -41,7 +43,7 @@ def connect(job_id: str, as_json: bool, show_key: bool, run_dir: str | None) -> 
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Read the key from FILE (default with a JOBID: the job's key file, when it needs one).")
 @click.option("--model", default=None, help="With a URL: the model name to ask for (default: the first listed).")
-@click.option("--timeout-s", "timeout_s", type=click.FloatRange(min=0.1, max=600), default=10.0, show_default=True,
+@click.option("--timeout-s", "timeout_s", type=Seconds(zero_ok=False, minimum=0.1, maximum=600), default=10.0, show_default=True,
               metavar="S", help="Timeout of each request.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 @click.pass_context
@@ -93,7 +95,7 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
               help="With --keep-alive: restarts in a row before giving up (delays double from 2 s to 60 s).")
 @click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True, metavar="I",
               help="Which base URL to tunnel when the job has several (replicas).")
-@click.option("--start-timeout", "start_timeout_s", type=click.FloatRange(min=1, max=600), default=30.0,
+@click.option("--start-timeout", "start_timeout_s", type=Seconds(zero_ok=False, minimum=1, maximum=600), default=30.0,
               show_default=True, metavar="S", help="How long to wait for the gateway to accept the forward.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tunnel record as JSON.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
@@ -155,7 +157,7 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the steps as JSON.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="S",
+@click.option("--timeout", "timeout_s", type=Seconds(zero_ok=True), default=60.0, show_default=True, metavar="S",
               help="How long to wait for Slurm to say the job ended.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 @click.pass_context

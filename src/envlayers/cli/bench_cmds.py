@@ -11,20 +11,9 @@ import json
 import click
 
 from ..errors import EnvLayersError
+from .params import Seconds
 
 INSTALL_HINT = "install the optional extra: pip install 'envlayers[bench]' (it brings matplotlib)"
-
-
-def _seconds(lo: float, hi: float):
-    """A click callback: a finite number of seconds in [lo, hi] (click's FloatRange fails on "nan")."""
-    import math
-
-    def check(ctx, param, value):
-        if value is None or not math.isfinite(value) or not lo <= value <= hi:
-            raise click.BadParameter(f"{value!r} is not a number of seconds from {lo:g} to {hi:g}")
-        return value
-
-    return check
 
 
 def parse_levels(text: str) -> list[int]:
@@ -91,9 +80,9 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
               help="Concurrency levels (requests in flight), run in turn.")
 @click.option("--requests", "requests", type=click.IntRange(min=1, max=100_000), default=32, show_default=True,
               metavar="N", help="Requests per level.")
-@click.option("--duration-s", "duration_s", type=float, callback=_seconds(1, 3600), default=60.0, show_default=True,
+@click.option("--duration-s", "duration_s", type=Seconds(zero_ok=False, minimum=1, maximum=3600), default=60.0, show_default=True,
               metavar="S", help="Per level: no request starts after S seconds (1 to 3600).")
-@click.option("--timeout-s", "timeout_s", type=float, callback=_seconds(1, 600), default=60.0, show_default=True,
+@click.option("--timeout-s", "timeout_s", type=Seconds(zero_ok=False, minimum=1, maximum=600), default=60.0, show_default=True,
               metavar="S", help="Per request, from sending it to the end of its stream (1 to 600).")
 @click.option("--input-tokens", type=click.IntRange(min=1, max=100_000), default=128, show_default=True, metavar="N",
               help="Prompt length in words (about one token each).")

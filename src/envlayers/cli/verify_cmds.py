@@ -10,6 +10,8 @@ import json
 
 import click
 
+from .params import Seconds
+
 CHECKS = ("tools", "reasoning", "accuracy", "metrics")
 
 
@@ -19,7 +21,7 @@ CHECKS = ("tools", "reasoning", "accuracy", "metrics")
               help="The served model name to ask for (default: the job's, or the first the URL lists).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="A file holding the API key (default: the job's SERVER_API_KEY_FILE). Never printed.")
-@click.option("--timeout-s", "timeout_s", type=click.FloatRange(min=1), default=180.0, show_default=True,
+@click.option("--timeout-s", "timeout_s", type=Seconds(zero_ok=False, minimum=1), default=180.0, show_default=True,
               metavar="S", help="Wall-clock limit of each request (a reasoning model thinks before it answers).")
 @click.option("--check", "only", multiple=True, type=click.Choice(CHECKS), metavar="NAME",
               help=f"Run only this check (repeatable): {', '.join(CHECKS)}. Default: all.")
