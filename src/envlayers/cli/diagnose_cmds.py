@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import EnvLayersError
+from ..jobid import looks_like_job_id, not_found, parse_job_id
 
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
 EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "peak": "peak:", "latest": "latest:"}
@@ -61,8 +62,10 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
             inputs.run_dirs.append(p)
         elif p.is_file():
             paths.append(p)
-        elif target.isdigit():
+        elif not p.exists() and looks_like_job_id(target):
             from ..rundir import locate
+
+            target = parse_job_id(target)
 
             # where Slurm says the job's output is (any directory), its run_dir= line, else the run roots
             info = _slurm_record(target)
@@ -75,6 +78,8 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
                 inputs.run_dirs.append(run_dir)
             if has_dir and not found and info is not None and info.finished:
                 continue  # nothing logged, but the launcher's end (or its lack) still says something
+            if not found and info is None and not has_dir:
+                raise not_found(target)  # what every command says for a job it cannot find
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
                                      hint=f"looked for {out} and the run directory ($SCRATCH/inference-server/"
