@@ -306,7 +306,7 @@ def test_cli_job_id_without_scratch_uses_runs_under_the_submit_dir(tmp_path):
 def test_cli_unknown_job_id_is_bad_input(tmp_path):
     result = run("diagnose", "--root", str(tmp_path), "424242", env={"SCRATCH": ""})
     assert result.exit_code == 2
-    assert "no logs for job 424242" in result.stderr
+    assert "no job 424242: Slurm does not know it" in result.stderr  # what every command says
 
 
 def test_cli_json_shape():

@@ -44,7 +44,8 @@ def not_found(job_id: str) -> EnvLayersError:
     return EnvLayersError(
         f"no job {job_id}: Slurm does not know it and there is no serve-only-{job_id}.out here",
         hint="`env_layers status` lists your endpoint jobs; without accounting Slurm forgets a finished job "
-             "after MinJobAge, so run from the submit directory or pass --run-dir")
+             "after MinJobAge: run from the submit directory, or give the run directory (--run-dir DIR; "
+             "`env_layers diagnose DIR`)")
 
 
 __all__ = ["FORMS", "WHERE", "looks_like_job_id", "not_found", "parse_job_id"]

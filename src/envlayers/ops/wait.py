@@ -51,12 +51,16 @@ class WaitResult:
         return {"live": EXIT_LIVE, "ended": EXIT_ENDED, "timeout": EXIT_TIMEOUT}[self.outcome]
 
     def to_dict(self) -> dict:
-        from .status import launcher_end
+        from .status import base_urls, identity, launcher_end
 
         info = self.job.info
+        urls = base_urls(self.endpoint)
         return {
             "job_id": self.job.job_id, "outcome": self.outcome, "live": self.outcome == "live",
+            **identity(self.job.files),
             "state": info.state if info else None, "reason": info.reason if info else None,
+            "expected_start": info.start_time if info is not None and info.pending else None,
+            "url": urls[0] if urls else None, "urls": urls,
             "exit_code": info.exit_code if info else None,
             "restart": self.job.restart, "requeued": self.job.requeued,
             "phase": self.phase.to_dict() if self.phase else None,
