@@ -17,6 +17,11 @@ WHERE = "JOBID"
 FORMS = "1234 (the number sbatch printed) or a step of it (1234.0, 1234.batch)"
 _STEP_RE = re.compile(r"^(\d+)(?:\.(?:\d+|batch|extern|interactive))?$")
 _ARRAY_RE = re.compile(r"^(\d+)_(\d+|\[.*\])$")
+MAX_JOB_ID = 2**32 - 1  # Slurm job ids are 32-bit
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def looks_like_job_id(text: str) -> bool:
@@ -30,12 +35,15 @@ def parse_job_id(text: str) -> str:
     raw = str(text)
     text = raw.strip()
     m = _STEP_RE.match(text)
-    if m:
+    if m and int(m.group(1)) <= MAX_JOB_ID:
         return m.group(1)
+    if m:
+        raise EnvLayersError(f"{_clip(raw)!r} is not a Slurm job id: more than {MAX_JOB_ID}", where=WHERE,
+                             hint=f"give {FORMS}")
     if _ARRAY_RE.match(text):
-        raise EnvLayersError(f"{raw!r} is an array task id; an endpoint job is not an array", where=WHERE,
+        raise EnvLayersError(f"{_clip(raw)!r} is an array task id; an endpoint job is not an array", where=WHERE,
                              hint=f"give the task's own job id: `squeue -h -j {text} -o %A`")
-    raise EnvLayersError(f"{raw!r} is not a Slurm job id", where=WHERE,
+    raise EnvLayersError(f"{_clip(raw)!r} is not a Slurm job id", where=WHERE,
                          hint=f"give {FORMS}, e.g. `env_layers wait 12345`")
 
 

@@ -235,7 +235,8 @@ def describe_end(result: "WaitResult") -> list[str]:
     ranked = sorted(result.findings, key=lambda f: (f.severity != "error", f.status == "informational"))
     for f in ranked[:3]:
         where = f.evidence[0].where if f.evidence else "-"
-        lines.append(f"  diagnosis [{f.rule_id}] {where}: {f.cause}")
+        mark = " POSSIBLE" if getattr(f, "possible", False) else ""
+        lines.append(f"  diagnosis [{f.rule_id}]{mark} {where}: {f.cause}")
         lines.append(f"    fix: {f.fix}")
     lines.append(f"  next: env_layers diagnose {jid}; env_layers logs {jid} --tail 50")
     return lines
