@@ -35,7 +35,7 @@ def submit(lab, workdir: Path, layer: str, **env: str) -> str:
     (workdir / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
     full = {**os.environ, **lab.env, "SCRATCH": str(workdir / "scratch"), "SERVE_ENV_FILE": str(workdir / "mine.env"),
             "PATH": f"{REPO / 'tests/standin/bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
-            "PYTHONPATH": str(REPO / "tests/standin/pypath"), **env}
+            "PYTHONPATH": os.pathsep.join([str(REPO / "tests/standin/pypath"), str(REPO / "src")]), **env}
     out = subprocess.run([str(REPO / "cluster/serve-only.sbatch"), "--json"], cwd=workdir, env=full,
                          capture_output=True, text=True, timeout=60, check=True).stdout
     job_id = json.loads(out)["job_id"]

@@ -394,10 +394,15 @@ def test_api_server_count_is_kept_on_sglang_and_replicas():
     assert argv(env, 1)[-2:] == ("--api-server-count", "2")
 
 
-@pytest.mark.parametrize("env", [pytest.param(QWEN38, id="sglang"), pytest.param(OSS120B, id="vllm")])
-def test_server_api_key_becomes_api_key(env):
-    a = argv({**env, "SERVER_API_KEY": "s3cret"})
-    assert a[a.index("--api-key") + 1] == "s3cret"
+@pytest.mark.parametrize("env, key_env, key_flag", [
+    pytest.param(QWEN38, None, "--api-key", id="sglang-only-takes-a-flag"),
+    pytest.param(OSS120B, "VLLM_API_KEY", None, id="vllm-reads-its-environment"),
+])
+def test_server_api_key_is_passed_the_way_the_engine_reads_it_and_never_held(env, key_env, key_flag):
+    cmd = command({**env, "SERVER_API_KEY": "s3cret"})
+    assert (cmd.key_env, cmd.key_flag) == (key_env, key_flag)
+    assert "--api-key" not in cmd.argv  # ranks.sh appends SGLang's flag with the key at run time
+    assert "s3cret" not in repr(cmd)
 
 
 @pytest.mark.parametrize("value", [pytest.param(None, id="absent"), pytest.param("", id="empty")])
@@ -424,8 +429,13 @@ def test_redact_masks_the_api_key(given, masked):
 def test_shell_line_masks_the_key_unless_asked_not_to():
     cmd = command({**QWEN38, "SERVER_API_KEY": "s3cret", "SERVER_EXTRA_ARGS": "--api-key=other"})
     assert "s3cret" not in shell_line(cmd) and "other" not in shell_line(cmd)
-    assert "--api-key '***'" in shell_line(cmd)
-    assert "--api-key s3cret" in shell_line(cmd, redact=False)
+    assert shell_line(cmd).endswith("'--api-key=***' --api-key '***'")
+    assert "--api-key=other" in shell_line(cmd, redact=False) and "s3cret" not in shell_line(cmd, redact=False)
+
+
+def test_shell_line_shows_vllms_key_as_a_masked_variable():
+    cmd = command({**OSS120B, "SERVER_API_KEY": "s3cret"})
+    assert "VLLM_API_KEY='***' vllm serve " in shell_line(cmd)
 
 
 # --------------------------------------------------------------------------- shell lines

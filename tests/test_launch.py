@@ -1,7 +1,11 @@
-"""The in-job launcher's pure parts: the srun line, ranks.sh, the launch keys, the core guard."""
+"""The in-job launcher without Slurm or root: the plan, ranks.sh through real bash, the supervision
+loop on fake exit files with a fake clock, the launcher's end records and the core guard."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -9,48 +13,102 @@ from pathlib import Path
 import pytest
 
 from envlayers import engines, topology
-from envlayers.launch import Launch, core_guard, launch_keys, rank_script
+from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
+from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
+                                      srun_dry_line)
+from envlayers.launch.ranks import rank_script
+from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S, Supervisor
+from envlayers.readiness import Endpoint, Probe
 
 PIPELINE = {"INFERENCE_ENGINE": "sglang", "INFERENCE_MODEL": "zai-org/GLM-5.3", "VLLM_SERVED_MODEL": "s",
             "INFERENCE_NODES": "2", "PIPELINE_PARALLEL_SIZE": "2", "NCCL_NET_GDR_LEVEL": "LOC"}
+SINGLE_VLLM = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "Qwen/Qwen3-8B", "VLLM_SERVED_MODEL": "q"}
+SINGLE_SGLANG = {**SINGLE_VLLM, "INFERENCE_ENGINE": "sglang"}
+N1, N2 = Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True)
 
 
-def launch_for(tmp_path: Path, **environ: str) -> Launch:
-    launch = Launch(tmp_path, {"SLURM_CPUS_ON_NODE": "192", **environ})
-    launch.plan = topology.plan(PIPELINE)
-    return launch
+def alloc(tmp_path: Path, nodes=(N1, N2), **kw) -> Allocation:
+    return Allocation(job_id="42", run_dir=tmp_path, nodes=tuple(nodes), cpus_on_node="192", **kw)
+
+
+# --------------------------------------------------------------------------- the plan (pure)
 
 
 @pytest.mark.parametrize("edf, want", [
     ("hpcagent-bench-sglang-mi300-latest", ["--environment=hpcagent-bench-sglang-mi300-latest"]),
-    ("", []),
+    (None, []),
 ], ids=["container-engine", "runtime-none"])
-def test_srun_line_has_one_task_per_node_every_cpu_and_the_edf(tmp_path, edf, want):
-    argv = launch_for(tmp_path, ENVLAYERS_EDF=edf).srun_argv()
-    assert argv == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=192",
-                    "--kill-on-bad-exit=1", *want, "bash", str(tmp_path / "ranks.sh")]
+def test_srun_line_has_one_task_per_node_every_cpu_and_the_edf(edf, want):
+    assert srun_argv(2, "192", edf, "/r/ranks.sh") == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                                                       "--cpus-per-task=192", "--kill-on-bad-exit=1", *want,
+                                                       "bash", "/r/ranks.sh"]
 
 
-def test_ranks_script_is_bash_with_one_arm_per_rank_and_no_core_dumps(tmp_path):
-    plan = topology.plan(PIPELINE)
-    text = rank_script(engines.build_commands(plan, PIPELINE, "n1"), tmp_path)
-    assert subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True).returncode == 0
-    assert "ulimit -c 0" in text.splitlines()
-    assert "  0) export NCCL_NET_GDR_LEVEL=LOC; set -- python3 -m sglang.launch_server" in text
-    assert "--node-rank 1 --dist-init-addr n1:29500" in text
+def test_the_dry_run_srun_line_is_the_jobs_with_the_cpu_count_left_to_the_job(tmp_path):
+    lp = prepare({**PIPELINE, "ENVLAYERS_EDF": "e"}, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
+    dry = subprocess.run(["bash", "-c", f"SLURM_CPUS_ON_NODE=192 RUN_DIR={shlex.quote(str(tmp_path))}; "
+                          f"printf '%s\\n' {srun_dry_line(2, 'e').replace('srun ', '', 1)}"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert ["srun", *dry] == list(lp.srun)
 
 
-def test_ranks_script_runs_the_rank_and_records_its_exit_code(tmp_path):
-    fake = engines.RankCommand(argv=("bash", "-c", "echo serving; exit 7"), env={"X": "1"})
-    (tmp_path / "ranks.sh").write_text(rank_script([fake], tmp_path))
-    proc = subprocess.run(["bash", str(tmp_path / "ranks.sh")], env={"SLURM_PROCID": "0", "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=10)
-    assert proc.returncode == 7
-    assert (tmp_path / "rank-0.exit").read_text() == "7\n"
-    log = (tmp_path / "server-0.log").read_text().splitlines()
-    assert log[0].startswith("ENVLAYERS-STAGE: rank 0 up on ") and log[1] == "serving"
-    assert log[-1] == "ENVLAYERS-STAGE: rank 0 exited with code 7"
-    assert (tmp_path / "core-limit.txt").read_text() == "rank=0 limit=0\n"
+def test_prepare_substitutes_the_master_and_records_the_restart(tmp_path):
+    lp = prepare(PIPELINE, alloc(tmp_path, restart=2, ifaces={"hsn0": "1.2.3.4"}))
+    assert "--node-rank 1 --dist-init-addr n1:29500" in lp.files["ranks.sh"]
+    assert "ENVLAYERS_MASTER_ADDR" not in lp.files["ranks.sh"]
+    assert json.loads(lp.files["launch.json"])["restart"] == 2
+    assert "ENVLAYERS-TOPOLOGY: nccl_socket_ifname==hsn0 (derived)" in lp.lines
+    assert [t.url for t in lp.targets] == ["http://n1:8000/v1"]
+
+
+def test_a_node_name_that_does_not_resolve_is_reached_at_its_slurm_address(tmp_path):
+    def resolve(name):
+        if name == "n1":
+            raise OSError("no such host")
+        return "10.0.0.2"
+
+    nodes = resolve_nodes(["n1", "n2"], resolve, lambda names: {"n1": "192.168.7.1"} if names == ["n1"] else {})
+    assert nodes == (Node("n1", "192.168.7.1", False), Node("n2", "10.0.0.2", True))
+    lp = prepare({**SINGLE_VLLM, "INFERENCE_NODES": "2", "INFERENCE_MODE": "replicas"}, alloc(tmp_path, nodes=nodes))
+    assert [(t.url, t.probe_url) for t in lp.targets] == [
+        ("http://192.168.7.1:8000/v1", "http://192.168.7.1:8000/v1"), ("http://n2:8000/v1", "http://10.0.0.2:8000/v1")]
+    assert resolve_nodes(["gone"], resolve=lambda n: (_ for _ in ()).throw(OSError()), slurm_addrs=lambda n: {}) == (
+        Node("gone", "gone", False),)
+
+
+def test_an_asked_fabric_that_is_missing_stops_before_srun_and_says_what_it_saw(tmp_path):
+    with pytest.raises(LaunchFailure) as err:
+        prepare({**PIPELINE, "ENVLAYERS_HSN_IFACE": "ib"}, alloc(tmp_path, ifaces={"eth0": "1.2.3.4"}))
+    assert "no interface ib<N> with an IPv4 address (have: eth0)" in str(err.value)
+    assert err.value.lines[0].startswith("ENVLAYERS-TOPOLOGY: shape=pipeline")
+
+
+def test_sglang_with_a_key_warns_that_the_key_is_on_its_command_line(tmp_path):
+    keyed = prepare({**SINGLE_SGLANG, "SERVER_API_KEY_FILE": "/k"}, alloc(tmp_path, nodes=(N1,), api_key=True))
+    assert any(line.startswith("ENVLAYERS-WARN: SGLang takes the API key only on its command line") for line in keyed.lines)
+    vllm = prepare({**SINGLE_VLLM, "SERVER_API_KEY_FILE": "/k"}, alloc(tmp_path, nodes=(N1,), api_key=True))
+    assert not any("ENVLAYERS-WARN" in line for line in vllm.lines)
+    assert "VLLM_API_KEY=*** vllm serve" in " ".join(vllm.lines).replace("'", "")
+
+
+@pytest.mark.parametrize("keys, served", [
+    pytest.param(SINGLE_VLLM, True, id="vllm-always"),
+    pytest.param(SINGLE_SGLANG, True, id="sglang-default-on"),
+    pytest.param({**SINGLE_SGLANG, "SGLANG_ENABLE_METRICS": "false"}, False, id="sglang-turned-off"),
+    pytest.param({**SINGLE_SGLANG, "SGLANG_ENABLE_METRICS": ""}, False, id="sglang-empty-is-off"),
+])
+def test_the_plan_knows_whether_the_engine_serves_metrics(tmp_path, keys, served):
+    assert prepare(keys, alloc(tmp_path, nodes=(N1,))).metrics is served
+
+
+@pytest.mark.parametrize("text", [pytest.param("", id="empty"), pytest.param(" \n\n", id="only-whitespace")])
+def test_an_empty_key_file_is_an_error_naming_the_file(tmp_path, text):
+    key = tmp_path / "key"
+    key.write_text(text)
+    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {key} is empty"):
+        read_api_key(str(key))
+    with pytest.raises(LaunchFailure, match=f"cannot read SERVER_API_KEY_FILE {tmp_path / 'nope'}"):
+        read_api_key(str(tmp_path / "nope"))
 
 
 def test_launch_keys_are_the_merged_keys_only():
@@ -59,12 +117,334 @@ def test_launch_keys_are_the_merged_keys_only():
     assert launch_keys(environ) == {"A": "1", "EMPTY": "", "ENVLAYERS_EDF": "x", "ENVLAYERS_KEYS": "A EMPTY"}
 
 
-@pytest.mark.parametrize("limits, ok", [("rank=0 limit=0\n", True), ("rank=0 limit=unlimited\n", False)],
-                         ids=["zero", "unlimited"])
-def test_core_guard_fails_on_a_core_limit_that_is_not_zero(tmp_path, limits, ok, capsys):
-    (tmp_path / "core-limit.txt").write_text(limits)
-    assert core_guard(tmp_path, tmp_path) is ok
-    assert ("ENVLAYERS-ERROR: rank 0 ran with core limit unlimited" in capsys.readouterr().out) is (not ok)
+def test_exported_launcher_knobs_from_the_login_shell_are_not_launch_keys():
+    environ = {"ENVLAYERS_KEYS": "A", "A": "1", "ENVLAYERS_HSN_IFACE": "ib", "ENVLAYERS_EDF": "e"}
+    assert launch_keys(environ) == {"A": "1", "ENVLAYERS_KEYS": "A", "ENVLAYERS_EDF": "e"}
+
+
+# --------------------------------------------------------------------------- ranks.sh through real bash
+
+
+def test_ranks_script_is_bash_with_one_arm_per_rank_and_no_core_dumps(tmp_path):
+    plan = topology.plan(PIPELINE)
+    text = rank_script(engines.build_commands(plan, PIPELINE, "n1"), tmp_path)
+    assert subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True).returncode == 0
+    assert "ulimit -c 0" in text.splitlines()
+    assert "    export NCCL_NET_GDR_LEVEL=LOC\n    set -- python3 -m sglang.launch_server" in text
+
+
+def run_rank(tmp_path: Path, cmds, rank=0, key: str | None = None, timeout=20) -> subprocess.CompletedProcess:
+    (tmp_path / "ranks.sh").write_text(rank_script(cmds, tmp_path))
+    env = {"SLURM_PROCID": str(rank), "PATH": os.environ["PATH"], "HOME": "/home/nobody-here"}
+    if key is not None:
+        env["SERVER_API_KEY"] = key
+    return subprocess.run(["bash", str(tmp_path / "ranks.sh")], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def test_ranks_script_runs_the_rank_and_records_its_exit_code(tmp_path):
+    fake = engines.RankCommand(argv=("bash", "-c", "echo serving; exit 7"), env={"X": "1"})
+    proc = run_rank(tmp_path, [fake])
+    assert proc.returncode == 7
+    assert (tmp_path / "rank-0.exit").read_text() == "7\n"
+    log = (tmp_path / "server-0.log").read_text().splitlines()
+    assert log[0].startswith("ENVLAYERS-STAGE: rank 0 up on ") and log[1] == "serving"
+    assert log[-1] == "ENVLAYERS-STAGE: rank 0 exited with code 7"
+    assert (tmp_path / "core-limit.txt").read_text() == "rank=0 limit=0\n"
+
+
+DUMP = ("import json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items() if k in "
+        "('NCCL_NET_GDR_LEVEL', 'NCCL_SOCKET_IFNAME', 'VLLM_API_KEY', 'SERVER_API_KEY')}}, "
+        "open(os.environ.get('DUMP_TO', 'dump.json'), 'w'))\n")
+
+HOSTILE = [
+    pytest.param("${HOME}", id="brace-reference"),
+    pytest.param("$HOME", id="bare-reference"),
+    pytest.param("${SERVER_API_KEY}", id="the-key-by-reference"),
+    pytest.param("$(touch CANARY)", id="command-substitution"),
+    pytest.param("`touch CANARY`", id="backticks"),
+    pytest.param("it's \"quoted\" \\ back", id="quotes-and-backslash"),
+    pytest.param("line one\nline two\n", id="newlines"),
+    pytest.param("EOF\nENVLAYERS_ENV\n'", id="heredoc-delimiters"),
+    pytest.param("; touch CANARY; #", id="command-separator"),
+    pytest.param("x" * 100_000, id="very-long"),
+    pytest.param("${HOME:+$(touch CANARY)}", id="nested-expansion"),
+]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("value", HOSTILE)
+def test_every_value_reaches_the_engine_byte_exact_and_nothing_executes(tmp_path, engine, value):
+    env = {**SINGLE_VLLM, "INFERENCE_ENGINE": engine, "TOOL_CALL_PARSER": value, "REASONING_PARSER": value,
+           "VLLM_SERVED_MODEL": value, "NCCL_NET_GDR_LEVEL": value,
+           "SERVER_EXTRA_ARGS": shlex.join(["--x", value]), "SERVER_API_KEY": "<present>"}
+    plan = topology.plan(env)
+    cmd = engines.build_commands(plan, env, "n1")[0]
+    (tmp_path / "dump.py").write_text(DUMP)
+    fake = engines.RankCommand((sys.executable, str(tmp_path / "dump.py"), *cmd.argv), cmd.env, cmd.key_env,
+                               cmd.key_flag)
+    key = "k3y-" + os.urandom(4).hex()
+    proc = run_rank(tmp_path, [fake], key=key)
+    assert proc.returncode == 0, (tmp_path / "server-0.log").read_text()[-2000:]
+    got = json.loads((tmp_path / "dump.json").read_text())
+    want_argv = list(cmd.argv) + (["--api-key", key] if engine == "sglang" else [])
+    assert got["argv"] == want_argv
+    assert value in got["argv"] and ["--x", value] == got["argv"][got["argv"].index("--x"):][:2]
+    assert got["env"]["NCCL_NET_GDR_LEVEL"] == value
+    assert "SERVER_API_KEY" not in got["env"]  # the engine gets the key only the way it reads it
+    assert got["env"].get("VLLM_API_KEY") == (key if engine == "vllm" else None)
+    assert not (tmp_path / "CANARY").exists()
+
+
+@pytest.mark.parametrize("key", [
+    pytest.param("plain-Key.123", id="plain"),
+    pytest.param("it's", id="single-quote"),
+    pytest.param('say "hi"', id="double-quote"),
+    pytest.param("back\\slash", id="backslash"),
+    pytest.param("a'b\"c\\d", id="all-three"),
+])
+def test_the_key_is_masked_in_every_form_an_engine_prints_it(tmp_path, key):
+    # SGLang prints ServerArgs with repr(); other tools print JSON; the raw key as well
+    printer = ("import json, sys\nk = sys.argv[sys.argv.index('--api-key') + 1]\n"
+               "print(f'server_args=ServerArgs(api_key={k!r})'); print(json.dumps({'api_key': k})); print(k)\n"
+               "print(repr(sys.argv))\n")
+    (tmp_path / "p.py").write_text(printer)
+    cmd = engines.RankCommand((sys.executable, str(tmp_path / "p.py")), key_flag="--api-key")
+    assert run_rank(tmp_path, [cmd], key=key).returncode == 0
+    log = (tmp_path / "server-0.log").read_text()
+    assert "server_args=ServerArgs(api_key='***')" in log or "server_args=ServerArgs(api_key=\"***\")" in log
+    for form in (key, repr(key)[1:-1], json.dumps(key)[1:-1]):
+        assert form not in log, form
+    assert log.count("***") >= 4
+
+
+@pytest.mark.parametrize("key_env, key_flag", [("VLLM_API_KEY", None), (None, "--api-key")], ids=["vllm", "sglang"])
+def test_a_rank_without_its_key_says_so_and_records_the_exit(tmp_path, key_env, key_flag):
+    cmd = engines.RankCommand(("true",), key_env=key_env, key_flag=key_flag)
+    proc = run_rank(tmp_path, [cmd], key="")
+    assert proc.returncode == 2
+    assert "ENVLAYERS-ERROR: rank 0: no API key reached the rank" in (tmp_path / "server-0.log").read_text()
+    assert (tmp_path / "rank-0.exit").read_text() == "2\n"
+
+
+# --------------------------------------------------------------------------- the supervision loop
+
+
+class Clock:
+    """Fake monotonic time; ``sleep`` advances it and runs the events that fall due."""
+
+    def __init__(self):
+        self.t = 1000.0
+        self.events: list[tuple[float, object]] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def at(self, t: float, fn) -> None:
+        self.events.append((1000.0 + t, fn))
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+        due = [e for e in self.events if e[0] <= self.t]
+        self.events = [e for e in self.events if e[0] > self.t]
+        for _, fn in sorted(due, key=lambda e: e[0]):
+            fn()
+
+
+class Step:
+    def __init__(self):
+        self.code = None
+
+    def poll(self):
+        return self.code
+
+
+class Stop(BaseException):
+    pass
+
+
+def started(run_dir: Path, rank: int) -> None:
+    (run_dir / f"server-{rank}.log").write_text(f"ENVLAYERS-STAGE: rank {rank} up on n{rank + 1}\n")
+
+
+def exited(run_dir: Path, rank: int, code: int, mtime_s: float) -> None:
+    path = run_dir / f"rank-{rank}.exit"
+    path.write_text(f"{code}\n")
+    os.utime(path, ns=(int(mtime_s * 1e9), int(mtime_s * 1e9)))
+
+
+def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100, rank_start=30, said=None, live=None):
+    keys = {**PIPELINE, "ENVLAYERS_READY_TIMEOUT_S": str(budget), "ENVLAYERS_RANK_START_TIMEOUT": str(rank_start)}
+    lp = prepare(keys, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
+    said = [] if said is None else said
+
+    def probe(url, served, key, timeout_s):
+        ok = probe_ok(url)
+        return Probe(url, ok, 200 if ok else None, "ok" if ok else "no answer: [Errno 111] Connection refused")
+
+    def on_live(elapsed):
+        (live if live is not None else []).append(elapsed)
+
+    return Supervisor(lp, step, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep)
+
+
+@pytest.mark.parametrize("exits, blamed, code", [
+    pytest.param([(1, 3, 10.0), (0, 143, 11.0)], 1, "3", id="first-failure-not-the-rank-srun-stopped"),
+    pytest.param([(0, 143, 10.0), (1, 137, 11.0)], 1, "137", id="sigkill-is-a-real-failure"),
+    pytest.param([(1, 9, 10.0), (0, 4, 11.0)], 1, "9", id="the-earlier-of-two-failures"),
+    pytest.param([(0, 0, 10.0), (1, 143, 11.0)], 0, "0", id="all-stopped-the-earliest"),
+])
+def test_the_loop_blames_the_rank_that_failed_first(tmp_path, exits, blamed, code):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step)
+    started(tmp_path, 0), started(tmp_path, 1)
+    first, second = exits
+    clock.at(5, lambda: exited(tmp_path, *first))
+    clock.at(5 + EXIT_SETTLE_S / 2, lambda: exited(tmp_path, *second))  # srun stops the other one a bit later
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert err.value.rank == blamed
+    assert str(err.value).startswith(f"rank {blamed} on n{blamed + 1} exited with code {code} before the endpoint")
+
+
+def test_the_loop_waits_for_the_other_ranks_exit_before_blaming(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step)
+    started(tmp_path, 0), started(tmp_path, 1)
+    # rank 0 (stopped by srun) lands first in the loop's view, rank 1's earlier failure a moment later
+    clock.at(5, lambda: exited(tmp_path, 0, 143, 20.0))
+    clock.at(5 + EXIT_SETTLE_S - 0.5, lambda: exited(tmp_path, 1, 3, 10.0))
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert err.value.rank == 1 and "(then: rank 0 code 143)" in str(err.value)
+
+
+def test_a_lone_exit_is_blamed_once_the_settle_time_passed(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step)
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(5, lambda: exited(tmp_path, 1, 3, 10.0))
+    with pytest.raises(LaunchFailure, match="rank 1 on n2 exited with code 3"):
+        sup.run()
+    assert 1000 + 5 + EXIT_SETTLE_S <= clock.t <= 1000 + 5 + EXIT_SETTLE_S + 2 * POLL_S
+
+
+@pytest.mark.parametrize("rank_start", [3, 12])
+def test_a_rank_that_never_starts_fails_at_the_rank_start_budget_not_before(tmp_path, rank_start):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, rank_start=rank_start, budget=100)
+    started(tmp_path, 0)
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert str(err.value).startswith(f"only 1 of 2 ranks started within {rank_start}s (missing: 1)")
+    assert rank_start < clock.t - 1000 <= rank_start + POLL_S
+
+
+def test_ranks_that_start_late_but_within_the_budget_are_fine(tmp_path):
+    clock, step = Clock(), Step()
+    live: list[float] = []
+    sup = supervisor(tmp_path, clock, step, rank_start=5, probe_ok=lambda url: clock.t > 1007, live=live)
+    started(tmp_path, 0)
+    clock.at(4.5, lambda: started(tmp_path, 1))
+    clock.at(20, lambda: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        sup.run()
+    assert sup.started == {0, 1} and len(live) == 1 and 7 <= live[0] <= 8
+
+
+@pytest.mark.parametrize("budget", [4, 9])
+def test_the_readiness_budget_ends_the_launch_when_spent_not_before(tmp_path, budget):
+    clock, step = Clock(), Step()
+    said: list[str] = []
+    sup = supervisor(tmp_path, clock, step, budget=budget, rank_start=1, said=said)
+    started(tmp_path, 0), started(tmp_path, 1)
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert str(err.value) == (f"endpoint not live after {budget}s (readiness budget): 0 of 1 answered; last probe "
+                              "of rank 0: no answer: [Errno 111] Connection refused")
+    assert err.value.rank == 0
+    assert budget < clock.t - 1000 <= budget + 0.5 + POLL_S
+
+
+def test_the_step_ending_before_the_ranks_started_is_named(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step)
+    started(tmp_path, 0)
+    clock.at(2, lambda: setattr(step, "code", 1))
+    with pytest.raises(LaunchFailure, match=r"srun step exited with code 1 before all ranks started \(1 of 2\)"):
+        sup.run()
+
+
+def test_a_rank_exit_after_live_says_after(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, probe_ok=lambda url: True)
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(10, lambda: exited(tmp_path, 0, 9, 10.0))
+    with pytest.raises(LaunchFailure, match="rank 0 on n1 exited with code 9 after the endpoint was live"):
+        sup.run()
+    assert sup.live
+
+
+# --------------------------------------------------------------------------- the launcher's end
+
+
+def run_main(tmp_path: Path, body: str, environ: dict | None = None) -> subprocess.CompletedProcess:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    script = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom envlayers.launch import launcher\n"
+              "from envlayers.launch.prepare import LaunchFailure\n"
+              f"def run(self):\n{body}\n"
+              "launcher.Launcher.run = run\n"
+              f"raise SystemExit(launcher.main(Path('run'), {environ or {}!r}))\n")
+    return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+
+
+def test_a_terminated_launcher_still_runs_the_core_guard_and_records_its_end(tmp_path):
+    # scancel or the time limit is how a serving job ends: the guard must run then too
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "core-limit.txt").write_text("rank=0 limit=unlimited\n")
+    proc = run_main(tmp_path, "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)", {"SLURM_RESTART_COUNT": "3"})
+    assert "ENVLAYERS-STAGE: received signal 15; stopping the ranks" in proc.stdout
+    assert "ENVLAYERS-ERROR: rank 0 ran with core limit unlimited" in proc.stdout
+    assert proc.returncode == 1
+    end = json.loads((tmp_path / "run" / "launch-end.json").read_text())
+    assert end["restart"] == 3 and end["code"] == 1
+    assert end["reason"] == "signal 15 before the endpoint was live; a rank ran with a core limit that is not 0"
+
+
+def test_a_failed_launch_records_the_reason_and_code(tmp_path):
+    proc = run_main(tmp_path, "    raise LaunchFailure('rank 1 on n2 exited with code 137 before the endpoint was live')")
+    assert proc.returncode == 1
+    end = json.loads((tmp_path / "run" / "launch-end.json").read_text())
+    assert end == {"restart": 0, "code": 1, "reason": "rank 1 on n2 exited with code 137 before the endpoint was live",
+                   "ended_at": end["ended_at"]}
+    assert abs(end["ended_at"] - __import__("time").time()) < 60
+
+
+def test_a_launcher_killed_by_sigkill_leaves_no_end_record(tmp_path):
+    proc = run_main(tmp_path, "    os.kill(os.getpid(), signal.SIGKILL)")
+    assert proc.returncode == -9
+    assert not (tmp_path / "run" / "launch-end.json").exists()
+
+
+# --------------------------------------------------------------------------- the endpoint block
+
+
+def test_the_printed_curl_works_as_pasted_and_never_shows_the_key(tmp_path):
+    key_file = tmp_path / "my key's file"
+    key_file.write_text("s3cret-k\n")
+    ep = Endpoint("7", "m", "M", "vllm", "single", ["http://n1:8000/v1"], True, "/r", key_file=str(key_file))
+    assert "s3cret" not in ep.block() and "s3cret" not in ep.to_json()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text("#!/bin/bash\nprintf '%s\\n' \"$@\"\n")
+    (bin_dir / "curl").chmod(0o755)
+    printed = ep.block().split("try:\n", 1)[1].strip()
+    out = subprocess.run(["bash", "-c", printed], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "Authorization: Bearer s3cret-k" in out
+    assert json.loads(Endpoint.from_json(ep.to_json()).to_json())["key_file"] == str(key_file)
 
 
 def test_core_guard_reports_a_core_file_in_the_working_directory(tmp_path, capsys):
@@ -76,20 +456,64 @@ def test_core_guard_reports_a_core_file_in_the_working_directory(tmp_path, capsy
     assert "ENVLAYERS-WARN: core file left: " in capsys.readouterr().out
 
 
-def test_a_terminated_launcher_still_runs_the_core_guard(tmp_path):
-    # scancel or the time limit is how a serving job ends: the guard must run then too
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "core-limit.txt").write_text("rank=0 limit=unlimited\n")
-    script = ("import os, signal, time\nfrom pathlib import Path\nfrom envlayers import launch\n"
-              "launch.Launch.run = lambda self: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5))\n"
-              "raise SystemExit(launch.main(Path('run'), {}))\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
-    assert "ENVLAYERS-STAGE: received signal 15; stopping the ranks" in proc.stdout
-    assert "ENVLAYERS-ERROR: rank 0 ran with core limit unlimited" in proc.stdout
-    assert proc.returncode == 1
+# --------------------------------------------------------------------------- a requeued job starts clean
 
 
-def test_exported_launcher_knobs_from_the_login_shell_are_not_launch_keys():
-    environ = {"ENVLAYERS_KEYS": "A", "A": "1", "ENVLAYERS_HSN_IFACE": "ib", "ENVLAYERS_EDF": "e"}
-    assert launch_keys(environ) == {"A": "1", "ENVLAYERS_KEYS": "A", "ENVLAYERS_EDF": "e"}
+def requeue_block() -> str:
+    """The job script's block that files an earlier run away, cut from a real rendered job."""
+    from envlayers.jobscript import _template
+
+    script = _template().render(target="t", nodes=1, partition="", gpus_per_node=4, shape="single", sources=[],
+                                delimiter="E", env_text="", edf="", ready_timeout_s=1, python="python3", keys="")
+    start = script.index('mkdir -p "$RUN_DIR"\n')
+    end = script.index("unset ENVLAYERS_PREV f n\n") + len("unset ENVLAYERS_PREV f n\n")
+    return "set -euo pipefail\n" + script[start:end]
+
+
+def files_under(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("before, after, said", [
+    pytest.param([], [], None, id="first-run-nothing-to-move"),
+    pytest.param(["rank-0.exit", "server-0.log", ".endpoint.json.x.tmp", "cache/"],
+                 ["run-0", "run-0/.endpoint.json.x.tmp", "run-0/cache", "run-0/rank-0.exit", "run-0/server-0.log"],
+                 "run-0", id="earlier-files-into-run-0"),
+    pytest.param(["run-0/rank-0.exit", "rank-0.exit", "run-x/"],
+                 ["run-0", "run-0/rank-0.exit", "run-1", "run-1/rank-0.exit", "run-1/run-x"], "run-1",
+                 id="second-restart-into-run-1"),
+    pytest.param(["run-0/launch.json", "run-2/launch.json", "serve.env"],
+                 ["run-0", "run-0/launch.json", "run-1", "run-1/serve.env", "run-2", "run-2/launch.json"], "run-1",
+                 id="first-free-number"),
+    pytest.param(["run-0/launch.json"], ["run-0", "run-0/launch.json"], None, id="only-earlier-runs"),
+])
+def test_a_requeued_job_files_the_earlier_run_away(tmp_path, before, after, said):
+    run_dir = tmp_path / "7"
+    for entry in before:
+        path = run_dir / entry
+        if entry.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("old\n")
+    proc = subprocess.run(["bash", "-c", requeue_block()], capture_output=True, text=True, timeout=10,
+                          env={"PATH": os.environ["PATH"], "RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
+                               "SLURM_RESTART_COUNT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert files_under(run_dir) == after
+    if said:
+        assert proc.stdout == (f"ENVLAYERS-STAGE: restart 1 of job 7 (requeued by Slurm); the previous run's files "
+                               f"are in {run_dir}/{said}\n")
+    else:
+        assert proc.stdout == ""
+
+
+def test_the_dry_run_prints_the_srun_line_the_job_runs(tmp_path):
+    from envlayers.jobscript import prepare as prepare_job
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\nINFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
+    job = prepare_job(Path(__file__).resolve().parents[1], "glm53", env_file=mine, python="/usr/bin/python3")
+    lines = job.dry_run_text().splitlines()
+    assert lines[-1] == ('#   srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "--cpus-per-task=${SLURM_CPUS_ON_NODE}" '
+                         '--kill-on-bad-exit=1 bash "${RUN_DIR}/ranks.sh"')

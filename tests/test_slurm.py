@@ -266,6 +266,28 @@ def test_hostnames():
     assert len(run.calls) == 1
 
 
+# the lab's --no-netns nodes (all on 127.0.0.1, names that do not resolve), and a cloud-style node
+NODE_LINES = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=8 CPULoad=0.10 AvailableFeatures=(null) "
+    "ActiveFeatures=(null) Gres=gpu:4 NodeAddr=127.0.0.1 NodeHostName=localhost Port=6821 Version=22.05.8 "
+    "OS=Linux 6.1.0 #1 SMP RealMemory=65536 State=IDLE Reason=test [root@2026-12-02T17:00:00]\n"
+    "NodeName=gpu-a7 NodeAddr=10.9.8.7 NodeHostName=gpu-a7 State=ALLOCATED\n"
+    "NodeName=bare State=DOWN\n"
+)
+
+
+def test_parse_node_addrs():
+    assert slurm.parse_node_addrs(NODE_LINES) == {"n1": "127.0.0.1", "gpu-a7": "10.9.8.7"}
+    assert slurm.parse_node_addrs("") == {}
+
+
+def test_node_addrs_asks_slurm_for_each_node_and_leaves_out_what_it_cannot_show():
+    run = FakeRunner({("scontrol", "show", "node", "-o", "n1"): (0, NODE_LINES.splitlines()[0] + "\n", ""),
+                      ("scontrol", "show", "node", "-o", "n9"): (1, "", "Node n9 not found\n")})
+    assert slurm.node_addrs(["n1", "n9"], run=run) == {"n1": "127.0.0.1"}
+    assert run.argvs == [["scontrol", "show", "node", "-o", "n1"], ["scontrol", "show", "node", "-o", "n9"]]
+
+
 # ----------------------------------------------------------------------------- sbatch / scancel
 
 @pytest.mark.parametrize("stdout, job_id", [

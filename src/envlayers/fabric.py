@@ -1,12 +1,13 @@
 """The head node's fabric interfaces for a multi-node server (docs/keys.md, ENVLAYERS_HSN_IFACE).
 
 Interfaces are matched as ``<prefix><digits>`` (default prefix ``hsn``), so VLAN children such as
-``hsn0.561`` are left out. ``matching`` is pure; ``local_ipv4`` reads this node's interfaces.
+``hsn0.561`` are left out. ``matching`` and ``choose`` are pure; ``local_ipv4`` reads this node's interfaces.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 DEFAULT_PREFIX = "hsn"
 
@@ -33,3 +34,35 @@ def local_ipv4() -> dict[str, str | None]:
             except OSError:
                 out[name] = None
     return out
+
+
+@dataclass(frozen=True)
+class FabricChoice:
+    """What the launcher says about the head node's fabric, and what it sets (pure result)."""
+
+    lines: tuple[str, ...]  # ENVLAYERS-TOPOLOGY / ENVLAYERS-WARN lines, in order
+    socket_ifname: str | None  # NCCL_SOCKET_IFNAME to derive; None: leave it as the layers have it
+    error: str | None  # the launch must stop before srun: an interface the operator asked for is missing
+
+
+def choose(ifaces: dict[str, str | None], asked: str | None, layers_ifname: str | None) -> FabricChoice:
+    """Name the fabric interfaces, derive NCCL_SOCKET_IFNAME from them unless the layers set it
+    (``layers_ifname``), and refuse when the prefix the operator asked for (``asked``,
+    ENVLAYERS_HSN_IFACE) matches nothing."""
+    prefix = asked or DEFAULT_PREFIX
+    found = matching(ifaces, prefix)
+    lines = [f"ENVLAYERS-TOPOLOGY: iface {name} {addr}" for name, addr in found]
+    if not found:
+        have = ", ".join(sorted(n for n, a in ifaces.items() if a and n != "lo")) or "none"
+        if asked:
+            return FabricChoice((), None, f"no routable fabric IPv4 address on the head node: no interface "
+                                          f"{prefix}<N> with an IPv4 address (have: {have}); check ENVLAYERS_HSN_IFACE")
+        return FabricChoice((f"ENVLAYERS-WARN: no {prefix}<N> interface with an IPv4 address on the head node "
+                             f"(have: {have}); NCCL picks its interface itself (set ENVLAYERS_HSN_IFACE to require "
+                             "one)",), None, None)
+    if layers_ifname:
+        return FabricChoice((*lines, f"ENVLAYERS-TOPOLOGY: nccl_socket_ifname={layers_ifname} (from the layers)"),
+                            None, None)
+    # one leading "=" makes the whole list exact names (NCCL), so hsn0.561 stays out
+    derived = "=" + ",".join(name for name, _ in found)
+    return FabricChoice((*lines, f"ENVLAYERS-TOPOLOGY: nccl_socket_ifname={derived} (derived)"), derived, None)

@@ -40,6 +40,8 @@ class Job:
         return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
 
     def dry_run_text(self) -> str:
+        from .launch.prepare import srun_dry_line
+
         delim = _delimiter(self.script, "ENVLAYERS_JOB")
         out = [
             "# envlayers dry run: nothing was submitted. Run the lines below to submit this exact job.",
@@ -52,6 +54,8 @@ class Job:
             "# Per-rank server commands, as the job writes them to ranks.sh (${ENVLAYERS_MASTER_ADDR} stands for the",
             "# allocation's first node, which the job fills in; other ${...} expand in the job's shell):",
             *(f"#   rank {i}: {line}" for i, line in enumerate(self.rank_lines)),
+            "# The srun step that starts them, one rank per node (the job fills in the ${...}):",
+            f"#   {srun_dry_line(self.plan.nodes, self.edf)}",
         ]
         return "\n".join(out) + "\n"
 

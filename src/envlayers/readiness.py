@@ -63,6 +63,8 @@ class Endpoint:
     startup_s: float | None = None
     nodes: list[str] = field(default_factory=list)
     metrics: bool | None = None  # None: the engine serves /metrics (vLLM always; SGLang unless turned off)
+    restart: int = 0  # SLURM_RESTART_COUNT of the run that went live
+    key_file: str | None = None  # SERVER_API_KEY_FILE: the printed curl reads the key from it
 
     @property
     def base_url(self) -> str:
@@ -81,7 +83,9 @@ class Endpoint:
         parts = [f"curl -s {shlex.quote((base_url or self.base_url) + '/chat/completions')}",
                  "-H 'Content-Type: application/json'"]
         if self.api_key_required:
-            parts.append('-H "Authorization: Bearer $SERVER_API_KEY"')
+            # reads the key where the operator keeps it: works as pasted, and never prints the key
+            source = shlex.quote(self.key_file) if self.key_file else '"$SERVER_API_KEY_FILE"'
+            parts.append(f'-H "Authorization: Bearer $(cat {source})"')
         parts.append(f"-d {shlex.quote(body)}")
         return " ".join(parts)
 
@@ -109,7 +113,8 @@ class Endpoint:
             lines.append(f"metrics: {self.metrics_url()}")
         lines.append(f"serving: {self.model} ({self.engine}, {self.shape})")
         if self.api_key_required:
-            lines.append("API key: required (the SERVER_API_KEY of this run; send 'Authorization: Bearer <key>')")
+            where = self.key_file or "SERVER_API_KEY_FILE"
+            lines.append(f"API key: required (the key in {where}; send 'Authorization: Bearer <key>')")
         else:
             lines.append("API key: none; the endpoint takes no key, anyone who can reach the node can use it")
         if self.startup_s is not None:

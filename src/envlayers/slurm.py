@@ -368,6 +368,29 @@ def hostnames(nodelist: str | None, run: _Runner = run) -> list[str]:
     return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
 
 
+def parse_node_addrs(text: str) -> dict[str, str]:
+    """``scontrol show node -o`` output -> ``{NodeName: NodeAddr}``; a node without a NodeAddr
+    (or with an empty one) is left out."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = _split_keyvalues(line)
+        name, addr = _clean(fields.get("NodeName")), _clean(fields.get("NodeAddr"))
+        if name and addr:
+            out[name] = addr.split(" ")[0]
+    return out
+
+
+def node_addrs(names: Sequence[str], run: _Runner = run) -> dict[str, str]:
+    """The NodeAddr Slurm has for each of ``names`` (``scontrol show node -o NAME``, one call per
+    node); a node Slurm cannot show is left out, so the caller falls back to the name."""
+    out: dict[str, str] = {}
+    for name in names:
+        proc = run(["scontrol", "show", "node", "-o", name])
+        if proc.returncode == 0:
+            out.update({k: v for k, v in parse_node_addrs(proc.stdout).items() if k == name})
+    return out
+
+
 # --------------------------------------------------------------------------------- sbatch / scancel
 
 _JOBID_RE = re.compile(r"^(\d+)(?:_\d+)?(?:;(\S+))?$")

@@ -33,7 +33,7 @@ class Run:
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "STANDIN_LOAD_SECONDS": "1",
                     "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
-                    "PYTHONPATH": str(STANDIN / "pypath"), "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),
+                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),
                     **env}
         self.env.pop("ENVLAYERS_ROOT", None)
         self.job_id: str | None = None
@@ -191,7 +191,11 @@ def test_api_key_from_a_file_is_enforced_and_never_logged(netns_lab, tmp_path):
     dry = run.sbatch(submit=False).stdout
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
-    assert "API key: required" in text and "Authorization: Bearer $SERVER_API_KEY" in text
+    assert f"API key: required (the key in {key_file};" in text
+    # the printed curl works as pasted (it reads the key file) once the node name is the address
+    printed = text.split("try:\n", 1)[1].splitlines()[0].strip().replace("http://n1:", f"http://{netns_lab.nodes['n1']}:")
+    answer = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, timeout=20)
+    assert json.loads(answer.stdout)["choices"][0]["message"]["content"], answer.stdout
     url = f"http://{netns_lab.nodes['n1']}:8000/v1/models"
     assert curl(url).stdout.endswith("\n401")
     authorized = subprocess.run(["curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}", "-H",
@@ -203,6 +207,45 @@ def test_api_key_from_a_file_is_enforced_and_never_logged(netns_lab, tmp_path):
     assert not any(key in text for text in logs)
     # SGLang dumps its arguments, the key among them; the job masks it on the way to the log
     assert "api_key='***'" in (run.run_dir / "server-0.log").read_text()
+    assert "ENVLAYERS-WARN: SGLang takes the API key only on its command line" in run.out.read_text()
+
+
+def test_vllm_reads_the_key_from_its_environment_never_from_its_command_line(netns_lab, tmp_path):
+    key = "k3y-" + os.urandom(6).hex()
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    run = Run(netns_lab, tmp_path, model="oss120b", layer=f"SERVER_API_KEY_FILE={key_file}\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    url = f"http://{netns_lab.nodes['n1']}:8000/v1/models"
+    assert curl(url).stdout.endswith("\n401")
+    record = json.loads((tmp_path / "engines.jsonl").read_text().splitlines()[0])
+    assert key not in " ".join(record["orig_argv"]) and "--api-key" not in record["argv"]
+    assert "VLLM_API_KEY=*** vllm serve" in text.replace("'", "")
+    assert "SGLang takes the API key" not in text
+    netns_lab.cancel(run.job_id)
+    run.state()
+    assert not any(key in p.read_text(errors="replace") for p in run.run_dir.iterdir() if p.is_file())
+
+
+def test_an_empty_key_file_ends_the_job_with_an_error_naming_it(netns_lab, tmp_path):
+    key_file = tmp_path / "api-key"
+    key_file.write_text("")
+    key_file.chmod(0o600)
+    # emptied after the login node's checks, while the job waits (held), as a file changed between
+    # submission and start would be
+    key_file.write_text("k\n")
+    run = Run(netns_lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n", SBATCH_HOLD="1")
+    run.submit()
+    key_file.write_text("")
+    netns_lab.run(["scontrol", "release", run.job_id])
+    assert run.state(timeout_s=40) == "FAILED"
+    text = run.out.read_text()
+    assert f"ENVLAYERS-ERROR: SERVER_API_KEY_FILE {key_file} is empty" in text
+    assert "unbound variable" not in text and "starting 1 rank(s)" not in text
+    end = json.loads((run.run_dir / "launch-end.json").read_text())
+    assert end["code"] == 1 and end["reason"].startswith(f"SERVER_API_KEY_FILE {key_file} is empty")
 
 
 def test_a_rank_slurm_never_places_fails_within_the_rank_start_budget(netns_lab, tmp_path):
@@ -243,6 +286,19 @@ def test_a_rank_killed_by_sigkill_is_blamed_not_the_rank_srun_stopped(netns_lab,
     run.submit()
     assert run.state(timeout_s=40) == "FAILED"
     assert "ENVLAYERS-ERROR: rank 1 on n2 exited with code 137 before the endpoint was live" in run.out.read_text()
+
+
+def test_a_hostile_value_reaches_the_engine_byte_exact_and_runs_nothing(netns_lab, tmp_path):
+    hostile = "${HOME}-$(touch CANARY)-`touch CANARY`-${SERVER_API_KEY:-x}-\\-\"q\""
+    run = Run(netns_lab, tmp_path, layer=f"TOOL_CALL_PARSER='{hostile}'\nREASONING_PARSER='$(id -u)'\n")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    netns_lab.cancel(run.job_id)
+    run.state()
+    argv = json.loads((tmp_path / "engines.jsonl").read_text().splitlines()[0])["argv"]
+    assert argv[argv.index("--tool-call-parser") + 1] == hostile
+    assert argv[argv.index("--reasoning-parser") + 1] == "$(id -u)"
+    assert not list(tmp_path.rglob("CANARY")) and not list(Path.home().glob("CANARY"))
 
 
 def test_launch_keys_come_from_the_layers_not_the_submitting_shell(netns_lab, tmp_path):
@@ -286,3 +342,106 @@ def test_a_fabric_prefix_that_matches_nothing_fails_before_srun(netns_lab, tmp_p
     diag = subprocess.run(["env_layers", "diagnose", run.job_id], cwd=tmp_path, env=run.env, capture_output=True,
                           text=True, timeout=60)
     assert diag.returncode == 1 and "no-fabric-address" in diag.stdout
+
+
+RESTARTED = r"^ENVLAYERS-STAGE: restart 1 of job \d+ \(requeued by Slurm\)[^\n]*\n[\s\S]*^" + re.escape(BANNER)
+
+
+def assert_second_run_is_clean(run: Run, text: str) -> None:
+    after = text[re.search(r"^ENVLAYERS-STAGE: restart 1 of job", text, re.M).start():]
+    assert f"the previous run's files are in {run.run_dir}/run-0" in after
+    assert "ENVLAYERS-ERROR" not in after
+    assert run.endpoint()["restart"] == 1
+    assert json.loads((run.run_dir / "launch.json").read_text())["restart"] == 1
+    assert json.loads((run.run_dir / "run-0" / "launch.json").read_text())["restart"] == 0
+    assert not list(run.run_dir.glob("rank-*.exit"))  # the first run's exits stay in run-0
+    assert (run.run_dir / "run-0" / "server-0.log").exists()
+
+
+def start_requeued_now(lab, job_id: str, timeout_s: float = 90) -> None:
+    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once. The
+    update is repeated until the job leaves PENDING: issued while the requeue is still completing,
+    Slurm can drop it."""
+    deadline = time.monotonic() + timeout_s
+    asked_at = None
+    while time.monotonic() < deadline:
+        info = lab.job_info(job_id) or {}
+        restarted = info.get("Restarts", "0") != "0"
+        if restarted and info.get("JobState") not in ("PENDING", "COMPLETING", "REQUEUED", None):
+            return
+        if restarted and info.get("JobState") == "PENDING" and (asked_at is None or time.monotonic() - asked_at > 2):
+            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+            asked_at = time.monotonic()
+        time.sleep(0.2)
+
+
+def test_a_requeued_job_starts_clean_and_says_it_is_a_restart(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, SERVE_TIME="00:10:00")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    netns_lab.run(["scontrol", "requeue", run.job_id])
+    start_requeued_now(netns_lab, run.job_id)
+    text = run.wait_for(RESTARTED, timeout_s=180)
+    assert_second_run_is_clean(run, text)
+    first_end = json.loads((run.run_dir / "run-0" / "launch-end.json").read_text())
+    assert first_end["restart"] == 0 and first_end["reason"] == "live then signal 15"
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    end = json.loads((run.run_dir / "launch-end.json").read_text())
+    assert end["restart"] == 1 and end["reason"] == "live then signal 15" and end["code"] == 143
+
+
+def test_a_job_whose_node_goes_down_is_requeued_and_starts_clean(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, SERVE_TIME="00:10:00")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    node = run.endpoint()["nodes"][0]
+    # drained first: the lab's ReturnToService=2 would hand a node that is merely DOWN (its slurmd still
+    # registers) straight back to the requeued job
+    netns_lab.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=envlayers-test"])
+    netns_lab.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=envlayers-test"])
+    try:
+        start_requeued_now(netns_lab, run.job_id)
+        text = run.wait_for(RESTARTED, timeout_s=180)
+    finally:
+        netns_lab.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+    assert_second_run_is_clean(run, text)
+    assert run.endpoint()["nodes"][0] != node
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+
+
+def test_node_names_that_do_not_resolve_are_reached_at_their_slurm_address(tmp_path):
+    """A second lab in --no-netns mode: every node at 127.0.0.1 under a name (n1) nothing resolves."""
+    import socket
+
+    from labtools import LabUnavailable, lab_command, lab_from_status, unavailable
+
+    lab_dir = tmp_path / "lab"
+    env = {"ENVLAYERS_LAB_DIR": str(lab_dir)}
+    up = lab_command("--no-netns", "up", "1", env=env)
+    try:
+        if up.returncode != 0:
+            unavailable(f"a second --no-netns lab did not start:\n{up.stdout[-2000:]}")
+        try:
+            lab = lab_from_status(lab_dir, started_here=True)
+        except LabUnavailable as exc:
+            unavailable(str(exc))
+        with pytest.raises(OSError):
+            socket.gethostbyname("n1")
+        with socket.socket() as sock:  # all nodes share the host's ports here: take a free one
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        run = Run(lab, tmp_path / "job", layer=f"SERVER_PORT={port}\n") if (tmp_path / "job").mkdir() is None else None
+        run.submit()
+        text = run.wait_for("^" + re.escape(BANNER), timeout_s=90)
+        assert f"base URL: http://127.0.0.1:{port}/v1\n" in text
+        ep = run.endpoint()
+        assert ep["base_url"] == f"http://127.0.0.1:{port}/v1" and ep["addresses"] == ["127.0.0.1"]
+        assert ep["nodes"] == ["n1"]
+        assert curl(ep["base_url"] + "/models").stdout.endswith("\n200")
+        lab.cancel(run.job_id)
+        assert run.state() == "CANCELLED"
+    finally:
+        down = lab_command("down", env=env)
+        assert down.returncode == 0, down.stdout

@@ -40,10 +40,18 @@ class EngineError(EnvLayersError):
 
 @dataclass(frozen=True)
 class RankCommand:
-    """The server command of one rank: ``argv`` as exec'd, ``env`` assigned on the command."""
+    """The server command of one rank: ``argv`` as exec'd, ``env`` assigned on the command.
+
+    The API key itself is never part of it: ``key_env`` names the variable the engine reads
+    the key from (vLLM: ``VLLM_API_KEY``), ``key_flag`` the flag it must be given on the
+    command line instead (SGLang: ``--api-key``, appended after ``argv``). ranks.sh fills
+    either in from the rank's ``SERVER_API_KEY`` at run time.
+    """
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    key_env: str | None = None
+    key_flag: str | None = None
 
 
 # --------------------------------------------------------------------------- key helpers
@@ -212,15 +220,27 @@ def quote(word: str) -> str:
 
 
 def shell_line(cmd: RankCommand, redact: bool = True) -> str:
-    """The exact bash line: ``NAME=value ... argv...``, assignments sorted by name.
+    """The bash line a rank runs: ``NAME=value ... argv...``, assignments sorted by name.
 
-    With ``redact`` (the default) the API key is masked: use that for anything printed
-    or logged, and ``redact=False`` only for the line the job itself executes.
+    The API key shows as ``***`` where the rank passes it (``VLLM_API_KEY=***`` or
+    ``--api-key ***``); with ``redact`` (the default) an ``--api-key`` inside the arguments
+    (``SERVER_EXTRA_ARGS``) is masked too. For printing only: ranks.sh is written by
+    ``envlayers.launch.ranks``, which quotes every value so it reaches the engine as it is.
     """
     argv = _redact(cmd.argv) if redact else cmd.argv
-    words = [f"{name}={quote(value)}" for name, value in sorted(cmd.env.items())]
+    env = dict(cmd.env)
+    if cmd.key_env:
+        env[cmd.key_env] = REDACTED
+    words = [f"{name}={quote(value)}" for name, value in sorted(env.items())]
     words.extend(quote(arg) for arg in argv)
+    if cmd.key_flag:
+        words += [cmd.key_flag, quote(REDACTED)]
     return " ".join(words)
+
+
+def has_key(env: Mapping[str, str]) -> bool:
+    """Whether the rank gets an API key (``SERVER_API_KEY`` has a value)."""
+    return bool(env.get("SERVER_API_KEY"))
 
 
 _redact = redact

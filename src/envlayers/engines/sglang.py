@@ -4,6 +4,8 @@ Host and port are always explicit: SGLang binds 127.0.0.1:30000 by default. A
 multi-node (pipeline) plan gives every rank ``--nnodes N --node-rank R
 --dist-init-addr MASTER:RDZV_PORT``; ranks > 0 then run SGLang's dummy health server on
 the same host and port of their own node, which is why readiness probes rank 0 only.
+SGLang takes the API key only as ``--api-key`` on its command line; it is appended last,
+filled in by ranks.sh at run time.
 
 SGLang serves ``/metrics`` (Prometheus text) only with ``--enable-metrics``; the launcher
 passes it unless ``SGLANG_ENABLE_METRICS`` is empty or false, so every engine answers
@@ -20,6 +22,7 @@ from envlayers.engines import (
     command_env,
     extra_args,
     flag,
+    has_key,
     required,
     server_host,
 )
@@ -27,6 +30,9 @@ from envlayers.topology import Plan, RankPlan
 
 COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 DEFAULT_ATTENTION_BACKEND = "aiter"
+# SGLang reads its API key only from ``--api-key`` (ServerArgs.api_key; no environment variable):
+# a known limit, see docs/keys.md
+KEY_FLAG = "--api-key"
 
 
 def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) -> RankCommand:
@@ -50,9 +56,8 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) 
     argv += metrics_flag(env)
     argv += flag(env, "REASONING_PARSER", "--reasoning-parser")
     argv += flag(env, "TOOL_CALL_PARSER", "--tool-call-parser")
-    argv += flag(env, "SERVER_API_KEY", "--api-key")
     argv += extra_args(env)
-    return RankCommand(argv=tuple(argv), env=command_env(env))
+    return RankCommand(argv=tuple(argv), env=command_env(env), key_flag=KEY_FLAG if has_key(env) else None)
 
 
 METRICS_ON: tuple[str, ...] = ("true", "1", "yes", "on")

@@ -2,7 +2,8 @@
 
 A multi-node (pipeline) plan runs without Ray: every rank gets ``--nnodes N --node-rank
 R --master-addr MASTER --master-port RDZV_PORT`` and ranks > 0 add ``--headless`` (no
-API server). vLLM rejects ``--api-server-count`` in headless mode, so it is removed from
+API server). The API key goes to vLLM as ``VLLM_API_KEY`` in its environment (vLLM's
+``build_app`` uses it when ``--api-key`` is absent), never on its command line. vLLM rejects ``--api-server-count`` in headless mode, so it is removed from
 ``SERVER_EXTRA_ARGS`` on those ranks: one value works for every node.
 """
 
@@ -16,12 +17,14 @@ from envlayers.engines import (
     drop_flag,
     extra_args,
     flag,
+    has_key,
     required,
     server_host,
 )
 from envlayers.topology import Plan, RankPlan
 
 COMMAND: tuple[str, ...] = ("vllm", "serve")
+KEY_ENV = "VLLM_API_KEY"
 HEADLESS_REJECTS: tuple[str, ...] = ("--api-server-count", "--api_server_count", "-asc")
 
 
@@ -50,9 +53,10 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) 
     tool_parser = flag(env, "TOOL_CALL_PARSER", "--tool-call-parser")
     if tool_parser:
         argv += [*tool_parser, "--enable-auto-tool-choice"]
-    argv += flag(env, "SERVER_API_KEY", "--api-key")
     extras = extra_args(env)
     if headless:
         extras = drop_flag(extras, HEADLESS_REJECTS)
     argv += extras
-    return RankCommand(argv=tuple(argv), env=command_env(env))
+    # the key through the environment (vLLM reads VLLM_API_KEY when --api-key is absent), never
+    # on the command line, which every user of the node can read in /proc/<pid>/cmdline
+    return RankCommand(argv=tuple(argv), env=command_env(env), key_env=KEY_ENV if has_key(env) else None)

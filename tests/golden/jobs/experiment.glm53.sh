@@ -57,6 +57,22 @@ export ENVLAYERS_EDF=hpcagent-bench-sglang-mi300-latest
 export ENVLAYERS_READY_TIMEOUT_S=10800
 RUN_DIR="${RUN_ROOT:?RUN_ROOT is not set: experiments/serve-only.env sets it}/${SLURM_JOB_ID}"
 mkdir -p "$RUN_DIR"
+# A job Slurm requeued (a node failed) reuses this folder: move the earlier run's files into run-<n>/
+# (n: the first free number from 0) so this run starts clean (docs/operating.md).
+shopt -s nullglob dotglob
+ENVLAYERS_PREV=()
+for f in "$RUN_DIR"/*; do
+  [[ -d "$f" && ! -L "$f" && "${f##*/}" =~ ^run-[0-9]+$ ]] || ENVLAYERS_PREV+=("$f")
+done
+shopt -u nullglob dotglob
+if [ -n "${ENVLAYERS_PREV[*]-}" ]; then
+  n=0
+  while [ -e "$RUN_DIR/run-$n" ]; do n=$((n + 1)); done
+  mkdir "$RUN_DIR/run-$n"
+  mv -- "${ENVLAYERS_PREV[@]}" "$RUN_DIR/run-$n/"
+  echo "ENVLAYERS-STAGE: restart ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID} (requeued by Slurm); the previous run's files are in $RUN_DIR/run-$n"
+fi
+unset ENVLAYERS_PREV f n
 printf '%s\n' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
 cat "$0" > "$RUN_DIR/job.sh"
 echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"

@@ -1,0 +1,16 @@
+"""Inside the job: start the ranks, wait for readiness, report the endpoint, fail fast.
+
+``prepare`` (pure: launch keys + allocation facts -> a LaunchPlan), ``ranks`` (ranks.sh from
+templates/ranks.sh.j2), ``supervise`` (the loop that watches exit files, the srun step, rank start
+and readiness) and ``launcher`` (the side effects around them; ``python -m envlayers launch --run-dir``).
+Any rank that exits, the step dying, a rank that never starts, or a spent readiness budget ends the
+job at once with an ``ENVLAYERS-ERROR:`` line, so no allocation idles on a dead server.
+"""
+
+from __future__ import annotations
+
+
+def main(run_dir, environ=None) -> int:
+    from .launcher import main as _main
+
+    return _main(run_dir, environ)

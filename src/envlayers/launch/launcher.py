@@ -1,0 +1,249 @@
+"""The launcher's entry point inside the job: gather the facts, prepare, write, start, supervise, end.
+
+Runs on the first node of the allocation, outside the container, after the job script has
+sourced the merged environment. Everything decided is decided by ``prepare`` (pure); this module
+does the side effects: it reads the allocation (node names and addresses, time left, interfaces,
+the API key file), writes ranks.sh and launch.json, starts one srun step, runs the supervision
+loop, writes endpoint.json once live, and on every orderly end writes launch-end.json (a job that
+ended without one had its launcher killed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ..fsutil import atomic_write
+from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
+
+TAIL_LINES = 20
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ["(no log)"]
+    return data.splitlines()[-n:]
+
+
+def read_api_key(path: str) -> str:
+    """The key in SERVER_API_KEY_FILE (surrounding whitespace stripped). A missing, unreadable or
+    empty file stops the launch with an error naming it (the login node checks it too, before
+    submission; this catches a file changed since)."""
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise LaunchFailure(f"cannot read SERVER_API_KEY_FILE {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise LaunchFailure(f"SERVER_API_KEY_FILE {path} is not UTF-8 text") from None
+    if not key:
+        raise LaunchFailure(f"SERVER_API_KEY_FILE {path} is empty: put the key in it "
+                            "(e.g. `openssl rand -hex 24 > FILE; chmod 600 FILE`)")
+    return key
+
+
+def resolve_nodes(names: Sequence[str], resolve: Callable[[str], str] = socket.gethostbyname,
+                  slurm_addrs: Callable[[Sequence[str]], Mapping[str, str]] | None = None) -> tuple[Node, ...]:
+    """Each node's address: the host's resolver first; for a name that does not resolve, the NodeAddr
+    Slurm has for it (``scontrol show node``), else the bare name."""
+    resolved: dict[str, str] = {}
+    for name in names:
+        try:
+            resolved[name] = resolve(name)
+        except OSError:
+            pass
+    missing = [n for n in names if n not in resolved]
+    addrs: Mapping[str, str] = {}
+    if missing:
+        if slurm_addrs is None:
+            from ..slurm import node_addrs as slurm_addrs
+        try:
+            addrs = slurm_addrs(missing)
+        except Exception:  # no scontrol here: fall back to the names
+            addrs = {}
+    return tuple(Node(n, resolved[n], True) if n in resolved else Node(n, addrs.get(n, n), False) for n in names)
+
+
+def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
+    from .. import fabric, slurm
+
+    job_id = environ.get("SLURM_JOB_ID", "0")
+    names = slurm.hostnames(environ.get("SLURM_JOB_NODELIST", ""))
+    left = slurm.remaining_s(job_id) if environ.get("SLURM_JOB_ID") else None
+    return Allocation(job_id=job_id, run_dir=run_dir, nodes=resolve_nodes(names),
+                      cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
+                      restart=restart_count(environ), ifaces=fabric.local_ipv4())
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """SLURM_RESTART_COUNT: how often Slurm requeued this job (0 for its first run)."""
+    value = environ.get("SLURM_RESTART_COUNT", "")
+    return int(value) if value.strip().isdigit() else 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM/SIGINT reached the launcher (BaseException: no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Launcher:
+    """One launch: the side effects around ``prepare`` and the supervision loop."""
+
+    def __init__(self, run_dir: Path, environ: Mapping[str, str]):
+        self.run_dir = run_dir
+        self.environ = dict(environ)
+        self.keys = launch_keys(environ)
+        self.job_id = self.environ.get("SLURM_JOB_ID", "0")
+        self.restart = restart_count(self.environ)
+        self.proc: subprocess.Popen | None = None
+        self.supervisor = None
+        self.t0 = time.monotonic()
+
+    @property
+    def live(self) -> bool:
+        return bool(self.supervisor and self.supervisor.live)
+
+    def run(self) -> None:
+        from .supervise import Supervisor
+        from ..readiness import probe
+
+        alloc = allocation(self.run_dir, self.environ)
+        key_file = self.keys.get("SERVER_API_KEY_FILE")
+        api_key = read_api_key(key_file) if key_file else None
+        lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
+        for line in lp.lines:
+            say(line)
+        for name, text in lp.files.items():
+            atomic_write(self.run_dir / name, text)
+        self.start(lp, api_key)
+        self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
+                                     api_key=api_key, t0=self.t0)
+        self.supervisor.run()
+
+    def start(self, lp: LaunchPlan, api_key: str | None) -> None:
+        say(f"ENVLAYERS-STAGE: starting {lp.ranks} rank(s): {shlex.join(lp.srun)}")
+        child_env = dict(self.environ)
+        child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
+        if api_key:
+            child_env["SERVER_API_KEY"] = api_key
+        self.proc = subprocess.Popen(list(lp.srun), env=child_env, start_new_session=True)
+
+    def on_live(self, lp: LaunchPlan, elapsed: float) -> None:
+        from ..readiness import Endpoint
+
+        ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, [t.url for t in lp.targets],
+                      lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
+                      restart=lp.restart, key_file=lp.key_file if lp.api_key else None, metrics=lp.metrics)
+        data = json.loads(ep.to_json())
+        data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
+        atomic_write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")
+        say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
+        sys.stdout.write(ep.block())
+        sys.stdout.flush()
+
+    def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable[[], float] = time.time) -> None:
+    """launch-end.json: how this run's launcher ended (every orderly end writes it)."""
+    data = {"restart": restart, "code": code, "reason": reason, "ended_at": round(now(), 3)}
+    try:
+        atomic_write(run_dir / "launch-end.json", json.dumps(data, indent=2) + "\n")
+    except OSError as err:
+        say(f"ENVLAYERS-WARN: cannot write {run_dir / 'launch-end.json'}: {err.strerror}")
+
+
+def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
+    environ = dict(os.environ if environ is None else environ)
+    launch = Launcher(run_dir, environ)
+
+    def on_term(signum, _frame):
+        raise _Terminated(signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    code = 0
+    reason = "ended"
+    try:
+        launch.run()
+    except _Terminated as term:  # scancel or the time limit: the normal end of a serving job
+        say(f"ENVLAYERS-STAGE: received signal {term.signum}; stopping the ranks")
+        code = 128 + term.signum
+        reason = (f"live then signal {term.signum}" if launch.live
+                  else f"signal {term.signum} before the endpoint was live")
+    except LaunchFailure as err:
+        for line in err.lines:
+            say(line)
+        say(f"ENVLAYERS-ERROR: {err}")
+        if err.rank is not None:
+            log = run_dir / f"server-{err.rank}.log"
+            say(f"ENVLAYERS-ERROR: last {TAIL_LINES} lines of {log}:")
+            for line in _tail(log):
+                say(f"  | {line}")
+        say(f"ENVLAYERS-STAGE: ending job {launch.job_id}; run `env_layers diagnose {launch.job_id}` for causes")
+        code, reason = 1, str(err)
+    except Exception as err:  # an EnvLayersError from planning, or a bug: say it, end the job
+        say(f"ENVLAYERS-ERROR: launcher failed: {err}")
+        code, reason = 1, f"launcher failed: {err}"
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        launch.stop()
+    if not core_guard(run_dir, Path.cwd()):
+        code = 1
+        reason += "; a rank ran with a core limit that is not 0"
+    write_end(run_dir, launch.restart, code, reason.splitlines()[0] if reason else "")
+    return code
+
+
+def core_guard(run_dir: Path, workdir: Path) -> bool:
+    """Report core files in the ranks' working directory and the run directory, and fail when a rank
+    ran with a core limit that is not 0 (the site core_pattern drops multi-GB cores in the CWD)."""
+    from ..cores import check_cores, find_core_files
+
+    ok = True
+    try:
+        report = check_cores(run_dir)  # the ranks record their core limit there
+        cores = list(report.cores)
+        if workdir.resolve() != run_dir.resolve():
+            cores += find_core_files(workdir)
+        for c in cores:
+            say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
+        for lim in report.bad_limits:
+            say(f"ENVLAYERS-ERROR: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
+            ok = False
+    except Exception as err:  # the guard must not turn a clean end into a crash
+        say(f"ENVLAYERS-WARN: core check failed: {err}")
+    return ok

@@ -1,0 +1,192 @@
+"""The launch plan: launch keys + facts about the allocation -> everything the launcher will do.
+
+Pure: no process, no file, no network. :func:`prepare` returns a :class:`LaunchPlan` (the lines
+to print, the rank commands, the nodes and their addresses, the budgets, the srun argv and the
+text of the files to write); ``launch.launcher`` gathers the :class:`Allocation` facts, writes the
+files and hands the plan to the supervision loop. :func:`srun_argv` is also what the dry run
+prints, so the operator sees the very srun line the job runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from .. import engines, topology
+from ..engines import RankCommand
+from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
+
+DEFAULT_RANK_START_TIMEOUT_S = 300
+DEFAULT_READY_TIMEOUT_S = 7200
+CLAMP = 0.9
+# what the job script itself exports besides the merged environment
+JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S")
+
+
+class LaunchFailure(Exception):
+    """The launch stops: the message is printed as ENVLAYERS-ERROR; ``rank`` names the rank whose log
+    tail explains it."""
+
+    def __init__(self, message: str, rank: int | None = None, lines: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.rank = rank
+        self.lines = lines  # what the launch had to say before it stopped
+
+
+@dataclass(frozen=True)
+class Node:
+    """One allocated node: its Slurm name, the address to reach it at, and the host to print in URLs
+    (the name when it resolves, else the address: a URL that works from the login node)."""
+
+    name: str
+    address: str
+    resolves: bool
+
+    @property
+    def url_host(self) -> str:
+        return self.name if self.resolves else self.address
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What the launcher learns about its allocation before planning (gathered by ``launch.launcher``)."""
+
+    job_id: str
+    run_dir: Path
+    nodes: tuple[Node, ...]
+    cpus_on_node: str = "1"
+    time_left_s: int | None = None  # None: unlimited or unknown
+    restart: int = 0  # SLURM_RESTART_COUNT
+    ifaces: Mapping[str, str | None] = field(default_factory=dict)  # the head node's IPv4 interfaces
+    api_key: bool = False  # a key was read from SERVER_API_KEY_FILE (the key itself stays out of the plan)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A rank that must answer the readiness probe: ``url`` is printed, ``probe_url`` is probed."""
+
+    rank: int
+    url: str
+    probe_url: str
+    address: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_id: str
+    restart: int
+    run_dir: Path
+    plan: topology.Plan
+    engine: str
+    served: str
+    model: str
+    nodes: tuple[Node, ...]
+    commands: tuple[RankCommand, ...]
+    targets: tuple[Target, ...]
+    budget_s: int
+    rank_start_s: int
+    srun: tuple[str, ...]
+    api_key: bool
+    key_file: str | None
+    lines: tuple[str, ...]  # printed before srun, in order
+    files: Mapping[str, str]  # run-dir file name -> text
+    metrics: bool = True  # the engine serves /metrics (vLLM always; SGLang unless SGLANG_ENABLE_METRICS is off)
+
+    @property
+    def ranks(self) -> int:
+        return self.plan.nodes
+
+
+def launch_keys(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launch keys: exactly the keys the merged environment assigns (ENVLAYERS_KEYS, written by
+    the job script), with the values the job's shell gave them (deferred references expanded). A
+    variable merely exported in the submitting shell is not a launch key: sbatch passes the whole
+    environment on, and the dry run would lie."""
+    keys = environ.get("ENVLAYERS_KEYS", "").split()
+    env = {k: environ[k] for k in keys if k in environ}
+    env.update({k: environ[k] for k in JOB_SCRIPT_KEYS if k in environ})
+    return env
+
+
+def int_key(env: Mapping[str, str], key: str, default: int) -> int:
+    value = env.get(key)
+    return int(value) if value and value.strip().isdigit() else default
+
+
+def srun_argv(nodes: int, cpus_per_task: str, edf: str | None, ranks_sh: str) -> list[str]:
+    """The srun line that starts one rank per node: every CPU of the node for the rank, the job ends
+    when a rank fails (--kill-on-bad-exit), and the EDF when the ranks run in a container."""
+    n = str(nodes)
+    argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
+            "--kill-on-bad-exit=1"]
+    if edf:
+        argv.append(f"--environment={edf}")
+    return argv + ["bash", ranks_sh]
+
+
+def srun_dry_line(nodes: int, edf: str | None) -> str:
+    """:func:`srun_argv` as the dry run prints it: the CPU count and the run directory are what the job
+    fills in (``${SLURM_CPUS_ON_NODE}``, ``${RUN_DIR}``)."""
+    return " ".join(engines.quote(w) for w in srun_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))
+
+
+def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
+    """The whole launch, decided: raises LaunchFailure (or an EnvLayersError from the plan or an
+    engine) when the job must stop before srun."""
+    from .. import fabric
+    from .ranks import rank_script
+
+    plan = topology.plan(dict(keys))
+    lines = list(topology.topology_lines(plan))
+    nodes = alloc.nodes
+    if len(nodes) != plan.nodes:
+        raise LaunchFailure(f"allocation has {len(nodes)} node(s), expected {plan.nodes}: "
+                            "an extra --nodes on the sbatch line? Slurm honours the last one", lines=tuple(lines))
+    build_env = dict(keys)
+    build_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
+    if plan.shape == "pipeline":
+        choice = fabric.choose(dict(alloc.ifaces), keys.get("ENVLAYERS_HSN_IFACE"), keys.get("NCCL_SOCKET_IFNAME"))
+        lines += choice.lines
+        if choice.error:
+            raise LaunchFailure(choice.error, lines=tuple(lines))
+        if choice.socket_ifname:
+            build_env["NCCL_SOCKET_IFNAME"] = choice.socket_ifname
+    key_file = keys.get("SERVER_API_KEY_FILE") or None
+    if alloc.api_key:
+        build_env["SERVER_API_KEY"] = "<from SERVER_API_KEY_FILE>"  # only its presence reaches the commands
+    # the master address is known now: the commands carry it, ranks.sh expands nothing
+    commands = engines.build_commands(plan, build_env, nodes[0].url_host)
+    engine = engines.engine_name(keys)
+    for rank, cmd in enumerate(commands):
+        lines.append(f"ENVLAYERS-STAGE: rank {rank} on {nodes[rank].name}: {engines.shell_line(cmd)}")
+    if alloc.api_key and any(c.key_flag for c in commands):
+        lines.append("ENVLAYERS-WARN: SGLang takes the API key only on its command line (--api-key): other users "
+                     "of the node can read it in /proc/<pid>/cmdline while the server runs (a known limit, "
+                     "docs/keys.md)")
+    budget = int_key(keys, "ENVLAYERS_READY_TIMEOUT_S", DEFAULT_READY_TIMEOUT_S)
+    left = alloc.time_left_s
+    if left is not None and budget > CLAMP * left:
+        clamped = int(CLAMP * left)
+        lines.append(f"ENVLAYERS-WARN: readiness budget {budget}s exceeds the allocation; clamping to {clamped}s "
+                     f"(90% of the {left}s left)")
+        budget = clamped
+    rank_start_s = int_key(keys, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
+    lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
+    targets = tuple(Target(r.rank, f"http://{nodes[r.node_index].url_host}:{r.port}/v1",
+                           f"http://{nodes[r.node_index].address}:{r.port}/v1", nodes[r.node_index].address)
+                    for r in plan.readiness_ranks())
+    srun = srun_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
+                     str(alloc.run_dir / "ranks.sh"))
+    served = keys.get("VLLM_SERVED_MODEL", "")
+    launch_json = json.dumps({
+        "job_id": alloc.job_id, "restart": alloc.restart, "target": keys.get("ENVLAYERS_TARGET"), "engine": engine,
+        "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
+        "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
+    }, indent=2) + "\n"
+    files = {"ranks.sh": rank_script(commands, alloc.run_dir), "launch.json": launch_json}
+    return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
+                      nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
+                      tuple(lines), files,
+                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True)

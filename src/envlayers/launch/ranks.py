@@ -1,0 +1,33 @@
+"""ranks.sh: the per-node script the srun step runs, rendered from templates/ranks.sh.j2.
+
+Every value (each argv word, each variable assigned on the command) goes into the script in single
+quotes, so it reaches the engine byte for byte: a ``${HOME}``, a ``$(...)`` or a backtick inside a
+value stays text. The launcher substitutes what it knows (the master address) before rendering;
+the only thing the script fills in at run time is the API key, from the rank's ``SERVER_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Iterable
+
+from ..engines import RankCommand
+
+
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("envlayers", "templates"), autoescape=False,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    return env.get_template("ranks.sh.j2")
+
+
+def rank_script(commands: Iterable[RankCommand], run_dir: Path) -> str:
+    """The text of ranks.sh: SLURM_PROCID picks the rank's command; its exit code lands in rank-<r>.exit."""
+    arms = [{"rank": rank, "env": sorted(cmd.env.items()), "argv": [shlex.quote(a) for a in cmd.argv],
+             "key_env": cmd.key_env, "key_flag": cmd.key_flag}
+            for rank, cmd in enumerate(commands)]
+    return _template().render(arms=arms, run_dir=str(run_dir))

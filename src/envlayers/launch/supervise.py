@@ -1,0 +1,139 @@
+"""The supervision loop: watch the ranks until the job ends, and end it at the first sign of trouble.
+
+Watches four things: each rank's first log line (started), each rank's exit file, the srun step,
+and the readiness probe. A rank that exits, the step dying, a rank that never starts within the
+rank-start budget, or a readiness budget spent raises :class:`LaunchFailure`, naming the rank to
+blame: the one that failed first, not one that srun stopped because of it. Once every readiness
+target answers, ``on_live`` is called once and the loop keeps watching until a signal ends it.
+
+The clock, the sleep, the probe and the step are injected, so the loop runs in tests without
+Slurm, root or real time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+from .prepare import LaunchFailure, LaunchPlan
+
+RANK_UP = "ENVLAYERS-STAGE: rank {rank} up on "
+POLL_S = 0.25
+PROBE_EVERY_S = 0.5
+EXIT_SETTLE_S = 1.5
+# exits that are usually srun stopping a rank because another one failed (SIGINT, SIGTERM, a clean
+# stop); SIGKILL (137) is not among them: that is how the kernel's OOM killer ends a rank
+STOPPED_CODES = frozenset({"0", "130", "143"})
+
+
+class Step(Protocol):
+    def poll(self) -> int | None: ...
+
+
+class Supervisor:
+    def __init__(self, lp: LaunchPlan, step: Step, *, probe: Callable, on_live: Callable[[float], None],
+                 say: Callable[[str], None], api_key: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 t0: float | None = None):
+        self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
+        self.api_key, self.clock, self.sleep = api_key, clock, sleep
+        self.t0 = clock() if t0 is None else t0
+        self.started: set[int] = set()
+        self.first_exit_at: float | None = None
+        self.live = False
+        self.ready: set[int] = set()
+        self.last_probe: dict[int, str] = {}
+
+    @property
+    def run_dir(self) -> Path:
+        return self.lp.run_dir
+
+    def check_ranks(self) -> None:
+        """Note the ranks that started; raise when a rank has exited (after letting the others' exit
+        codes land for up to EXIT_SETTLE_S, so the first failure is blamed)."""
+        n = self.lp.ranks
+        for rank in range(n):
+            if rank in self.started:
+                continue
+            try:
+                with open(self.run_dir / f"server-{rank}.log", encoding="utf-8", errors="replace") as fh:
+                    first = fh.readline()
+            except FileNotFoundError:
+                continue
+            if first.startswith(RANK_UP.format(rank=rank)):
+                self.started.add(rank)
+                self.say(first.strip())
+                if len(self.started) == n:
+                    self.say(f"ENVLAYERS-STAGE: all {n} ranks started")
+        exits = []
+        for rank in range(n):
+            exit_file = self.run_dir / f"rank-{rank}.exit"
+            try:
+                code = exit_file.read_text().strip() or "?"
+                exits.append((code in STOPPED_CODES, exit_file.stat().st_mtime_ns, rank, code))
+            except FileNotFoundError:
+                continue
+        if not exits:
+            return
+        now = self.clock()
+        if self.first_exit_at is None:
+            self.first_exit_at = now
+        if len(exits) < n and now - self.first_exit_at < EXIT_SETTLE_S:
+            return  # srun stops the other ranks on a bad exit: let their codes land too
+        # the rank that failed first, not one that srun stopped because of it
+        _, _, rank, code = min(exits)
+        when = "after" if self.live else "before"
+        others = ", ".join(f"rank {r} code {c}" for _, _, r, c in sorted(exits, key=lambda e: e[2]) if r != rank)
+        raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} exited with code {code} {when} the endpoint "
+                            f"was live" + (f" (then: {others})" if others else ""), rank=rank)
+
+    def step_ended(self, code: int) -> None:
+        deadline = self.clock() + EXIT_SETTLE_S + 0.5
+        while self.clock() < deadline:
+            self.check_ranks()  # raises once the ranks' exit codes have landed
+            self.sleep(0.1)
+        n = self.lp.ranks
+        if len(self.started) < n:
+            raise LaunchFailure(f"srun step exited with code {code} before all ranks started "
+                                f"({len(self.started)} of {n}): a bind mount or cache path "
+                                "missing inside the container, or the EDF not found")
+        raise LaunchFailure(f"srun step exited with code {code}")
+
+    def probe_once(self, elapsed: float) -> None:
+        targets = self.lp.targets
+        for t in targets:
+            if t.rank not in self.ready:
+                result = self.probe(t.probe_url, self.lp.served, self.api_key, timeout_s=2.0)
+                self.last_probe[t.rank] = result.detail
+                if result.ok:
+                    self.ready.add(t.rank)
+        if len(self.ready) == len(targets):
+            self.live = True
+            self.on_live(elapsed)
+        elif elapsed > self.lp.budget_s:
+            waiting = sorted(set(self.last_probe) - self.ready)
+            raise LaunchFailure(f"endpoint not live after {self.lp.budget_s}s (readiness budget): "
+                                f"{len(self.ready)} of {len(targets)} answered; last probe of rank "
+                                f"{waiting[0]}: {self.last_probe[waiting[0]]}", rank=waiting[0])
+
+    def run(self) -> None:
+        """Loop until a failure (raised) or a signal (raised by the launcher's handler)."""
+        n = self.lp.ranks
+        next_probe = self.t0
+        while True:
+            self.check_ranks()
+            code = self.step.poll()
+            if code is not None:
+                self.step_ended(code)
+            now = self.clock()
+            elapsed = now - self.t0
+            if len(self.started) < n and elapsed > self.lp.rank_start_s:
+                missing = sorted(set(range(n)) - self.started)
+                raise LaunchFailure(f"only {len(self.started)} of {n} ranks started within "
+                                    f"{self.lp.rank_start_s}s (missing: {', '.join(map(str, missing))}): Slurm did "
+                                    "not place them, or the run directory is not shared between nodes")
+            if not self.live and now >= next_probe:
+                next_probe = now + PROBE_EVERY_S
+                self.probe_once(elapsed)
+            self.sleep(POLL_S)
