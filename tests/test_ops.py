@@ -297,7 +297,7 @@ def test_wait_prints_the_endpoint_block_once_live(fake, tmp_path):
     res = invoke("wait", "100", "--poll", "0.05")
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith(readiness.BANNER + "\nbase URL: http://n1:8000/v1\n")
-    assert "stop: scancel 100" in res.stdout
+    assert "stop: env_layers stop 100 " in res.stdout
 
 
 def test_wait_shows_state_then_phases_in_order(fake, tmp_path):
