@@ -165,7 +165,7 @@ def test_cli_marks_a_possible_finding_in_text_and_json():
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert lines[0] == "rccl-tcp-fallback (error, POSSIBLE): Multi-node RCCL running over TCP sockets, not the fabric plugin"
-    assert any(line.startswith("  confirm:  if the job spans more than one node") for line in lines)
+    assert any(line.startswith("  confirm:  holds only if the job spans more than one node") for line in lines)
     assert any(line.startswith(f"  with:     {LOGS / 'sglang-lone-socket.log'}:3: ") for line in lines)
     assert lines[-1] == "1 known issue(s) matched in 1 file(s) (1 of them POSSIBLE: confirm before acting)."
     data = json.loads(run("diagnose", "--json", str(LOGS / "sglang-lone-socket.log")).output)

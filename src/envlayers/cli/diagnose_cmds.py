@@ -171,7 +171,7 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
             if f.detail:
                 click.echo(_wrap("detail:   ", f.detail))
             if f.possible:
-                click.echo(_wrap("confirm:  ", f"{f.confirm_if} (the inputs do not say)"))
+                click.echo(_wrap("confirm:  ", f"holds only {f.confirm_if}"))
             click.echo(_wrap("cause:    ", f.cause))
             click.echo(_wrap("fix:      ", f.fix))
             click.echo(f"  see:      {f.see}")
