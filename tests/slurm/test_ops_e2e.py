@@ -154,7 +154,8 @@ def test_replicas_status_probes_every_endpoint_and_stop_silences_them_all(netns_
     assert [(p["url"], p["answers"]) for p in record["probes"]] == [
         (f"http://{netns_lab.nodes['n1']}:8000/v1", True), (f"http://{netns_lab.nodes['n2']}:8000/v1", True)]
     listed = job.cli("status", "--all").stdout
-    assert "http://n1:8000/v1 http://n2:8000/v1" in listed
+    assert "http://n1:8000/v1 http://n2:8000/v1" in listed  # every replica's URL, as a loop takes them
+    assert record["urls"] == endpoint["base_urls"] and record["phase"]["name"] in ("graph-capture", "ready")
     res = job.cli("stop", job.job_id, "--json")
     result = json.loads(res.stdout)
     assert res.returncode == 0 and result["ok"], res.stdout

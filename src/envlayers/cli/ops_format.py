@@ -270,7 +270,7 @@ def format_table(rows: list[dict]) -> str:
     body = []
     for r in rows:
         urls = r.get("urls") or []
-        url = urls[0] + (f" (+{len(urls) - 1} replicas)" if len(urls) > 1 else "") if urls else "-"
+        url = " ".join(urls) if urls else "-"  # every replica's, as a loop takes them
         body.append((r["job_id"], r["state"], str(r["nodes"]),
                      fmt_duration(r["time_left_s"]) if r["time_left_s"] is not None else "-",
                      r.get("target") or "-", r.get("model_id") or "-", r.get("served_name") or "-",
