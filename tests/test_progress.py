@@ -192,3 +192,34 @@ def test_every_job_command_takes_a_step_id_for_its_job(fake, tmp_path, cmd):
     res = invoke(*cmd, "140.batch", "--json")
     assert res.exit_code in (0, 1), res.output
     assert json.loads(res.stdout)["job_id"] == "140"
+
+
+# ------------------------------------------------------------------------------------------ one vocabulary
+
+@pytest.mark.parametrize("files", [
+    pytest.param("endpoint", id="live-endpoint-json"),
+    pytest.param("launch", id="never-live-launch-json"),
+    pytest.param("serve-env", id="old-launch-json-without-model-serve-env"),
+])
+def test_a_job_names_its_target_model_id_and_served_name_the_same_way_live_or_failed(fake, tmp_path, files):
+    launch = {"target": "experiment:glm53", "engine": "sglang", "served_model_name": "hpcagent-bench-vllm",
+              "shape": "pipeline", "nodes": ["n1"]}
+    if files != "serve-env":
+        launch["model"] = "zai-org/GLM-5.3"
+    run_dir = make_job(tmp_path, "150", launch=launch, log_lines=["[2026-12-02 10:00:01 TP0] Load weight begin."])
+    (run_dir / "serve.env").write_text("export INFERENCE_MODEL='zai-org/GLM-5.3'\n"
+                                       "export VLLM_SERVED_MODEL='hpcagent-bench-vllm'\n")
+    if files == "endpoint":
+        data = endpoint_data("150", run_dir)
+        data.update(model="zai-org/GLM-5.3", engine="sglang")
+        (run_dir / "endpoint.json").write_text(json.dumps(data))
+    fake.states["150"] = ["RUNNING" if files == "endpoint" else "FAILED"]
+    record = json.loads(invoke("status", "150", "--json", "--no-probe").stdout)
+    assert (record["target"], record["model_id"], record["served_name"]) == (
+        "experiment:glm53", "zai-org/GLM-5.3", "hpcagent-bench-vllm")
+    text = invoke("status", "150", "--no-probe").stdout
+    assert "  target:      experiment:glm53\n  model id:    zai-org/GLM-5.3 (sglang)\n" \
+           "  served name: hpcagent-bench-vllm\n" in text
+    waited = json.loads(invoke("wait", "150", "--timeout", "0", "--json").stdout)
+    assert {k: waited[k] for k in ("target", "model_id", "served_name")} == {
+        k: record[k] for k in ("target", "model_id", "served_name")}
