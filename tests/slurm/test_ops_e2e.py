@@ -201,7 +201,7 @@ def test_a_killed_launcher_is_reported_by_wait_and_status(netns_lab, tmp_path):
     record = json.loads(job.cli("status", job.job_id, "--json", "--no-probe").stdout)
     end = record["launcher_end"]
     assert end["launcher"] == "died" and end["slurm_state"] in ("FAILED", "CANCELLED", "COMPLETED"), end
-    assert line == (f"  launcher:   the launcher died without reporting (killed?); Slurm reports {end['slurm_state']} "
+    assert line == (f"  launcher:    the launcher died without reporting (killed?); Slurm reports {end['slurm_state']} "
                     f"exit {end['slurm_exit']}")
     assert not (job.run_dir / "launch-end.json").exists()
     deadline = time.monotonic() + 30
