@@ -176,3 +176,143 @@ def test_render_output_keeps_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert out.stat().st_mode & 0o777 == 0o600
+
+
+# -- SERVER_API_KEY never reaches a render -----------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    pytest.param(("render", "experiment:qwen38"), id="render"),
+    pytest.param(("render", "experiment:qwen38", "-o", "{out}"), id="render-o"),
+    pytest.param(("check", "--update"), id="check-update"),
+    pytest.param(("check",), id="check"),
+])
+def test_api_key_in_a_layer_is_refused_on_every_render_path(catalog_copy, args):
+    layer = catalog_copy / "experiments/layers/model-qwen38.env"
+    layer.write_text(layer.read_text() + "SERVER_API_KEY=hunter22-s3cret\n")
+    line = layer.read_text().count("\n")
+    renders = sorted((catalog_copy / "experiments/renders").glob(".env.*"))
+    before = {p: p.read_text() for p in renders}
+    out = catalog_copy / "out.env"
+    result = CliRunner().invoke(cli, ["--root", str(catalog_copy), *(a.format(out=out) for a in args)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"env_layers: error: experiments/layers/model-qwen38.env:{line}: SERVER_API_KEY "
+                                    "in a layer would be written into the render")
+    assert "hunter22" not in result.output and not out.exists()
+    assert {p: p.read_text() for p in renders} == before
+
+
+# -- render -o -------------------------------------------------------------------------------------
+
+def test_render_o_writes_through_a_character_device():
+    if not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null")
+    before = os.stat("/dev/null")
+    assert run("render", "experiment:qwen38", "-o", "/dev/null").exit_code == 0
+    after = os.stat("/dev/null")
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+
+
+def test_render_o_writes_through_a_fifo(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    result = run("render", "experiment:qwen38", "-o", str(fifo))
+    if reader.is_alive() and fifo.is_fifo():  # let the reader end even when nothing was written through
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: the reader has already read everything and closed its end
+            pass
+    reader.join(10)
+    assert result.exit_code == 0, result.output
+    assert got == [(REPO / "experiments/renders/.env.experiment.qwen38").read_text()]
+    assert fifo.is_fifo()
+
+
+def test_render_o_follows_a_symlink_and_keeps_it(tmp_path):
+    target = tmp_path / "real.env"
+    target.write_text("old\n")
+    link = tmp_path / "link.env"
+    link.symlink_to(target)
+    assert run("render", "experiment:qwen38", "-o", str(link)).exit_code == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == (REPO / "experiments/renders/.env.experiment.qwen38").read_text()
+
+
+@pytest.mark.parametrize("make, message", [
+    pytest.param(lambda d: d / "missing-dir" / "x.env", "env_layers: error: --output: cannot write {path}: the folder",
+                 id="missing-folder"),
+    pytest.param(lambda d: (d / "a-dir").mkdir() or d / "a-dir", "is a directory", id="a-folder"),
+    pytest.param(lambda d: (d / "ro").mkdir(mode=0o500) or d / "ro" / "x.env",
+                 "env_layers: error: --output: cannot write {path}: Permission denied", id="unwritable-folder"),
+])
+def test_render_o_bad_target_is_a_clear_error(tmp_path, make, message):
+    path = make(tmp_path)
+    if "Permission" in message and os.geteuid() == 0:
+        pytest.skip("root writes into a 0500 folder all the same")
+    result = CliRunner().invoke(cli, ["--root", str(REPO), "render", "experiment:qwen38", "-o", str(path)])
+    assert result.exit_code == 2, result.output
+    assert message.format(path=path) in result.output
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_render_o_cleans_a_killed_writers_temp_file(tmp_path):
+    from envlayers.fsutil import atomic_write
+
+    out = tmp_path / "r.env"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".r.env.{os.uname().nodename}-{dead}.abc123.tmp"
+    stale.write_text("partial")
+    other_host = tmp_path / f".r.env.elsewhere-{dead}.abc123.tmp"
+    other_host.write_text("partial")
+    atomic_write(out, "new\n")
+    assert out.read_text() == "new\n" and not stale.exists() and other_host.exists()
+
+
+def test_render_o_sigterm_mid_write_leaves_no_temp_file(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "r.env"
+    code = ("import os, sys, time\n"
+            "from envlayers import fsutil\n"
+            "def slow(tmp, path):\n"
+            "    print('writing', flush=True); time.sleep(30)\n"
+            "fsutil._replace = slow\n"
+            "from envlayers.cli import main\n"
+            f"main(['--root', {str(REPO)!r}, 'render', 'experiment:qwen38', '-o', {str(out)!r}])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.stdout.readline() == "writing\n"
+    assert list(tmp_path.glob(".r.env.*.tmp"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 128 + signal.SIGTERM
+    time.sleep(0.1)
+    assert not list(tmp_path.glob(".r.env.*.tmp")) and not out.exists()
+
+
+# -- explain shows the launcher's stack ----------------------------------------------------------------
+
+def test_explain_serve_names_the_launchers_files(tmp_path, monkeypatch):
+    mine = tmp_path / "mine.env"
+    mine.write_text("SERVER_PORT=9123\n")
+    result = run("explain", "experiment:qwen38", "SERVER_PORT", "RUN_ROOT", "--env-file", str(mine))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"SERVER_PORT='9123'  {mine}:1"
+    assert any(line.startswith("RUN_ROOT=") and "experiments/serve-only.env:" in line for line in lines)
+    monkeypatch.setenv("SERVE_ENV_FILE", str(mine))
+    assert run("explain", "experiment:qwen38", "SERVER_PORT", "--serve").output.startswith(
+        f"SERVER_PORT='9123'  {mine}:1")
+    assert "experiments/serve-only.env" not in run("explain", "experiment:qwen38", "--json").output
+
+
+def test_explain_base_env_replaces_the_catalog(tmp_path):
+    base = tmp_path / "base.env"
+    base.write_text("INFERENCE_ENGINE=vllm\n")
+    data = json.loads(run("explain", "experiment:qwen38", "--base-env", str(base), "--json").output)
+    assert data["sources"] == [str(base), "experiments/serve-only.env"]

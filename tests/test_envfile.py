@@ -106,3 +106,54 @@ def test_every_error_is_one_line():
     with pytest.raises(LayerSyntaxError) as err:
         parse_text("A='a\nb\nc", "l.env")
     assert "\n" not in str(err.value)
+
+
+# -- keys a layer may not assign -----------------------------------------------------------------
+
+@pytest.mark.parametrize("key, why", [
+    pytest.param("BASH_ENV", "bash runs the file it names", id="bash-env"),
+    pytest.param("ENV", "POSIX mode run the file", id="env"),
+    pytest.param("PS4", "`set -x` traces", id="ps4"),
+    pytest.param("PS1", "at every prompt", id="ps1"),
+    pytest.param("PROMPT_COMMAND", "runs it as a command", id="prompt-command"),
+    pytest.param("SHELLOPTS", "shell options", id="shellopts"),
+    pytest.param("BASHOPTS", "shopt options", id="bashopts"),
+    pytest.param("LD_PRELOAD", "loads the libraries it names", id="ld-preload"),
+    pytest.param("LD_AUDIT", "audit libraries", id="ld-audit"),
+    pytest.param("GCONV_PATH", "conversion modules", id="gconv-path"),
+    pytest.param("PYTHONSTARTUP", "Python runs the file", id="pythonstartup"),
+])
+def test_keys_that_run_code_are_refused_with_reason_and_alternative(key, why):
+    with pytest.raises(LayerSyntaxError) as err:
+        parse_text(f"A=1\nexport {key}=/tmp/x\n", "l.env")
+    text = str(err.value)
+    assert text.startswith(f"l.env:2: '{key}' is refused in a layer: ") and why in text and "; hint: " in text
+
+
+@pytest.mark.parametrize("key", ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONHOME", "HF_HOME"])
+def test_search_path_keys_stay_allowed(key):
+    assert one(f"{key}=/opt/x:$HOME")[0] == key
+
+
+def test_refused_table_is_the_one_the_catalog_checks():
+    from envlayers.envfile import REFUSED, RESERVED
+
+    assert RESERVED == frozenset(REFUSED) and {"BASH_ENV", "LD_PRELOAD", "IFS"} <= RESERVED
+
+
+def test_unreadable_layer_file_is_a_clear_error(tmp_path):
+    import os
+
+    from envlayers.envfile import parse_file
+
+    folder = tmp_path / "a-folder.env"
+    folder.mkdir()
+    with pytest.raises(LayerSyntaxError) as err:
+        parse_file(folder, "a-folder.env")
+    assert str(err.value).startswith("a-folder.env: cannot read the layer file: Is a directory")
+    if os.geteuid() != 0:  # root reads a 000 file all the same
+        locked = tmp_path / "locked.env"
+        locked.write_text("A=1\n")
+        locked.chmod(0)
+        with pytest.raises(LayerSyntaxError, match="Permission denied"):
+            parse_file(locked, "locked.env")

@@ -7,6 +7,7 @@ Regenerate the golden job scripts after an intended change:
 from __future__ import annotations
 
 import difflib
+import sys
 import os
 import subprocess
 from pathlib import Path
@@ -104,13 +105,14 @@ def test_api_key_in_a_layer_is_refused(tmp_path, edf_dir):
     mine.write_text("SERVER_API_KEY=s3cret\n")
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
-    assert str(err.value).startswith("SERVER_API_KEY: an API key in a layer would be written into the job script")
+    assert str(err.value).startswith(f"{mine}:1: SERVER_API_KEY in a layer would be written into the render")
     assert "s3cret" not in str(err.value)
 
 
 def test_api_key_file_keeps_the_key_out_of_the_script(tmp_path, edf_dir):
     key = tmp_path / "key"
-    key.write_text("s3cret\n")
+    key.write_text("s3cret-k3y\n")
+    key.chmod(0o600)
     mine = tmp_path / "mine.env"
     mine.write_text(f"SERVER_API_KEY_FILE={key}\n")
     job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
@@ -170,3 +172,196 @@ def test_real_submission_refused_when_the_edf_is_missing(edf_dir, monkeypatch):
     result = CliRunner().invoke(cli, ["--root", str(REPO), "serve", "--model", "qwen38"])
     assert result.exit_code == 2
     assert "is not installed" in result.output and "install-edfs" in result.output
+
+
+# -- nothing a user typed runs as code ---------------------------------------------------------------
+
+def _env_part(script: str) -> str:
+    """The job script up to the end of its environment (`set +a`): what runs before the launcher."""
+    head, sep, _ = script.partition("\nset +a\n")
+    assert sep, "the job script has no `set +a`"
+    return head + sep
+
+
+def _run_env_part(script: str, tail: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "job-env.sh"
+    path.write_text(_env_part(script) + tail)
+    base = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}
+    return subprocess.run(["bash", str(path)], env={**base, **env}, capture_output=True, text=True, timeout=30,
+                          cwd=tmp_path)
+
+
+@pytest.mark.parametrize("snippet, x", [
+    pytest.param("{{ x }}", "a", id="bare-variable"),
+    pytest.param("{{ x ~ '' }}", "a", id="bare-expression"),
+    pytest.param("# {{ x|comment }}", "a\necho pwned", id="newline-in-comment"),
+    pytest.param("# {{ x|comment }}", "a\recho", id="carriage-return-in-comment"),
+    pytest.param("X={{ x|sh }}", "a\0b", id="nul-in-word"),
+    pytest.param("{{ x|code }}", "echo pwned", id="plain-text-as-code"),
+    pytest.param("{{ x|num }}", "4", id="text-as-number"),
+])
+def test_the_template_refuses_text_outside_a_filter_or_unfit_for_it(snippet, x):
+    from envlayers.jobscript import ScriptTextError, _template
+
+    with pytest.raises(ScriptTextError):
+        _template().environment.from_string(snippet).render(x=x)
+
+
+def test_every_variable_of_the_job_template_is_filtered():
+    import re
+
+    text = (REPO / "src/envlayers/templates/serve-only.sh.j2").read_text()
+    bare = [m for m in re.findall(r"\{\{(.*?)\}\}", text) if "|" not in m]
+    assert bare == []
+
+
+def test_partition_with_a_newline_is_refused_with_file_line(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("A=1\nSLURM_PARTITION='mi300\necho pwned'\n")
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert str(err.value).startswith(f"{mine}:2: SLURM_PARTITION 'mi300\\necho pwned' is not a partition name")
+
+
+def test_env_file_path_with_a_newline_never_reaches_the_script(tmp_path, edf_dir):
+    bad = tmp_path / "x\ntouch pwned\n.env"
+    bad.write_text("SERVER_PORT=9000\n")
+    with pytest.raises(EnvLayersError, match="control character"):
+        prepare(REPO, "qwen38", env_file=bad, python=PY, environ=edf_dir)
+
+
+def test_python_path_and_keys_are_quoted(edf_dir):
+    job = prepare(REPO, "qwen38", python="/opt/my python/bin/python3", environ=edf_dir)
+    assert "exec '/opt/my python/bin/python3' -m envlayers launch" in job.script
+
+
+def test_dry_run_comments_show_control_characters_escaped(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("TOOL_CALL_PARSER='a\necho pwned'\n")
+    text = prepare(REPO, "oss120b", env_file=mine, python=PY, environ=edf_dir).dry_run_text()
+    rank = [line for line in text.splitlines() if line.startswith("#   rank 0:")]
+    assert rank and "a\\necho pwned" in rank[0]
+    assert "\necho pwned" not in text.split("ENVLAYERS_JOB\n", 2)[-1]  # nothing after the script uncommented
+
+
+# -- references the job's environment must provide ---------------------------------------------------
+
+def test_dry_run_warns_about_each_reference_unset_here(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("HF_HOME=$MY_SCRATCH/hf\nA=${NOT_READ-$ALSO_NOT}\nB=$SLURM_JOB_ID\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ={**edf_dir, "PWD": "/x", "NOT_READ": ""})
+    assert [w for w in job.warnings if "references" in w] == [
+        f"HF_HOME ({mine}:1) references $MY_SCRATCH, which is not set here; the job stops before srun unless it "
+        "is set there (export it before submitting, assign it in a layer, or write ${MY_SCRATCH-default})"]
+    assert "# warning: HF_HOME" in job.dry_run_text()
+
+
+@pytest.mark.parametrize("env, code, want", [
+    pytest.param({}, 1, "ENVLAYERS-ERROR: HF_HOME ({mine}:1) references $MY_SCRATCH, which is not set in the "
+                 "job; fix: export MY_SCRATCH", id="unset-ends-with-envlayers-error"),
+    pytest.param({"MY_SCRATCH": "/s"}, 0, "HF_HOME=/s/hf", id="set-expands"),
+    pytest.param({"MY_SCRATCH": ""}, 0, "HF_HOME=/hf", id="empty-is-set"),
+])
+def test_unbound_reference_is_an_envlayers_error_before_srun(tmp_path, edf_dir, env, code, want):
+    mine = tmp_path / "mine.env"
+    mine.write_text("HF_HOME=$MY_SCRATCH/hf\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    proc = _run_env_part(job.script, 'echo "HF_HOME=$HF_HOME"\n', {"PWD": str(tmp_path), **env}, tmp_path)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert want.format(mine=mine) in proc.stdout
+    assert "unbound variable" not in proc.stderr
+
+
+def test_a_reference_inside_a_default_is_checked_only_when_read(tmp_path, edf_dir):
+    job = prepare(REPO, "qwen38", python=PY, environ=edf_dir)  # RUN_ROOT="${SCRATCH:-${PWD}/runs}/..."
+    tail = 'echo "RUN_ROOT=$RUN_ROOT"\n'
+    assert _run_env_part(job.script, tail, {"SCRATCH": "/s"}, tmp_path).stdout.endswith(
+        "RUN_ROOT=/s/inference-server\n")
+    path = tmp_path / "no-pwd.sh"  # bash sets PWD itself; unset it to see the check fire
+    path.write_text("unset PWD\n" + _env_part(job.script).replace("#!/bin/bash\n", "", 1))
+    proc = subprocess.run(["bash", str(path)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "1",
+                                                    "SLURM_JOB_NODELIST": "n1"}, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 1 and "ENVLAYERS-ERROR: RUN_ROOT (experiments/serve-only.env:" in proc.stdout
+
+
+# -- the API key file --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, mode, message", [
+    pytest.param(None, 0o600, "the key file does not exist", id="missing"),
+    pytest.param("", 0o600, "the key file is empty", id="empty"),
+    pytest.param(" \n\t\n", 0o600, "the key file is empty", id="only-whitespace"),
+    pytest.param("abc'def\\ghij\n", 0o600, "the key holds characters outside the safe set", id="quote-and-backslash"),
+    pytest.param("short", 0o600, "the key is 5 characters long", id="too-short"),
+])
+def test_unusable_key_file_is_refused_before_submission(tmp_path, edf_dir, content, mode, message):
+    key = tmp_path / "key"
+    if content is not None:
+        key.write_text(content)
+        key.chmod(mode)
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"A=1\nSERVER_API_KEY_FILE={key}\n")
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert str(err.value).startswith(f"{mine}:2: SERVER_API_KEY_FILE {key}: {message}")
+    assert "abc" not in str(err.value)
+
+
+def test_key_file_readable_by_others_is_a_warning(tmp_path, edf_dir):
+    key = tmp_path / "key"
+    key.write_text("  k3y-0123456789abcdef  \n")
+    key.chmod(0o644)
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"SERVER_API_KEY_FILE={key}\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert f"# warning: SERVER_API_KEY_FILE {key} is readable or writable by others (mode 0644); run `chmod 600 " \
+           in job.dry_run_text()
+    key.chmod(0o600)
+    assert not [w for w in prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir).warnings
+                if "SERVER_API_KEY_FILE" in w]
+
+
+def test_read_key_strips_surrounding_whitespace(tmp_path):
+    from envlayers.apikey import read_key
+
+    key = tmp_path / "key"
+    key.write_text("\n  A-z0.9_~+/=k3y  \n")
+    assert read_key(key) == "A-z0.9_~+/=k3y"
+
+
+# -- the readiness budget ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["0", "-5", "00", "abc", "1.5", "\u00b2"],
+                         ids=["zero", "negative", "zero-padded", "word", "fraction", "unicode-digit"])
+def test_readiness_budget_must_be_a_positive_number(value):
+    with pytest.raises(EnvLayersError) as err:
+        ready_timeout_s({"AGENT_READY_TIMEOUT_SECONDS": value})
+    assert str(err.value).startswith("AGENT_READY_TIMEOUT_SECONDS: must be a positive number of seconds")
+
+
+def test_job_submission_plan_is_the_topology_plan(edf_dir):
+    from envlayers.jobscript import JobSubmission
+    from envlayers.topology import Plan
+
+    job = prepare(REPO, "qwen38", python=PY, environ=edf_dir)
+    assert type(job) is JobSubmission and isinstance(job.plan, Plan)
+
+
+# -- start-up: the template is compiled once ---------------------------------------------------------
+
+def test_the_template_is_compiled_once_into_the_user_cache(tmp_path, edf_dir):
+    import jinja2
+
+    env = {**os.environ, **edf_dir, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
+    env.pop("ENVLAYERS_NO_CACHE", None)
+    cmd = [sys.executable, "-m", "envlayers", "--root", str(REPO), "serve", "--dry-run"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    cached = list((tmp_path / "cache/envlayers" / f"jinja2-{jinja2.__version__}").glob("__jinja2_*.cache"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert second.stdout == first.stdout and cached[0].stat().st_mtime_ns == stamp  # loaded, not rewritten
+    off = subprocess.run(cmd, env={**env, "ENVLAYERS_NO_CACHE": "1", "XDG_CACHE_HOME": str(tmp_path / "c2")},
+                         capture_output=True, text=True, timeout=60)
+    assert off.stdout == first.stdout and not (tmp_path / "c2/envlayers").exists()

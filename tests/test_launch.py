@@ -105,9 +105,9 @@ def test_the_plan_knows_whether_the_engine_serves_metrics(tmp_path, keys, served
 def test_an_empty_key_file_is_an_error_naming_the_file(tmp_path, text):
     key = tmp_path / "key"
     key.write_text(text)
-    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {key} is empty"):
+    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {key}: the key file is empty"):
         read_api_key(str(key))
-    with pytest.raises(LaunchFailure, match=f"cannot read SERVER_API_KEY_FILE {tmp_path / 'nope'}"):
+    with pytest.raises(LaunchFailure, match=f"SERVER_API_KEY_FILE {tmp_path / 'nope'}: the key file does not exist"):
         read_api_key(str(tmp_path / "nope"))
 
 
@@ -459,15 +459,16 @@ def test_core_guard_reports_a_core_file_in_the_working_directory(tmp_path, capsy
 # --------------------------------------------------------------------------- a requeued job starts clean
 
 
-def requeue_block() -> str:
+def requeue_block(tmp_path: Path) -> str:
     """The job script's block that files an earlier run away, cut from a real rendered job."""
-    from envlayers.jobscript import _template
+    from envlayers.jobscript import prepare as prepare_job
 
-    script = _template().render(target="t", nodes=1, partition="", gpus_per_node=4, shape="single", sources=[],
-                                delimiter="E", env_text="", edf="", ready_timeout_s=1, python="python3", keys="")
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\n")
+    script = prepare_job(Path(__file__).resolve().parents[1], "qwen38", env_file=mine, python="python3").script
+    last = "unset ENVLAYERS_PREV ENVLAYERS_F ENVLAYERS_N\n"
     start = script.index('mkdir -p "$RUN_DIR"\n')
-    end = script.index("unset ENVLAYERS_PREV f n\n") + len("unset ENVLAYERS_PREV f n\n")
-    return "set -euo pipefail\n" + script[start:end]
+    return "set -euo pipefail\n" + script[start:script.index(last) + len(last)]
 
 
 def files_under(path: Path) -> list[str]:
@@ -496,7 +497,7 @@ def test_a_requeued_job_files_the_earlier_run_away(tmp_path, before, after, said
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("old\n")
-    proc = subprocess.run(["bash", "-c", requeue_block()], capture_output=True, text=True, timeout=10,
+    proc = subprocess.run(["bash", "-c", requeue_block(tmp_path)], capture_output=True, text=True, timeout=10,
                           env={"PATH": os.environ["PATH"], "RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
                                "SLURM_RESTART_COUNT": "1"})
     assert proc.returncode == 0, proc.stderr

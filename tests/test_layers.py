@@ -193,3 +193,94 @@ def test_missing_layer_file_names_the_setups_line(tmp_path):
     with pytest.raises(StackError) as err:
         load_env(tmp_path, "e:m")
     assert str(err.value).startswith("experiments/setups.yaml:3: layer file experiments/layers/nope.env not found")
+
+
+# -- the launcher's part of the order, written once -------------------------------------------------
+
+def test_launch_order_is_catalog_then_layer_then_serve_env_then_env_file(tmp_path):
+    from envlayers.layers import LaunchSources
+
+    mine, extra = tmp_path / "mine.env", tmp_path / "extra.env"
+    mine.write_text("SERVER_PORT=9001\n")
+    extra.write_text("SERVER_PORT=9000\n")
+    sources = stack_sources(REPO, "experiment:qwen38", (extra,), LaunchSources(env_file=mine))
+    assert [s.label for s in sources][-3:] == [str(extra), "experiments/serve-only.env", str(mine)]
+    assert sources[0].label == "experiments/layers/common.env"
+    env = merge(sources, "experiment:qwen38")
+    assert env.text()["SERVER_PORT"] == "9001" and str(env.bindings["SERVER_PORT"].origin) == f"{mine}:1"
+
+
+def test_base_env_replaces_the_catalog_layers_only(tmp_path):
+    from envlayers.layers import LaunchSources
+
+    base = tmp_path / "base.env"
+    base.write_text("INFERENCE_ENGINE=vllm\n")
+    labels = [s.label for s in stack_sources(REPO, "experiment:qwen38", (), LaunchSources(base_env=base))]
+    assert labels == [str(base), "experiments/serve-only.env"]
+
+
+def test_base_env_still_needs_target_names(tmp_path):
+    from envlayers.layers import LaunchSources
+
+    base = tmp_path / "base.env"
+    base.write_text("A=1\n")
+    with pytest.raises(StackError, match="is not an experiment or model name"):
+        stack_sources(REPO, "experiment:x\nrm -rf ~", (), LaunchSources(base_env=base))
+
+
+def test_a_file_name_with_a_newline_is_refused(tmp_path):
+    from envlayers.layers import LaunchSources
+
+    bad = tmp_path / "mine\necho pwned.env"
+    bad.write_text("A=1\n")
+    with pytest.raises(StackError) as err:
+        stack_sources(REPO, "experiment:qwen38", (), LaunchSources(env_file=bad))
+    assert str(err.value).startswith("SERVE_ENV_FILE: the file name ") and "control character" in str(err.value)
+
+
+# -- references the job must provide ----------------------------------------------------------------
+
+def test_unbound_refs_are_the_bare_references_with_their_guards():
+    from envlayers.layers import unbound_refs
+
+    env = stack("A=$X/a\nB=${Y-d}\nC=${Z:-${W}/c}\nD=x\nE=$D/e")
+    got = [(u.key, u.name, str(u.origin), u.guards) for u in unbound_refs(env)]
+    assert got == [("A", "X", "l0.env:1", ()), ("C", "W", "l0.env:3", (("Z", ":-"),))]
+
+
+@pytest.mark.parametrize("environ, want", [
+    pytest.param({"X": "1", "W": "w"}, "1/a|d|w/c", id="all-set"),
+    pytest.param({"X": "1", "Z": "z"}, "1/a|d|z", id="default-not-read"),
+    pytest.param({"X": "1", "Z": "", "W": "w"}, "1/a|d|w/c", id="empty-takes-colon-default"),
+    pytest.param({"W": "w"}, None, id="bare-unset"),
+], )
+def test_expand_follows_bash(environ, want):
+    from envlayers.layers import expand
+
+    env = stack("A=$X/a\nB=${Y-d}\nC=${Z:-${W}/c}")
+    got = [expand(env.bindings[k].value, environ) for k in "ABC"]
+    assert (None if None in got else "|".join(got)) == want
+
+
+@pytest.mark.parametrize("key", ["SERVER_API_KEY"])
+def test_render_refuses_a_secret_with_file_line(key):
+    with pytest.raises(StackError) as err:
+        render(stack("A=1", f"{key}=hunter22"), "sh")
+    assert str(err.value).startswith(f"l1.env:1: {key} in a layer would be written into the render")
+    assert "hunter22" not in str(err.value)
+
+
+def test_an_empty_secret_key_renders():
+    assert "SERVER_API_KEY=''" in render(stack("SERVER_API_KEY="), "sh")
+
+
+def test_a_catalog_layer_name_with_a_newline_is_refused(tmp_path):
+    import shutil
+
+    shutil.copytree(REPO / "experiments", tmp_path / "experiments")
+    (tmp_path / "experiments/layers/a\necho pwned.env").write_text("A=1\n")
+    setups = tmp_path / "experiments/setups.yaml"
+    setups.write_text(setups.read_text().replace("layers: [replicas.env]", 'layers: ["a\\necho pwned.env"]', 1))
+    assert '"a\\necho pwned.env"' in setups.read_text()
+    with pytest.raises(StackError, match="control character"):
+        stack_sources(tmp_path, "replicas:qwen38")

@@ -168,6 +168,8 @@ def test_job_id_forms_refused(text, message):
 COMMANDS = [
     pytest.param(["wait"], id="wait"), pytest.param(["status"], id="status"), pytest.param(["logs"], id="logs"),
     pytest.param(["stop"], id="stop"), pytest.param(["verify"], id="verify"), pytest.param(["diagnose"], id="diagnose"),
+    pytest.param(["connect"], id="connect"), pytest.param(["ping"], id="ping"), pytest.param(["release"], id="release"),
+    pytest.param(["tunnel", "--to", "u@gw", "--remote-port", "9000"], id="tunnel"),
 ]
 
 
@@ -185,7 +187,7 @@ def test_every_command_says_the_same_for_a_job_it_cannot_find(fake, cmd, form, m
     assert len(lines) == 1 and message in lines[0] and "hint:" in lines[0], lines
 
 
-@pytest.mark.parametrize("cmd", [c for c in COMMANDS if c.id not in ("verify", "diagnose")])
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if c.id in ("wait", "status", "logs", "stop")])
 def test_every_job_command_takes_a_step_id_for_its_job(fake, tmp_path, cmd):
     make_job(tmp_path, "140", log_lines=VLLM_LOG, out_lines=["ENVLAYERS-STAGE: rank 0 up on n1"])
     fake.states["140"] = ["COMPLETED"]

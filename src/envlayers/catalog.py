@@ -10,12 +10,12 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from .defaults import DEFAULT_EXPERIMENT
 from .envfile import Assignment, Origin
 from .errors import CatalogError
 
 SETUPS = Path("experiments") / "setups.yaml"
 LAYERS_DIR = Path("experiments") / "layers"
-DEFAULT_EXPERIMENT = "experiment"
 
 _ENTRY_KEYS = {"description", "layers", "env"}
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

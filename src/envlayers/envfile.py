@@ -28,13 +28,45 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BLANK = " \t"
 # characters that end or break an unquoted word in bash
 _UNQUOTED_STOP = set(" \t\n'\"\\$`;&|<>()")
-# bash variables that are read-only or change meaning when assigned
-RESERVED = frozenset(
-    "_ BASHOPTS BASHPID BASH_ALIASES BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS BASH_COMMAND BASH_COMPAT "
-    "BASH_LINENO BASH_REMATCH BASH_SOURCE BASH_SUBSHELL BASH_VERSINFO COMP_WORDBREAKS DIRSTACK "
-    "EPOCHREALTIME EPOCHSECONDS EUID FUNCNAME GROUPS HISTCMD IFS LINENO OPTARG OPTIND PIPESTATUS "
-    "POSIXLY_CORRECT PPID RANDOM SECONDS SHELLOPTS SRANDOM UID".split()
-)
+_SPECIAL = "is a bash special variable and cannot be set from a layer"
+_SPECIAL_FIX = "choose another name"
+# Keys a layer may not assign: key -> (why, the safe alternative). One table; docs/layers.md lists it.
+# Bash's own specials first, then keys that make bash, the dynamic loader or Python run code the
+# layers never show. PATH, PYTHONPATH, LD_LIBRARY_PATH stay allowed: they choose where programs
+# are found among folders the operator names, and operators set them legitimately.
+REFUSED: dict[str, tuple[str, str]] = {
+    **{k: (_SPECIAL, _SPECIAL_FIX) for k in (
+        "_ BASHPID BASH_ALIASES BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS BASH_COMMAND BASH_COMPAT "
+        "BASH_LINENO BASH_REMATCH BASH_SOURCE BASH_SUBSHELL BASH_VERSINFO COMP_WORDBREAKS DIRSTACK "
+        "EPOCHREALTIME EPOCHSECONDS EUID FUNCNAME GROUPS HISTCMD IFS LINENO OPTARG OPTIND PIPESTATUS "
+        "POSIXLY_CORRECT PPID RANDOM SECONDS SRANDOM UID").split()},
+    "SHELLOPTS": ("bash turns on the shell options it lists (xtrace, ...) in every bash the job starts",
+                  "set options in a script, not in the environment"),
+    "BASHOPTS": ("bash turns on the shopt options it lists in every bash the job starts",
+                 "set options in a script, not in the environment"),
+    "BASH_ENV": ("bash runs the file it names at the start of every non-interactive bash, the job's own included",
+                 "put the settings themselves in a layer, as KEY=value lines"),
+    "ENV": ("sh and bash in POSIX mode run the file it names at start-up",
+            "put the settings themselves in a layer, as KEY=value lines"),
+    "PROMPT_COMMAND": ("bash runs it as a command before every prompt", "drop it: a launch needs no prompt"),
+    "PS0": ("bash expands $(...) in it on every interactive command", "drop it: a launch needs no prompt"),
+    "PS1": ("bash expands $(...) in it at every prompt", "drop it: a launch needs no prompt"),
+    "PS2": ("bash expands $(...) in it at every continuation prompt", "drop it: a launch needs no prompt"),
+    "PS4": ("bash expands $(...) in it on every line `set -x` traces", "drop it; `bash -x` traces with the default"),
+    "LD_PRELOAD": ("the dynamic loader loads the libraries it names into every program the job starts (bash, srun, "
+                   "the engine)", "set it for the engine only, in the EDF's [env] table or in the image"),
+    "LD_AUDIT": ("the dynamic loader runs the audit libraries it names inside every program the job starts",
+                 "set it for the engine only, in the EDF's [env] table or in the image"),
+    "GCONV_PATH": ("glibc loads character-conversion modules (code) from the folders it names",
+                   "install conversion modules in the image instead"),
+    "PYTHONSTARTUP": ("Python runs the file it names at every interactive start", "drop it: a launch is not interactive"),
+}
+RESERVED = frozenset(REFUSED)
+
+
+def refused(key: str) -> "tuple[str, str] | None":
+    """(why, alternative) when a layer may not assign ``key``, else None."""
+    return REFUSED.get(key)
 
 
 class Ref(NamedTuple):
@@ -42,11 +74,11 @@ class Ref(NamedTuple):
 
     name: str
     op: "str | None" = None
-    default: tuple = ()
+    default: "tuple[Part, ...]" = ()
 
 
 Part = Union[str, Ref]
-Value = tuple  # tuple[Part, ...]
+Value = tuple[Part, ...]  # literal text and references, in order
 
 
 class Origin(NamedTuple):
@@ -71,6 +103,9 @@ def parse_file(path: Path, display: str | None = None) -> list[Assignment]:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise LayerSyntaxError("layer file not found", where=name, hint="check the layer names in setups.yaml") from None
+    except OSError as err:
+        raise LayerSyntaxError(f"cannot read the layer file: {err.strerror or err}", where=name,
+                               hint="make it a readable file (check its permissions)") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -178,8 +213,10 @@ class _Parser:
                                  hint="assign it empty (KEY=) to make it present and empty")
             raise self.error(f"not an assignment: '{word}'")
         key = m.group(0)
-        if key in RESERVED:
-            raise self.error(f"'{key}' is a bash special variable and cannot be set from a layer", hint="choose another name")
+        why = refused(key)
+        if why:
+            text = why[0] if why[0] == _SPECIAL else f"is refused in a layer: {why[0]}"
+            raise self.error(f"'{key}' {text}", hint=why[1])
         self.i = m.end() + 1
         value = self.word()
         self.skip_blanks()

@@ -1,34 +1,50 @@
 """The serve-only job: everything decided on the login node, before anything is submitted.
 
-:func:`prepare` is pure apart from reading the catalog: target + options -> a :class:`Job`
-holding the sbatch arguments, the exact job script, the plan and the per-rank commands.
-The dry run prints a Job; a submission sends the same Job's script to sbatch.
+:func:`prepare` reads the catalog, the layer files and the key file and is otherwise pure:
+target + options -> a :class:`JobSubmission` holding the sbatch arguments, the exact job script,
+the plan and the per-rank commands. The dry run prints a JobSubmission; a submission sends the
+same one's script to sbatch.
+
+The job script is built so that no text a user typed runs as code: every template variable goes
+through a filter (``sh`` quotes a shell word, ``comment`` refuses a control character in a ``#``
+line, ``num`` takes only an int, ``code`` takes only shell text this module built from checked
+names), and a variable emitted without one stops the render (see :func:`_template`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
+from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
 
-DEFAULT_TIME = "04:00:00"
-DEFAULT_READY_TIMEOUT_S = 7200
+if TYPE_CHECKING:
+    from .layers import Env, Unbound
+    from .topology import Plan
+
 READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
-SERVE_ENV = Path("experiments") / "serve-only.env"
 MASTER_REF = "${ENVLAYERS_MASTER_ADDR}"
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_SECONDS_RE = re.compile(r"[0-9]+\Z")
+# Slurm partition names, a comma-separated list of them allowed (sbatch -p a,b)
+_PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass
-class Job:
+class JobSubmission:
     target: str
     sbatch_args: list[str]
     script: str
-    plan: object
+    plan: Plan
     rank_lines: list[str]
     topology: list[str]
     edf: str
@@ -43,19 +59,21 @@ class Job:
         from .launch.prepare import srun_dry_line
 
         delim = _delimiter(self.script, "ENVLAYERS_JOB")
+        c = comment_text
         out = [
             "# envlayers dry run: nothing was submitted. Run the lines below to submit this exact job.",
-            f"# target {self.target}: {', '.join(t.removeprefix('ENVLAYERS-TOPOLOGY: ') for t in self.topology[:1])}",
-            *(f"# warning: {w}" for w in self.warnings),
-            *(f"# would refuse to submit: {b}" for b in self.blockers),
+            f"# target {c(self.target)}: "
+            f"{', '.join(c(t.removeprefix('ENVLAYERS-TOPOLOGY: ')) for t in self.topology[:1])}",
+            *(f"# warning: {c(w)}" for w in self.warnings),
+            *(f"# would refuse to submit: {c(b)}" for b in self.blockers),
             f"{self.submit_command()} <<'{delim}'",
             self.script + delim,
             "",
             "# Per-rank server commands, as the job writes them to ranks.sh (${ENVLAYERS_MASTER_ADDR} stands for the",
             "# allocation's first node, which the job fills in; other ${...} expand in the job's shell):",
-            *(f"#   rank {i}: {line}" for i, line in enumerate(self.rank_lines)),
+            *(f"#   rank {i}: {c(line)}" for i, line in enumerate(self.rank_lines)),
             "# The srun step that starts them, one rank per node (the job fills in the ${...}):",
-            f"#   {srun_dry_line(self.plan.nodes, self.edf)}",
+            f"#   {c(srun_dry_line(self.plan.nodes, self.edf))}",
         ]
         return "\n".join(out) + "\n"
 
@@ -65,6 +83,17 @@ class Job:
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
         }
+
+
+def comment_text(text: str) -> str:
+    """``text`` for one ``#`` line of a dry run: control characters shown escaped (a newline as ``\\n``),
+    so pasting the dry run into a shell never runs what a value hides after a newline."""
+    return _CONTROL_RE.sub(lambda m: repr(m.group(0))[1:-1], text)
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a one-line message: control characters escaped, bounded in length."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def _delimiter(text: str, base: str) -> str:
@@ -78,99 +107,142 @@ def _delimiter(text: str, base: str) -> str:
 
 def check_time(value: str) -> str:
     if not _TIME_RE.match(value.strip()):
-        raise EnvLayersError(f"time limit '{value}' is not a Slurm time", where="SERVE_TIME",
+        raise EnvLayersError(f"time limit {value!r} is not a Slurm time", where="SERVE_TIME",
                              hint="use HH:MM:SS, D-HH:MM:SS or minutes, e.g. SERVE_TIME=08:00:00")
     return value.strip()
 
 
-def ready_timeout_s(env: dict[str, str]) -> int:
-    """AGENT_READY_TIMEOUT_SECONDS, else VLLM_READY_TIMEOUT_SECONDS, else 7200 (empty counts as unset)."""
+def ready_timeout_s(env: Mapping[str, str]) -> int:
+    """AGENT_READY_TIMEOUT_SECONDS, else VLLM_READY_TIMEOUT_SECONDS, else the default (empty counts as unset)."""
     for key in READY_KEYS:
         value = env.get(key)
         if value:
-            if not value.strip().isdigit() or int(value) <= 0:
-                raise EnvLayersError(f"must be a positive number of seconds, got '{value}'", where=key,
-                                     hint="e.g. 7200")
+            if not _SECONDS_RE.match(value.strip()) or int(value) <= 0:
+                raise EnvLayersError(f"must be a positive number of seconds, got {value!r}", where=key,
+                                     hint=f"e.g. {DEFAULT_READY_TIMEOUT_S}")
             return int(value)
     return DEFAULT_READY_TIMEOUT_S
 
 
-def secret_checks(env: dict[str, str]) -> None:
-    if env.get("SERVER_API_KEY"):
-        raise EnvLayersError(
-            "an API key in a layer would be written into the job script and its logs",
-            where="SERVER_API_KEY",
-            hint="put the key in a file readable only by you and set SERVER_API_KEY_FILE=<path> instead",
-        )
-
-
-def prepare(root: Path, model: str, experiment: str = "experiment", *, time: str = DEFAULT_TIME,
+def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, time: str = DEFAULT_TIME,
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
-            environ: dict[str, str] | None = None) -> Job:
+            environ: Mapping[str, str] | None = None) -> JobSubmission:
     from . import engines, topology
-    from .layers import Source, load_env, merge
-    from .envfile import parse_file
+    from .layers import LaunchSources, load_env
     from .shell import render
+    from .slurm import parse_duration
 
+    environ = os.environ if environ is None else environ
     target = f"{experiment}:{model}"
-    extra = [root / SERVE_ENV] + ([env_file] if env_file else [])
-    if base_env is not None:
-        sources = [Source(str(base_env), tuple(parse_file(base_env, str(base_env))))]
-        for p in extra:
-            sources.append(Source(_rel(root, p), tuple(parse_file(p, _rel(root, p)))))
-        env = merge(sources, target)
-    else:
-        env = load_env(root, target, tuple(extra))
+    env = load_env(root, target, launch=LaunchSources(base_env, env_file))
+    env_text = render(env, "sh", with_header=False)  # refuses SERVER_API_KEY in a layer
     text = env.text()
-    secret_checks(text)
     plan = topology.plan(text)
     build_env = dict(text)
+    warnings = unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):
         build_env["SERVER_API_KEY"] = "${SERVER_API_KEY}"
+        warnings += _key_file_warnings(env, environ)
     commands = engines.build_commands(plan, build_env, MASTER_REF)
     rank_lines = [engines.shell_line(c) for c in commands]
     budget = ready_timeout_s(text)
-    warnings: list[str] = []
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
-    from .slurm import parse_duration
-
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
         warnings.append(f"readiness budget {budget}s exceeds the time limit {time}; the job clamps it to 90% "
                         "of the time left")
-    env_text = render(env, "sh", with_header=False)
+    partition = _partition(env, text)
     script = _template().render(
-        target=target, nodes=plan.nodes, partition=text.get("SLURM_PARTITION") or "",
+        job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
-        delimiter=_delimiter(env_text, "ENVLAYERS_ENV"), env_text=env_text, edf=edf_name,
-        ready_timeout_s=budget, python=python or sys.executable, keys=" ".join(env.bindings),
+        delimiter=_Code(_delimiter(env_text, "ENVLAYERS_ENV")), env_text=env_text, edf=edf_name,
+        unbound=[_unbound_check(u) for u in _unbound(env)], ready_timeout_s=budget,
+        python=python or sys.executable, keys=" ".join(env.bindings),
     )
     # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
     # these are the recipe: a stray SBATCH_MEM_PER_NODE or SBATCH_PARTITION would break it. The
     # account stays out: Slurm reads SBATCH_ACCOUNT.
     sbatch_args = [f"--nodes={plan.nodes}", f"--time={time}"]
-    if text.get("SLURM_PARTITION"):
-        sbatch_args.append(f"--partition={text['SLURM_PARTITION']}")
+    if partition:
+        sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
-    return Job(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name, budget,
-               warnings, blockers)
+    return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
+                         budget, warnings, blockers)
 
 
-def _rel(root: Path, path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)
+def _partition(env: Env, text: Mapping[str, str]) -> str:
+    b = env.bindings.get("SLURM_PARTITION")
+    value = text.get("SLURM_PARTITION") or ""
+    if value and not _PARTITION_RE.match(value):
+        raise EnvLayersError(f"SLURM_PARTITION {_shown(value)} is not a partition name",
+                             where=str(b.origin) if b else "SLURM_PARTITION",
+                             hint="letters, digits, '.', '_' and '-', several separated by commas (no $ or spaces)")
+    return value
 
 
-def _edf(root: Path, text: dict[str, str], plan, blockers: list[str], environ) -> str:
+# -- references the job's shell expands ------------------------------------------------------
+
+# Slurm sets these in the job, so the login node cannot know them
+_JOB_ONLY_PREFIXES = ("SLURM_",)
+
+
+def _unbound(env: Env) -> list[Unbound]:
+    from .layers import unbound_refs
+
+    return unbound_refs(env)
+
+
+def _read_in(u: Unbound, environ: Mapping[str, str]) -> bool:
+    """Whether bash reads ``u.name`` at all with ``environ``: each enclosing default is taken."""
+    return all((environ.get(g) is None) if op == "-" else not environ.get(g) for g, op in u.guards)
+
+
+def unresolved_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
+    """A warning for every reference the login node cannot resolve: unset here, the job stops on it
+    before srun unless Slurm or the job's environment sets it."""
+    out = []
+    for u in _unbound(env):
+        if u.name in environ or u.name.startswith(_JOB_ONLY_PREFIXES) or not _read_in(u, environ):
+            continue
+        out.append(f"{u.key} ({u.origin}) references ${u.name}, which is not set here; the job stops before "
+                   f"srun unless it is set there (export it before submitting, assign it in a layer, or write "
+                   f"${{{u.name}-default}})")
+    return out
+
+
+def _unbound_check(u: Unbound) -> _Code:
+    """One line of the job script: when bash would read ``u.name`` and it is unset, say so (ENVLAYERS-ERROR)."""
+    names = [u.name, *(g for g, _ in u.guards)]
+    if not all(_IDENT_RE.match(n) for n in names):  # the parser only makes names; checked all the same
+        raise EnvLayersError(f"not a variable name in a reference of {u.key}", where=str(u.origin))
+    tests = [f'[ -n "${{{g}+x}}" ]' if op == "-" else f'[ -n "${{{g}:-}}" ]' for g, op in u.guards]
+    tests.append(f'[ -n "${{{u.name}+x}}" ]')
+    message = (f"{u.key} ({u.origin}) references ${u.name}, which is not set in the job; fix: export "
+               f"{u.name} before submitting (sbatch passes your environment on), assign it in a layer, or "
+               f"write ${{{u.name}-default}}")
+    return _Code(" || ".join(tests) + " || envlayers_unset_ref " + shlex.quote(message))
+
+
+def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
+    from .apikey import check_key_file
+    from .layers import expand
+
+    b = env.bindings["SERVER_API_KEY_FILE"]
+    path = expand(b.value, environ)
+    if path is None:
+        return [f"SERVER_API_KEY_FILE ({b.origin}) cannot be checked here: it reads a variable this shell "
+                "does not set"]
+    return check_key_file(path, where=str(b.origin))
+
+
+def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], environ: Mapping[str, str]) -> str:
     runtime = text.get("CONTAINER_RUNTIME") or "ce"
     if runtime == "none":
         return ""
     if runtime != "ce":
-        raise EnvLayersError(f"unknown container runtime '{runtime}' (valid: ce, none)", where="CONTAINER_RUNTIME",
+        raise EnvLayersError(f"unknown container runtime {runtime!r} (valid: ce, none)", where="CONTAINER_RUNTIME",
                              hint="ce runs the registered EDF; none runs the engine from the host's PATH")
     from . import edf
 
@@ -179,7 +251,7 @@ def _edf(root: Path, text: dict[str, str], plan, blockers: list[str], environ) -
         raise EnvLayersError("is not set; runtime ce needs the EDF role", where="CONTAINER_ROLE",
                              hint="one of: " + ", ".join(edf.roles(root)))
     if role not in edf.roles(root):
-        raise EnvLayersError(f"unknown EDF role '{role}' (valid: {', '.join(edf.roles(root))})",
+        raise EnvLayersError(f"unknown EDF role {role!r} (valid: {', '.join(edf.roles(root))})",
                              where="CONTAINER_ROLE", hint="see containers/edfs/")
     name = edf.edf_name(role, plan.shape, root)
     installed = edf.edf_search_dir(environ) / f"{name}.toml"
@@ -189,11 +261,73 @@ def _edf(root: Path, text: dict[str, str], plan, blockers: list[str], environ) -
     return name
 
 
+# -- the template, safe by construction ------------------------------------------------------
+
+class _Safe(str):
+    """Text a filter made fit for its place in the job script."""
+
+
+class _Code(str):
+    """Shell text this module built from checked names; the ``code`` filter passes only this type."""
+
+
+class ScriptTextError(EnvLayersError):
+    """A value that cannot be placed in the job script as it stands."""
+
+
+def _sh(value) -> _Safe:
+    text = str(value)
+    if "\0" in text:
+        raise ScriptTextError(f"a NUL byte cannot be written into the job script: {_shown(text)}")
+    return _Safe(shlex.quote(text))
+
+
+def _comment(value) -> _Safe:
+    text = str(value)
+    if _CONTROL_RE.search(text):
+        raise ScriptTextError(f"{_shown(text)} holds a control character (a newline, ...) and would "
+                              "break out of its comment line in the job script", hint="rename it")
+    return _Safe(text)
+
+
+def _num(value) -> _Safe:
+    if type(value) is not int:
+        raise ScriptTextError(f"expected a whole number for the job script, got {_shown(repr(value))}")
+    return _Safe(str(value))
+
+
+def _code(value) -> _Safe:
+    if not isinstance(value, _Code):
+        raise ScriptTextError("only shell text built by envlayers itself may go into the job script unquoted")
+    return _Safe(value)
+
+
+def _heredoc(value, delimiter: str) -> _Safe:
+    text = str(value)
+    if delimiter in text.split("\n") or "\0" in text:
+        raise ScriptTextError(f"the text holds its own end marker {delimiter} or a NUL byte")
+    return _Safe(text)
+
+
+def _finalize(value):
+    if isinstance(value, _Safe):
+        return value
+    raise ScriptTextError(f"a job script template emits {_shown(str(value))} without a filter "
+                          "(sh, comment, num, code, heredoc)")
+
+
+@lru_cache(maxsize=1)
 def _template():
     import jinja2
 
-    loader = jinja2.PackageLoader("envlayers", "templates")
-    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
+    from .fsutil import cache_dir
+
+    cache = cache_dir(f"jinja2-{jinja2.__version__}")
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("envlayers", "templates"), undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True, autoescape=False, finalize=_finalize,
+        # compiled once per template text and jinja2 version, then loaded from the user's cache dir
+        bytecode_cache=jinja2.FileSystemBytecodeCache(str(cache)) if cache else None,
+    )
+    env.filters.update(sh=_sh, q=_sh, comment=_comment, num=_num, code=_code, heredoc=_heredoc)
     return env.get_template("serve-only.sh.j2")

@@ -8,12 +8,17 @@ for the shell that sources the render (the job) to expand.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, Mapping, NamedTuple, Union
 
 from . import catalog as cat
 from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file
 from .errors import StackError
+
+SERVE_ENV = Path("experiments") / "serve-only.env"  # the launcher's own layer
+SECRET_KEYS = ("SERVER_API_KEY",)  # never in a layer, so never in a render, a job script or a log
+_NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # the catalog's rule for experiment and model names
 
 
 class Deferred(NamedTuple):
@@ -21,8 +26,11 @@ class Deferred(NamedTuple):
 
     name: str
     op: "str | None"
-    default: tuple
+    default: "Resolved"
     origin: Origin  # the assignment that read it from the environment
+
+
+Resolved = tuple[Union[str, Deferred], ...]  # a merged value: literal text and deferred references
 
 
 class Source(NamedTuple):
@@ -36,9 +44,9 @@ class Binding(NamedTuple):
     """A key's final value and the history that led to it (oldest first)."""
 
     key: str
-    value: tuple  # literal str parts and Deferred parts only
+    value: Resolved
     origin: Origin
-    overridden: tuple = ()  # ((value, origin), ...)
+    overridden: "tuple[tuple[Resolved, Origin], ...]" = ()
     first_index: int = 0
 
 
@@ -62,13 +70,45 @@ class Env:
         return {k: value_text(b.value) for k, b in self.bindings.items()}
 
 
-def stack_sources(root: Path, target: str, extra_files: tuple[Path, ...] = ()) -> list[Source]:
-    """The stack for EXPERIMENT:MODEL, lowest precedence first.
+class LaunchSources(NamedTuple):
+    """The launcher's part of a stack (``env_layers serve``; ``explain --serve`` shows the same).
 
-    common.env < the experiment's layer files < its inline env < model-<m>.env (or the model's
-    ``model_layer``) < the model's layer files < its inline env < ``extra_files`` (the launcher's).
+    ``base_env`` (SERVE_BASE_ENV) replaces the catalog layers; experiments/serve-only.env and then
+    ``env_file`` (SERVE_ENV_FILE) go on top of everything.
+    """
+
+    base_env: "Path | None" = None
+    env_file: "Path | None" = None
+
+
+def stack_sources(root: Path, target: str, extra_files: tuple[Path, ...] = (),
+                  launch: LaunchSources | None = None) -> list[Source]:
+    """The stack for EXPERIMENT:MODEL, lowest precedence first. The one place the order is written:
+
+    1. common.env < the experiment's layer files < its inline env < model-<m>.env (or the model's
+       ``model_layer``) < the model's layer files < its inline env; with ``launch.base_env``,
+       that one file instead
+    2. ``extra_files`` (``--layer``), in order
+    3. with ``launch``: experiments/serve-only.env < ``launch.env_file``
     """
     experiment, model = cat.parse_target(target)
+    if launch is not None and launch.base_env is not None:
+        for name in (experiment, model):
+            if not _NAME_OK.match(name):
+                raise StackError(f"'{name}' is not an experiment or model name", where="target",
+                                 hint="letters, digits, '.', '_' and '-'; `env_layers list` shows the names")
+        out = [_path_source(root, launch.base_env, "SERVE_BASE_ENV")]
+    else:
+        out = _catalog_sources(root, experiment, model)
+    out += [_path_source(root, path, "--layer") for path in extra_files]
+    if launch is not None:
+        out.append(_path_source(root, root / SERVE_ENV, str(SERVE_ENV)))
+        if launch.env_file is not None:
+            out.append(_path_source(root, launch.env_file, "SERVE_ENV_FILE"))
+    return out
+
+
+def _catalog_sources(root: Path, experiment: str, model: str) -> list[Source]:
     catalog = cat.load(root)
     exp, mod = catalog.experiment(experiment), catalog.model(model)
     model_layer = mod.model_layer or (f"model-{model}.env", mod.origin)
@@ -79,9 +119,20 @@ def stack_sources(root: Path, target: str, extra_files: tuple[Path, ...] = ()) -
     out.append(_file_source(root, *model_layer))
     out += [_file_source(root, name, ref) for name, ref in mod.layers]
     out.append(Source(f"{cat.SETUPS} models.{model}.env", mod.env))
-    for path in extra_files:
-        out.append(Source(_display(root, path), tuple(parse_file(path, _display(root, path)))))
     return [s for s in out if s.assignments or not s.label.startswith(str(cat.SETUPS))]
+
+
+def _path_source(root: Path, path: Path, what: str) -> Source:
+    label = _checked_label(_display(root, path), what)
+    return Source(label, tuple(parse_file(Path(path), label)))
+
+
+def _checked_label(label: str, where: str) -> str:
+    """A source's label goes into `#` lines of renders and job scripts: no control characters."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in label):
+        raise StackError(f"the file name {label!r} holds a control character (a newline, ...)", where=where,
+                         hint="rename the file: its name is written into renders, the job script and messages")
+    return label
 
 
 def _display(root: Path, path: Path) -> str:
@@ -94,6 +145,7 @@ def _display(root: Path, path: Path) -> str:
 def _file_source(root: Path, name: str, ref: Origin | None) -> Source:
     rel = cat.LAYERS_DIR / name
     path = root / rel
+    _checked_label(name, str(ref or rel))
     if "/" in name or name in ("", ".", ".."):
         raise StackError(f"layer '{name}' must be a file name in {cat.LAYERS_DIR}", where=str(ref or rel),
                          hint="write just the file name, e.g. replicas.env")
@@ -105,8 +157,8 @@ def _file_source(root: Path, name: str, ref: Origin | None) -> Source:
 
 def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
     """Replay the assignments in order, last assignment wins, with provenance."""
-    state: dict[str, Value] = {}
-    history: dict[str, list[tuple[Value, Origin]]] = {}
+    state: dict[str, Resolved] = {}
+    history: dict[str, list[tuple[Resolved, Origin]]] = {}
     first: dict[str, int] = {}
     index = 0
     for source in sources:
@@ -130,13 +182,73 @@ def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
     return env
 
 
-def load_env(root: Path, target: str, extra_files: tuple[Path, ...] = (), strict: bool = False) -> Env:
-    return merge(stack_sources(root, target, extra_files), target, strict)
+def load_env(root: Path, target: str, extra_files: tuple[Path, ...] = (), strict: bool = False,
+             launch: LaunchSources | None = None) -> Env:
+    return merge(stack_sources(root, target, extra_files, launch), target, strict)
+
+
+def refuse_secrets(env: Env) -> None:
+    """Every path that writes a render (render, render -o, check --update, serve) calls this first."""
+    for key in SECRET_KEYS:
+        b = env.bindings.get(key)
+        if b is not None and b.value:
+            raise StackError(
+                f"{key} in a layer would be written into the render, the job script and its logs",
+                where=str(b.origin),
+                hint="put the key in a file readable only by you and set SERVER_API_KEY_FILE=<path> instead",
+            )
+
+
+class Unbound(NamedTuple):
+    """A reference the job's shell expands without a default: unset there, ``set -u`` ends the job."""
+
+    key: str  # the key whose value holds the reference
+    name: str  # the variable read from the job's environment
+    origin: Origin  # the assignment that reads it
+    guards: tuple[tuple[str, str], ...]  # ((name, op), ...): only read when each of these is unset / empty
+
+
+def unbound_refs(env: Env) -> list[Unbound]:
+    """Every bare deferred reference of ``env`` (``$X``, ``${X}``; also inside a default, guarded)."""
+    out: list[Unbound] = []
+    seen: set = set()
+    for b in env.bindings.values():
+        for name, origin, guards in _bare(b.value, ()):
+            if (b.key, name, guards) not in seen:
+                seen.add((b.key, name, guards))
+                out.append(Unbound(b.key, name, origin, guards))
+    return out
+
+
+def _bare(value: Resolved, guards: tuple) -> Iterator[tuple[str, Origin, tuple]]:
+    for p in value:
+        if isinstance(p, Deferred):
+            if p.op is None:
+                yield p.name, p.origin, guards
+            else:
+                yield from _bare(p.default, guards + ((p.name, p.op),))
+
+
+def expand(value: Resolved, environ: Mapping[str, str]) -> "str | None":
+    """The value bash gives ``value`` in ``environ`` (the login shell's, which sbatch passes on);
+    None when a bare reference is unset there."""
+    out = []
+    for p in value:
+        if isinstance(p, str):
+            out.append(p)
+            continue
+        got = environ.get(p.name)
+        if p.op == ":-" and not got or p.op == "-" and got is None:
+            got = expand(p.default, environ)
+        if got is None:
+            return None
+        out.append(got)
+    return "".join(out)
 
 
 # -- resolution ------------------------------------------------------------------------------
 
-def _resolve(value: Value, state: dict[str, Value], a: Assignment) -> Value:
+def _resolve(value: Value, state: dict[str, Resolved], a: Assignment) -> Resolved:
     out: list = []
     for part in value:
         if isinstance(part, str):
@@ -146,7 +258,7 @@ def _resolve(value: Value, state: dict[str, Value], a: Assignment) -> Value:
     return join_parts(out)
 
 
-def _resolve_ref(ref: Ref, state: dict[str, Value], a: Assignment) -> Value:
+def _resolve_ref(ref: Ref, state: dict[str, Resolved], a: Assignment) -> Resolved:
     if ref.name not in state:
         default = _resolve(ref.default, state, a) if ref.op else ()
         return (Deferred(ref.name, ref.op, default, a.origin),)
@@ -170,7 +282,7 @@ def _resolve_ref(ref: Ref, state: dict[str, Value], a: Assignment) -> Value:
     )
 
 
-def _emptiness(value: Value) -> bool | None:
+def _emptiness(value: Resolved) -> bool | None:
     """True: surely empty; False: surely not; None: depends on the job's environment."""
     if not value:
         return True
@@ -178,7 +290,7 @@ def _emptiness(value: Value) -> bool | None:
     return False if any(isinstance(p, str) for p in value) else None
 
 
-def deferred_in(value: Value):
+def deferred_in(value: Resolved) -> Iterator[Deferred]:
     """Every deferred reference in a value, defaults included."""
     for p in value:
         if isinstance(p, Deferred):
@@ -186,13 +298,13 @@ def deferred_in(value: Value):
             yield from deferred_in(p.default)
 
 
-def _show(value: Value) -> str:
+def _show(value: Resolved) -> str:
     from .shell import value_text
 
     return value_text(value)
 
 
-def _check_render_order(env: Env, history: dict[str, list[tuple[Value, Origin]]]) -> None:
+def _check_render_order(env: Env, history: dict[str, list[tuple[Resolved, Origin]]]) -> None:
     """The render writes each key once, in order of first assignment, so a line that reads
     NAME from the environment must come before the line that assigns NAME."""
     for b in env.bindings.values():

@@ -10,7 +10,8 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field
 
-BANNER = "===== endpoint is live ====="
+from .defaults import BANNER
+
 NO_KEY = "EMPTY"  # what to pass as api_key to a keyless endpoint: OpenAI clients refuse to start without one
 
 

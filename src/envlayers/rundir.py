@@ -6,7 +6,7 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
   and carries greppable lines: ``ENVLAYERS-STAGE: run_dir=<abs path>`` early, ``ENVLAYERS-TOPOLOGY: ...``,
   ``ENVLAYERS-STAGE: rank R up on <host>``, ``ENVLAYERS-STAGE: all N ranks started``,
   ``ENVLAYERS-WARN: ...``, ``ENVLAYERS-ERROR: ...``, and once live ``ENVLAYERS-STAGE: endpoint live after
-  <s>s`` followed by the endpoint block that starts with ``readiness.BANNER``;
+  <s>s`` followed by the endpoint block that starts with ``defaults.BANNER``;
 - the run directory ``<RUN_ROOT>/<jobid>/`` (RUN_ROOT defaults to ``${SCRATCH:-$PWD/runs}/inference-server``)
   holds ``server-<rank>.log``, ``rank-<rank>.exit``, ``endpoint.json`` (written when live), ``launch.json``,
   ``launch-end.json`` (written by the launcher on every orderly end: ``restart``, ``code``, ``reason``,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .readiness import Endpoint
     from .slurm import JobInfo
 
-BANNER = "===== endpoint is live ====="  # readiness.BANNER; repeated to keep this module import-light
+from .defaults import BANNER
 
 _STAGE_RE = re.compile(r"^ENVLAYERS-(STAGE|TOPOLOGY|WARN|ERROR|DIAG):\s?(.*)$")
 _RUN_DIR_RE = re.compile(r"^run_dir=(.+)$")

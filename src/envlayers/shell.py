@@ -11,6 +11,7 @@ import re
 
 from .envfile import Value
 
+_DQ_SPECIAL = re.compile(r'([\\$"`])')
 
 
 def value_text(value: Value) -> str:
@@ -28,8 +29,9 @@ def single_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _dq_escape(text: str) -> str:
-    return re.sub(r'([\\$"`])', r"\\\1", text)
+def dq_escape(text: str) -> str:
+    """``text`` for the inside of bash double quotes: backslash, '$', '"' and backquote escaped."""
+    return _DQ_SPECIAL.sub(r"\\\1", text)
 
 
 def _dq_body(value: Value, in_default: bool = False) -> str:
@@ -38,9 +40,9 @@ def _dq_body(value: Value, in_default: bool = False) -> str:
         if isinstance(p, str):
             if in_default and re.search(r"[}'\"\\\\$`]", p):
                 # inside ${NAME-...} a nested "..." keeps '}' and a lone "'" literal (bash)
-                out.append(f'"{_dq_escape(p)}"')
+                out.append(f'"{dq_escape(p)}"')
             else:
-                out.append(_dq_escape(p))
+                out.append(dq_escape(p))
         else:
             inner = _dq_body(p.default, in_default=True) if p.op else ""
             out.append("${" + p.name + (p.op or "") + inner + "}")
@@ -73,7 +75,10 @@ def header(target: str, fmt: str, sources: tuple[str, ...]) -> str:
 
 
 def render(env, fmt: str = "sh", with_header: bool = True) -> str:
-    """Render an :class:`envlayers.layers.Env`."""
+    """Render an :class:`envlayers.layers.Env`; refused when a layer holds a secret (``SERVER_API_KEY``)."""
+    from .layers import refuse_secrets
+
+    refuse_secrets(env)
     if fmt == "json":
         return json.dumps({k: value_text(b.value) for k, b in env.bindings.items()}, indent=2) + "\n"
     prefix = "export " if fmt == "sh" else ""

@@ -9,7 +9,7 @@ import pytest
 
 from malformed_tools import assert_clean_error, run_cli
 
-ID_COMMANDS = ["wait", "status", "logs", "stop", "verify"]
+ID_COMMANDS = ["wait", "status", "logs", "stop", "verify", "connect", "release"]
 BAD_IDS = [
     pytest.param("12a", "is not a Slurm job id", id="word"),
     pytest.param("1234.", "is not a Slurm job id", id="dangling-dot"),

@@ -235,17 +235,17 @@ def test_an_empty_key_file_ends_the_job_with_an_error_naming_it(netns_lab, tmp_p
     key_file.chmod(0o600)
     # emptied after the login node's checks, while the job waits (held), as a file changed between
     # submission and start would be
-    key_file.write_text("k\n")
+    key_file.write_text("a-usable-key-1234\n")
     run = Run(netns_lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n", SBATCH_HOLD="1")
     run.submit()
     key_file.write_text("")
     netns_lab.run(["scontrol", "release", run.job_id])
     assert run.state(timeout_s=40) == "FAILED"
     text = run.out.read_text()
-    assert f"ENVLAYERS-ERROR: SERVER_API_KEY_FILE {key_file} is empty" in text
+    assert f"ENVLAYERS-ERROR: SERVER_API_KEY_FILE {key_file}: the key file is empty" in text
     assert "unbound variable" not in text and "starting 1 rank(s)" not in text
     end = json.loads((run.run_dir / "launch-end.json").read_text())
-    assert end["code"] == 1 and end["reason"].startswith(f"SERVER_API_KEY_FILE {key_file} is empty")
+    assert end["code"] == 1 and end["reason"].startswith(f"SERVER_API_KEY_FILE {key_file}: the key file is empty")
 
 
 def test_a_rank_slurm_never_places_fails_within_the_rank_start_budget(netns_lab, tmp_path):

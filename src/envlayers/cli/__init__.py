@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "diagnose": ("diagnose_cmds", "diagnose", "Explain failures from a job's logs."),
     "check-cores": ("diagnose_cmds", "check_cores", "Report core files and a core limit that is not 0."),
     "verify": ("verify_cmds", "verify", "Check a live endpoint: tool calls, reasoning, accuracy, metrics."),
+    "connect": ("access_cmds", "connect", "What a client needs to use a job's endpoint (owner only)."),
+    "ping": ("access_cmds", "ping", "Check /v1/models and a one-token chat, with latency."),
+    "tunnel": ("access_cmds", "tunnel", "Open a reverse SSH tunnel from the API node to a gateway host."),
+    "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
 }
 
 

@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from . import get_root
+from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 
 RENDERS_DIR = Path("experiments") / "renders"
 
 
-def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = False):
+def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = False, launch=None):
     from ..layers import load_env
 
     root = get_root(ctx)
-    return root, load_env(root, target, tuple(Path(p) for p in extra), strict=strict)
+    return root, load_env(root, target, tuple(Path(p) for p in extra), strict=strict, launch=launch)
 
 
 @click.command()
 @click.argument("target", metavar="EXPERIMENT:MODEL")
 @click.option("--format", "fmt", type=click.Choice(["sh", "env", "json"]), default="sh", show_default=True,
               help="sh: bash-sourceable exports; env: dotenv (also bash-sourceable); json: key -> value.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write atomically to FILE instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write to FILE instead of stdout: a file is replaced atomically; a symlink is followed (the "
+                   "file it points to is replaced, the link stays); a device or FIFO (/dev/null, a pipe) is "
+                   "written through, never replaced.")
 @click.option("--layer", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Append an env file on top of the stack (repeatable; later wins).")
 @click.option("--strict", is_flag=True, help="Fail on references no layer assigns ($SCRATCH, $USER, ...).")
@@ -43,9 +48,9 @@ def render(ctx, target, fmt, output, extra, strict):
     _, env = _target_env(ctx, target, extra, strict)
     text = render_env(env, fmt)
     if output:
-        from ..fsutil import atomic_write
+        from ..fsutil import write_output
 
-        atomic_write(Path(output), text)
+        write_output(output, text)
     else:
         click.echo(text, nl=False)
 
@@ -55,17 +60,32 @@ def render(ctx, target, fmt, output, extra, strict):
 @click.argument("keys", nargs=-1)
 @click.option("--layer", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Append an env file on top of the stack (repeatable).")
+@click.option("--serve", "launcher", is_flag=True,
+              help="Explain the launcher's environment, as `env_layers serve` merges it: adds "
+                   "experiments/serve-only.env, then SERVE_ENV_FILE; SERVE_BASE_ENV replaces the catalog layers.")
+@click.option("--env-file", type=click.Path(exists=True, dir_okay=False),
+              help="As serve's --env-file (SERVE_ENV_FILE), sourced last; implies --serve.")
+@click.option("--base-env", type=click.Path(exists=True, dir_okay=False),
+              help="As serve's --base-env (SERVE_BASE_ENV), used instead of the catalog layers; implies --serve.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def explain(ctx, target, keys, extra, as_json):
+def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
     """Show each key's final value, the file:line that set it, and what it overrode.
 
-    With KEYs, only those (exit 1 if one is absent: no layer assigns it).
+    With KEYs, only those (exit 1 if one is absent: no layer assigns it). With --serve
+    (or --env-file / --base-env) the stack is the launcher's, so a launch key's origin is
+    shown exactly as `env_layers serve` would use it; SERVE_ENV_FILE and SERVE_BASE_ENV are
+    read from the environment under --serve unless the options name files.
     """
-    from ..layers import deferred_in
+    from ..layers import LaunchSources, deferred_in
     from ..shell import bash_value, value_text
 
-    _, env = _target_env(ctx, target, extra)
+    launch = None
+    if launcher or env_file or base_env:
+        env_file = env_file or (os.environ.get("SERVE_ENV_FILE") if launcher else None) or None
+        base_env = base_env or (os.environ.get("SERVE_BASE_ENV") if launcher else None) or None
+        launch = LaunchSources(Path(base_env) if base_env else None, Path(env_file) if env_file else None)
+    _, env = _target_env(ctx, target, extra, launch=launch)
     wanted = list(keys) or list(env.bindings)
     records = []
     for key in wanted:
@@ -180,7 +200,7 @@ def list_cmd(ctx, as_json):
     for name, entry in cat.models.items():
         row = {"name": name, "description": entry.description}
         try:
-            text = load_env(root, f"{catalog.DEFAULT_EXPERIMENT}:{name}").text()
+            text = load_env(root, f"{DEFAULT_EXPERIMENT}:{name}").text()
             row.update(engine=text.get("INFERENCE_ENGINE"), nodes=text.get("INFERENCE_NODES", "1"),
                        model=text.get("INFERENCE_MODEL"), partition=text.get("SLURM_PARTITION"))
         except EnvLayersError as err:

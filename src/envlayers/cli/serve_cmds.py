@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from . import get_root
+from ..defaults import DEFAULT_EXPERIMENT, DEFAULT_MODEL, DEFAULT_TIME
 from ..errors import EnvLayersError
 
 
@@ -22,10 +23,10 @@ def _prepare(ctx, model, experiment, time, base_env, env_file):
 
 
 _common = [
-    click.option("--model", envvar="MODEL", default="qwen38", show_default=True, help="Catalog model (env: MODEL)."),
-    click.option("--experiment", envvar="EXPERIMENT", default="experiment", show_default=True,
+    click.option("--model", envvar="MODEL", default=DEFAULT_MODEL, show_default=True, help="Catalog model (env: MODEL)."),
+    click.option("--experiment", envvar="EXPERIMENT", default=DEFAULT_EXPERIMENT, show_default=True,
                  help="Catalog experiment (env: EXPERIMENT), e.g. replicas."),
-    click.option("--time", "time_", envvar="SERVE_TIME", default="04:00:00", show_default=True,
+    click.option("--time", "time_", envvar="SERVE_TIME", default=DEFAULT_TIME, show_default=True,
                  help="Time limit (env: SERVE_TIME); overrides SBATCH_TIMELIMIT."),
     click.option("--base-env", envvar="SERVE_BASE_ENV", type=click.Path(exists=True, dir_okay=False),
                  help="Env file used instead of the render of EXPERIMENT:MODEL (env: SERVE_BASE_ENV)."),

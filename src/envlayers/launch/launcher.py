@@ -45,19 +45,17 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
 
 
 def read_api_key(path: str) -> str:
-    """The key in SERVER_API_KEY_FILE (surrounding whitespace stripped). A missing, unreadable or
-    empty file stops the launch with an error naming it (the login node checks it too, before
-    submission; this catches a file changed since)."""
+    """The key in SERVER_API_KEY_FILE, read by the one reader (apikey.read_key: surrounding whitespace
+    stripped, the safe character set). A missing, unreadable, empty or unsafe file stops the launch
+    with an error naming it (the login node checks it too, before submission; this catches a file
+    changed since)."""
+    from ..apikey import read_key
+    from ..errors import EnvLayersError
+
     try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise LaunchFailure(f"cannot read SERVER_API_KEY_FILE {path}: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise LaunchFailure(f"SERVER_API_KEY_FILE {path} is not UTF-8 text") from None
-    if not key:
-        raise LaunchFailure(f"SERVER_API_KEY_FILE {path} is empty: put the key in it "
-                            "(e.g. `openssl rand -hex 24 > FILE; chmod 600 FILE`)")
-    return key
+        return read_key(path)
+    except EnvLayersError as err:
+        raise LaunchFailure(str(err)) from None
 
 
 def resolve_nodes(names: Sequence[str], resolve: Callable[[str], str] = socket.gethostbyname,

@@ -16,10 +16,10 @@ from typing import Mapping
 
 from .. import engines, topology
 from ..engines import RankCommand
+from ..defaults import DEFAULT_READY_TIMEOUT_S
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 
 DEFAULT_RANK_START_TIMEOUT_S = 300
-DEFAULT_READY_TIMEOUT_S = 7200
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
 JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 from ..jobid import looks_like_job_id
 from .client import Client
@@ -104,7 +105,7 @@ def catalog_entry(root_opt: str | None, catalog_model: str | None, model: str | 
         catalog = cat.load(root)
     except EnvLayersError:
         return catalog_model, {}
-    experiment = "experiment" if "experiment" in catalog.experiments else next(iter(catalog.experiments), None)
+    experiment = DEFAULT_EXPERIMENT if DEFAULT_EXPERIMENT in catalog.experiments else next(iter(catalog.experiments), None)
     if experiment is None:
         return catalog_model, {}
     names = [catalog_model] if catalog_model else list(catalog.models)

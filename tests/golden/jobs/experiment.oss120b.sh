@@ -21,7 +21,7 @@ echo "ENVLAYERS-STAGE: job ${SLURM_JOB_ID} started on $(hostname) with nodes ${S
 #   experiments/layers/common.env
 #   experiments/layers/model-oss120b.env
 #   experiments/serve-only.env
-ENVLAYERS_SERVE_ENV=$(cat <<'ENVLAYERS_ENV'
+IFS= read -r -d '' ENVLAYERS_SERVE_ENV <<'ENVLAYERS_ENV' || true
 export VLLM_SERVED_MODEL='hpcagent-bench-vllm'
 export SLURM_PARTITION='mi300'
 export GPUS_PER_NODE='4'
@@ -43,7 +43,14 @@ export JUDGE_NODES='0'
 export AGENT_NODES='0'
 export RUN_ROOT="${SCRATCH:-${PWD}/runs}/inference-server"
 ENVLAYERS_ENV
-)
+
+# References the layers leave for the job: each must be set here, or `set -u` would end the job
+# without saying which layer line needs it.
+envlayers_missing=0
+envlayers_unset_ref() { echo "ENVLAYERS-ERROR: $1"; envlayers_missing=1; }
+[ -n "${SCRATCH:-}" ] || [ -n "${PWD+x}" ] || envlayers_unset_ref 'RUN_ROOT (experiments/serve-only.env:9) references $PWD, which is not set in the job; fix: export PWD before submitting (sbatch passes your environment on), assign it in a layer, or write ${PWD-default}'
+[ "$envlayers_missing" = 0 ] || exit 1
+
 set -a
 eval "$ENVLAYERS_SERVE_ENV"
 set +a
@@ -59,19 +66,19 @@ mkdir -p "$RUN_DIR"
 # (n: the first free number from 0) so this run starts clean (docs/operating.md).
 shopt -s nullglob dotglob
 ENVLAYERS_PREV=()
-for f in "$RUN_DIR"/*; do
-  [[ -d "$f" && ! -L "$f" && "${f##*/}" =~ ^run-[0-9]+$ ]] || ENVLAYERS_PREV+=("$f")
+for ENVLAYERS_F in "$RUN_DIR"/*; do
+  [[ -d "$ENVLAYERS_F" && ! -L "$ENVLAYERS_F" && "${ENVLAYERS_F##*/}" =~ ^run-[0-9]+$ ]] || ENVLAYERS_PREV+=("$ENVLAYERS_F")
 done
 shopt -u nullglob dotglob
 if [ -n "${ENVLAYERS_PREV[*]-}" ]; then
-  n=0
-  while [ -e "$RUN_DIR/run-$n" ]; do n=$((n + 1)); done
-  mkdir "$RUN_DIR/run-$n"
-  mv -- "${ENVLAYERS_PREV[@]}" "$RUN_DIR/run-$n/"
-  echo "ENVLAYERS-STAGE: restart ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID} (requeued by Slurm); the previous run's files are in $RUN_DIR/run-$n"
+  ENVLAYERS_N=0
+  while [ -e "$RUN_DIR/run-$ENVLAYERS_N" ]; do ENVLAYERS_N=$((ENVLAYERS_N + 1)); done
+  mkdir "$RUN_DIR/run-$ENVLAYERS_N"
+  mv -- "${ENVLAYERS_PREV[@]}" "$RUN_DIR/run-$ENVLAYERS_N/"
+  echo "ENVLAYERS-STAGE: restart ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID} (requeued by Slurm); the previous run's files are in $RUN_DIR/run-$ENVLAYERS_N"
 fi
-unset ENVLAYERS_PREV f n
-printf '%s\n' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
+unset ENVLAYERS_PREV ENVLAYERS_F ENVLAYERS_N
+printf '%s' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
 cat "$0" > "$RUN_DIR/job.sh"
 echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"
 

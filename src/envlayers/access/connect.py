@@ -1,0 +1,76 @@
+"""``connect``: what a client needs to use a job's endpoint (base URLs, model name, key or key file).
+
+Pure formatting over :class:`envlayers.access.job.JobAccess`; the key itself appears only when the
+caller asks for it and owns the key file.
+"""
+
+from __future__ import annotations
+
+from .gateway import route_url
+from .job import JobAccess, key_file_warning, read_key
+from .tunnel import is_recorded_process
+
+
+def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None) -> dict:
+    info = acc.job.info
+    tunnel = acc.tunnel()
+    gateway = None
+    # a job's end ends its tunnel; an srun that no longer runs means the tunnel dropped (or gave up)
+    if tunnel and tunnel.get("state") == "open" and acc.live and is_recorded_process(tunnel) is not False:
+        gateway = {"destination": tunnel["gateway"]["destination"],
+                   "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]),
+                   "provider_model_id": acc.served}
+    data = {
+        "job_id": acc.job_id,
+        "state": info.state if info else None,
+        "live": acc.live,
+        "base_urls": acc.base_urls,
+        "reachable_urls": acc.probe_urls,
+        "served_model_name": acc.served,
+        "api_key_required": acc.key_required,
+        "api_key_file": acc.key_file if acc.key_required else None,
+        "gateway": gateway,
+        "run_dir": str(acc.run_dir) if acc.run_dir else None,
+        "warnings": [],
+    }
+    if acc.key_required and acc.key_file:
+        warning = key_file_warning(acc.key_file)
+        if warning:
+            data["warnings"].append(warning)
+    if show_key:
+        if not acc.key_required:
+            data["warnings"].append("the endpoint takes no key: there is none to show")
+        elif not acc.key_file:
+            data["warnings"].append("the key's file is not recorded in the run directory")
+        else:
+            data["api_key"] = read_key(acc.key_file, uid)
+    return data
+
+
+def format_connect(data: dict) -> str:
+    jid = data["job_id"]
+    lines = [f"job {jid}: {data['state'] or 'unknown to Slurm'}" + ("" if data["live"] else " (endpoint not live)")]
+    reach = data["reachable_urls"]
+    for i, base in enumerate(data["base_urls"]):
+        also = f"  (by address: {reach[i]})" if i < len(reach) and reach[i] != base else ""
+        lines.append(f"base URL:   {base}{also}")
+    if not data["base_urls"]:
+        lines.append(f"base URL:   none yet (`env_layers wait {jid}`)")
+    lines.append(f"model name: {data['served_model_name'] or '-'}")
+    if not data["api_key_required"]:
+        lines.append("API key:    none needed (anyone who can reach the address can use it)")
+    elif data.get("api_key"):
+        lines.append(f"API key:    {data['api_key']}")
+    elif data["api_key_file"]:
+        lines.append(f"API key:    required; it is in {data['api_key_file']} "
+                     "(send 'Authorization: Bearer <key>'; --show-key prints it)")
+    else:
+        lines.append("API key:    required; its file is not recorded in the run directory")
+    gw = data["gateway"]
+    if gw:
+        lines.append(f"gateway:    {gw['base_url']} on {gw['destination']} (tunnel open; provider_model_id "
+                     f"{gw['provider_model_id']})")
+    lines.append(f"check:      env_layers ping {jid}")
+    for w in data["warnings"]:
+        lines.append(f"warning:    {w}")
+    return "\n".join(lines) + "\n"

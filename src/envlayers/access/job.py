@@ -1,0 +1,185 @@
+"""A job's endpoint as its owner reaches it: the job's files, ownership, the key file, and the tunnel record.
+
+Only the job's owner gets connection details: the caller must be the user Slurm runs the job as
+(``UserId``) and own the run directory. The API key itself is read only from a file the caller
+owns; everything else names the file, never the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .. import ops
+from ..errors import EnvLayersError
+
+TUNNEL_FILE = "tunnel.json"
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@dataclass
+class JobAccess:
+    """What ``connect``, ``ping``, ``tunnel`` and ``release`` need to know about one job."""
+
+    job: ops.TrackedJob
+    endpoint: dict | None  # endpoint.json, once live
+    launch: dict | None  # launch.json
+    serve_env: dict[str, str]  # serve.env's literal values
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.job.files.run_dir
+
+    @property
+    def served(self) -> str | None:
+        for data in (self.endpoint, self.launch):
+            if data and data.get("served_model_name"):
+                return str(data["served_model_name"])
+        return self.serve_env.get("VLLM_SERVED_MODEL") or None
+
+    @property
+    def base_urls(self) -> list[str]:
+        ep = self.endpoint or {}
+        return list(ep.get("base_urls") or ([ep["base_url"]] if ep.get("base_url") else []))
+
+    @property
+    def probe_urls(self) -> list[str]:
+        """The base URLs with node names replaced by the addresses the launcher recorded."""
+        return ops.endpoint_urls(self.endpoint)
+
+    @property
+    def key_required(self) -> bool:
+        if self.endpoint is not None and "api_key_required" in self.endpoint:
+            return bool(self.endpoint["api_key_required"])
+        return bool(self.key_file)
+
+    @property
+    def key_file(self) -> str | None:
+        """Where the key is: endpoint.json's ``api_key_file`` if the launcher recorded one, else
+        serve.env's ``SERVER_API_KEY_FILE``."""
+        if self.endpoint and self.endpoint.get("api_key_file"):
+            return str(self.endpoint["api_key_file"])
+        return self.serve_env.get("SERVER_API_KEY_FILE") or None
+
+    @property
+    def live(self) -> bool:
+        info = self.job.info
+        return self.endpoint is not None and info is not None and info.running and info.state != "COMPLETING"
+
+    def tunnel(self) -> dict | None:
+        if self.run_dir is None:
+            return None
+        try:
+            data = json.loads((self.run_dir / TUNNEL_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def require_live(self, what: str) -> None:
+        info = self.job.info
+        jid = self.job_id
+        if info is None or info.finished:
+            state = info.state if info else "no longer known to Slurm"
+            raise EnvLayersError(f"job {jid} has ended ({state}): nothing to {what}",
+                                 hint=f"`env_layers status {jid}` shows how it ended")
+        if info.pending:
+            raise EnvLayersError(f"job {jid} is PENDING ({info.reason}): nothing to {what} yet",
+                                 hint=f"`env_layers wait {jid}` returns once the endpoint is live")
+        if self.endpoint is None or not self.base_urls:
+            raise EnvLayersError(f"job {jid} is {info.state} but its endpoint is not live yet (no endpoint.json "
+                                 f"in {self.run_dir or 'its run directory'})",
+                                 hint=f"`env_layers wait {jid}` returns once it is")
+
+
+def read_serve_env(run_dir: Path | None) -> dict[str, str]:
+    """serve.env's assignments whose values are literal text (references are left out)."""
+    if run_dir is None:
+        return {}
+    try:
+        text = (run_dir / "serve.env").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    from ..envfile import parse_text
+
+    try:
+        assignments = parse_text(text, str(run_dir / "serve.env"))
+    except EnvLayersError:
+        return {}
+    out: dict[str, str] = {}
+    for a in assignments:
+        if all(isinstance(p, str) for p in a.value):
+            out[a.key] = "".join(a.value)
+    return out
+
+
+def check_owner(job: ops.TrackedJob, uid: int | None = None) -> None:
+    """Raise unless the caller is the job's owner (Slurm's UserId and the run directory's owner)."""
+    uid = os.getuid() if uid is None else uid
+    me = user_name(uid)
+    owners = []
+    if job.info is not None and job.info.user:
+        owners.append(("Slurm runs it as", job.info.user))
+    run_dir = job.files.run_dir
+    if run_dir is not None and run_dir.is_dir():
+        owners.append((f"its run directory {run_dir} belongs to", user_name(run_dir.stat().st_uid)))
+    for said, owner in owners:
+        if owner not in (me, str(uid)):
+            raise EnvLayersError(f"job {job.job_id} is not yours: {said} {owner}, you are {me}",
+                                 hint="connection details go to the job's owner only; ask them, or run this "
+                                      "as that user")
+
+
+def open_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, str] | None = None,
+             cwd: Path | None = None, uid: int | None = None) -> JobAccess:
+    """Find the job (as ``env_layers status`` does), check the caller owns it, read its files."""
+    job = ops.find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
+    check_owner(job, uid)
+    files = job.files
+    return JobAccess(job, files.endpoint_data(), files.launch(), read_serve_env(files.run_dir))
+
+
+def read_key(path: str, uid: int | None = None) -> str:
+    """The key in ``path``, only when the caller owns the file; one line, surrounding space stripped."""
+    uid = os.getuid() if uid is None else uid
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except OSError as err:
+        raise EnvLayersError(f"cannot read the key file {p}: {err.strerror}", where=str(p),
+                             hint="the job's SERVER_API_KEY_FILE must be readable here") from None
+    if st.st_uid != uid:
+        raise EnvLayersError(f"the key file {p} belongs to {user_name(st.st_uid)}, not to you ({user_name(uid)})",
+                             where=str(p), hint="only the key file's owner may print or use the key")
+    try:
+        key = p.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise EnvLayersError(f"cannot read the key file {p}: {err}", where=str(p)) from None
+    if not key or "\n" in key:
+        raise EnvLayersError(f"the key file {p} is {'empty' if not key else 'more than one line'}", where=str(p),
+                             hint="put the key alone on the file's one line")
+    return key
+
+
+def key_file_warning(path: str) -> str | None:
+    """A line when the key file can be read by others than its owner."""
+    try:
+        mode = Path(path).expanduser().stat().st_mode & 0o777
+    except OSError:
+        return None
+    if mode & 0o077:
+        return f"the key file {path} has mode {mode:04o}: others can read it; chmod 600 {path}"
+    return None

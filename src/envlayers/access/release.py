@@ -1,0 +1,125 @@
+"""``release``: give everything back in order, and say what each step did.
+
+1. the gateway route: a reminder with the exact entry to remove (the gateway must stop sending
+   traffic to a port that is about to close);
+2. the tunnel: closed by its recorded PID and step, only when that PID still runs the recorded command;
+3. the server and the allocation: ``env_layers stop`` (``ops.stop_job``), reused as is;
+4. the gateway port: asked from the gateway host whether it still answers.
+
+Idempotent: a second run finds each step done and says everything is already released.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from .. import ops
+from .gateway import Gateway, check_gateway_port, find_holder_commands
+from .job import JobAccess
+from .tunnel import close_tunnel
+
+
+@dataclass
+class Step:
+    name: str  # route | tunnel | job | gateway-port
+    status: str  # done | already | failed | skipped | reminder
+    detail: str
+    lines: list[str] = field(default_factory=list)  # extra lines to print under it
+
+
+@dataclass
+class ReleaseResult:
+    job_id: str
+    steps: list[Step]
+
+    @property
+    def ok(self) -> bool:
+        return not any(s.status == "failed" for s in self.steps)
+
+    @property
+    def already(self) -> bool:
+        return all(s.status in ("already", "skipped") for s in self.steps if s.name != "route")
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "ok": self.ok, "already_released": self.already,
+                "steps": [asdict(s) for s in self.steps]}
+
+
+def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float = 10.0,
+            sleep: Callable[[float], None] = time.sleep) -> ReleaseResult:
+    record = acc.tunnel()
+    steps: list[Step] = []
+    # 1. the route
+    if record is None:
+        steps.append(Step("route", "skipped", "no tunnel was recorded for this job, so no gateway route names it"))
+    else:
+        route = record.get("route") or {}
+        reminded = record.get("state") == "closed"
+        steps.append(Step("route", "already" if reminded else "reminder",
+                          "reminded when the tunnel was closed: this route must be gone from the gateway's registry"
+                          if reminded else "remove this route from the gateway's model registry and reload the "
+                          "gateway now, before its port closes",
+                          [f"base_url: {route.get('base_url')}", f"provider_model_id: {route.get('provider_model_id')}"]))
+    # 2. the tunnel
+    status, detail = close_tunnel(acc)
+    steps.append(Step("tunnel", {"closed": "done"}.get(status, status), detail))
+    # 3. the server and the allocation
+    stopped = ops.stop_job(acc.job_id, timeout_s=stop_timeout_s, run_dir=str(acc.run_dir) if acc.run_dir else None)
+    lines = [f"endpoint {p['url']}: {'STILL ANSWERS' if p['answers'] else 'no longer answers'} ({p['detail']})"
+             for p in stopped.probes]
+    if not stopped.ok:
+        what = (f"still {stopped.state_after} after {stopped.waited_s:.1f}s" if not stopped.ended
+                else "the job ended but its endpoint still answers")
+        steps.append(Step("job", "failed", what, lines))
+    elif stopped.cancelled:
+        steps.append(Step("job", "done", f"scancel sent ({stopped.state_before}); ended "
+                          f"({stopped.state_after or 'gone from Slurm'}) after {stopped.waited_s:.1f}s",
+                          lines))
+    else:
+        steps.append(Step("job", "already", f"already ended ({stopped.state_before or 'forgotten by Slurm'})", lines))
+    # 4. the gateway port
+    if record is None:
+        steps.append(Step("gateway-port", "skipped", "no tunnel recorded: no gateway port to check"))
+    else:
+        gateway = Gateway.from_dict(record["gateway"])
+        bind, port = record["remote_bind"], record["remote_port"]
+        deadline = time.monotonic() + port_wait_s
+        while True:
+            check = check_gateway_port(gateway, bind, port)
+            if check.state != "answers" and check.state != "listening" or time.monotonic() >= deadline:
+                break
+            sleep(0.5)  # the gateway's sshd closes the listener once it sees the connection end
+        where = f"{bind}:{port} on {gateway.destination}"
+        tunnel_did = steps[1].status == "done"
+        if check.state == "free":
+            steps.append(Step("gateway-port", "done" if tunnel_did else "already",
+                              f"{where} no longer answers ({check.detail})"))
+        elif check.held:
+            steps.append(Step("gateway-port", "failed", f"{where} still answers: {check.detail}; a forward still "
+                              "holds it on the gateway host", ["on the gateway host:", *find_holder_commands(port)]))
+        else:
+            steps.append(Step("gateway-port", "failed", f"could not check {where}: {check.detail}",
+                              [f"check it on the gateway host: curl -s --max-time 5 http://{bind}:{port}/v1/models "
+                               "(should fail to connect)"]))
+    return ReleaseResult(acc.job_id, steps)
+
+
+_LABELS = {"route": "1. gateway route", "tunnel": "2. tunnel", "job": "3. server and allocation",
+           "gateway-port": "4. gateway port"}
+
+
+def format_release(result: ReleaseResult) -> str:
+    lines = []
+    for s in result.steps:
+        lines.append(f"{_LABELS[s.name]}: {s.status}: {s.detail}")
+        lines += [f"     {ln}" for ln in s.lines]
+    if not result.ok:
+        lines.append(f"job {result.job_id}: NOT fully released; fix the failed step(s) and run "
+                     f"`env_layers release {result.job_id}` again")
+    elif result.already:
+        lines.append(f"job {result.job_id}: everything is already released")
+    else:
+        lines.append(f"job {result.job_id}: released")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,61 @@
+"""The API key file (SERVER_API_KEY_FILE): what a usable key is, checked on the login node, and reading it.
+
+A key is its file's text with surrounding whitespace stripped. It must be 8 to 512 characters from
+``A-Z a-z 0-9 . _ ~ + / = -`` (the URL-safe and base64 alphabets): the engines print their
+arguments escaped (Python's repr turns ``'`` and ``\\`` into ``\\'`` and ``\\\\``), and with only
+these characters every form a log can show is the key itself, so masking it in the logs is exact;
+8 characters at least, so masking never blanks ordinary words of a log. A file others can read
+(mode wider than 0600) is a warning, as ssh gives one; a missing or empty file is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from .errors import EnvLayersError
+
+KEY_CHARS = "A-Za-z0-9._~+/=-"
+MIN_LEN, MAX_LEN = 8, 512
+_KEY_RE = re.compile(f"[{KEY_CHARS}]+")
+_FIX = "put one key of 8 to 512 characters from A-Z a-z 0-9 . _ ~ + / = - in it, e.g. `openssl rand -hex 32 > FILE`"
+
+
+def read_key(path: "str | os.PathLike[str]", where: str | None = None) -> str:
+    """The key in ``path`` (surrounding whitespace stripped); EnvLayersError when it is unusable.
+    ``where`` (e.g. the layer's file:line that names the file) leads the error."""
+    where = f"{where + ': ' if where else ''}SERVER_API_KEY_FILE {path}"
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise EnvLayersError("the key file does not exist", where=where, hint=_FIX) from None
+    except OSError as err:
+        raise EnvLayersError(f"cannot read the key file: {err.strerror or err}", where=where,
+                             hint="make it a file you can read (chmod 600)") from None
+    try:
+        key = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise EnvLayersError("the key file is not text (not UTF-8)", where=where, hint=_FIX) from None
+    if not key:
+        raise EnvLayersError("the key file is empty", where=where, hint=_FIX)
+    bad = sorted(set(_KEY_RE.sub("", key)))
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:5])  # the characters only, never the key
+        raise EnvLayersError(f"the key holds characters outside the safe set ({shown})", where=where,
+                             hint=_FIX + "; the engines print other characters escaped, which log masking "
+                                         "could miss")
+    if not MIN_LEN <= len(key) <= MAX_LEN:
+        raise EnvLayersError(f"the key is {len(key)} characters long", where=where, hint=_FIX)
+    return key
+
+
+def check_key_file(path: "str | os.PathLike[str]", where: str | None = None) -> list[str]:
+    """Refuse an unusable key file (EnvLayersError); return warnings (a file others can read)."""
+    read_key(path, where)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        return [f"SERVER_API_KEY_FILE {path} is readable or writable by others (mode {mode:04o}); "
+                f"run `chmod 600 {path}`"]
+    return []

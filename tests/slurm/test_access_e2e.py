@@ -1,0 +1,221 @@
+"""From SUBMIT=0 to a chat completion through a gateway host's fixed loopback port, and back to
+everything released, on the real local Slurm cluster with a real sshd as the gateway host.
+
+Three network stacks, as on a site: the login node is this host, the API node is the job's lab
+node, and the gateway host is another lab node's network namespace (the job does not use that node),
+where a private sshd (tests/sshdtools.py) listens on the node's lab address. The tunnel's remote
+end is that namespace's 127.0.0.1, so what answers there came through the tunnel. Nothing leaves
+127.0.0.0/8 and the lab's own namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from labtools import lab_command, pid_alive
+from test_serve_e2e import BANNER, Run
+
+import sshdtools
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slurm
+
+
+def netns_of(lab) -> dict[str, str]:
+    """Lab node -> its network namespace, from `cluster/slurm-lab status`."""
+    out = lab_command("status", env={"ENVLAYERS_LAB_DIR": str(lab.lab_dir)}).stdout
+    return dict(re.findall(r"^node: name=(\S+) .*netns=(\S+)$", out, re.M))
+
+
+class Gateway:
+    """A private sshd in the namespace of a lab node the job does not use."""
+
+    def __init__(self, lab, folder: Path, node: str):
+        self.node, self.netns = node, netns_of(lab)[node]
+        self.server = sshdtools.Sshd.start(folder, listen=lab.nodes[node], netns=self.netns)
+
+    def tunnel_args(self) -> list[str]:
+        args = ["--to", self.server.destination, "--ssh-port", str(self.server.port),
+                "--identity", str(self.server.identity)]
+        for opt in self.server.client_options():
+            args += ["-o", opt]
+        return args
+
+    def sh(self, *argv: str, timeout_s: float = 30) -> subprocess.CompletedProcess:
+        """A command on the gateway host (in its namespace)."""
+        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True,
+                              timeout=timeout_s, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+
+
+@pytest.fixture
+def gateways(slurm_lab, tmp_path):
+    """Starts a gateway beside a running job: ``gateways(job_id)``. Stopped (and checked gone) at teardown."""
+    if slurm_lab.mode != "netns":
+        pytest.skip("needs the lab's network namespaces (a gateway host apart from the API node)")
+    reason = sshdtools.ensure_openssh()
+    if reason:
+        pytest.fail(reason) if os.environ.get("ENVLAYERS_REQUIRE_SLURM") == "1" else pytest.skip(reason)
+    started: list[Gateway] = []
+
+    def start(job_id: str) -> Gateway:
+        used = slurm_lab.job_info(job_id)["NodeList"]
+        node = next(n for n in sorted(slurm_lab.nodes, reverse=True) if n != used)
+        started.append(Gateway(slurm_lab, tmp_path / f"gateway-{len(started)}", node))
+        return started[-1]
+
+    yield start
+    for gw in started:
+        pids = gw.server.stop()
+        assert not any(sshdtools.pid_alive(p) for p in pids), "the gateway sshd outlived the test"
+
+
+def env_layers(run: Run, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
+    env = dict(run.env, PYTHONPATH=str(REPO / "src"))
+    return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=run.dir, env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def start_job(lab, tmp_path: Path) -> tuple[Run, str]:
+    key = "k3y-" + os.urandom(6).hex()
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    # the job runs this checkout's launcher too, not whichever envlayers is installed
+    run = Run(lab, tmp_path, layer=f"SERVER_API_KEY_FILE={key_file}\n", SERVE_TIME="00:10:00",
+              PYTHONPATH=f"{REPO / 'tests' / 'standin' / 'pypath'}:{REPO / 'src'}")
+    dry = run.sbatch(submit=False)
+    assert "sbatch" in dry.stdout and BANNER not in dry.stdout
+    run.submit()
+    live = env_layers(run, "wait", run.job_id, "--timeout", "60", "--progress", "none")
+    assert live.returncode == 0, live.stdout + live.stderr
+    return run, key
+
+
+def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
+    run, key = start_job(slurm_lab, tmp_path)
+    gateway = gateways(run.job_id)
+    jid = run.job_id
+    key_file = tmp_path / "api-key"
+
+    # what a client needs, and a check of the endpoint with the job's key
+    connect = env_layers(run, "connect", jid)
+    assert connect.returncode == 0, connect.stderr
+    assert f"API key:    required; it is in {key_file}" in connect.stdout and key not in connect.stdout
+    ping = env_layers(run, "ping", jid, "--json")
+    assert ping.returncode == 0 and json.loads(ping.stdout)["ok"], ping.stdout + ping.stderr
+
+    # the tool's own refusal of a public gateway bind: nothing is started
+    steps_before = slurm_lab.run(["squeue", "-h", "-s", "-j", jid, "-o", "%i"]).stdout
+    public = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", "8001", "--remote-bind", "0.0.0.0")
+    assert public.returncode == 2 and "binds every interface of the gateway host" in public.stderr
+    assert slurm_lab.run(["squeue", "-h", "-s", "-j", jid, "-o", "%i"]).stdout == steps_before
+    assert not (run.run_dir / "tunnel.log").exists()
+
+    # an earlier allocation's forward still holds the port on the gateway host
+    rport = sshdtools.free_port()
+    stale = subprocess.Popen(gateway.server.ssh_argv("-N", "-R", f"127.0.0.1:{rport}:127.0.0.1:9",
+                                                     gateway.server.destination),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while f":{rport}" not in gateway.sh("ss", "-Hltn").stdout:
+            assert time.monotonic() < deadline and stale.poll() is None, "the stale forward did not come up"
+            time.sleep(0.1)
+        held = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", str(rport))
+        assert held.returncode == 1, held.stdout + held.stderr
+        assert f"port {rport} on the gateway host {gateway.server.listen} is still held by an earlier forward" \
+            in held.stderr
+        printed = [ln.strip() for ln in held.stderr.splitlines()]
+        find = next(ln for ln in printed if ln.startswith("ss -ltnp"))
+        assert find.startswith(f"ss -ltnp 'sport = :{rport}'") and any(ln.startswith("kill <") for ln in printed)
+        # follow the printed commands on the gateway host
+        holder = gateway.sh("bash", "-c", find.split("#")[0]).stdout
+        pid = int(re.search(r'"sshd",pid=(\d+)', holder).group(1))
+        gateway.sh("kill", str(pid))
+        stale.wait(15)
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+            stale.wait(5)
+
+    # now the tunnel: from the API node, inside the job
+    opened = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", str(rport))
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert "gateway route entry:\n" f"  base_url: http://127.0.0.1:{rport}/v1\n" \
+           "  provider_model_id: hpcagent-bench-vllm\n" in opened.stdout
+    assert f"gateway: 127.0.0.1:{rport} answers on the gateway host (answered: HTTP/1.1 401" in opened.stdout
+    record = json.loads((run.run_dir / "tunnel.json").read_text())
+    assert record["state"] == "open" and record["srun_argv"][:3] == ["srun", "--overlap", f"--jobid={jid}"]
+    assert pid_alive(record["srun_pid"]) and pid_alive(record["node_pid"], "ssh")
+    assert f"-R 127.0.0.1:{rport}:127.0.0.1:8000" in record["ssh_command"]
+    assert key not in (run.run_dir / "tunnel.log").read_text()
+    second = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", str(rport + 1))
+    assert second.returncode == 2 and f"job {jid} already has a tunnel to" in second.stderr
+
+    # a chat completion through the gateway host's fixed loopback port, with the key
+    body = json.dumps({"model": "hpcagent-bench-vllm", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hi"}]})
+    chat = gateway.sh("curl", "-s", "-m", "10", f"http://127.0.0.1:{rport}/v1/chat/completions",
+                      "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {key}", "-d", body)
+    answer = json.loads(chat.stdout)
+    assert answer["model"] == "hpcagent-bench-vllm" and answer["choices"][0]["message"]["content"]
+    via = gateway.sh(sys.executable, "-m", "envlayers", "ping", f"http://127.0.0.1:{rport}/v1",
+                     "--api-key-file", str(key_file))
+    assert via.returncode == 0, via.stdout + via.stderr
+    assert "gateway:    http://127.0.0.1:" in env_layers(run, "connect", jid).stdout
+
+    # release, in order, and nothing left running
+    released = env_layers(run, "release", jid)
+    assert released.returncode == 0, released.stdout + released.stderr
+    lines = released.stdout.splitlines()
+    assert lines[0].startswith("1. gateway route: reminder: remove this route")
+    assert lines[1:3] == [f"     base_url: http://127.0.0.1:{rport}/v1", "     provider_model_id: hpcagent-bench-vllm"]
+    assert lines[3] == f"2. tunnel: done: scancel {record['step_id']}, srun pid {record['srun_pid']} ended"
+    assert lines[4].startswith("3. server and allocation: done: scancel sent (RUNNING); ended (CANCELLED)")
+    assert f"4. gateway port: done: 127.0.0.1:{rport} on {gateway.server.destination} no longer answers" \
+        in released.stdout
+    assert lines[-1] == f"job {jid}: released"
+    assert not pid_alive(record["srun_pid"]) and not pid_alive(record["node_pid"])
+    assert f":{rport}" not in gateway.sh("ss", "-Hltn").stdout
+    run.assert_nothing_left()
+    again = env_layers(run, "release", jid)
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == f"job {jid}: everything is already released"
+    assert "2. tunnel: already: closed at " in again.stdout
+
+
+def test_keep_alive_restarts_a_dropped_tunnel_and_the_job_end_stops_it(slurm_lab, gateways, tmp_path):
+    run, key = start_job(slurm_lab, tmp_path)
+    gateway = gateways(run.job_id)
+    rport = sshdtools.free_port()
+    opened = env_layers(run, "tunnel", run.job_id, *gateway.tunnel_args(), "--remote-port", str(rport),
+                        "--keep-alive", "--restarts", "2")
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert "up to 2 times in a row, 2 s to 60 s apart" in opened.stdout
+    record = json.loads((run.run_dir / "tunnel.json").read_text())
+    log = run.run_dir / "tunnel.log"
+    first = int(re.search(r"ENVLAYERS-TUNNEL: ssh pid=(\d+)", log.read_text()).group(1))
+    os.kill(first, 9)  # the connection drops
+    deadline = time.monotonic() + 30
+    while "restart 1/2 in 2s" not in log.read_text() or log.read_text().count("remote forward success") < 2:
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    ping = gateway.sh(sys.executable, "-m", "envlayers", "ping", f"http://127.0.0.1:{rport}/v1",
+                      "--api-key-file", str(tmp_path / "api-key"))
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    # the job ends: the tunnel step ends with it
+    slurm_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    deadline = time.monotonic() + 15
+    while pid_alive(record["node_pid"]) or pid_alive(record["srun_pid"]):
+        assert time.monotonic() < deadline, "the tunnel outlived its job"
+        time.sleep(0.2)
+    released = env_layers(run, "release", run.job_id)
+    assert released.returncode == 0, released.stdout + released.stderr
+    assert "2. tunnel: already: srun pid" in released.stdout and "3. server and allocation: already" in released.stdout

@@ -1,0 +1,476 @@
+"""connect, ping, tunnel and release without a cluster: the checks on their inputs, the node-side
+tunnel script run by real bash, ping against the real stand-in engine on 127.0.0.1, the gateway port
+check through a real private sshd on 127.0.0.1, and connect's owner and key rules on a run directory.
+
+Slurm is a two-line stand-in here (``scontrol`` answers "Invalid job id"), so a job is found by its
+run directory alone; tests/slurm/test_access_e2e.py runs the same commands on the real local cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envlayers.access import gateway as gw
+from envlayers.access.ping import ping
+from envlayers.access.tunnel import TunnelSpec
+from envlayers.errors import EnvLayersError
+
+import sshdtools
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standin"
+
+
+def cli(*args: str, env: dict | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    full.pop("ENVLAYERS_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "envlayers", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env=full)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+@pytest.mark.parametrize("given, bind", [
+    pytest.param(None, "127.0.0.1", id="default"),
+    pytest.param("127.0.0.1", "127.0.0.1", id="loopback"),
+    pytest.param("127.0.0.2", "127.0.0.2", id="other-loopback"),
+    pytest.param("::1", "[::1]", id="ipv6-loopback"),
+])
+def test_remote_bind_accepts_numeric_loopback_only(given, bind):
+    assert gw.check_remote_bind(given) == bind
+
+
+@pytest.mark.parametrize("given, reason", [
+    pytest.param("0.0.0.0", "binds every interface", id="any-ipv4"),
+    pytest.param("*", "binds every interface", id="star"),
+    pytest.param("", "binds every interface", id="empty"),
+    pytest.param("::", "binds every interface", id="any-ipv6"),
+    pytest.param("localhost", "a name the gateway resolves itself", id="localhost-name"),
+    pytest.param("10.1.2.3", "not a loopback address", id="private-routable"),
+    pytest.param("192.0.2.7", "not a loopback address", id="public-routable"),
+    pytest.param("gateway.example.org", "not a numeric IP address", id="host-name"),
+])
+def test_remote_bind_refuses_anything_that_could_publish_the_server(given, reason):
+    with pytest.raises(EnvLayersError) as err:
+        gw.check_remote_bind(given)
+    assert reason in str(err.value) and err.value.where == "--remote-bind"
+    assert "must stay private" in str(err.value) or given == "localhost"
+
+
+@pytest.mark.parametrize("dest, ok", [
+    pytest.param("me@gw.example.org", True, id="user-host"),
+    pytest.param("gw", True, id="host-only"),
+    pytest.param("me@10.0.0.1", True, id="user-ip"),
+    pytest.param("-oProxyCommand=sh", False, id="option-injection"),
+    pytest.param("me@gw x", False, id="space"),
+    pytest.param("@gw", False, id="empty-user"),
+    pytest.param("", False, id="empty"),
+])
+def test_destination(dest, ok):
+    if ok:
+        assert gw.check_destination(dest) == dest
+    else:
+        with pytest.raises(EnvLayersError):
+            gw.check_destination(dest)
+
+
+@pytest.mark.parametrize("option, ok", [
+    pytest.param("UserKnownHostsFile=/x/known", True, id="known-hosts"),
+    pytest.param("ProxyJump=bastion", True, id="proxy-jump"),
+    pytest.param("ServerAliveInterval 10", True, id="space-form"),
+    pytest.param("RemoteForward=0.0.0.0:9000 127.0.0.1:8000", False, id="second-forward"),
+    pytest.param("ExitOnForwardFailure=no", False, id="weaken-exit-on-failure"),
+    pytest.param("GatewayPorts=yes", False, id="gateway-ports"),
+    pytest.param("=yes", False, id="malformed"),
+])
+def test_ssh_options(option, ok):
+    if ok:
+        assert gw.check_options([option])[0].split("=")[0] == option.split("=")[0].split()[0]
+    else:
+        with pytest.raises(EnvLayersError):
+            gw.check_options([option])
+
+
+def test_forced_options_come_first_and_a_users_default_replaces_ours():
+    g = gw.Gateway("me@gw", 2222, "/k", ("ServerAliveInterval=7",))
+    argv = g.ssh_argv("-N")
+    opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    assert opts[:2] == ["ExitOnForwardFailure=yes", "BatchMode=yes"]  # ssh keeps the first value given
+    assert "ServerAliveInterval=7" in opts and "ServerAliveInterval=30" not in opts
+    assert "ServerAliveCountMax=3" in opts
+    assert argv[-1] == "-N" and ["-p", "2222"] == argv[argv.index("-p"):argv.index("-p") + 2]
+
+
+def test_the_step_runs_on_the_api_node_inside_the_job():
+    spec = TunnelSpec("42", "n7", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001)
+    argv = spec.srun_argv()
+    assert argv[:6] == ["srun", "--overlap", "--jobid=42", "--nodes=1", "--ntasks=1", "--nodelist=n7"]
+    assert "-R 127.0.0.1:8001:127.0.0.1:8000 me@gw" in argv[-1]
+
+
+# ------------------------------------------------------------------------------------------ node script
+
+def _fake_ssh(tmp_path: Path, body: str) -> dict:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text("#!/bin/bash\n" + body)
+    (bindir / "ssh").chmod(0o755)
+    return {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "2"}
+
+
+def test_node_script_keeps_only_the_lines_that_say_how_the_forward_went(tmp_path):
+    env = _fake_ssh(tmp_path, (
+        "echo 'OpenSSH_9.2p1' >&2; echo 'debug1: Reading configuration data' >&2\n"
+        "echo 'Authenticated to gw ([10.0.0.1]:22) using \"publickey\".' >&2\n"
+        "echo 'debug1: remote forward failure for: listen 127.0.0.1:8001, connect 127.0.0.1:8000' >&2\n"
+        "echo 'debug1: channel 0: new [client-session]' >&2\n"
+        "echo 'Error: remote port forwarding failed for listen port 8001' >&2; exit 255\n"))
+    script = TunnelSpec("5", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001).node_script()
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=20)
+    assert proc.returncode == 255
+    assert proc.stdout.startswith("ENVLAYERS-TUNNEL: node=") and " step=5.2 pid=" in proc.stdout
+    assert proc.stderr.splitlines() == [
+        "OpenSSH_9.2p1", 'Authenticated to gw ([10.0.0.1]:22) using "publickey".',
+        "debug1: remote forward failure for: listen 127.0.0.1:8001, connect 127.0.0.1:8000",
+        "Error: remote port forwarding failed for listen port 8001"]
+
+
+def test_keep_alive_restarts_a_dropped_ssh_a_bounded_number_of_times(tmp_path):
+    count = tmp_path / "starts"
+    env = _fake_ssh(tmp_path, f"echo x >> {count}; exit 255\n")
+    spec = TunnelSpec("5", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001, keep_alive=True, restarts=1)
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "-c", spec.node_script()], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 255
+    assert len(count.read_text().splitlines()) == 2  # the first start and one restart
+    assert "restart 1/1 in 2s" in proc.stdout and "giving up after 1 restarts" in proc.stdout
+    assert time.monotonic() - t0 >= 2  # the back-off was waited
+
+
+# ------------------------------------------------------------------------------------------ ping
+
+def _standin(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = sshdtools.free_port()
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0", "PYTHONPATH": str(STANDIN / "pypath")}
+    proc = subprocess.Popen([str(STANDIN / "bin" / "vllm"), "serve", "m", "--served-model-name", "tiny",
+                             "--host", "127.0.0.1", "--port", str(port), *extra], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"http://127.0.0.1:{port}/v1"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the stand-in engine did not listen")
+
+
+def _end(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:  # a handler thread still in a request: do not leave it running
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    proc, url = _standin(tmp_path)
+    yield url
+    _end(proc)
+
+
+@pytest.fixture
+def keyed_engine(tmp_path):
+    key = "k-" + os.urandom(6).hex()
+    proc, url = _standin(tmp_path, "--api-key", key)
+    yield url, key
+    _end(proc)
+
+
+def test_ping_times_both_checks_against_the_real_stand_in(engine):
+    result = ping(engine, "tiny", timeout_s=5)
+    assert result.ok and [c.name for c in result.checks] == ["models", "chat"]
+    assert all(c.status == 200 and 0 < c.latency_s < 5 for c in result.checks)
+    proc = cli("ping", engine.removesuffix("/v1"), "--json")
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0 and data["ok"] and data["results"][0]["served_model_name"] == "tiny"
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    pytest.param(["--model", "other"], 1, "serves ['tiny'], not 'other'", id="wrong-model"),
+    pytest.param([], 0, "POST /v1/chat/completions (max_tokens=1): 200 in", id="ok"),
+])
+def test_ping_exit_status(engine, args, code, needle):
+    proc = cli("ping", engine, *args)
+    assert proc.returncode == code and needle in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_ping_with_a_key_from_a_file(keyed_engine, tmp_path):
+    url, key = keyed_engine
+    no_key = cli("ping", url)
+    assert no_key.returncode == 1 and "HTTP 401: the endpoint wants a key (--api-key-file FILE)" in no_key.stdout
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    with_key = cli("ping", url, "--api-key-file", str(key_file))
+    assert with_key.returncode == 0, with_key.stdout
+    assert key not in with_key.stdout + with_key.stderr
+
+
+def test_ping_never_hangs_on_a_server_that_accepts_and_says_nothing():
+    with socket.socket() as silent:  # listens, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        t0 = time.monotonic()
+        proc = cli("ping", f"http://127.0.0.1:{port}", "--timeout-s", "1")
+        took = time.monotonic() - t0
+    assert proc.returncode == 1 and "no answer" in proc.stdout and "timed out" in proc.stdout
+    assert took < 10
+
+
+def test_ping_of_a_closed_port_fails_at_once():
+    port = sshdtools.free_port()
+    proc = cli("ping", f"http://127.0.0.1:{port}/v1", "--json")
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 1 and len(data["results"][0]["checks"]) == 1  # no chat after no answer
+    assert "Connection refused" in data["results"][0]["checks"][0]["detail"]
+
+
+# ------------------------------------------------------------------------------------------ gateway port
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    reason = sshdtools.ensure_openssh()
+    if reason:
+        pytest.skip(reason)
+    server = sshdtools.Sshd.start(tmp_path_factory.mktemp("gateway"))
+    yield server
+    server.stop()
+
+
+def _gateway(server) -> gw.Gateway:
+    return gw.Gateway(server.destination, server.port, str(server.identity), tuple(server.client_options()))
+
+
+def test_gateway_port_check_through_a_real_sshd(sshd, engine):
+    port = int(engine.rsplit(":", 1)[1].split("/")[0])
+    answers = gw.check_gateway_port(_gateway(sshd), "127.0.0.1", port)
+    assert answers.state == "answers" and "HTTP/1.1 200" in answers.detail and answers.held
+    free = gw.check_gateway_port(_gateway(sshd), "127.0.0.1", sshdtools.free_port())
+    assert free.state == "free" and not free.held
+
+
+def test_gateway_port_check_falls_back_to_a_direct_connect_when_the_gateway_is_this_host(sshd, tmp_path, engine):
+    other_key = tmp_path / "other"  # a key the gateway does not know: ssh cannot log in
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    g = gw.Gateway(sshd.destination, sshd.port, str(other_key), tuple(sshd.client_options()))
+    free = gw.check_gateway_port(g, "127.0.0.1", sshdtools.free_port())
+    assert free.state == "free" and "Permission denied" in free.detail and "the gateway is this host" in free.detail
+    port = int(engine.rsplit(":", 1)[1].split("/")[0])
+    assert gw.check_gateway_port(g, "127.0.0.1", port).state == "listening"
+
+
+def test_gateway_port_check_says_unknown_when_it_cannot_reach_a_remote_gateway(tmp_path):
+    # a numeric address that is not this host, reached through a proxy command that fails: no packet leaves
+    g = gw.Gateway("me@10.255.255.1", 22, None, ("ProxyCommand=false",))
+    check = gw.check_gateway_port(g, "127.0.0.1", 8001, timeout_s=10)
+    assert check.state == "unknown" and not check.held and "ssh to the gateway failed" in check.detail
+
+
+# ------------------------------------------------------------------------------------------ connect
+
+@pytest.fixture
+def no_slurm(tmp_path):
+    """Slurm's clients answering "no such job", so a job is found by its run directory alone."""
+    bindir = tmp_path / "slurm-bin"
+    bindir.mkdir()
+    for name, body in (("scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"),
+                       ("sacct", "exit 0")):
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    return {"PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+def _run_dir(tmp_path: Path, key_file: Path | None = None) -> Path:
+    run = tmp_path / "runs" / "77"
+    run.mkdir(parents=True)
+    (run / "launch.json").write_text(json.dumps({"served_model_name": "tiny", "nodes": ["n1"]}))
+    (run / "endpoint.json").write_text(json.dumps({
+        "job_id": "77", "served_model_name": "tiny", "base_urls": ["http://n1:8000/v1"],
+        "addresses": ["10.9.0.11"], "api_key_required": key_file is not None}))
+    (run / "serve.env").write_text("export VLLM_SERVED_MODEL='tiny'\n"
+                                   + (f"export SERVER_API_KEY_FILE='{key_file}'\n" if key_file else ""))
+    return run
+
+
+def test_connect_names_the_key_file_never_the_key(tmp_path, no_slurm):
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret-value\n")
+    key_file.chmod(0o600)
+    run = _run_dir(tmp_path, key_file)
+    text = cli("connect", "77", "--run-dir", str(run), env=no_slurm)
+    assert text.returncode == 0, text.stderr
+    assert "base URL:   http://n1:8000/v1  (by address: http://10.9.0.11:8000/v1)" in text.stdout
+    assert f"API key:    required; it is in {key_file}" in text.stdout and "s3cret" not in text.stdout
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    assert data["api_key_file"] == str(key_file) and "api_key" not in data and data["served_model_name"] == "tiny"
+    shown = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", "--show-key", env=no_slurm).stdout)
+    assert shown["api_key"] == "s3cret-value"
+
+
+def test_connect_warns_about_a_key_file_others_can_read(tmp_path, no_slurm):
+    key_file = tmp_path / "key"
+    key_file.write_text("k\n")
+    key_file.chmod(0o644)
+    proc = cli("connect", "77", "--run-dir", str(_run_dir(tmp_path, key_file)), env=no_slurm)
+    assert f"warning:    the key file {key_file} has mode 0644: others can read it; chmod 600" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_connect_is_for_the_owner_only(tmp_path, no_slurm):
+    key_file = tmp_path / "key"
+    key_file.write_text("k\n")
+    run = _run_dir(tmp_path, key_file)
+    os.chown(key_file, 65534, 65534)
+    refused = cli("connect", "77", "--run-dir", str(run), "--show-key", env=no_slurm)
+    assert refused.returncode == 2 and "the key file" in refused.stderr and "not to you" in refused.stderr
+    os.chown(run, 65534, 65534)
+    proc = cli("connect", "77", "--run-dir", str(run), env=no_slurm)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"job 77 is not yours: its run directory {run} belongs to nobody, you are root" in proc.stderr
+
+
+def test_ping_gives_up_on_a_server_that_trickles_its_answer():
+    import threading
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        stop = threading.Event()
+
+        def trickle():  # one byte every 0.3 s: no single read ever times out
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.is_set():
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        return
+                    time.sleep(0.3)
+
+        threading.Thread(target=trickle, daemon=True).start()
+        t0 = time.monotonic()
+        result = ping(f"http://127.0.0.1:{port}/v1", "tiny", timeout_s=1)
+        took = time.monotonic() - t0
+        stop.set()
+    assert not result.ok and "no complete reply within 1s" in result.checks[0].detail
+    assert took < 4
+
+
+def _no_slurm_job(tmp_path: Path, port: int) -> Path:
+    run = _run_dir(tmp_path)
+    ep = json.loads((run / "endpoint.json").read_text())
+    ep.update(base_urls=[f"http://n1:{port}/v1"], addresses=["127.0.0.1"])
+    (run / "endpoint.json").write_text(json.dumps(ep))
+    return run
+
+
+@pytest.mark.parametrize("command", ["ping", "tunnel"])
+def test_a_job_slurm_no_longer_knows_is_not_pinged_or_tunnelled(tmp_path, no_slurm, command):
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    extra = ["--to", "me@gw", "--remote-port", "8001"] if command == "tunnel" else []
+    proc = cli(command, "77", "--run-dir", str(run), *extra, env=no_slurm)
+    assert proc.returncode == 2 and "job 77 has ended (no longer known to Slurm)" in proc.stderr
+    assert not (run / "tunnel.log").exists()
+
+
+def _tunnel_record(run: Path, server, pid: int, argv: list[str], port: int) -> None:
+    (run / "tunnel.json").write_text(json.dumps({
+        "job_id": "77", "state": "open", "node": "n1", "local_port": 8000,
+        "gateway": {"destination": server.destination, "ssh_port": server.port, "identity": str(server.identity),
+                    "options": server.client_options()},
+        "remote_bind": "127.0.0.1", "remote_port": port,
+        "route": {"base_url": f"http://127.0.0.1:{port}/v1", "provider_model_id": "tiny"},
+        "host": socket.gethostname(), "srun_pid": pid, "srun_argv": argv, "step_id": None}))
+
+
+def test_release_kills_the_recorded_pid_only_while_it_runs_the_recorded_command(tmp_path, no_slurm, sshd):
+    port = sshdtools.free_port()
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    other = subprocess.Popen(["sleep", "60"])  # the recorded PID, now another program
+    try:
+        _tunnel_record(run, sshd, other.pid, ["srun", "--overlap", "--jobid=77"], port)
+        proc = cli("release", "77", "--run-dir", str(run), env=no_slurm)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"2. tunnel: already: srun pid {other.pid} no longer runs the tunnel" in proc.stdout
+        assert other.poll() is None  # not ours any more: untouched
+    finally:
+        other.kill()
+        other.wait()
+    ours = subprocess.Popen(["sleep", "61"])  # the recorded PID still running the recorded command
+    _tunnel_record(run, sshd, ours.pid, ["sleep", "61"], port)
+    proc = cli("release", "77", "--run-dir", str(run), "--json", env=no_slurm)
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0 and ours.wait(10) == -15  # SIGTERM
+    steps = {s["name"]: s for s in data["steps"]}
+    assert steps["tunnel"]["status"] == "done" and steps["job"]["status"] == "already"
+    assert steps["gateway-port"]["status"] == "done" and "no longer answers" in steps["gateway-port"]["detail"]
+    again = cli("release", "77", "--run-dir", str(run), env=no_slurm)
+    assert again.stdout.splitlines()[-1] == "job 77: everything is already released"
+    assert json.loads((run / "tunnel.json").read_text())["state"] == "closed"
+
+
+def test_release_fails_while_the_gateway_port_still_answers(tmp_path, no_slurm, sshd, engine):
+    port = int(engine.rsplit(":", 1)[1].split("/")[0])  # something answers on the "gateway" port
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    _tunnel_record(run, sshd, 1, ["srun"], port)
+    proc = cli("release", "77", "--run-dir", str(run), env=no_slurm, timeout_s=120)
+    assert proc.returncode == 1
+    assert f"4. gateway port: failed: 127.0.0.1:{port} on {sshd.destination} still answers" in proc.stdout
+    assert f"ss -ltnp 'sport = :{port}'" in proc.stdout and "NOT fully released" in proc.stdout
+
+
+def test_connect_refuses_a_job_slurm_runs_as_someone_else(tmp_path, no_slurm):
+    run = _run_dir(tmp_path)
+    record = (f"JobId=77 JobName=serve-only UserId=nobody(65534) JobState=RUNNING Reason=None NumNodes=1 "
+              f"NodeList=n1 WorkDir={tmp_path} StdOut={tmp_path}/serve-only-77.out")
+    scontrol = Path(no_slurm["PATH"].split(":")[0]) / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho '{record}'\n")
+    for command in (["connect", "77"], ["ping", "77"], ["release", "77"]):
+        proc = cli(*command, "--run-dir", str(run), env=no_slurm)
+        assert proc.returncode == 2 and "job 77 is not yours: Slurm runs it as nobody, you are" in proc.stderr, \
+            proc.stderr
+        assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("state, port, dest, found", [
+    pytest.param("open", 8001, "me@gw", "41", id="same-port-open"),
+    pytest.param("closed", 8001, "me@gw", None, id="closed"),
+    pytest.param("open", 8002, "me@gw", None, id="other-port"),
+    pytest.param("open", 8001, "me@other-gw", None, id="other-gateway"),
+])
+def test_a_held_port_is_traced_to_another_jobs_recorded_tunnel(tmp_path, monkeypatch, state, port, dest, found):
+    from envlayers.access.tunnel import recorded_holder
+
+    monkeypatch.setenv("ENVLAYERS_RUN_ROOT", str(tmp_path))
+    (tmp_path / "41").mkdir()
+    (tmp_path / "41" / "tunnel.json").write_text(json.dumps(
+        {"job_id": "41", "state": state, "remote_port": port, "gateway": {"destination": dest}}))
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "tunnel.json").write_text("{not json")
+    assert recorded_holder(TunnelSpec("42", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001)) == found
