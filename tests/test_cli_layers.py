@@ -48,13 +48,20 @@ def test_render_output_file_is_written_with_header(tmp_path):
     assert "INFERENCE_ENGINE='vllm'\n" in text
 
 
-def test_unknown_model_is_one_line_with_valid_names_and_nearest():
-    result = CliRunner().invoke(cli, ["--root", str(REPO), "render", "experiment:glm5"])
+@pytest.mark.parametrize("target, expected", [
+    pytest.param("experiment:glm5", "env_layers: error: experiments/layers/model-glm5.env: unknown model 'glm5' (valid: "
+                 "glm53, kimi27sglang, llama405bgateway, llama405bray, oss120b, oss20bdp, qwen38, qwen38mi200); hint: did you mean 'glm53'?\n", id="near"),
+    pytest.param("experiment:zzz", "env_layers: error: experiments/layers/model-zzz.env: unknown model 'zzz' (valid: "
+                 "glm53, kimi27sglang, llama405bgateway, llama405bray, oss120b, oss20bdp, qwen38, qwen38mi200); hint: a model is a layer file "
+                 "experiments/layers/model-<MODEL>.env, or an entry under models: in experiments/setups.yaml\n",
+                 id="none-near"),
+    pytest.param("nope:qwen38", "env_layers: error: experiments/setups.yaml: unknown experiment 'nope' (valid: "
+                 "experiment, replicas); hint: add it to experiments/setups.yaml\n", id="experiment"),
+])
+def test_unknown_model_is_one_line_with_valid_names_and_nearest(target, expected):
+    result = CliRunner().invoke(cli, ["--root", str(REPO), "render", target])
     assert result.exit_code == 2
-    assert result.output == (
-        "env_layers: error: experiments/setups.yaml: unknown model 'glm5' (valid: glm53, kimi27sglang, oss120b, "
-        "qwen38, qwen38mi200); hint: did you mean 'glm53'?\n"
-    )
+    assert result.output == expected
 
 
 def test_layer_syntax_error_names_file_and_line(catalog_copy):
@@ -97,9 +104,12 @@ def test_check_passes_on_the_committed_renders():
     result = run("check")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[-1] == "ok: 10 render(s) up to date"
-    # 16-GPU models as one-node replicas: rendered, but the launcher would refuse them
-    assert [line.split(" renders")[0] for line in lines[:-1]] == ["note: replicas:kimi27sglang", "note: replicas:glm53"]
+    assert lines[-1] == ("ok: 16 render(s) up to date (2 experiment(s) x 8 model(s): 4 in setups.yaml, "
+                         "4 from a layer file alone)")
+    # multi-node models as one-server-per-node replicas: rendered, but the launcher would refuse them
+    assert [line.split(" renders")[0] for line in lines[:-1]] == [
+        "note: replicas:glm53", "note: replicas:kimi27sglang", "note: replicas:llama405bgateway",
+        "note: replicas:llama405bray", "note: replicas:oss20bdp"]
 
 
 def test_check_reports_a_stale_render_with_a_diff(catalog_copy):
@@ -117,7 +127,8 @@ def test_list_json_has_engine_and_nodes():
     data = json.loads(run("list", "--json").output)
     rows = {m["name"]: (m["engine"], m["nodes"]) for m in data["models"]}
     assert rows == {"qwen38": ("sglang", "1"), "kimi27sglang": ("sglang", "4"), "glm53": ("sglang", "4"),
-                    "oss120b": ("vllm", "1"), "qwen38mi200": ("vllm", "1")}
+                    "oss120b": ("vllm", "1"), "qwen38mi200": ("vllm", "1"), "oss20bdp": ("vllm", "2"),
+                    "llama405bray": ("vllm", "2"), "llama405bgateway": ("vllm", "4")}
     assert [e["name"] for e in data["experiments"]] == ["experiment", "replicas"]
 
 

@@ -81,6 +81,12 @@ POSITIVE = [
                  {"rccl-tcp-fallback"}, id="rccl-tcp-fallback-vllm-pipeline"),
     pytest.param("launcher-core-left.out", "core-dump-left", "launcher-core-left.out:2",
                  {"core-dump-left"}, id="core-dump-left"),
+    pytest.param("sglang-rccl-pp-crash.log", "rccl-pipeline-crash", "sglang-rccl-pp-crash.log:17",
+                 {"rccl-pipeline-crash"}, id="rccl-pipeline-crash"),
+    pytest.param("launcher-fs-freeze.out", "container-fs-freeze", "launcher-fs-freeze.out:9",
+                 {"container-fs-freeze"}, id="container-fs-freeze-unkillable-step"),
+    pytest.param("vllm-fs-enotconn.log", "container-fs-freeze", "vllm-fs-enotconn.log:8",
+                 {"container-fs-freeze"}, id="container-fs-freeze-mount-gone"),
 ]
 
 
@@ -109,7 +115,8 @@ def test_rule_fires_on_its_symptom(rules, fixture, rule_id, where, expected):
 
 def test_every_rule_has_a_positive_test(rules):
     tested = {param.values[1] for param in POSITIVE}
-    assert tested == {rule.id for rule in rules}
+    # a rule with `seen_by:` documents a problem no log shows: it has no signature to test
+    assert tested == {rule.id for rule in rules if rule.seen_by is None}
 
 
 HEALTHY = ["healthy-sglang-pp4", "healthy-vllm", "healthy-sglang-single", "healthy-vllm-pp2"]

@@ -497,4 +497,6 @@ def test_every_catalog_render_builds_or_is_refused_with_a_reason(path):
     for cmd in cmds:
         line = shell_line(cmd, redact=False)
         assert tuple(shlex.split(line)[len(cmd.env):]) == cmd.argv
+        if cmd.argv[:2] == ("ray", "start"):  # a Ray worker rank (ray, gateway shapes) runs no server
+            continue
         assert cmd.argv[cmd.argv.index("--port") + 1] == str(p.api_port)

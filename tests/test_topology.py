@@ -86,14 +86,28 @@ def test_replicas_every_node_serves_the_api_on_the_same_port():
     assert p.readiness_ports() == ((0, 9000), (1, 9000))
 
 
-def test_replicas_smaller_than_a_node_are_allowed():
-    p = plan(keys(nodes=2, tp=2, mode="replicas"))
-    assert (p.shape, p.world, p.gpus_used) == ("replicas", 2, 4)
+def test_replicas_smaller_than_a_node_are_allowed_on_one_node():
+    p = plan(keys(nodes=1, tp=2, mode="replicas"))
+    assert (p.shape, p.world, p.gpus_used) == ("replicas", 2, 2)
     assert p.notes == ("each replica uses 2 of the 4 GPU(s) on its node",)
 
 
+def test_replicas_smaller_than_a_node_are_refused_on_several_nodes():
+    # issue 11: on more than one node, an override whose GPUs do not add up to the allocation is refused
+    with pytest.raises(TopologyError) as err:
+        plan(keys(nodes=2, tp=2, mode="replicas"))
+    assert str(err.value) == (
+        "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE: TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE = 2 x 1 uses "
+        "2 GPU(s) per replica, but INFERENCE_MODE=replicas runs one server on each of the 2 nodes of 4 GPU(s); "
+        "the remaining 4 GPU(s) would be allocated and billed for the job's full walltime while sitting idle; "
+        "hint: set TENSOR_PARALLEL_SIZE=4 to use each node, or delete INFERENCE_MODE and set NUMBER_OF_INSTANCES=4 "
+        "for 2 instance(s) per node behind one endpoint (vLLM)"
+    )
+
+
 def test_tensor_parallel_across_nodes_is_allowed_when_every_gpu_is_used():
-    p = plan(keys(nodes=2, tp=8))
+    # tp larger than a node goes through Ray by default (issue 11); native keeps the engine's rendezvous
+    p = plan(keys(nodes=2, tp=8, DISTRIBUTED_BACKEND="native"))
     assert (p.shape, p.tp, p.pp) == ("pipeline", 8, 1)
     assert p.notes == (
         "tp=8 does not fit inside one node of 4 GPU(s): tensor parallelism crosses the network, "
@@ -338,12 +352,21 @@ def test_rendezvous_port_equal_to_server_port_is_rejected_on_a_pipeline():
             id="single",
         ),
         pytest.param(
-            keys(nodes=2, tp=2, mode="replicas"),
+            keys(nodes=2, mode="replicas"),
             [
-                "ENVLAYERS-TOPOLOGY: shape=replicas nodes=2 gpus_per_node=4 tp=2 pp=1 world=2 replicas=2 "
+                "ENVLAYERS-TOPOLOGY: shape=replicas nodes=2 gpus_per_node=4 tp=4 pp=1 world=4 replicas=2 "
                 "api_ranks=0,1 port=8000",
                 "ENVLAYERS-TOPOLOGY: rank=0 node_index=0 role=api port=8000",
                 "ENVLAYERS-TOPOLOGY: rank=1 node_index=1 role=api port=8000",
+            ],
+            id="replicas",
+        ),
+        pytest.param(
+            keys(nodes=1, tp=2, mode="replicas"),
+            [
+                "ENVLAYERS-TOPOLOGY: shape=replicas nodes=1 gpus_per_node=4 tp=2 pp=1 world=2 replicas=1 "
+                "api_ranks=0 port=8000",
+                "ENVLAYERS-TOPOLOGY: rank=0 node_index=0 role=api port=8000",
                 "ENVLAYERS-TOPOLOGY: note: each replica uses 2 of the 4 GPU(s) on its node",
             ],
             id="replicas-with-note",
@@ -355,6 +378,7 @@ def test_topology_lines_say_what_was_decided(env, lines):
 
 
 # --------------------------------------------------------------------------- property
+# The property over every shape (data-parallel, ray, gateway included) is in test_topology_shapes.py.
 
 
 @settings(max_examples=300, deadline=None)
@@ -374,12 +398,14 @@ def test_a_plan_uses_every_gpu_or_fits_its_node_or_is_refused(nodes, gpn, tp, pp
     assert p.tp * p.pp == tp * pp
     assert len(p.ranks) == nodes
     assert [r.rank for r in p.ranks] == list(range(nodes))
-    if p.shape == "pipeline":
+    if p.shape in ("pipeline", "ray"):
         assert nodes > 1 and tp * pp == nodes * gpn
         assert [r.serves_api for r in p.ranks] == [True] + [False] * (nodes - 1)
+        assert (p.shape == "ray") == (tp > gpn and mode != "pipeline")
     elif p.shape == "replicas":
         assert mode == "replicas" and tp * pp <= gpn and p.replicas == nodes
+        assert nodes == 1 or tp * pp == gpn
         assert all(r.serves_api and r.port == p.api_port for r in p.ranks)
     else:
-        assert nodes == 1 and tp * pp <= gpn
+        assert p.shape == "single" and nodes == 1 and tp * pp <= gpn
     assert p.gpus_used <= nodes * gpn

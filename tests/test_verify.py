@@ -292,12 +292,12 @@ def test_the_packaged_prompts_are_answered_right_by_the_standins_own_solver():
 
 
 def test_packaged_baselines_cover_every_catalog_model_and_say_how():
-    import yaml
+    from envlayers import catalog
 
     prompts = load_prompts()
     baselines = load_baselines(n_prompts=len(prompts))
-    catalog = yaml.safe_load((REPO / "experiments" / "setups.yaml").read_text())
-    assert set(baselines.models) == set(catalog["models"])
+    # every model: the setups.yaml entries and the layer files that are models by themselves
+    assert set(baselines.models) == set(catalog.load(REPO).models)
     for b in baselines.models.values():
         assert 0 < b.min_correct <= len(prompts) and b.how.strip()
     assert baselines.lookup(None, "openai/gpt-oss-120b").name == "oss120b"

@@ -1,7 +1,10 @@
-"""experiments/setups.yaml -> the experiments and models of the catalog, with line numbers.
+"""The catalog: its experiments and models, from experiments/setups.yaml and the model layer files.
 
-Read with the shared reader (:mod:`envlayers.yamlpos`), so every error names file:line and the key path.
-The precedence of the layers is written once, in ``layers.stack_sources``.
+A model is either an entry under ``models:`` in ``experiments/setups.yaml`` (for one that needs more than
+its layer file: extra layers, inline keys, another ``model_layer``) or just a file
+``experiments/layers/model-<MODEL>.env``: such a file is a model by itself, described by its first
+comment line. setups.yaml is read with the shared reader (:mod:`envlayers.yamlpos`), so every error names
+file:line and the key path. The precedence of the layers is written once, in ``layers.stack_sources``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ LAYERS_DIR = Path("experiments") / "layers"
 _ENTRY_KEYS = {"description", "layers", "env"}
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MODEL_KEYS = _ENTRY_KEYS | {"model_layer"}
+MODEL_FILE_PREFIX, MODEL_FILE_SUFFIX = "model-", ".env"
+FROM_SETUPS, FROM_LAYER_FILE = "setups.yaml", "layer-file"  # Entry.source
+_DESCRIPTION_MAX = 200  # characters of a description taken from a layer file's comment
 
 
 class Entry(NamedTuple):
@@ -32,12 +38,14 @@ class Entry(NamedTuple):
     layers: tuple = ()  # ((file name, origin), ...)
     env: tuple = ()  # (Assignment, ...)
     model_layer: "tuple[str, Origin] | None" = None
+    source: str = FROM_SETUPS  # FROM_SETUPS, or FROM_LAYER_FILE: a model that is only its layer file
 
 
 class Catalog(NamedTuple):
     root: Path
     experiments: dict
-    models: dict
+    models: dict  # by name: setups.yaml's models and the layer-file-only ones
+    skipped: tuple = ()  # (file, why) of model-*.env files whose name cannot be a model's
 
     def experiment(self, name: str) -> Entry:
         return _lookup(self.experiments, name, "experiment")
@@ -53,8 +61,20 @@ def _lookup(table: dict[str, Entry], name: str, what: str) -> Entry:
     import difflib
 
     near = difflib.get_close_matches(name, list(table), n=1)
-    hint = f"did you mean '{near[0]}'?" if near else f"add it to {SETUPS}"
-    raise CatalogError(f"unknown {what} '{name}' (valid: {valid})", where=str(SETUPS), hint=hint)
+    if what == "model":
+        where = str(model_file(name)) if _ENTRY_NAME.fullmatch(name) else str(LAYERS_DIR)
+        hint = (f"did you mean '{near[0]}'?" if near else
+                f"a model is a layer file {LAYERS_DIR}/{MODEL_FILE_PREFIX}<MODEL>{MODEL_FILE_SUFFIX}, or an entry "
+                f"under models: in {SETUPS}")
+    else:
+        where = str(SETUPS)
+        hint = f"did you mean '{near[0]}'?" if near else f"add it to {SETUPS}"
+    raise CatalogError(f"unknown {what} {_clip(name)} (valid: {valid})", where=where, hint=hint)
+
+
+def model_file(name: str) -> Path:
+    """experiments/layers/model-<name>.env: the layer file that is a model by itself."""
+    return LAYERS_DIR / f"{MODEL_FILE_PREFIX}{name}{MODEL_FILE_SUFFIX}"
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -75,7 +95,52 @@ def load(root: Path) -> Catalog:
 
     doc = yamlpos.read(Path(root) / SETUPS, str(SETUPS), CatalogError,
                        missing_hint="pass --root DIR or set ENVLAYERS_ROOT")
-    return _parse(root, doc)
+    catalog = _parse(root, doc)
+    models = dict(catalog.models)
+    skipped = []
+    for name, path in _model_files(Path(root)):
+        if not _ENTRY_NAME.fullmatch(name):
+            rel = str(path.relative_to(root))
+            shown = rel if rel.isprintable() else _clip(rel)  # a control character is never printed raw
+            skipped.append((shown, f"{_clip(name)} cannot be a model name: use letters, digits, '-', '_' and '.'"))
+        elif name not in models:
+            rel = str(path.relative_to(root))
+            models[name] = Entry("models", name, Origin(rel, 1), _first_comment(path), source=FROM_LAYER_FILE)
+    return catalog._replace(models=dict(sorted(models.items())), skipped=tuple(skipped))
+
+
+def _model_files(root: Path) -> list[tuple[str, Path]]:
+    """(name, path) of every experiments/layers/model-<name>.env (a regular file), by name."""
+    folder = root / LAYERS_DIR
+    if not folder.is_dir():
+        return []
+    out = []
+    for path in folder.glob(f"{MODEL_FILE_PREFIX}*{MODEL_FILE_SUFFIX}"):
+        name = path.name[len(MODEL_FILE_PREFIX):-len(MODEL_FILE_SUFFIX)]
+        if name and path.is_file():
+            out.append((name, path))
+    return sorted(out)
+
+
+def _first_comment(path: Path) -> str:
+    """The text of the file's first comment line, when a comment comes before any assignment; else ""."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16384)
+    except OSError:
+        return ""  # reading the stack will say what is wrong with the file
+    lines = head.decode("utf-8", "replace").splitlines()
+    if len(head) == 16384:
+        lines = lines[:-1]  # possibly cut
+    for raw in lines:
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            text = " ".join(line.lstrip("#").split())
+            return text if len(text) <= _DESCRIPTION_MAX else text[:_DESCRIPTION_MAX - 3] + "..."
+        return ""
+    return ""
 
 
 def _parse(root: Path, doc) -> Catalog:

@@ -51,6 +51,7 @@ class JobSubmission:
     ready_timeout_s: int
     warnings: list[str] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)  # shown by a dry run, refuse a real submission
+    reasons: list[str] = field(default_factory=list)  # why the shape (topology.reason_lines)
 
     def submit_command(self) -> str:
         return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
@@ -64,6 +65,7 @@ class JobSubmission:
             "# envlayers dry run: nothing was submitted. Run the lines below to submit this exact job.",
             f"# target {c(self.target)}: "
             f"{', '.join(c(t.removeprefix('ENVLAYERS-TOPOLOGY: ')) for t in self.topology[:1])}",
+            *(f"# {c(line)}" for line in self.reasons),
             *(f"# warning: {c(w)}" for w in self.warnings),
             *(f"# would refuse to submit: {c(b)}" for b in self.blockers),
             f"{self.submit_command()} <<'{delim}'",
@@ -80,7 +82,7 @@ class JobSubmission:
     def to_json(self) -> dict:
         return {
             "target": self.target, "sbatch": ["sbatch", "--parsable", *self.sbatch_args], "script": self.script,
-            "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology,
+            "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
         }
 
@@ -148,6 +150,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     budget = ready_timeout_s(text)
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
+    blockers += not_launched(plan)
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
@@ -169,7 +172,20 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers)
+                         budget, warnings, blockers, topology.reason_lines(plan))
+
+
+# Shapes the planner decides and the dry run shows, but the job does not start yet (docs/topology.md).
+NOT_LAUNCHED = {
+    "ray": "the launcher does not start the Ray cluster of the ray shape yet (docs/topology.md)",
+    "gateway": "the launcher does not start the Ray Serve gateway yet (docs/topology.md)",
+}
+
+
+def not_launched(plan) -> list[str]:
+    """A blocker for a shape the job cannot start yet: the dry run shows it, a submission is refused."""
+    why = NOT_LAUNCHED.get(plan.shape)
+    return [f"shape {plan.shape}: {why}"] if why else []
 
 
 def _partition(env: Env, text: Mapping[str, str]) -> str:
@@ -253,7 +269,7 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], envi
     if role not in edf.roles(root):
         raise EnvLayersError(f"unknown EDF role {role!r} (valid: {', '.join(edf.roles(root))})",
                              where="CONTAINER_ROLE", hint="see containers/edfs/")
-    name = edf.edf_name(role, plan.shape, root)
+    name = edf.edf_name(role, plan.edf_topology, root)
     installed = edf.edf_search_dir(environ) / f"{name}.toml"
     if not installed.is_file():
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "

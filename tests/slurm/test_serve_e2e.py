@@ -143,6 +143,55 @@ def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
     run.assert_nothing_left()  # the worker rank has no port to probe: its pid must be gone
 
 
+def test_data_parallel_on_two_nodes_answers_on_node_zero_only(netns_lab, tmp_path):
+    # oss20bdp: 8 vLLM data-parallel instances of tp=1 on 2 nodes, one endpoint on node 0 (docs/topology.md)
+    run = Run(netns_lab, tmp_path, model="oss20bdp",
+              layer="SERVER_EXTRA_ARGS='--api-server-count 2 --enforce-eager'\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert ("ENVLAYERS-TOPOLOGY: shape=data-parallel nodes=2 gpus_per_node=4 tp=1 pp=1 world=1 instances=8 "
+            "instances_per_node=4 api_rank=0 port=8000") in text
+    rank1 = next(line for line in text.splitlines() if line.startswith("ENVLAYERS-STAGE: rank 1 on n2: "))
+    assert ("--headless --data-parallel-size 8 --data-parallel-start-rank 4 --data-parallel-size-local 4 "
+            "--data-parallel-address n1 --data-parallel-rpc-port 13345") in rank1
+    assert "--api-server-count" not in rank1 and rank1.endswith("--enforce-eager")
+    assert "VLLM_ALLREDUCE_USE_SYMM_MEM=0" in rank1
+    assert "base URL: http://n1:8000/v1\n" in text and "http://n2:8000" not in text
+    n1, n2 = netns_lab.nodes["n1"], netns_lab.nodes["n2"]
+    reply = curl(f"http://{n1}:8000/v1/chat/completions", {"model": "hpcagent-bench-vllm",
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert reply.stdout.endswith("\n200"), reply.stdout
+    assert curl(f"http://{n2}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")  # headless: no server
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    run.assert_nothing_left()
+
+
+def test_a_rendezvous_port_in_use_on_the_head_node_moves_to_the_next_free_one(netns_lab, tmp_path):
+    from labtools import lab_command
+
+    status = lab_command("status", env={"ENVLAYERS_LAB_DIR": str(netns_lab.lab_dir)}).stdout
+    ns = next(re.search(r"netns=(\S+)", line).group(1) for line in status.splitlines()
+              if line.startswith("node: name=n1 "))
+    holder = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c",
+                               "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); "
+                               "print('held', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        run = Run(netns_lab, tmp_path, model="glm53", layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
+        run.submit()
+        text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+        assert ("ENVLAYERS-TOPOLOGY: rdzv_port=29501 (RDZV_PORT=29500 is in use on the head node; the first free "
+                "port above it)") in text
+        assert "ENVLAYERS-TOPOLOGY: rendezvous=rank0 rdzv_port=29501" in text
+        assert "--nnodes 2 --node-rank 1 --dist-init-addr n1:29501" in text
+        netns_lab.cancel(run.job_id)
+        assert run.state() == "CANCELLED"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
 def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
     run = Run(netns_lab, tmp_path, EXPERIMENT="replicas")
     run.submit()
@@ -275,9 +324,13 @@ def test_a_rank_that_dies_after_the_endpoint_is_live_ends_the_job(netns_lab, tmp
 
 
 def test_submitting_the_wrapper_itself_with_sbatch_fails_fast_with_a_hint(netns_lab, tmp_path):
-    job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", cwd=tmp_path)
+    # no GPUs asked for: the allocation cannot hold the plan (tests/slurm/test_wrapper_sbatch_e2e.py has the rest)
+    job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", "--output=slurm-%j.out", cwd=tmp_path,
+                              env={**os.environ, **netns_lab.env, "PYTHONPATH": str(REPO / "src"), "MODEL": "qwen38"})
     assert netns_lab.wait_job(job_id, timeout_s=30) == "FAILED"
-    assert "it submits itself; run it directly" in netns_lab.job_output(job_id)
+    out = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert "does not fit experiment:qwen38 (0 GPU(s) per node, not 4)" in out
+    assert "run it without sbatch, and it submits that job itself: MODEL=qwen38 cluster/serve-only.sbatch" in out
 
 
 def test_a_rank_killed_by_sigkill_is_blamed_not_the_rank_srun_stopped(netns_lab, tmp_path):

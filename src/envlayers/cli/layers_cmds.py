@@ -120,11 +120,17 @@ def _render_path(root: Path, experiment: str, model: str) -> Path:
     return root / RENDERS_DIR / f".env.{experiment}.{model}"
 
 
-def _all_targets(root: Path) -> list[tuple[str, str]]:
-    from .. import catalog
-
-    cat = catalog.load(root)
+def _all_targets(cat) -> list[tuple[str, str]]:
     return [(e, m) for e in cat.experiments for m in cat.models]
+
+
+def _models_summary(cat) -> str:
+    """'2 experiment(s) x 5 model(s): 1 in setups.yaml, 4 from a layer file alone'."""
+    from ..catalog import FROM_LAYER_FILE
+
+    alone = sum(1 for m in cat.models.values() if m.source == FROM_LAYER_FILE)
+    return (f"{len(cat.experiments)} experiment(s) x {len(cat.models)} model(s): {len(cat.models) - alone} in "
+            f"setups.yaml, {alone} from a layer file alone")
 
 
 @click.command()
@@ -143,12 +149,14 @@ def check(ctx, update):
     from ..layers import load_env
     from ..shell import render as render_env
 
+    from .. import catalog
     from ..topology import plan
 
     root = get_root(ctx)
+    cat = catalog.load(root)
     expected = {}
-    notes = []
-    for exp, model in _all_targets(root):
+    notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]
+    for exp, model in _all_targets(cat):
         env = load_env(root, f"{exp}:{model}")
         expected[_render_path(root, exp, model)] = render_env(env, "sh")
         try:
@@ -183,14 +191,18 @@ def check(ctx, update):
         click.echo(note)
     if bad:
         sys.exit(1)
-    click.echo(f"ok: {len(expected)} render(s) up to date")
+    click.echo(f"ok: {len(expected)} render(s) up to date ({_models_summary(cat)})")
 
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def list_cmd(ctx, as_json):
-    """List experiments and models, with each model's engine and node count."""
+    """List experiments and models, with each model's engine and node count.
+
+    FROM says where a model is defined: `setups.yaml` (an entry under models:) or `layer-file`
+    (experiments/layers/model-<MODEL>.env alone, described by its first comment line).
+    """
     from .. import catalog
     from ..layers import load_env
 
@@ -198,7 +210,8 @@ def list_cmd(ctx, as_json):
     cat = catalog.load(root)
     models = []
     for name, entry in cat.models.items():
-        row = {"name": name, "description": entry.description}
+        row = {"name": name, "description": entry.description, "from": entry.source,
+               "defined_in": str(entry.origin)}
         try:
             text = load_env(root, f"{DEFAULT_EXPERIMENT}:{name}").text()
             row.update(engine=text.get("INFERENCE_ENGINE"), nodes=text.get("INFERENCE_NODES", "1"),
@@ -212,16 +225,18 @@ def list_cmd(ctx, as_json):
         click.echo(json.dumps({"experiments": experiments, "models": models}, indent=2))
         return
     click.echo("EXPERIMENTS")
-    w = max(len(e["name"]) for e in experiments)
+    w = max((len(e["name"]) for e in experiments), default=4)
     for e in experiments:
         extra = f"  [{', '.join(e['layers'])}]" if e["layers"] else ""
         click.echo(f"  {e['name']:<{w}}  {e['description']}{extra}")
     click.echo("MODELS")
-    w = max(len(m["name"]) for m in models)
-    click.echo(f"  {'NAME':<{w}}  {'ENGINE':<7} {'NODES':<5} {'PARTITION':<9} MODEL")
+    w = max((len(m["name"]) for m in models), default=4)
+    click.echo(f"  {'NAME':<{w}}  {'FROM':<12} {'ENGINE':<7} {'NODES':<5} {'PARTITION':<9} MODEL")
     for m in models:
         if "error" in m:
-            click.echo(f"  {m['name']:<{w}}  error: {m['error']}")
+            click.echo(f"  {m['name']:<{w}}  {m['from']:<12} error: {m['error']}")
             continue
-        click.echo(f"  {m['name']:<{w}}  {m['engine'] or '-':<7} {m['nodes']:<5} {m['partition'] or '-':<9} "
-                   f"{m['model'] or '-'}")
+        click.echo(f"  {m['name']:<{w}}  {m['from']:<12} {m['engine'] or '-':<7} {m['nodes']:<5} "
+                   f"{m['partition'] or '-':<9} {m['model'] or '-'}")
+    for file, why in cat.skipped:
+        click.echo(f"note: {file} is not a model: {why}")

@@ -45,15 +45,26 @@ def common(f):
 @common
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the exact job script; submit nothing.")
 @click.option("--wait", "wait_", is_flag=True, envvar="WAIT", help="After submitting, wait until the endpoint is live.")
+@click.option("--verify", "verify_", is_flag=True, envvar="VERIFY",
+              help="Once live, run `env_layers verify JOBID` and print its verdict under the endpoint block; "
+                   "the exit status is verify's (implies --wait; env: VERIFY).")
+@click.option("--in-allocation", is_flag=True,
+              help="Inside a batch job (`sbatch cluster/serve-only.sbatch`): run the job script as this job if the "
+                   "allocation fits the plan, else end with one line naming the command that works.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, as_json):
+def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, verify_, in_allocation, as_json):
     """Submit a serve-only endpoint job (cluster/serve-only.sbatch calls this).
 
     Everything that can fail is checked here, on the login node, before anything is
     submitted: the layers, the topology (no idle or missing GPUs), the engine keys, the EDF.
     """
     job = _prepare(ctx, model, experiment, time_, base_env, env_file)
+    if in_allocation:
+        from .inalloc_cmds import run_here
+
+        run_here(job, dict(os.environ), dry_run=dry_run)
+        return
     if dry_run:
         if as_json:
             click.echo(json.dumps(job.to_json(), indent=2))
@@ -74,23 +85,42 @@ def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, as_
         click.echo(f"submitted job {job_id}: {job.target}, {job.plan.nodes} node(s), {job.plan.shape}")
         click.echo(f"output: {out}")
         click.echo(f"follow: env_layers wait {job_id}    stop: env_layers stop {job_id}")
-    if wait_:
-        ctx.invoke(ctx.find_root().command.get_command(ctx, "wait"), job_id=job_id)
+    if wait_ or verify_:
+        code = _exit_code_of(ctx, "wait", job_id=job_id)
+        if code == 0 and verify_:
+            code = _exit_code_of(ctx, "verify", spec=job_id)  # its report follows the endpoint block
+        ctx.exit(code)
+
+
+def _exit_code_of(ctx, name: str, **params) -> int:
+    """Run another command of the group with ``params`` (defaults for the rest); its exit status."""
+    try:
+        ctx.invoke(ctx.find_root().command.get_command(ctx, name), **params)
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    return 0
 
 
 @click.command()
+@click.argument("target", required=False)
 @common
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def plan(ctx, model, experiment, time_, base_env, env_file, as_json):
-    """Show the deployment plan: shape, ranks, per-rank server commands."""
+def plan(ctx, target, model, experiment, time_, base_env, env_file, as_json):
+    """Show the deployment plan of TARGET (EXPERIMENT:MODEL, or --model/--experiment): the shape and
+    why it was chosen, ranks, per-rank server commands. docs/topology.md says when each shape is chosen."""
+    if target is not None:
+        experiment, sep, model = target.partition(":")
+        if not sep or not experiment or not model:
+            raise EnvLayersError(f"'{target}' is not EXPERIMENT:MODEL", where="TARGET",
+                                 hint="e.g. env_layers plan experiment:qwen38, or --model qwen38")
     job = _prepare(ctx, model, experiment, time_, base_env, env_file)
     if as_json:
         data = job.to_json()
         data.pop("script")
         click.echo(json.dumps(data, indent=2))
         return
-    for line in job.topology:
+    for line in job.reasons + job.topology:
         click.echo(line)
     click.echo(f"EDF: {job.edf or '(none: CONTAINER_RUNTIME=none)'}")
     click.echo(f"readiness budget: {job.ready_timeout_s}s")

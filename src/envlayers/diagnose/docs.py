@@ -15,7 +15,8 @@ def render_markdown(rules: Sequence[Rule]) -> str:
         "<!-- Generated from src/envlayers/data/known-issues.yaml by",
         "     `env_layers diagnose --markdown > docs/known-issues.md`. Do not edit by hand. -->",
         "",
-        "Problems seen when serving models on the cluster, each with the log line that gives it away.",
+        "Problems seen when serving models on the cluster, each with the log line that gives it away (or, where",
+        "no log shows it, how to see it instead).",
         "`env_layers diagnose JOBID` matches a job's logs against all of them (see diagnose.md).",
         "",
         "| id | problem | severity | status |",
@@ -27,7 +28,9 @@ def render_markdown(rules: Sequence[Rule]) -> str:
         out += ["", f"## {r.id}", "", f"**{r.title}** ({r.severity}, status: {r.status})", ""]
         if r.example:
             out += ["Evidence, for example:", "", "```", r.example, "```", ""]
-        if r.trend is not None:
+        if r.seen_by is not None:
+            out += [f"Signature: none; no log shows it. Seen by: {r.seen_by}"]
+        elif r.trend is not None:
             out += ["Signature: the numbers from lines matching", "",
                     f"- `{r.trend.pattern.describe()}`", "",
                     f"fall by {r.trend.drop_points:g} points from their peak (at least {r.trend.min_points} "

@@ -23,7 +23,7 @@ DIRECTIONS = ("falling",)
 ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 RULE_KEYS = {
     "id", "title", "severity", "status", "signature", "scope", "not_followed_by", "requires", "unless",
-    "trend", "example", "cause", "fix", "see", "possible",
+    "trend", "example", "cause", "fix", "see", "seen_by", "possible",
 }
 REQUIRED_KEYS = ("id", "title", "cause", "fix", "see", "status")
 # where a user reads more: a page of this project's docs (with an optional #section), or a web page
@@ -104,6 +104,9 @@ class Rule:
     unless: tuple[Pattern, ...] = ()
     trend: Trend | None = None
     example: str | None = None
+    # for a problem no log shows (no signature, no trend): how an operator sees it instead; such a rule
+    # never fires in `diagnose`, it is documented in docs/known-issues.md
+    seen_by: str | None = None
     possible: Possible | None = None
 
 
@@ -198,9 +201,17 @@ def _parse_rule(raw: object, index: int, where) -> Rule:
     if scope not in SCOPES:
         raise fail("scope", f"must be one of {', '.join(SCOPES)}")
 
-    has_sig, has_trend = "signature" in raw, "trend" in raw
-    if has_sig == has_trend:
+    has_sig, has_trend, seen_by = "signature" in raw, "trend" in raw, raw.get("seen_by")
+    if has_sig and has_trend:
         raise fail("signature", "give exactly one of `signature` and `trend`")
+    if not has_sig and not has_trend and seen_by is None:
+        raise fail("signature", "give exactly one of `signature` and `trend`",
+                   hint="for a problem no log shows, give `seen_by:` (how an operator sees it) instead")
+    if seen_by is not None:
+        if has_sig or has_trend:
+            raise fail("seen_by", "only for a rule without `signature` or `trend` (a problem no log shows)")
+        if not isinstance(seen_by, str) or not seen_by.strip():
+            raise fail("seen_by", "must be a non-empty string: how an operator sees the problem")
     signature = _patterns(raw, "signature", fail, required=has_sig)
     trend = _trend(raw["trend"], fail) if has_trend else None
     if trend is not None:
@@ -212,6 +223,8 @@ def _parse_rule(raw: object, index: int, where) -> Rule:
     if example is not None:
         if not isinstance(example, str):
             raise fail("example", "must be a string")
+        if seen_by is not None:
+            raise fail("example", "a rule no log shows has no example line", hint="describe it in `seen_by:`")
         probes = signature or (trend.pattern,)
         if not any(p.search(example) for p in probes):
             raise fail("example", "does not match the rule's signature",
@@ -222,7 +235,8 @@ def _parse_rule(raw: object, index: int, where) -> Rule:
         fix=raw["fix"].strip(), see=see, signature=signature, scope=scope,
         not_followed_by=_patterns(raw, "not_followed_by", fail),
         requires=_patterns(raw, "requires", fail), unless=_patterns(raw, "unless", fail),
-        trend=trend, example=example, possible=_possible(raw, fail, has_requires="requires" in raw),
+        trend=trend, example=example, seen_by=seen_by.strip() if seen_by else None,
+        possible=_possible(raw, fail, has_requires="requires" in raw),
     )
 
 

@@ -86,9 +86,27 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
     job_id = environ.get("SLURM_JOB_ID", "0")
     names = slurm.hostnames(environ.get("SLURM_JOB_NODELIST", ""))
     left = slurm.remaining_s(job_id) if environ.get("SLURM_JOB_ID") else None
+    from ..topology import DEFAULT_RDZV_PORT
+    from .prepare import RDZV_SCAN_PORTS
+
+    rdzv = environ.get("RDZV_PORT", "").strip()
+    start = int(rdzv) if rdzv.isdigit() and 0 < int(rdzv) < 65536 else DEFAULT_RDZV_PORT
     return Allocation(job_id=job_id, run_dir=run_dir, nodes=resolve_nodes(names),
                       cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
-                      restart=restart_count(environ), ifaces=fabric.local_ipv4())
+                      restart=restart_count(environ), ifaces=fabric.local_ipv4(),
+                      busy_ports=ports_in_use(start, RDZV_SCAN_PORTS) if len(names) > 1 else frozenset())
+
+
+def ports_in_use(start: int, count: int, host: str = "0.0.0.0") -> frozenset[int]:
+    """The ports in ``start .. start+count-1`` that this node cannot bind now (a listener holds them)."""
+    busy = set()
+    for port in range(start, min(start + count, 65536)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                busy.add(port)
+    return frozenset(busy)
 
 
 def restart_count(environ: Mapping[str, str]) -> int:

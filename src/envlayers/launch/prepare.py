@@ -61,6 +61,7 @@ class Allocation:
     restart: int = 0  # SLURM_RESTART_COUNT
     ifaces: Mapping[str, str | None] = field(default_factory=dict)  # the head node's IPv4 interfaces
     api_key: bool = False  # a key was read from SERVER_API_KEY_FILE (the key itself stays out of the plan)
+    busy_ports: frozenset[int] = frozenset()  # ports from RDZV_PORT up that are in use on the head node
 
 
 @dataclass(frozen=True)
@@ -132,21 +133,48 @@ def srun_dry_line(nodes: int, edf: str | None) -> str:
     return " ".join(engines.quote(w) for w in srun_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))
 
 
+RDZV_SCAN_PORTS = 64
+RDZV_SHAPES = ("pipeline", "ray", "gateway")  # the shapes whose ranks meet on RDZV_PORT
+
+
+def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
+                     span: int = RDZV_SCAN_PORTS) -> tuple[topology.Plan, list[str]]:
+    """The first port from ``RDZV_PORT`` up (at most ``span`` ports) that is free on the head node and is
+    neither the API port nor the data-parallel port; the plan carries it, and a line says so when it
+    moved. Raises LaunchFailure when none of them is free."""
+    import dataclasses
+
+    if plan.shape not in RDZV_SHAPES or plan.nodes < 2:
+        return plan, []
+    start = plan.rdzv_port
+    taken = set(busy) | {plan.api_port, plan.dp_rpc_port}
+    for port in range(start, min(start + span, 65536)):
+        if port not in taken:
+            if port == start:
+                return plan, []
+            line = (f"ENVLAYERS-TOPOLOGY: rdzv_port={port} (RDZV_PORT={start} is in use on the head node; the first "
+                    f"free port above it)")
+            return dataclasses.replace(plan, rdzv_port=port), [line]
+    last = min(start + span, 65536) - 1
+    raise LaunchFailure(f"no free rendezvous port on the head node in {start}-{last} (RDZV_PORT and the {span - 1} "
+                        "ports above it are in use); set RDZV_PORT to a free range in your SERVE_ENV_FILE")
+
+
 def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     """The whole launch, decided: raises LaunchFailure (or an EnvLayersError from the plan or an
     engine) when the job must stop before srun."""
     from .. import fabric
     from .ranks import rank_script
 
-    plan = topology.plan(dict(keys))
-    lines = list(topology.topology_lines(plan))
+    plan, moved = choose_rdzv_port(topology.plan(dict(keys)), alloc.busy_ports)
+    lines = list(topology.topology_lines(plan)) + moved
     nodes = alloc.nodes
     if len(nodes) != plan.nodes:
         raise LaunchFailure(f"allocation has {len(nodes)} node(s), expected {plan.nodes}: "
                             "an extra --nodes on the sbatch line? Slurm honours the last one", lines=tuple(lines))
     build_env = dict(keys)
     build_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
-    if plan.shape == "pipeline":
+    if plan.multi_node:  # every shape whose ranks talk across nodes
         choice = fabric.choose(dict(alloc.ifaces), keys.get("ENVLAYERS_HSN_IFACE"), keys.get("NCCL_SOCKET_IFNAME"))
         lines += choice.lines
         if choice.error:
