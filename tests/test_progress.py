@@ -225,3 +225,15 @@ def test_a_job_names_its_target_model_id_and_served_name_the_same_way_live_or_fa
     waited = json.loads(invoke("wait", "150", "--timeout", "0", "--json").stdout)
     assert {k: waited[k] for k in ("target", "model_id", "served_name")} == {
         k: record[k] for k in ("target", "model_id", "served_name")}
+
+
+def test_a_terminal_gets_one_live_line_a_pipe_one_line_per_change(fake, tmp_path):
+    run_dir = make_job(tmp_path, "160", out_lines=["ENVLAYERS-STAGE: rank 0 up on n1",
+                                                   "ENVLAYERS-STAGE: all 1 ranks started"], log_lines=VLLM_LOG)
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("160", run_dir)))
+    fake.states["160"] = ["RUNNING"]
+    tty = invoke("wait", "160", "--poll", "0.05", "--progress", "tty").stderr
+    plain = invoke("wait", "160", "--poll", "0.05", "--progress", "plain").stderr
+    assert tty.count("\n") == 1 and tty.endswith("\n")  # one line, rewritten in place, ended once
+    assert tty.count("\r\x1b[K") == len(plain.splitlines()) == 7  # each change drawn over the last
+    assert tty.rstrip("\n").rsplit("\r\x1b[K", 1)[1].startswith("job 160: RUNNING on n1, endpoint live")
