@@ -175,7 +175,7 @@ def test_unexpected_errors_are_one_line_without_debug(monkeypatch, capsys):
 
 
 def test_install_edfs_console_script_has_its_own_usage():
-    proc = subprocess.run(["install_edfs", "--help"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([str(Path(sys.executable).parent / "install_edfs"), "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.startswith("Usage: install_edfs [OPTIONS]")
 
 

@@ -73,7 +73,7 @@ def test_edf_name_per_topology(role, topology, suffix):
 
 
 def test_topologies_constant():
-    assert edf.TOPOLOGIES == ("single", "replicas", "pipeline")
+    assert edf.TOPOLOGIES == ("single", "pipeline", "replicas")  # the launch modes, one definition
 
 
 @pytest.mark.parametrize("role, topology", _cases())
@@ -175,7 +175,7 @@ def test_remote_images_are_pinned(role):
 def test_unknown_topology():
     with pytest.raises(EdfError) as err:
         edf.edf_name("vllm-mi300", "tensor", REPO)
-    assert str(err.value) == "topology: unknown topology 'tensor'; hint: one of: single, replicas, pipeline"
+    assert str(err.value) == "topology: unknown topology 'tensor'; hint: one of: single, pipeline, replicas"
 
 
 def test_unknown_role():

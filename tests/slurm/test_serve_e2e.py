@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -392,7 +393,7 @@ def test_a_fabric_prefix_that_matches_nothing_fails_before_srun(netns_lab, tmp_p
     text = run.out.read_text()
     assert "ENVLAYERS-ERROR: no routable fabric IPv4 address on the head node: no interface hsn<N>" in text
     assert "starting 2 rank(s)" not in text
-    diag = subprocess.run(["env_layers", "diagnose", run.job_id], cwd=tmp_path, env=run.env, capture_output=True,
+    diag = subprocess.run([sys.executable, "-m", "envlayers", "diagnose", run.job_id], cwd=tmp_path, env=run.env, capture_output=True,
                           text=True, timeout=60)
     assert diag.returncode == 1 and "no-fabric-address" in diag.stdout
 

@@ -1,18 +1,20 @@
-"""The ``env_layers`` command line.
+"""The ``env_layers`` command line: the entry point, its click group, and a click-free fast path.
 
-Commands live in small modules that are imported only when their command runs,
-so ``env_layers render`` does not pay for jinja2, tomli-w or HTTP code.
+Commands live in small modules that are imported only when their command runs, so
+``env_layers render`` does not pay for jinja2, tomli-w or HTTP code. click itself is imported
+only when the click group is needed: the plain ``render TARGET [--format F] [-o PATH]``
+form (with ``--root R`` before it) is answered by :func:`_fast_render` without it, and every
+other command line, ``--help``, every error and every doubt go to the click group, so the
+output, the messages and the exit codes are the click path's (tests/test_cli_fastpath.py
+runs a table of command lines through both). The cyclic garbage collector is paused while a
+command that parses layer stacks runs: those objects form no cycles, and the collector's
+passes over them grew the cost per assignment with the size of the stack.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
 import os
 import sys
-
-import click
 
 from ..errors import EnvLayersError
 
@@ -40,97 +42,292 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
 }
 
+# commands that parse a layer stack and end: the cyclic GC is paused while they run (the long-running
+# ones, launch's supervision loop, wait, logs --follow, keep it)
+_GC_PAUSED = frozenset({"render", "explain", "check", "list", "plan", "serve"})
 
-class LazyGroup(click.Group):
-    """A group whose subcommands are imported on first use."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in COMMANDS if _available(name)]
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or not _available(name):
-            return None
-        module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-    def invoke(self, ctx: click.Context):
-        with errors_as_one_line(ctx):
-            return super().invoke(ctx)
+# click's shell completion is asked for through this variable (`_{PROG}_COMPLETE`)
+_COMPLETE_VAR = "_ENV_LAYERS_COMPLETE"
 
 
-@contextlib.contextmanager
-def errors_as_one_line(ctx: click.Context):
+class errors_as_one_line:  # noqa: N801 - used as a context manager, like contextlib's
     """An EnvLayersError becomes one line and its exit code; anything else unexpected too,
-    with the traceback only under ENVLAYERS_DEBUG=1."""
-    try:
-        yield
-    except EnvLayersError as err:
-        if os.environ.get("ENVLAYERS_DEBUG") == "1":
-            raise
-        click.echo(f"env_layers: error: {err}", err=True)
-        sys.exit(err.exit_code)
-    except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit):
-        raise
-    except BrokenPipeError:  # `env_layers render ... | head`: the reader left, nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(141)
-    except Exception as err:  # a bug or an OS error
-        if os.environ.get("ENVLAYERS_DEBUG") == "1":
-            raise
+    with the traceback only under ENVLAYERS_DEBUG=1. ``ctx`` is accepted and unused."""
+
+    def __init__(self, ctx=None):
+        self.ctx = ctx
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb) -> bool:
+        if err is None or not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: as they are
+            return False
+        import click
+
+        if isinstance(err, EnvLayersError):
+            if os.environ.get("ENVLAYERS_DEBUG") == "1":
+                return False
+            click.echo(f"env_layers: error: {err}", err=True)
+            sys.exit(err.exit_code)
+        if isinstance(err, (click.exceptions.Exit, click.ClickException, click.Abort)):
+            return False
+        if isinstance(err, BrokenPipeError):  # `env_layers render ... | head`: the reader left, nothing is wrong
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
+        if os.environ.get("ENVLAYERS_DEBUG") == "1":  # a bug or an OS error
+            return False
         click.echo(f"env_layers: internal error: {type(err).__name__}: {err}; "
                    "hint: rerun with ENVLAYERS_DEBUG=1 for the traceback, and report it", err=True)
         sys.exit(70)
 
 
 def _available(name: str) -> bool:
+    import importlib.util
+
     module = COMMANDS[name][0]
     spec = importlib.util.find_spec(f"{__name__}.{module}")
     return spec is not None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Folder holding experiments/ and containers/ (default: nearest upward from here, "
-    "else the catalog installed with the package). Env: ENVLAYERS_ROOT.",
-)
-@click.version_option(package_name="envlayers", prog_name="env_layers")
-@click.pass_context
-def cli(ctx: click.Context, root: str | None) -> None:
-    """Layered launch settings and a serve-only launcher for LLM endpoints on Slurm.
+def _build_click_group():
+    """The click group and its class, built on first use (``from envlayers.cli import cli``)."""
+    import importlib
 
-    \b
-    Typical use:
-      env_layers render experiment:qwen38        # the merged launch environment
-      env_layers explain experiment:glm53 SGLANG_ATTENTION_BACKEND
-      SUBMIT=0 cluster/serve-only.sbatch          # what a submission would run
-    """
-    ctx.obj = {"root": root}
+    import click
+
+    class LazyGroup(click.Group):
+        """A group whose subcommands are imported on first use."""
+
+        def list_commands(self, ctx: click.Context) -> list[str]:
+            return [name for name in COMMANDS if _available(name)]
+
+        def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+            if name not in COMMANDS or not _available(name):
+                return None
+            module, attr, _ = COMMANDS[name]
+            return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+        def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+            rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+            if rows:
+                with formatter.section("Commands"):
+                    formatter.write_dl(rows)
+
+        def invoke(self, ctx: click.Context):
+            with errors_as_one_line(ctx):
+                return super().invoke(ctx)
+
+    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option(
+        "--root",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Folder holding experiments/ and containers/ (default: nearest upward from here, "
+        "else the catalog installed with the package). Env: ENVLAYERS_ROOT.",
+    )
+    @click.version_option(package_name="envlayers", prog_name="env_layers")
+    @click.pass_context
+    def cli(ctx: click.Context, root: str | None) -> None:
+        """Layered launch settings and a serve-only launcher for LLM endpoints on Slurm.
+
+        \b
+        Typical use:
+          env_layers render experiment:qwen38        # the merged launch environment
+          env_layers explain experiment:glm53 SGLANG_ATTENTION_BACKEND
+          SUBMIT=0 cluster/serve-only.sbatch          # what a submission would run
+        """
+        ctx.obj = {"root": root}
+
+    return LazyGroup, cli
 
 
-def get_root(ctx: click.Context):
+def __getattr__(name: str):
+    if name in ("cli", "LazyGroup"):
+        g = globals()
+        g["LazyGroup"], g["cli"] = _build_click_group()
+        return g[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_root(ctx):
     from ..paths import find_root
 
     obj = ctx.find_root().obj or {}
     return find_root(obj.get("root"))  # None: ENVLAYERS_ROOT, then upward from the cwd
 
 
+class _gc_paused:  # noqa: N801
+    """Pause the cyclic garbage collector, and restore its state after (for in-process callers)."""
+
+    def __init__(self, paused: bool = True):
+        self.paused = paused
+
+    def __enter__(self):
+        import gc
+
+        self.was_enabled = gc.isenabled()
+        if self.paused:
+            gc.disable()
+
+    def __exit__(self, *exc) -> bool:
+        import gc
+
+        if self.was_enabled:
+            gc.enable()
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
-    cli.main(args=argv, prog_name="env_layers")
+    args = sys.argv[1:] if argv is None else list(argv)
+    with _gc_paused(_command_of(args) in _GC_PAUSED):
+        _fast_render(args)  # returns only when the click path must answer
+        cli_group = __getattr__("cli")
+        cli_group.main(args=args, prog_name="env_layers")
+
+
+def _command_of(args: list[str]) -> str | None:
+    """The subcommand's name, skipping the group's own options (only --root takes a value)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--root":
+            i += 2
+        elif a.startswith("-"):
+            i += 1
+        else:
+            return a
+    return None
+
+
+# -- the fast path ------------------------------------------------------------------------------------
+# It accepts exactly the forms it can answer the way click would, and declines (returns) on anything else:
+# click does the parsing, the usage errors and the messages then.
+
+_FORMATS = ("sh", "env", "json")
+
+
+def _plain_render(args: list[str]) -> tuple[str | None, str, str, str | None] | None:
+    """``[--root R] render TARGET [--format F] [-o PATH]`` -> (root, target, format, output), else None."""
+    opts: dict[str, str] = {}
+    rest = list(args)
+
+    def take(names: tuple[str, ...], key: str) -> bool:
+        a = rest[0]
+        for name in names:
+            if a == name and len(rest) > 1:
+                value, n = rest[1], 2
+            elif name.startswith("--") and a.startswith(name + "="):
+                value, n = a[len(name) + 1:], 1
+            else:
+                continue
+            if key in opts or not value or value.startswith("-"):
+                raise ValueError  # repeated, empty, or a value click might read otherwise
+            opts[key] = value
+            del rest[:n]
+            return True
+        return False
+
+    try:
+        while rest and rest[0] != "render":
+            if not take(("--root",), "root"):
+                return None
+        if not rest:
+            return None
+        del rest[0]
+        target = None
+        while rest:
+            if take(("--format",), "format") or take(("-o", "--output"), "output"):
+                continue
+            if rest[0].startswith("-") or target is not None:
+                return None
+            target = rest.pop(0)
+    except ValueError:
+        return None
+    if target is None or opts.get("format", "sh") not in _FORMATS:
+        return None
+    if not (_path_ok(opts.get("root"), want_dir=True) and _path_ok(opts.get("output"), want_dir=False)):
+        return None
+    return opts.get("root"), target, opts.get("format", "sh"), opts.get("output")
+
+
+def _path_ok(value: str | None, want_dir: bool) -> bool:
+    """What click.Path(file_okay=False) for --root, click.Path(dir_okay=False) for -o accept without a word."""
+    if value is None:
+        return True
+    import stat
+
+    try:
+        st = os.stat(value)
+    except OSError:
+        return True  # a path that does not exist yet: click passes it on as given
+    if stat.S_ISDIR(st.st_mode) != want_dir:
+        return False
+    return os.access(value, os.R_OK)
+
+
+def _fast_render(args: list[str]) -> None:
+    """Answer ``render`` without click, as ``layers_cmds.render`` would; return to let click answer."""
+    if os.environ.get("ENVLAYERS_DEBUG") == "1" or _COMPLETE_VAR in os.environ:
+        return
+    plain = _plain_render(args)
+    if plain is None:
+        return
+    try:
+        _render(*plain)
+    except KeyboardInterrupt:  # as click's main says it
+        sys.stderr.write("\nAborted!\n")
+        sys.exit(1)
+
+
+def _render(root_opt: str | None, target: str, fmt: str, output: str | None) -> None:
+    try:
+        from ..layers import load_env
+        from ..paths import find_root
+        from ..shell import render as render_env
+
+        text = render_env(load_env(find_root(root_opt), target), fmt)
+    except Exception:  # any error: the click path says it, in its words
+        return
+    if output:
+        from ..fsutil import write_output  # the click command's writer: the same file handling
+
+        with errors_as_one_line():
+            write_output(output, text)
+        sys.exit(0)
+    out = sys.stdout
+    encoding = getattr(out, "encoding", None) if out is not None else None
+    if "\x1b" in text or not _plain_stream(encoding):
+        import click  # click strips escape sequences off a non-terminal and mends an ASCII stdout: let it
+
+        with errors_as_one_line():
+            click.echo(text, nl=False)
+        sys.exit(0)
+    with errors_as_one_line():
+        out.write(text)
+        out.flush()
+    sys.exit(0)
+
+
+def _plain_stream(encoding: str | None) -> bool:
+    """A stream click would write to as it is: it has an encoding, and not ASCII."""
+    if not encoding:
+        return False
+    import codecs
+
+    try:
+        return codecs.lookup(encoding).name != "ascii"
+    except LookupError:
+        return True
 
 
 def install_edfs_main(argv: list[str] | None = None) -> None:
     """The ``install_edfs`` console script: ``env_layers install-edfs`` under its own name."""
+    import click
+
+    cli_group = __getattr__("cli")
     args = sys.argv[1:] if argv is None else argv
-    ctx = click.Context(cli, obj={"root": None})  # --root comes from ENVLAYERS_ROOT or the cwd
-    command = cli.get_command(ctx, "install-edfs")
+    ctx = click.Context(cli_group, obj={"root": None})  # --root comes from ENVLAYERS_ROOT or the cwd
+    command = cli_group.get_command(ctx, "install-edfs")
     with errors_as_one_line(ctx):
         command.main(args=args, prog_name="install_edfs", obj={"root": None})

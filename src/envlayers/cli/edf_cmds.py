@@ -15,7 +15,7 @@ import click
 
 from . import get_root
 
-_TOPOLOGY_CHOICES = ("single", "replicas", "pipeline")  # == envlayers.edf.TOPOLOGIES
+from ..topology_checks import MODES as _TOPOLOGY_CHOICES  # == envlayers.edf.TOPOLOGIES
 
 
 @click.command("install-edfs")

@@ -4,7 +4,7 @@
 
 One module per job:
 
-- :mod:`.schema`: the sources' schema, validated with file:line (``load_catalog``, ``Source``);
+- :mod:`.schema`: the sources' schema, validated with file:line (``load_catalog``, ``RoleSource``);
 - :mod:`.render`: a source and a topology -> the EDF's TOML (``render_edf``, ``edf_name``);
 - :mod:`.images`: the SquashFS images the EDFs name (``expand_vars``, ``image_info``, ``fetch_command``);
 - :mod:`.install`: writing the EDFs into ``EDF_PATH`` or ``~/.edf`` (``install``, ``edf_search_dir``).
@@ -28,7 +28,7 @@ from .schema import (
     SOURCE_DIR,
     TOPOLOGIES,
     VARIANTS,
-    Source,
+    RoleSource,
     load_catalog,
     unpinned,
 )
@@ -36,6 +36,6 @@ from .schema import (
 __all__ = [
     "EdfError", "expand_vars", "fetch_command", "image_info", "InstallResult", "edf_search_dir", "install",
     "edf_dict", "edf_name", "render_edf", "roles", "variant_for", "written_by_envlayers", "FABRIC_HOOKS",
-    "FETCH_SCRIPT", "INTRANODE_SUFFIX", "SOURCE_DIR", "TOPOLOGIES", "VARIANTS", "Source", "load_catalog",
+    "FETCH_SCRIPT", "INTRANODE_SUFFIX", "SOURCE_DIR", "TOPOLOGIES", "VARIANTS", "RoleSource", "load_catalog",
     "unpinned", "_ANNOTATIONS",
 ]

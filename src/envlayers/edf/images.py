@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import EdfError
-from .schema import FETCH_SCRIPT, Source, load_catalog, source
+from .schema import FETCH_SCRIPT, RoleSource, load_catalog, source
 
 _VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -65,7 +65,7 @@ def image_info(role: str, root: Path, environ: Mapping[str, str] | None = None) 
     }
 
 
-def _image_state(src: Source, environ: Mapping[str, str]) -> tuple[Path | None, bool | None]:
+def _image_state(src: RoleSource, environ: Mapping[str, str]) -> tuple[Path | None, bool | None]:
     try:
         path = Path(expand_vars(src.edf["image"], environ))
     except EdfError:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdfError
-from .schema import _EDF_KEYS, FABRIC_HOOKS, SOURCE_DIR, TOPOLOGIES, VARIANTS, Source, load_catalog, source
+from .schema import _EDF_KEYS, FABRIC_HOOKS, SOURCE_DIR, TOPOLOGIES, VARIANTS, RoleSource, load_catalog, source
 
 _HEADER_RE = re.compile(r"\A# [^\n]*\n# [^\n]*envlayers-sha256: ([0-9a-f]{64})\n\n")
 
@@ -56,7 +56,7 @@ def variant_for(topology: str) -> str:
     )
 
 
-def _edf_data(src: Source, variant: str) -> dict[str, Any]:
+def _edf_data(src: RoleSource, variant: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in _EDF_KEYS:
         if key in src.edf and key not in ("env", "annotations"):
@@ -99,7 +99,7 @@ def _nest(flat: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _document(src: Source, variant: str) -> str:
+def _document(src: RoleSource, variant: str) -> str:
     import tomli_w
 
     body = tomli_w.dumps(_edf_data(src, variant))

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdfError
+from ..topology_checks import MODES
 
-TOPOLOGIES = ("single", "replicas", "pipeline")
+# the EDF variants are chosen per launch mode (a plan's edf_topology is one of these)
+TOPOLOGIES = MODES
 
 SOURCE_DIR = Path("containers") / "edfs"
 
@@ -84,7 +86,7 @@ _PIN_HINT = "pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>);
 
 
 @dataclass(frozen=True)
-class Source:
+class RoleSource:
     """One validated source file."""
 
     role: str
@@ -100,7 +102,7 @@ class Source:
         return self.name if variant == "fabric" else self.name + INTRANODE_SUFFIX
 
 
-def load_catalog(root: Path) -> dict[str, Source]:
+def load_catalog(root: Path) -> dict[str, RoleSource]:
     """Every source under ``containers/edfs/``, validated, by role."""
     folder = Path(root) / SOURCE_DIR
     files = sorted(folder.glob("*.yaml")) if folder.is_dir() else []
@@ -110,9 +112,9 @@ def load_catalog(root: Path) -> dict[str, Source]:
             where=str(SOURCE_DIR),
             hint="run inside a checkout, or pass --root DIR",
         )
-    catalog: dict[str, Source] = {}
+    catalog: dict[str, RoleSource] = {}
     names: dict[str, str] = {}
-    images: dict[str, Source] = {}
+    images: dict[str, RoleSource] = {}
     for path in files:
         src = _load_source(path, Path(root))
         for variant in VARIANTS:
@@ -137,7 +139,7 @@ def load_catalog(root: Path) -> dict[str, Source]:
     return catalog
 
 
-def source(role: str, root: Path) -> Source:
+def source(role: str, root: Path) -> RoleSource:
     """The validated source of ``role``; an unknown role is an error with the near names."""
     catalog = load_catalog(root)
     if role not in catalog:
@@ -171,7 +173,7 @@ class _Checker:
         return value
 
 
-def _load_source(path: Path, root: Path) -> Source:
+def _load_source(path: Path, root: Path) -> RoleSource:
     from .. import yamlpos
 
     try:
@@ -215,7 +217,7 @@ def _load_source(path: Path, root: Path) -> Source:
         if key in edf.get("env", {}):
             check.fail(("fabric_env", key), "is also set in edf.env",
                        hint="a key belongs either to every variant (edf.env) or to the pipeline EDF only (fabric_env)")
-    return Source(role=role, name=name, engine=engine, remote_image=remote,
+    return RoleSource(role=role, name=name, engine=engine, remote_image=remote,
                   fabric_env=fabric_env, edf=edf, file=rel, lines=doc.lines)
 
 

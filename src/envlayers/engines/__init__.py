@@ -199,7 +199,6 @@ def redact(argv: Iterable[str]) -> tuple[str, ...]:
 
 
 _REF_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
-_DQ_SPECIAL = re.compile(r'([\\"$`])')
 
 
 def quote(word: str) -> str:
@@ -213,9 +212,11 @@ def quote(word: str) -> str:
     if len(parts) == 1:
         return shlex.quote(word)
     refs = _REF_RE.findall(word)
-    body = _DQ_SPECIAL.sub(r"\\\1", parts[0])
+    from envlayers.shell import dq_escape
+
+    body = dq_escape(parts[0])
     for ref, literal in zip(refs, parts[1:]):
-        body += ref + _DQ_SPECIAL.sub(r"\\\1", literal)
+        body += ref + dq_escape(literal)
     return f'"{body}"'
 
 

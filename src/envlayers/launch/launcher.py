@@ -33,15 +33,13 @@ def say(line: str) -> None:
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    """The last lines of a rank's log, read by the one tail reader (rundir.tail_lines)."""
+    from ..rundir import tail_lines
+
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            data = fh.read().decode("utf-8", "replace")
+        return tail_lines(path, n)
     except FileNotFoundError:
         return ["(no log)"]
-    return data.splitlines()[-n:]
 
 
 def read_api_key(path: str) -> str:
