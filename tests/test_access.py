@@ -322,8 +322,8 @@ def test_connect_names_the_key_file_never_the_key(tmp_path, no_slurm):
     run = _run_dir(tmp_path, key_file)
     text = cli("connect", "77", "--run-dir", str(run), env=no_slurm)
     assert text.returncode == 0, text.stderr
-    assert "base URL:   http://n1:8000/v1  (by address: http://10.9.0.11:8000/v1)" in text.stdout
-    assert f"API key:    required; it is in {key_file}" in text.stdout and "s3cret" not in text.stdout
+    assert "base URL:    http://n1:8000/v1  (by address: http://10.9.0.11:8000/v1)" in text.stdout
+    assert f"API key:     required; it is in {key_file}" in text.stdout and "s3cret" not in text.stdout
     data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
     assert data["api_key_file"] == str(key_file) and "api_key" not in data and data["served_model_name"] == "tiny"
     shown = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", "--show-key", env=no_slurm).stdout)
@@ -335,7 +335,7 @@ def test_connect_warns_about_a_key_file_others_can_read(tmp_path, no_slurm):
     key_file.write_text("k\n")
     key_file.chmod(0o644)
     proc = cli("connect", "77", "--run-dir", str(_run_dir(tmp_path, key_file)), env=no_slurm)
-    assert f"warning:    the key file {key_file} has mode 0644: others can read it; chmod 600" in proc.stdout
+    assert f"warning:     the key file {key_file} has mode 0644: others can read it; chmod 600" in proc.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")

@@ -75,6 +75,10 @@ POSITIVE = [
                  {"step-oom-killed"}, id="step-oom-killed"),
     pytest.param("vllm-cache-symlink.log", "cache-path-dangles", "vllm-cache-symlink.log:5",
                  {"cache-path-dangles"}, id="cache-path-dangles"),
+    pytest.param("sglang-pp2-host-oom", "host-oom-weight-load", "sglang-pp2-host-oom/server-1.log:4",
+                 {"host-oom-weight-load", "rank-exited"}, id="host-oom-weight-load-pipeline-rank-1"),
+    pytest.param("vllm-pp2-tcp-fallback", "rccl-tcp-fallback", "vllm-pp2-tcp-fallback/server-0.log:4",
+                 {"rccl-tcp-fallback"}, id="rccl-tcp-fallback-vllm-pipeline"),
     pytest.param("launcher-core-left.out", "core-dump-left", "launcher-core-left.out:2",
                  {"core-dump-left"}, id="core-dump-left"),
     pytest.param("sglang-rccl-pp-crash.log", "rccl-pipeline-crash", "sglang-rccl-pp-crash.log:17",
@@ -115,9 +119,64 @@ def test_every_rule_has_a_positive_test(rules):
     assert tested == {rule.id for rule in rules if rule.seen_by is None}
 
 
-@pytest.mark.parametrize("fixture", ["healthy-sglang-pp4", "healthy-vllm"])
+HEALTHY = ["healthy-sglang-pp4", "healthy-vllm", "healthy-sglang-single", "healthy-vllm-pp2"]
+
+
+@pytest.mark.parametrize("fixture", HEALTHY)
 def test_no_rule_fires_on_a_healthy_startup(rules, fixture):
-    assert diagnose(logs_of(fixture), rules) == []
+    assert diagnose(logs_of(fixture), rules) == []  # not even a possible finding
+
+
+@pytest.mark.parametrize("fixture", HEALTHY)
+def test_no_rule_fires_on_any_lone_healthy_log(rules, fixture):
+    """Each healthy file alone (the context of the others missing) still gives no finding, possible or not."""
+    for log in logs_of(fixture):
+        assert diagnose([log], rules) == [], log.name
+
+
+# a lone log: the signature matches, only the context that would confirm it is missing
+POSSIBLE = [
+    pytest.param("sglang-lone-load-stop.log", "host-oom-weight-load", "sglang-lone-load-stop.log:3",
+                 "if this rank was killed", id="sglang-stops-after-load-weight-begin"),
+    pytest.param("vllm-lone-load-stop.log", "host-oom-weight-load", "vllm-lone-load-stop.log:2",
+                 "if this rank was killed", id="vllm-stops-after-starting-to-load"),
+    pytest.param("sglang-lone-socket.log", "rccl-tcp-fallback", "sglang-lone-socket.log:4",
+                 "if the job spans more than one node", id="socket-without-the-net-plugin-node-count-unknown"),
+]
+
+
+@pytest.mark.parametrize("fixture, rule_id, where, confirm", POSSIBLE)
+def test_partial_evidence_is_a_possible_finding(rules, fixture, rule_id, where, confirm):
+    [finding] = diagnose(logs_of(fixture), rules)
+    assert (finding.rule_id, finding.certainty, finding.evidence[0].where) == (rule_id, "possible", where)
+    assert finding.confirm_if.startswith(confirm)
+    assert finding.to_dict()["certainty"] == "possible" and finding.to_dict()["confirm_if"] == finding.confirm_if
+
+
+@pytest.mark.parametrize("fixture, context", [
+    pytest.param("sglang-lone-load-stop.log", "DUE TO TIME LIMIT",
+                 id="oom-context-says-the-job-hit-its-time-limit"),
+    pytest.param("sglang-lone-load-stop.log", "ENVLAYERS-STAGE: run_dir=/scratch/9",
+                 id="oom-context-job-output-without-a-kill"),
+    pytest.param("sglang-lone-socket.log", "ENVLAYERS-TOPOLOGY: shape=single nodes=1 tp=4",
+                 id="socket-context-one-node"),
+])
+def test_known_context_that_says_no_leaves_no_finding(rules, fixture, context):
+    logs = logs_of(fixture) + [LogText("serve-only-9.out", [f"slurmstepd: error: *** JOB 9 CANCELLED *** {context}"
+                                                           if "TIME" in context else context])]
+    assert diagnose(logs, rules) == []
+
+
+def test_cli_marks_a_possible_finding_in_text_and_json():
+    result = run("diagnose", str(LOGS / "sglang-lone-socket.log"))
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == "rccl-tcp-fallback (error, POSSIBLE): Multi-node RCCL running over TCP sockets, not the fabric plugin"
+    assert any(line.startswith("  confirm:  holds only if the job spans more than one node") for line in lines)
+    assert any(line.startswith(f"  with:     {LOGS / 'sglang-lone-socket.log'}:3: ") for line in lines)
+    assert lines[-1] == "1 known issue(s) matched in 1 file(s) (1 of them POSSIBLE: confirm before acting)."
+    data = json.loads(run("diagnose", "--json", str(LOGS / "sglang-lone-socket.log")).output)
+    assert data["possible"] == 1 and data["findings"][0]["certainty"] == "possible"
 
 
 def test_libfabric_unable_to_warnings_are_not_failures(rules):
@@ -134,10 +193,13 @@ def test_libfabric_unable_to_warnings_are_not_failures(rules):
     assert diagnose([LogText("server-0.log", lines)], rules) == []
 
 
-def test_weight_load_still_in_progress_is_not_an_oom(rules):
-    # the same log, but nothing says the rank died: the model may simply still be loading
+def test_weight_load_in_a_lone_log_is_only_a_possible_oom(rules):
+    # the same log, but nothing says the rank died: the model may simply still be loading, so the finding
+    # is a possible one that names what would confirm it, never a confirmed one
     server_log = [log for log in logs_of("sglang-host-oom") if log.name.endswith("server-0.log")]
-    assert diagnose(server_log, rules) == []
+    [finding] = diagnose(server_log, rules)
+    assert (finding.rule_id, finding.certainty) == ("host-oom-weight-load", "possible")
+    assert finding.confirm_if.startswith("if this rank was killed")
 
 
 def test_cpu_trap_does_not_fire_when_cpus_were_bound(rules):
@@ -313,17 +375,19 @@ def test_cli_job_id_without_scratch_uses_runs_under_the_submit_dir(tmp_path):
 def test_cli_unknown_job_id_is_bad_input(tmp_path):
     result = run("diagnose", "--root", str(tmp_path), "424242", env={"SCRATCH": ""})
     assert result.exit_code == 2
-    assert "no logs for job 424242" in result.stderr
+    assert "no job 424242: Slurm does not know it" in result.stderr  # what every command says
 
 
 def test_cli_json_shape():
     result = run("diagnose", "--json", str(LOGS / "launcher-ranks-not-placed.out"))
     assert result.exit_code == 1
     data = json.loads(result.output)
-    assert set(data) == {"inputs", "earlier_runs", "matched", "findings"}
+    assert set(data) == {"inputs", "earlier_runs", "matched", "possible", "findings"}
     assert data["matched"] == 1 and data["earlier_runs"] == {}
     finding = data["findings"][0]
-    assert set(finding) == {"id", "title", "severity", "status", "evidence", "detail", "cause", "fix", "see"}
+    assert set(finding) == {"id", "title", "severity", "status", "evidence", "detail", "cause", "fix", "see",
+                            "certainty", "confirm_if"}
+    assert (finding["certainty"], finding["confirm_if"]) == ("confirmed", None)
     assert finding["id"] == "ranks-not-placed"
     assert finding["evidence"] == [{
         "file": str(LOGS / "launcher-ranks-not-placed.out"), "line": 3,

@@ -440,7 +440,7 @@ def test_the_printed_curl_works_as_pasted_and_never_shows_the_key(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "curl").write_text("#!/bin/bash\nprintf '%s\\n' \"$@\"\n")
     (bin_dir / "curl").chmod(0o755)
-    printed = ep.block().split("try:\n", 1)[1].strip()
+    printed = ep.block().split("try (curl):\n", 1)[1].splitlines()[0].strip()
     out = subprocess.run(["bash", "-c", printed], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert "Authorization: Bearer s3cret-k" in out

@@ -269,7 +269,7 @@ def test_progress_tty_rewrites_one_line_and_keeps_messages_above_it():
     pytest.param("RUNNING", [], False, "job 9: RUNNING on n1, waiting for the launcher", id="no-launcher-yet"),
     pytest.param("RUNNING", ["ENVLAYERS-STAGE: rank 0 up on n1"], False, "job 9: RUNNING on n1, 1/1 ranks up",
                  id="ranks"),
-    pytest.param("RUNNING", [], True, "job 9: RUNNING on n1, rank 0 KV cache allocated (kv_cache_gib=24)",
+    pytest.param("RUNNING", [], True, "job 9: RUNNING on n1, phase: KV cache allocated (kv_cache_gib=24)",
                  id="phase"),
 ])
 def test_progress_text(state, report_lines, with_phase, expect):
@@ -278,7 +278,8 @@ def test_progress_text(state, report_lines, with_phase, expect):
     phase = None
     if with_phase:
         from envlayers.phases import parse_phases
-        phase = parse_phases(VLLM_LOG[2:3]).last
+        from envlayers.ops.progress import RankProgress
+        phase = RankProgress(parse_phases(VLLM_LOG[2:3]).last, 1, 1)
     job = ops.TrackedJob("9", info, rundir.JobFiles("9", None, None))
     assert fmt.progress_text(ops.WaitEvent("state", job, report, phase)) == expect
 
@@ -296,7 +297,7 @@ def test_wait_prints_the_endpoint_block_once_live(fake, tmp_path):
     res = invoke("wait", "100", "--poll", "0.05")
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith(readiness.BANNER + "\nbase URL: http://n1:8000/v1\n")
-    assert "stop: scancel 100" in res.stdout
+    assert "stop: env_layers stop 100 " in res.stdout
 
 
 def test_wait_shows_state_then_phases_in_order(fake, tmp_path):
@@ -351,7 +352,7 @@ def test_wait_timeout_exits_3_and_says_the_job_goes_on(fake, tmp_path):
     fake.states["104"] = ["RUNNING"]
     res = invoke("wait", "104", "--timeout", "0.3", "--poll", "0.05")
     assert res.exit_code == 3
-    assert "job 104 not live after 0s: RUNNING, rank 0 loading weights" in res.stderr
+    assert "job 104 not live after 0s: RUNNING, phase: loading weights" in res.stderr
     assert "env_layers stop 104" in res.stderr
 
 
@@ -434,11 +435,14 @@ def test_status_lists_my_jobs_as_a_table(fake, tmp_path, monkeypatch):
     res = invoke("status")
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
-    assert lines[0].split() == ["JOBID", "STATE", "NODES", "TIME", "LEFT", "MODEL", "ENDPOINT"]
-    # the catalog target when the launcher recorded it, else the model: the served name is the same for all
-    assert lines[1].split() == ["200", "RUNNING", "1", "3h59m00s", "Qwen/Qwen3-8B", "http://n1:8000/v1"]
-    assert lines[2].split() == ["201", "RUNNING", "2", "1h00m00s", "experiment:glm53", "starting"]
-    assert lines[3].split() == ["202", "PENDING", "(Resources)", "4", "4h00m00s", "-", "-"]
+    assert lines[0].split() == ["JOBID", "STATE", "NODES", "TIME", "LEFT", "TARGET", "MODEL", "ID", "SERVED", "NAME",
+                                "PHASE", "URL"]
+    # the same words as status JOBID and --json: target, model id, served name, state, phase, url
+    assert lines[1].split() == ["200", "RUNNING", "1", "3h59m00s", "-", "Qwen/Qwen3-8B", "hpcagent-bench-vllm",
+                                "live", "http://n1:8000/v1"]
+    assert lines[2].split() == ["201", "RUNNING", "2", "1h00m00s", "experiment:glm53", "zai/GLM", "glm-served",
+                                "starting", "-"]
+    assert lines[3].split() == ["202", "PENDING", "(Resources)", "4", "4h00m00s", "-", "-", "-", "-", "-"]
     assert fake.calls[0][-2:] == ["-u", "alice"]
 
 
@@ -468,10 +472,10 @@ def test_status_of_one_job_is_the_full_record(fake, tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     out = res.stdout
     assert out.startswith("job 400: RUNNING\n")
-    for text in ("nodes:      1 (n1)", "time:       3h59m00s left of 4h00m00s", f"run dir:    {run_dir}",
-                 "ranks:      1/1 up (0 on n1)", "phase:      rank 0 ready", "endpoint:   http://n1:8000/v1",
-                 "probe:      http://127.0.0.1:8000/v1: answers (ok)", "warning:    core limit was unlimited",
-                 "model:      hpcagent-bench-vllm = Qwen/Qwen3-8B (vllm)"):
+    for text in ("nodes:       1 (n1)", "time:        3h59m00s left of 4h00m00s", f"run dir:     {run_dir}",
+                 "ranks:       1/1 up (0 on n1)", "phase:       ready", "url:         http://n1:8000/v1",
+                 "probe:       http://127.0.0.1:8000/v1: answers (ok)", "warning:     core limit was unlimited",
+                 "model id:    Qwen/Qwen3-8B (vllm)", "served name: hpcagent-bench-vllm"):
         assert text in out, text
     assert probed == ["http://127.0.0.1:8000/v1"]  # the address, not the node name
     data = json.loads(invoke("status", "400", "--json", "--no-probe").stdout)
@@ -485,15 +489,15 @@ def test_status_of_a_failed_job_shows_its_errors_and_rank_exits(fake, tmp_path):
     fake.extra["401"] = {"exit_code": "1:0", "reason": "NonZeroExitCode"}
     out = invoke("status", "401").stdout
     assert out.startswith("job 401: FAILED (NonZeroExitCode), exit 1:0\n")
-    assert "rank exits: rank 0 -> 137" in out and "error:      rank 0 exited with code 137" in out
-    assert "phase:      rank 0 loading weights" in out
+    assert "rank exits:  rank 0 -> 137" in out and "error:       rank 0 exited with code 137" in out
+    assert "phase:       loading weights" in out
 
 
 def test_status_of_a_pending_job(fake, tmp_path):
     fake.states["402"] = ["PENDING"]
     fake.extra["402"] = {"reason": "Resources"}
     out = invoke("status", "402").stdout
-    assert out.startswith("job 402: PENDING (Resources)\n") and "run dir:    - (not created yet)" in out
+    assert out.startswith("job 402: PENDING (Resources)\n") and "run dir:     - (not created yet)" in out
 
 
 # ------------------------------------------------------------------------------------------ logs
@@ -748,11 +752,11 @@ def test_status_of_a_requeued_pending_job_shows_nothing_old_as_current(fake, tmp
     res = invoke("status", "720")
     out = res.stdout
     assert res.exit_code == 0 and out.startswith("job 720: PENDING (BeginTime)\n"), out
-    assert "  run:        requeued (restart 1); waiting for Slurm to start it again\n" in out
+    assert "  run:         requeued (restart 1); waiting for Slurm to start it again\n" in out
     for old in ("endpoint:", "ranks:", "rank exits:", "phase:", "http://n1:8000", "exited with code 143",
                 "launcher:"):
         assert old not in out.replace("earlier:", ""), (old, out)
-    assert "  earlier:    top of the run dir (not moved yet): restart 0, had been live, rank exits 0 -> 143" in out
+    assert "  earlier:     top of the run dir (not moved yet): restart 0, had been live, rank exits 0 -> 143" in out
     data = json.loads(invoke("status", "720", "--json", "--no-probe").stdout)
     assert data["requeued"] and data["restart"] == 1 and data["endpoint"] is None and data["rank_exits"] == {}
     assert data["launcher"]["ranks_up"] == {} and data["phase"] is None
@@ -816,10 +820,10 @@ def test_status_after_the_requeued_job_started_again(fake, tmp_path):
     fake.states["724"] = ["RUNNING"]
     fake.extra["724"] = {"restarts": 1, "nodelist": "n2"}
     out = invoke("status", "724", "--no-probe").stdout
-    assert "  run:        restart 1 (its files are at the top of the run dir)\n" in out
-    assert "ranks:      1/1 up (0 on n2)" in out and "n1" not in out.split("earlier:")[0]
-    assert "endpoint:   not live yet" in out and "rank exits:" not in out
-    assert "  earlier:    run-0/: restart 0, had been live, rank exits 0 -> 143, launcher ended without reporting" \
+    assert "  run:         restart 1 (its files are at the top of the run dir)\n" in out
+    assert "ranks:       1/1 up (0 on n2)" in out and "n1" not in out.split("earlier:")[0]
+    assert "url:         not live yet" in out and "rank exits:" not in out
+    assert "  earlier:     run-0/: restart 0, had been live, rank exits 0 -> 143, launcher ended without reporting" \
         in out
 
 
@@ -847,7 +851,7 @@ def test_status_says_how_the_launcher_ended(fake, tmp_path, state, exit_code, la
     if expect is None:
         assert "launcher:" not in out
     else:
-        assert f"  launcher:   {expect}\n" in out, out
+        assert f"  launcher:    {expect}\n" in out, out
 
 
 def test_wait_on_a_job_whose_launcher_died_says_so(fake, tmp_path):
@@ -871,7 +875,7 @@ def test_a_job_on_its_way_back_to_pending_is_requeued(fake, tmp_path):
 def test_status_of_a_forgotten_job_whose_launcher_left_no_end_record(fake, tmp_path):
     make_job(tmp_path, "732", launch={"engine": "vllm"})  # Slurm knows nothing of 732 any more
     out = invoke("status", "732").stdout
-    assert "  launcher:   the launcher died without reporting (killed?); Slurm no longer lists the job\n" in out
+    assert "  launcher:    the launcher died without reporting (killed?); Slurm no longer lists the job\n" in out
 
 
 def test_logs_follow_waits_for_the_log_then_follows_it_on_the_fake_clock(fake, tmp_path, clock):

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 from .defaults import BANNER
 
+NO_KEY = "EMPTY"  # what to pass as api_key to a keyless endpoint: OpenAI clients refuse to start without one
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -89,9 +91,36 @@ class Endpoint:
         parts.append(f"-d {shlex.quote(body)}")
         return " ".join(parts)
 
+    def client_api_key(self) -> str:
+        """The ``api_key=`` argument of an OpenAI client, as Python source: the key file read, or ``"EMPTY"``."""
+        if not self.api_key_required:
+            return json.dumps(NO_KEY)
+        if self.key_file:
+            return f"open({json.dumps(self.key_file)}).read().strip()"
+        return 'open(os.environ["SERVER_API_KEY_FILE"]).read().strip()'
+
+    def python(self) -> list[str]:
+        """A script for the official ``openai`` client: models.list() and one chat completion on every base
+        URL. Printed as a shell here-document, so it runs as pasted (or save the lines between as a file)."""
+        imports = "import os, openai" if self.api_key_required and not self.key_file else "import openai"
+        ask = (f"    reply = client.chat.completions.create(model={json.dumps(self.served_model_name)}, max_tokens=128, "
+               'messages=[{"role": "user", "content": "Say hi."}])')
+        return ["python3 - <<'PY'", imports,
+                f"base_urls = {json.dumps(self.base_urls)}" + ("  # one per replica: spread requests over them"
+                                                              if len(self.base_urls) > 1 else ""),
+                "for base_url in base_urls:",
+                f"    client = openai.OpenAI(base_url=base_url, api_key={self.client_api_key()})",
+                "    print(base_url, [m.id for m in client.models.list()])",
+                ask, "    print(reply.choices[0].message.content)", "PY"]
+
+    def stop(self) -> str:
+        return f"env_layers stop {self.job_id}"
+
     def to_json(self) -> str:
         data = asdict(self)
-        data.update(base_url=self.base_url, stop=f"scancel {self.job_id}", curl=self.curl())
+        data.update(base_url=self.base_url, stop=self.stop(), curl=self.curl(),
+                    curls=[self.curl(u) for u in self.base_urls], python="\n".join(self.python()) + "\n",
+                    client_api_key=None if self.api_key_required else NO_KEY)
         return json.dumps(data, indent=2) + "\n"
 
     @classmethod
@@ -106,21 +135,25 @@ class Endpoint:
         if len(self.base_urls) == 1:
             lines.append(f"base URL: {self.base_url}")
         else:
-            lines.append(f"base URLs: {len(self.base_urls)} independent replicas, the client spreads load")
+            lines.append(f"base URLs: {len(self.base_urls)} independent replicas, the client spreads load over "
+                         f"all of them (endpoint.json: base_urls)")
             lines += [f"base URL: {u}" for u in self.base_urls]
-        lines.append(f"model name: {self.served_model_name}")
+        lines.append(f"served name: {self.served_model_name} (what clients pass as model)")
         if self.metrics is not False:
             lines.append(f"metrics: {self.metrics_url()}")
-        lines.append(f"serving: {self.model} ({self.engine}, {self.shape})")
+        lines.append(f"model id: {self.model} ({self.engine}, {self.shape})")
         if self.api_key_required:
             where = self.key_file or "SERVER_API_KEY_FILE"
             lines.append(f"API key: required (the key in {where}; send 'Authorization: Bearer <key>')")
         else:
-            lines.append("API key: none; the endpoint takes no key, anyone who can reach the node can use it")
+            lines.append(f"API key: none needed, but OpenAI clients refuse to start without one: pass any placeholder, "
+                         f"e.g. api_key=\"{NO_KEY}\" (anyone who can reach the node can use this endpoint)")
         if self.startup_s is not None:
             lines.append(f"startup: {self.startup_s:.0f}s")
-        lines.append(f"stop: scancel {self.job_id} (the endpoint stays up until this job ends)")
+        lines.append(f"stop: {self.stop()} (the endpoint stays up until this job ends)")
         lines.append(f"run dir: {self.run_dir}")
-        lines.append("try:")
-        lines.append(f"  {self.curl()}")
+        lines.append("try (curl):")
+        lines += [f"  {self.curl(u)}" for u in self.base_urls]
+        lines.append("try (Python, pip install openai):")
+        lines += self.python()
         return "\n".join(lines) + "\n"

@@ -107,7 +107,7 @@ def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
     # what a client needs, and a check of the endpoint with the job's key
     connect = env_layers(run, "connect", jid)
     assert connect.returncode == 0, connect.stderr
-    assert f"API key:    required; it is in {key_file}" in connect.stdout and key not in connect.stdout
+    assert f"API key:     required; it is in {key_file}" in connect.stdout and key not in connect.stdout
     ping = env_layers(run, "ping", jid, "--json")
     assert ping.returncode == 0 and json.loads(ping.stdout)["ok"], ping.stdout + ping.stderr
 
@@ -169,7 +169,7 @@ def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
     via = gateway.sh(sys.executable, "-m", "envlayers", "ping", f"http://127.0.0.1:{rport}/v1",
                      "--api-key-file", str(key_file))
     assert via.returncode == 0, via.stdout + via.stderr
-    assert "gateway:    http://127.0.0.1:" in env_layers(run, "connect", jid).stdout
+    assert "gateway:     http://127.0.0.1:" in env_layers(run, "connect", jid).stdout
 
     # release, in order, and nothing left running
     released = env_layers(run, "release", jid)

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slurm
 class Job:
     """One serve-only submission in ``tmp_path`` (the submit directory; SCRATCH under it)."""
 
-    def __init__(self, lab, tmp_path: Path, **env: str):
+    def __init__(self, lab, tmp_path: Path, layer: str = "", **env: str):
         self.lab, self.dir = lab, tmp_path
-        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n")
+        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
                     "STANDIN_LOAD_SECONDS": "1",
@@ -52,22 +52,28 @@ class Job:
                               capture_output=True, text=True, timeout=timeout_s)
 
 
+def record_target(job: Job) -> str | None:
+    return json.loads((job.run_dir / "launch.json").read_text()).get("target")
+
+
 def test_wait_shows_phases_in_order_then_status_logs_and_stop(netns_lab, tmp_path):
     job = Job(netns_lab, tmp_path, STANDIN_LOAD_SECONDS="5")
     res = job.cli("wait", job.job_id, "--timeout", "60", "--poll", "0.5", "--progress", "plain")
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(BANNER + "\nbase URL: http://n1:8000/v1\n"), res.stdout
     progress = [line.split("] ", 1)[1] for line in res.stderr.splitlines() if line.startswith("[")]
-    order = ["loading weights", "weights loaded", "KV cache allocated", "capturing graphs"]
-    where = [next((i for i, line in enumerate(progress) if f"rank 0 {word}" in line), None) for word in order]
+    # every step, in order, none skipped: the launcher's, each phase, then live
+    order = ["all 1 ranks started", "phase: loading weights", "phase: weights loaded", "phase: KV cache allocated",
+             "phase: capturing graphs", "endpoint live"]  # SGLang may answer before it logs 'fired up' (ready)
+    where = [next((i for i, line in enumerate(progress) if word in line), None) for word in order]
     assert None not in where and where == sorted(where), progress
     assert any("RUNNING on n1" in line for line in progress[:where[0] + 1])
 
     # status: the list and the full record, which asks the endpoint (at its address) whether it answers
     rows = json.loads(job.cli("status", "--all", "--json").stdout)
     mine = next(r for r in rows if r["job_id"] == job.job_id)
-    assert mine["state"] == "RUNNING" and mine["endpoint"] == "http://n1:8000/v1"
-    assert mine["model"] == "hpcagent-bench-vllm"
+    assert mine["state"] == "RUNNING" and mine["url"] == "http://n1:8000/v1" and mine["phase"] == "live"
+    assert mine["served_name"] == "hpcagent-bench-vllm" and mine["target"] == record_target(job)
     record = json.loads(job.cli("status", job.job_id, "--json").stdout)
     assert record["phase"]["name"] == "ready" and record["run_dir"] == str(job.run_dir)
     assert [p["answers"] for p in record["probes"]] == [True]
@@ -111,9 +117,9 @@ def test_wait_timeout_leaves_the_job_running_and_stop_ends_it(netns_lab, tmp_pat
     job = Job(netns_lab, tmp_path, STANDIN_HANG_AT="weights")
     res = job.cli("wait", job.job_id, "--timeout", "3", "--poll", "0.5")
     assert res.returncode == 3, res.stderr
-    assert f"job {job.job_id} not live after 3s: RUNNING, rank 0 loading weights" in res.stderr
+    assert f"job {job.job_id} not live after 3s: RUNNING, phase: loading weights" in res.stderr
     status = job.cli("status", job.job_id)
-    assert status.returncode == 0 and "not live yet" in status.stdout and "phase:      rank 0 loading weights" in \
+    assert status.returncode == 0 and "not live yet" in status.stdout and "phase:       loading weights" in \
         status.stdout
     follow = subprocess.Popen([sys.executable, "-m", "envlayers", "logs", job.job_id, "--follow"], cwd=job.dir,
                               env=job.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -148,7 +154,8 @@ def test_replicas_status_probes_every_endpoint_and_stop_silences_them_all(netns_
     assert [(p["url"], p["answers"]) for p in record["probes"]] == [
         (f"http://{netns_lab.nodes['n1']}:8000/v1", True), (f"http://{netns_lab.nodes['n2']}:8000/v1", True)]
     listed = job.cli("status", "--all").stdout
-    assert "http://n1:8000/v1 http://n2:8000/v1" in listed
+    assert "http://n1:8000/v1 http://n2:8000/v1" in listed  # every replica's URL, as a loop takes them
+    assert record["urls"] == endpoint["base_urls"] and record["phase"]["name"] in ("graph-capture", "ready")
     res = job.cli("stop", job.job_id, "--json")
     result = json.loads(res.stdout)
     assert res.returncode == 0 and result["ok"], res.stdout
@@ -194,7 +201,7 @@ def test_a_killed_launcher_is_reported_by_wait_and_status(netns_lab, tmp_path):
     record = json.loads(job.cli("status", job.job_id, "--json", "--no-probe").stdout)
     end = record["launcher_end"]
     assert end["launcher"] == "died" and end["slurm_state"] in ("FAILED", "CANCELLED", "COMPLETED"), end
-    assert line == (f"  launcher:   the launcher died without reporting (killed?); Slurm reports {end['slurm_state']} "
+    assert line == (f"  launcher:    the launcher died without reporting (killed?); Slurm reports {end['slurm_state']} "
                     f"exit {end['slurm_exit']}")
     assert not (job.run_dir / "launch-end.json").exists()
     deadline = time.monotonic() + 30

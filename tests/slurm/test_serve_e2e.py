@@ -111,10 +111,10 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
     assert (run.run_dir / "job.sh").read_text() == script
     # the block, and a curl that works once the node name is replaced by its address (the host
     # cannot resolve lab node names)
-    assert "base URL: http://n1:8000/v1\nmodel name: hpcagent-bench-vllm\n" in text
-    assert f"stop: scancel {run.job_id}" in text
+    assert "base URL: http://n1:8000/v1\nserved name: hpcagent-bench-vllm (what clients pass as model)\n" in text
+    assert f"stop: env_layers stop {run.job_id} " in text
     assert "ENVLAYERS-WARN: readiness budget 7200s exceeds the allocation; clamping to" in text
-    printed = text.split("try:\n", 1)[1].splitlines()[0].strip()
+    printed = text.split("try (curl):\n", 1)[1].splitlines()[0].strip()
     argv = shlex.split(printed.replace("http://n1:", f"http://{netns_lab.nodes['n1']}:"))
     answer = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout)
     assert answer["model"] == "hpcagent-bench-vllm" and answer["choices"][0]["message"]["content"]
@@ -243,7 +243,7 @@ def test_api_key_from_a_file_is_enforced_and_never_logged(netns_lab, tmp_path):
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     assert f"API key: required (the key in {key_file};" in text
     # the printed curl works as pasted (it reads the key file) once the node name is the address
-    printed = text.split("try:\n", 1)[1].splitlines()[0].strip().replace("http://n1:", f"http://{netns_lab.nodes['n1']}:")
+    printed = text.split("try (curl):\n", 1)[1].splitlines()[0].strip().replace("http://n1:", f"http://{netns_lab.nodes['n1']}:")
     answer = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, timeout=20)
     assert json.loads(answer.stdout)["choices"][0]["message"]["content"], answer.stdout
     url = f"http://{netns_lab.nodes['n1']}:8000/v1/models"

@@ -53,24 +53,26 @@ def format_connect(data: dict) -> str:
     reach = data["reachable_urls"]
     for i, base in enumerate(data["base_urls"]):
         also = f"  (by address: {reach[i]})" if i < len(reach) and reach[i] != base else ""
-        lines.append(f"base URL:   {base}{also}")
+        lines.append(f"base URL:    {base}{also}")
     if not data["base_urls"]:
-        lines.append(f"base URL:   none yet (`env_layers wait {jid}`)")
-    lines.append(f"model name: {data['served_model_name'] or '-'}")
+        lines.append(f"base URL:    none yet (`env_layers wait {jid}`)")
+    lines.append(f"served name: {data['served_model_name'] or '-'} (what clients pass as model)")
     if not data["api_key_required"]:
-        lines.append("API key:    none needed (anyone who can reach the address can use it)")
+        lines.append('API key:     none needed; OpenAI clients still want one: pass api_key="EMPTY" '
+                     "(anyone who can reach the address can use it)")
     elif data.get("api_key"):
-        lines.append(f"API key:    {data['api_key']}")
+        lines.append(f"API key:     {data['api_key']}")
     elif data["api_key_file"]:
-        lines.append(f"API key:    required; it is in {data['api_key_file']} "
+        lines.append(f"API key:     required; it is in {data['api_key_file']} "
                      "(send 'Authorization: Bearer <key>'; --show-key prints it)")
     else:
-        lines.append("API key:    required; its file is not recorded in the run directory")
+        lines.append("API key:     required; its file is not recorded in the run directory")
     gw = data["gateway"]
     if gw:
-        lines.append(f"gateway:    {gw['base_url']} on {gw['destination']} (tunnel open; provider_model_id "
+        lines.append(f"gateway:     {gw['base_url']} on {gw['destination']} (tunnel open; provider_model_id "
                      f"{gw['provider_model_id']})")
-    lines.append(f"check:      env_layers ping {jid}")
+    lines.append(f"check:       env_layers ping {jid}")
+    lines.append(f"stop:        env_layers stop {jid}")
     for w in data["warnings"]:
-        lines.append(f"warning:    {w}")
+        lines.append(f"warning:     {w}")
     return "\n".join(lines) + "\n"

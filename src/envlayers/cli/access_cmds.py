@@ -58,8 +58,10 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     from ..access.ping import EXIT_FAILED, EXIT_OK, format_ping, normalize_base_url, ping as do_ping
 
     key = read_key(api_key_file) if api_key_file else None
-    if target.strip().isdigit():
-        acc = open_job(target.strip(), run_dir=run_dir)
+    from ..jobid import looks_like_job_id
+
+    if looks_like_job_id(target):
+        acc = open_job(target, run_dir=run_dir)
         acc.require_live("ping")
         if key is None and acc.key_required:
             if not acc.key_file:

@@ -9,9 +9,12 @@ from pathlib import Path
 import click
 
 from ..errors import EnvLayersError
+from ..jobid import looks_like_job_id, not_found, parse_job_id
 
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
-EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "peak": "peak:", "latest": "latest:"}
+EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "with": "with:", "peak": "peak:",
+                   "latest": "latest:"}
+POSSIBLE = "POSSIBLE"  # the marker of a possible finding in text (in --json: "certainty": "possible")
 
 
 def _slurm_record(job_id: str):
@@ -61,8 +64,10 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
             inputs.run_dirs.append(p)
         elif p.is_file():
             paths.append(p)
-        elif target.isdigit():
+        elif not p.exists() and looks_like_job_id(target):
             from ..rundir import locate
+
+            target = parse_job_id(target)
 
             # where Slurm says the job's output is (any directory), its run_dir= line, else the run roots
             info = _slurm_record(target)
@@ -75,6 +80,8 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
                 inputs.run_dirs.append(run_dir)
             if has_dir and not found and info is not None and info.finished:
                 continue  # nothing logged, but the launcher's end (or its lack) still says something
+            if not found and info is None and not has_dir:
+                raise not_found(target)  # what every command says for a job it cannot find
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
                                      hint=f"looked for {out} and the run directory ($SCRATCH/inference-server/"
@@ -117,7 +124,9 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
     a directory reads its *.log, *.out and serve.env; a file is read as given.
     Only the current run of a requeued job is read (earlier runs sit in run-<n>/).
     A JOBID that ended without the launcher's launch-end.json is reported: the launcher was killed.
-    Exit status: 0 nothing matched, 1 at least one known issue matched, 2 bad input.
+    A rule whose signature matches while the context that would confirm it is missing (a lone log)
+    is reported as POSSIBLE, with what would confirm it.
+    Exit status: 0 nothing matched, 1 at least one known issue matched (possible ones too), 2 bad input.
     """
     from ..diagnose import diagnose as run_diagnose
     from ..diagnose import earlier_runs, launcher_end_finding, load_rules, read_log, render_markdown
@@ -147,6 +156,7 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
             "inputs": [str(p) for p in paths],
             "earlier_runs": earlier,
             "matched": len(findings),
+            "possible": sum(1 for f in findings if f.possible),
             "findings": [f.to_dict() for f in findings],
         }, indent=2))
     else:
@@ -154,18 +164,23 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
             click.echo(f"{run_dir}: the job was requeued; earlier runs in {', '.join(n + '/' for n in names)} "
                        "are not read (pass one as RUNDIR to diagnose it)")
         for f in findings:
-            click.echo(f"{f.rule_id} ({f.severity}): {f.title}")
+            mark = f", {POSSIBLE}" if f.possible else ""
+            click.echo(f"{f.rule_id} ({f.severity}{mark}): {f.title}")
             for e in f.evidence:
                 click.echo(f"  {EVIDENCE_LABELS.get(e.role, 'evidence:'):<10}{e.where}: {e.text}")
             if f.detail:
                 click.echo(_wrap("detail:   ", f.detail))
+            if f.possible:
+                click.echo(_wrap("confirm:  ", f"holds only {f.confirm_if}"))
             click.echo(_wrap("cause:    ", f.cause))
             click.echo(_wrap("fix:      ", f.fix))
             click.echo(f"  see:      {f.see}")
             click.echo("")
         lines = sum(len(log.lines) for log in logs)
+        possible = sum(1 for f in findings if f.possible)
         if findings:
-            click.echo(f"{len(findings)} known issue(s) matched in {len(paths)} file(s).")
+            of_them = f" ({possible} of them {POSSIBLE}: confirm before acting)" if possible else ""
+            click.echo(f"{len(findings)} known issue(s) matched in {len(paths)} file(s){of_them}.")
         else:
             click.echo(f"No known issue matched in {len(paths)} file(s), {lines} line(s).")
     if findings:

@@ -75,9 +75,11 @@ def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float
 @click.option("--no-probe", is_flag=True, help="With JOB_ID: do not ask the endpoint whether it answers.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, run_dir: str | None) -> None:
-    """Without JOB_ID: your endpoint jobs (id, state, nodes, time left, model, endpoint).
-    With JOB_ID: the full record (state, reason, nodes, run dir, how the launcher ended, last startup
-    phase, endpoint, errors, earlier runs of a requeued job)."""
+    """Without JOB_ID: your endpoint jobs (id, state, nodes, time left, target, model id, served name,
+    phase, URL). With JOB_ID: the full record (state, reason, nodes, target, model id, served name, run
+    dir, how the launcher ended, the furthest startup phase of every rank, URLs, errors, earlier runs).
+
+    JOB_ID: 1234, or a step of it (1234.0, 1234.batch)."""
     from .. import ops
     from . import ops_format as fmt
 

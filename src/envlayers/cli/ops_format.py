@@ -35,16 +35,42 @@ def _exits_text(exits: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ wait
 
+def pending_text(info, now: float | None = None, countdown: bool = True) -> str:
+    """``PENDING (Resources), expected start 2026-12-02T10:15:00 (in 12m00s)``: Slurm's reason, and its
+    expected start time when it has one (scontrol's ``StartTime`` of a pending job) that is still ahead."""
+    text = info.state or "?"
+    if info.reason and info.reason != "None":
+        text += f" ({info.reason})"
+    ahead = _seconds_until(info.start_time, now)
+    if ahead is not None:
+        text += f", expected start {info.start_time}" + (f" (in {fmt_duration(ahead)})" if countdown else "")
+    return text
+
+
+def _seconds_until(iso: str | None, now: float | None = None) -> float | None:
+    if not iso:
+        return None
+    from datetime import datetime
+
+    try:
+        then = datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return None
+    ahead = then - (time.time() if now is None else now)
+    return ahead if ahead > 0 else None
+
+
 def progress_text(event: "WaitEvent", details: bool = True) -> str:
-    """The one-line state of a starting job, without the clock. ``details=False`` leaves out the
-    phase's numbers: the text then changes only when the state or phase does."""
+    """The one-line state of a starting job, without the clock. ``details=False`` leaves out what changes
+    without news (the phase's numbers, the countdown to the expected start): the text then changes only
+    when the state, the step or the rank count does."""
     job, info, report, phase = event.job, event.job.info, event.report, event.phase
     jid = job.job_id
     if info is None:
         return f"job {jid}: Slurm no longer lists it"
     state = info.state or "?"
     if info.pending or job.requeued and not info.running:
-        head = f"job {jid}: {state}" + (f" ({info.reason})" if info.reason and info.reason != "None" else "")
+        head = f"job {jid}: " + pending_text(info, countdown=details)
         return head + (", " + REQUEUED.format(n=job.restart) if job.requeued else "")
     if info.state == "COMPLETING" or info.finished:
         return f"job {jid}: {state}"
@@ -54,8 +80,10 @@ def progress_text(event: "WaitEvent", details: bool = True) -> str:
     if job.requeued:
         parts.append(f"restart {job.restart}, waiting for the launcher of the new run")
         return ", ".join(parts)
-    if phase is not None:
-        parts.append(f"rank 0 {phase.summary() if details else phase.label}")
+    if event.kind == "live":
+        parts.append("endpoint live" + (f", phase: {phase.text(details)}" if phase is not None else ""))
+    elif phase is not None:
+        parts.append(f"phase: {phase.text(details)}")
     elif report.ranks_up or report.ranks_started:
         total = report.ranks_started or info.nodes or None
         if report.ranks_started:
@@ -199,7 +227,7 @@ def describe_end(result: "WaitResult") -> list[str]:
     if said and not job.requeued:
         lines.append(f"  {said}")
     if result.phase is not None:
-        lines.append(f"  last phase of rank 0: {result.phase.summary()}")
+        lines.append(f"  last phase: {result.phase.text()}")
     bad = {r: c for r, c in result.rank_exits.items() if c not in (0, None)}
     if bad:
         lines.append("  rank exits: " + ", ".join(f"rank {r} -> {c}" for r, c in bad.items()))
@@ -207,7 +235,8 @@ def describe_end(result: "WaitResult") -> list[str]:
     ranked = sorted(result.findings, key=lambda f: (f.severity != "error", f.status == "informational"))
     for f in ranked[:3]:
         where = f.evidence[0].where if f.evidence else "-"
-        lines.append(f"  diagnosis [{f.rule_id}] {where}: {f.cause}")
+        mark = " POSSIBLE" if getattr(f, "possible", False) else ""
+        lines.append(f"  diagnosis [{f.rule_id}]{mark} {where}: {f.cause}")
         lines.append(f"    fix: {f.fix}")
     lines.append(f"  next: env_layers diagnose {jid}; env_layers logs {jid} --tail 50")
     return lines
@@ -217,12 +246,12 @@ def describe_timeout(result: "WaitResult", timeout_s: float) -> list[str]:
     job, info = result.job, result.job.info
     state = info.state if info else "unknown"
     if info is not None and info.pending:
-        state += f" ({info.reason})"
+        state = pending_text(info)
     if job.requeued:
         state += ", " + REQUEUED.format(n=job.restart)
     line = f"job {job.job_id} not live after {fmt_duration(timeout_s)}: {state}"
     if result.phase is not None:
-        line += f", rank 0 {result.phase.summary()}"
+        line += f", phase: {result.phase.text()}"
     if result.rank_exits:
         line += f", {_exits_text(result.rank_exits)}"
     return [line, f"  the job goes on; `env_layers wait {job.job_id}` again, or "
@@ -231,15 +260,37 @@ def describe_timeout(result: "WaitResult", timeout_s: float) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ status
 
+# The words every operator command uses, in this order, in text and --json (docs/operating.md#one-vocabulary)
+VOCABULARY = (("target", "TARGET"), ("model_id", "MODEL ID"), ("served_name", "SERVED NAME"),
+              ("state", "STATE"), ("phase", "PHASE"), ("url", "URL"))
+
+
 def format_table(rows: list[dict]) -> str:
-    # the catalog target (every catalog model is served under the same name, so that name tells nothing)
-    head = ("JOBID", "STATE", "NODES", "TIME LEFT", "MODEL", "ENDPOINT")
-    body = [(r["job_id"], r["state"], str(r["nodes"]), fmt_duration(r["time_left_s"])
-             if r["time_left_s"] is not None else "-", r.get("target") or r.get("hf_model") or r["model"] or "-",
-             r["endpoint"] or "-") for r in rows]
+    head = ("JOBID", "STATE", "NODES", "TIME LEFT", "TARGET", "MODEL ID", "SERVED NAME", "PHASE", "URL")
+    body = []
+    for r in rows:
+        urls = r.get("urls") or []
+        url = " ".join(urls) if urls else "-"  # every replica's, as a loop takes them
+        body.append((r["job_id"], r["state"], str(r["nodes"]),
+                     fmt_duration(r["time_left_s"]) if r["time_left_s"] is not None else "-",
+                     r.get("target") or "-", r.get("model_id") or "-", r.get("served_name") or "-",
+                     r.get("phase") or "-", url))
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
     return "\n".join(lines) + "\n"
+
+
+def phase_text(ph: dict) -> str:
+    """A record's ``phase`` (``RankProgress.to_dict()``) as ``wait`` shows it."""
+    if (ph.get("ranks_total") or 1) > 1:
+        return f"{ph['label']} {ph['ranks_at']}/{ph['ranks_total']} ranks"
+    detail = ", ".join(f"{k}={v}" for k, v in (ph.get("details") or {}).items())
+    return ph["label"] + (f" ({detail})" if detail else "")
+
+
+def _label(name: str) -> str:
+    """``  served name: `` -- every label of the record padded to one width."""
+    return f"  {name + ':':<13}"
 
 
 def format_record(rec: dict) -> str:
@@ -250,59 +301,63 @@ def format_record(rec: dict) -> str:
     jid = rec["job_id"]
     lines = []
     state = rec["state"] or "unknown to Slurm (finished and forgotten)"
-    if s.get("reason") and s.get("state") not in ("RUNNING",):
+    if s.get("state") == "PENDING":
+        from ..slurm import JobInfo
+
+        state = pending_text(JobInfo(job_id=jid, state="PENDING", reason=s.get("reason"),
+                                     start_time=s.get("start_time")))
+    elif s.get("reason") and s.get("reason") != "None" and s.get("state") not in ("RUNNING",):
         state += f" ({s['reason']})"
     if s.get("exit_code") and s.get("state") in TERMINAL_STATES:
         state += f", exit {s['exit_code']}"
     lines.append(f"job {jid}: {state}")
     if rec.get("requeued"):
-        lines.append(f"  run:        {REQUEUED.format(n=rec['restart'])}")
+        lines.append(_label("run") + f"{REQUEUED.format(n=rec['restart'])}")
     elif rec.get("restart"):
-        lines.append(f"  run:        restart {rec['restart']} (its files are at the top of the run dir)")
+        lines.append(_label("run") + f"restart {rec['restart']} (its files are at the top of the run dir)")
     if s:
         nodes = f"{s['nodes']} ({s['nodelist']})" if s.get("nodelist") else str(s.get("nodes", "-"))
-        lines.append(f"  nodes:      {nodes}")
+        lines.append(_label("nodes") + f"{nodes}")
         left = fmt_duration(s["time_left_s"]) if s.get("time_left_s") is not None else "-"
         limit = fmt_duration(s["time_limit_s"]) if s.get("time_limit_s") is not None else "unlimited"
-        lines.append(f"  time:       {left} left of {limit}; start {s.get('start_time') or '-'}, "
+        lines.append(_label("time") + f"{left} left of {limit}; start {s.get('start_time') or '-'}, "
                      f"end {s.get('end_time') or '-'}")
-    if rec["model"] or rec["served_model_name"]:
-        lines.append(f"  model:      {rec['served_model_name'] or '-'} = {rec['model'] or '-'}"
-                     f" ({rec['engine'] or '?'})")
-    lines.append(f"  job output: {rec['job_output'] or '-'}")
-    lines.append(f"  run dir:    {rec['run_dir'] or '- (not created yet)'}")
+    if rec.get("target") or rec.get("model_id") or rec.get("served_name"):
+        lines.append(_label("target") + (rec.get("target") or "- (not launched from the catalog)"))
+        lines.append(_label("model id") + (rec.get("model_id") or "-") + f" ({rec.get('engine') or '?'})")
+        lines.append(_label("served name") + (rec.get("served_name") or "-"))
+    lines.append(_label("job output") + f"{rec['job_output'] or '-'}")
+    lines.append(_label("run dir") + f"{rec['run_dir'] or '- (not created yet)'}")
     said = launcher_line(rec["launcher_end"])
     if said:
-        lines.append(f"  launcher:   {said}")
+        lines.append(_label("launcher") + f"{said}")
     la = rec["launcher"]
     if la["ranks_up"] or la["ranks_started"]:
         ups = ", ".join(f"{r} on {h}" for r, h in la["ranks_up"].items())
         total = la["ranks_started"] or len(la["ranks_up"])
-        lines.append(f"  ranks:      {len(la['ranks_up'])}/{total} up ({ups})")
+        lines.append(_label("ranks") + f"{len(la['ranks_up'])}/{total} up ({ups})")
     if rec["rank_exits"]:
-        lines.append("  rank exits: " + ", ".join(f"rank {r} -> {c}" for r, c in rec["rank_exits"].items()))
+        lines.append(_label("rank exits") + ", ".join(f"rank {r} -> {c}" for r, c in rec["rank_exits"].items()))
     ph = rec["phase"]
     if ph:
-        detail = ", ".join(f"{k}={v}" for k, v in ph["details"].items())
-        lines.append(f"  phase:      rank 0 {ph['label']}" + (f" ({detail})" if detail else ""))
+        lines.append(_label("phase") + phase_text(ph))
     ep = rec["endpoint"]
     if ep:
-        bases = ep.get("base_urls") or [ep.get("base_url")]
-        for base in bases:
-            lines.append(f"  endpoint:   {base}")
+        for base in rec.get("urls") or []:
+            lines.append(_label("url") + base)
         for p in rec["probes"]:
-            lines.append(f"  probe:      {p['url']}: {'answers' if p['answers'] else 'no answer'} ({p['detail']})")
-        if ep.get("curl") and rec["state"] in ("RUNNING",):
-            lines.append(f"  try:        {ep['curl']}")
+            lines.append(_label("probe") + f"{p['url']}: {'answers' if p['answers'] else 'no answer'} ({p['detail']})")
+        if rec["state"] in ("RUNNING",):
+            lines.append(_label("use") + f"`env_layers wait {jid}` prints the endpoint block (curl, Python)")
     elif rec["state"] == "RUNNING" and not rec.get("requeued"):
-        lines.append("  endpoint:   not live yet (`env_layers wait " + jid + "`)")
+        lines.append(_label("url") + f"not live yet (`env_layers wait {jid}`)")
     for w in la["warnings"]:
-        lines.append(f"  warning:    {w}")
+        lines.append(_label("warning") + f"{w}")
     for e in la["errors"]:
         if not TAIL_HEADER_RE.match(e):  # "last 20 lines of ...:" introduces the tail, it says nothing
-            lines.append(f"  error:      {e}")
+            lines.append(_label("error") + f"{e}")
     for run in rec.get("earlier_runs", []):
-        lines.append(f"  earlier:    {_run_line(run)}")
+        lines.append(_label("earlier") + f"{_run_line(run)}")
     return "\n".join(lines) + "\n"
 
 

@@ -44,6 +44,11 @@ def render_markdown(rules: Sequence[Rule]) -> str:
         conditions += [f"- the logs do not contain `{p.describe()}`" for p in r.unless]
         if conditions:
             out += ["", "Only when:", "", *conditions]
+        if r.possible is not None:
+            also = "".join(f" and a line matches `{p.describe()}`" for p in r.possible.also)
+            known = " or ".join(f"`{p.describe()}`" for p in r.possible.context)
+            out += ["", f"Possible finding: when the signature matches{also} but no input matches {known} (a lone "
+                    f"log: the context is missing), the rule is reported as POSSIBLE, to confirm {r.possible.confirm}."]
         out += ["", f"Cause: {r.cause}", "", f"Fix: {r.fix}", "", f"See: {see_link(r.see)}."]
     return "\n".join(out) + "\n"
 

@@ -49,10 +49,17 @@ class Finding:
     see: str  # where the user reads more: docs/<page>.md[#section] or an https:// page
     evidence: tuple[Evidence, ...]
     detail: str | None = None
+    certainty: str = "confirmed"  # "possible": the signature matched, the context to confirm it is missing
+    confirm_if: str | None = None  # for a possible finding: what would confirm it
+
+    @property
+    def possible(self) -> bool:
+        return self.certainty == "possible"
 
     def to_dict(self) -> dict:
         return {
             "id": self.rule_id, "title": self.title, "severity": self.severity, "status": self.status,
+            "certainty": self.certainty, "confirm_if": self.confirm_if,
             "evidence": [e.to_dict() for e in self.evidence], "detail": self.detail,
             "cause": self.cause, "fix": self.fix, "see": self.see,
         }

@@ -172,18 +172,39 @@ def _evaluate(rule: Rule, prepared: Sequence[_Prepared]) -> Finding | None:
             return any(_first_match(own, pattern) is not None for pattern in rule.requires)
 
         evidence.sort(key=lambda ev: not corroborated(ev))
+    certainty = "confirmed"
     for pattern in rule.requires:
         mine = [log for log in prepared if log.name == evidence[0].file]
         found = _first_match(mine, pattern) or _first_match(prepared, pattern)
         if found is None:
-            return None
+            if not _possible(rule, prepared, evidence):
+                return None
+            certainty = "possible"
+            continue
         evidence.append(Evidence(found.file, found.line, found.text, role="requires"))
     for pattern in rule.unless:
         if _first_match(prepared, pattern) is not None:
             return None
     return Finding(rule_id=rule.id, title=rule.title, severity=rule.severity, status=rule.status,
                    cause=rule.cause, fix=rule.fix, see=rule.see, evidence=tuple(evidence),
-                   detail=detail)
+                   detail=detail, certainty=certainty,
+                   confirm_if=rule.possible.confirm if certainty == "possible" and rule.possible else None)
+
+
+def _possible(rule: Rule, prepared: Sequence[_Prepared], evidence: list[Evidence]) -> bool:
+    """A required line is missing: is it only the context that is missing (a lone log), so the rule may
+    still report as a possible finding? Adds the ``also`` lines to ``evidence`` when so."""
+    spec = rule.possible
+    if spec is None or any(_first_match(prepared, p) is not None for p in spec.context):
+        return False  # no fallback, or the context is there and says no
+    extra = []
+    for pattern in spec.also:
+        found = _first_match(prepared, pattern)
+        if found is None:
+            return False
+        extra.append(Evidence(found.file, found.line, found.text, role="with"))
+    evidence.extend(e for e in extra if e not in evidence)
+    return True
 
 
 def diagnose(logs: Iterable[LogText | tuple[str, Sequence[str]]], rules: Sequence[Rule] | None = None

@@ -23,7 +23,7 @@ DIRECTIONS = ("falling",)
 ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 RULE_KEYS = {
     "id", "title", "severity", "status", "signature", "scope", "not_followed_by", "requires", "unless",
-    "trend", "example", "cause", "fix", "see", "seen_by",
+    "trend", "example", "cause", "fix", "see", "seen_by", "possible",
 }
 REQUIRED_KEYS = ("id", "title", "cause", "fix", "see", "status")
 # where a user reads more: a page of this project's docs (with an optional #section), or a web page
@@ -73,6 +73,22 @@ class Trend:
 
 
 @dataclass(frozen=True)
+class Possible:
+    """When a rule's signature matches but the inputs lack the context its ``requires`` look for (a lone
+    log: no job output saying how the rank ended, no node count), the rule still reports, as a *possible*
+    finding that names what would confirm it.
+
+    ``context``: patterns whose presence anywhere means the context is known (then ``requires`` decide
+    alone: no possible finding); ``also``: patterns that must match too, for the signature to stand on its
+    own; ``confirm``: what would confirm it, as a sentence starting with "if" ("if this rank was killed...").
+    """
+
+    context: tuple[Pattern, ...]
+    confirm: str
+    also: tuple[Pattern, ...] = ()
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -91,6 +107,7 @@ class Rule:
     # for a problem no log shows (no signature, no trend): how an operator sees it instead; such a rule
     # never fires in `diagnose`, it is documented in docs/known-issues.md
     seen_by: str | None = None
+    possible: Possible | None = None
 
 
 def default_rules_path() -> Path:
@@ -219,7 +236,29 @@ def _parse_rule(raw: object, index: int, where) -> Rule:
         not_followed_by=_patterns(raw, "not_followed_by", fail),
         requires=_patterns(raw, "requires", fail), unless=_patterns(raw, "unless", fail),
         trend=trend, example=example, seen_by=seen_by.strip() if seen_by else None,
+        possible=_possible(raw, fail, has_requires="requires" in raw),
     )
+
+
+def _possible(raw: Mapping, fail, has_requires: bool) -> Possible | None:
+    item = raw.get("possible")
+    if item is None:
+        return None
+    if not isinstance(item, Mapping):
+        raise fail("possible", "must be a mapping with context, confirm (and optionally also)")
+    unknown = sorted(set(item) - {"context", "also", "confirm"}, key=str)
+    if unknown:
+        raise fail(f"possible.{unknown[0]}", "unknown key (use `context`, `also` and `confirm`)")
+    if not has_requires:
+        raise fail("possible", "only applies to a rule with `requires` (the context a lone log may lack)")
+    confirm = item.get("confirm")
+    if not isinstance(confirm, str) or not confirm.strip().lower().startswith("if "):
+        raise fail("possible.confirm", "must be a sentence starting with 'if' that names what would confirm it",
+                   hint="e.g. 'if this rank was killed (exit 137), ...'")
+    sub = {"context": item.get("context"), "also": item.get("also")}
+    context = _patterns(sub, "context", lambda key, msg, hint=None: fail(f"possible.{key}", msg, hint), True)
+    also = _patterns(sub, "also", lambda key, msg, hint=None: fail(f"possible.{key}", msg, hint))
+    return Possible(context=context, confirm=" ".join(confirm.split()), also=also)
 
 
 def _patterns(raw: Mapping, key: str, fail, required: bool = False) -> tuple[Pattern, ...]:

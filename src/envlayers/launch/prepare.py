@@ -210,7 +210,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     served = keys.get("VLLM_SERVED_MODEL", "")
     launch_json = json.dumps({
         "job_id": alloc.job_id, "restart": alloc.restart, "target": keys.get("ENVLAYERS_TARGET"), "engine": engine,
-        "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
+        "model": keys.get("INFERENCE_MODEL") or None, "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
         "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
     }, indent=2) + "\n"
     files = {"ranks.sh": rank_script(commands, alloc.run_dir), "launch.json": launch_json}

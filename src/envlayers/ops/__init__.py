@@ -1,8 +1,9 @@
 """Operating a launched endpoint job from its id, as data: one module per operation.
 
-``lookup`` (a job id -> Slurm's record and the current run's files), ``watch`` (the one polling loop,
-shared by ``wait`` and ``logs --follow``), ``wait``, ``status``, ``stop``, ``logs``, ``probe`` (asking
-an endpoint whether it answers). Nothing here formats for a terminal: that is ``envlayers.cli.ops_format``.
+``lookup`` (a job id, read by ``envlayers.jobid``, -> Slurm's record and the current run's files),
+``watch`` (the one polling loop, shared by ``wait`` and ``logs --follow``), ``progress`` (every rank's
+startup phases, as steps that never skip), ``wait``, ``status`` (also the shared words: target, model id,
+served name, state, phase, url), ``stop``, ``logs``, ``probe`` (asking an endpoint whether it answers). Nothing here formats for a terminal: that is ``envlayers.cli.ops_format``.
 
 Reads Slurm through ``slurm.run`` (looked up at call time, so tests can replace it) and never decides
 failure from a log line: a job has failed when Slurm says it ended, a wait has failed when its budget is

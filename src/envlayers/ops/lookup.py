@@ -7,28 +7,23 @@ run's ranks, exits or endpoint as current.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Mapping
 
 from .. import rundir, slurm
-from ..errors import EnvLayersError
+from ..jobid import not_found, parse_job_id
 
 EXIT_LIVE = 0
 EXIT_ENDED = 1  # the job ended (or was never going to be live)
 EXIT_TIMEOUT = 3  # the wait budget ran out; the job goes on
 
-_JOB_ID_RE = re.compile(r"^\d+$")
 
 
 def check_job_id(job_id: str) -> str:
-    job_id = str(job_id).strip()
-    if not _JOB_ID_RE.match(job_id):
-        raise EnvLayersError(f"{job_id!r} is not a Slurm job id",
-                             hint="give the number sbatch printed, e.g. `env_layers wait 12345`")
-    return job_id
+    """The job id every command takes, read by the one parser (``envlayers.jobid``)."""
+    return parse_job_id(job_id)
 
 
 @dataclass
@@ -83,10 +78,7 @@ def find_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, s
     info = slurm.job_info(job_id, run=slurm.run)
     files = rundir.locate(job_id, info, environ=environ, cwd=cwd, run_dir=run_dir)
     if info is None and not (files.job_out and files.job_out.is_file()) and files.run_dir is None:
-        raise EnvLayersError(
-            f"no job {job_id}: Slurm does not know it and there is no serve-only-{job_id}.out here",
-            hint="`env_layers status` lists your endpoint jobs; without accounting Slurm forgets a finished job "
-                 "after MinJobAge, so run from the submit directory or pass --run-dir")
+        raise not_found(job_id)
     return TrackedJob(job_id, info, current_files(files, info))
 
 

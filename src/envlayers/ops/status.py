@@ -7,22 +7,54 @@ from pathlib import Path
 from typing import Mapping
 
 from .. import rundir, slurm
-from ..phases import PhaseTracker
 from .lookup import TrackedJob, current_files
 from .probe import probe_all
-from .wait import LOG_FIRST_READ
+from .progress import RankProgress, read_run, run_total, serving_ranks
 
 
-def _model_names(files: rundir.JobFiles) -> tuple[str | None, str | None, str | None]:
-    """(model, served name, engine) from endpoint.json, else launch.json; tolerant of key spellings."""
-    model = served = engine = None
-    for data in (files.endpoint_data(), files.launch()):
+def identity(files: rundir.JobFiles) -> dict:
+    """What a job serves, in the words every command uses (text and ``--json``):
+
+    - ``target``: the catalog target it was launched from (``experiment:glm53``; ``None`` without one);
+    - ``model_id``: the model the engine loaded (``zai-org/GLM-5.3``: INFERENCE_MODEL);
+    - ``served_name``: the name clients pass as ``model`` (the served model name);
+    - ``engine``: ``sglang`` or ``vllm``.
+
+    From endpoint.json, else launch.json, else the run's serve.env: the same answer before, while
+    and after the endpoint is live."""
+    found: dict = {"target": None, "model_id": None, "served_name": None, "engine": None}
+    keys = {"target": ("target", "ENVLAYERS_TARGET"), "model_id": ("model", "model_path", "INFERENCE_MODEL"),
+            "served_name": ("served_model_name", "served_name", "VLLM_SERVED_MODEL"),
+            "engine": ("engine", "engine_name", "INFERENCE_ENGINE")}
+    env = None
+    for data in (files.endpoint_data(), files.launch(), "serve.env"):
+        if data == "serve.env":
+            if all(found.values()):
+                break
+            env = env if env is not None else _serve_env(files)
+            data = env
         if not data:
             continue
-        model = model or _first(data, "model", "model_path", "MODEL", "hf_model", "target")
-        served = served or _first(data, "served_model_name", "served_name", "VLLM_SERVED_MODEL")
-        engine = engine or _first(data, "engine", "engine_name", "INFERENCE_ENGINE")
-    return model, served, engine
+        for name, spellings in keys.items():
+            found[name] = found[name] or _first(data, *spellings)
+    return found
+
+
+def _serve_env(files: rundir.JobFiles) -> dict[str, str]:
+    """The run's serve.env as text values (``{}`` when absent or unreadable)."""
+    if files.run_dir is None or files.previous_at_top:
+        return {}
+    path = files.run_dir / "serve.env"
+    if not path.is_file():
+        return {}
+    from ..envfile import parse_text
+    from ..errors import EnvLayersError
+
+    try:
+        assignments = parse_text(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    except EnvLayersError:
+        return {}
+    return {a.key: "".join(a.value) for a in assignments if all(isinstance(part, str) for part in a.value)}
 
 
 def _first(data: Mapping, *keys: str):
@@ -35,26 +67,39 @@ def _first(data: Mapping, *keys: str):
     return None
 
 
+def base_urls(data: Mapping | None) -> list[str]:
+    """Every base URL of an endpoint record (one per replica), in order."""
+    if not data:
+        return []
+    return [b for b in (data.get("base_urls") or [data.get("base_url")]) if b]
+
+
+def run_progress(files: rundir.JobFiles, report: rundir.LauncherReport, nodes: int | None) -> RankProgress | None:
+    """The furthest startup phase of the run and how many ranks reached it, read from every rank's log."""
+    launch = files.launch()
+    total = run_total(report, launch, nodes)
+    return read_run(files, total, serving_ranks((launch or {}).get("shape"), total or 1))
+
+
 def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> list[dict]:
-    """One row per endpoint job Slurm lists: id, state, nodes, time left, model, endpoint."""
+    """One row per endpoint job Slurm lists, in the shared words: job id, state, nodes, time left, target,
+    model id, served name, phase, url (``urls``: every replica's)."""
     rows = []
     for info in slurm.list_jobs(user=user, run=slurm.run):
         files = current_files(rundir.locate(info.job_id, info, environ=environ, cwd=cwd), info)
-        model, served, _ = _model_names(files)
-        data = files.endpoint_data()
+        data = files.endpoint_data() if info.running else None
         state = info.state or "?"
-        if info.pending and info.reason:
+        if info.pending and info.reason and info.reason != "None":
             state += f" ({info.reason})"
-        endpoint = None
-        if data and info.running:
-            bases = data.get("base_urls") or [data.get("base_url")]
-            endpoint = " ".join(b for b in bases if b)
-        elif info.running:
-            endpoint = "starting"
-        target = (files.launch() or {}).get("target")
+        progress = None
+        if info.running and files.run_dir is not None:
+            progress = run_progress(files, files.read_job_output(), info.nodes)
+        urls = base_urls(data)
         rows.append({"job_id": info.job_id, "state": state, "nodes": info.nodes, "nodelist": info.nodelist,
-                     "time_left_s": info.time_left_s, "model": served or model, "hf_model": model, "target": target,
-                     "endpoint": endpoint, "user": info.user,
+                     "time_left_s": info.time_left_s, **identity(files),
+                     "phase": "live" if urls else (progress.text(details=False) if progress
+                                                   else "starting" if info.running else None),
+                     "url": urls[0] if urls else None, "urls": urls, "user": info.user,
                      "run_dir": str(files.run_dir) if files.run_dir else None})
     return rows
 
@@ -113,18 +158,12 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
     job.files = current_files(job.files, job.info)
     info, files = job.info, job.files
     report = files.read_job_output()
-    phase = None
-    log0 = files.server_log(0)
-    if log0 is not None and log0.is_file():
-        tracker = PhaseTracker()
-        tracker.feed(rundir.FileTail(log0, max_first_read=LOG_FIRST_READ).read())
-        tracker.flush()
-        phase = tracker.last
-    model, served, engine = _model_names(files)
+    progress = run_progress(files, report, info.nodes if info is not None else None)
+    names = identity(files)
     data = files.endpoint_data()
     probes = []
     if data and probe_endpoint and info is not None and info.running:
-        probes = probe_all(data, served or "", timeout_s=2.0)
+        probes = probe_all(data, names["served_name"] or "", timeout_s=2.0)
     return {
         "job_id": job.job_id,
         "slurm": info.to_dict() if info else None,
@@ -133,10 +172,11 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "requeued": job.requeued,
         "job_output": str(files.job_out) if files.job_out else None,
         "run_dir": str(files.run_dir) if files.run_dir else None,
-        "model": model, "served_model_name": served, "engine": engine,
+        **names,
         "launcher": report.to_dict(),
         "launcher_end": launcher_end(job),
-        "phase": phase.to_dict() if phase else None,
+        "phase": progress.to_dict() if progress else None,
+        "url": (base_urls(data) or [None])[0], "urls": base_urls(data),
         "rank_exits": {str(k): v for k, v in files.rank_exits().items()},
         "endpoint": data,
         "probes": probes,

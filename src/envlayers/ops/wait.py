@@ -13,24 +13,23 @@ from typing import Callable, Mapping
 
 from .. import rundir
 from ..errors import EnvLayersError
-from ..phases import Phase, PhaseTracker
 from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, TrackedJob, find_job, since
+from .progress import LOG_FIRST_READ, RankProgress, RunPhases, run_total, serving_ranks
 from .watch import Clock, JobWatcher
 
 FILE_STEP_S = 0.25  # files are looked at at least this often
-LOG_FIRST_READ = 8 << 20  # a huge rank-0 log: phases come from its last 8 MiB
 
 
 @dataclass
 class WaitEvent:
-    """Something ``wait`` saw. ``kind``: ``"state"`` (the job's state now; ``phase`` set when a phase
-    was reached), ``"launcher"`` (``text`` is an ``ENVLAYERS-WARN``/``ENVLAYERS-ERROR`` line of the current
+    """Something ``wait`` saw. ``kind``: ``"state"`` (the job's state now; ``phase`` the run's furthest
+    startup phase and how many ranks reached it), ``"live"`` (the endpoint answers), ``"launcher"`` (``text`` is an ``ENVLAYERS-WARN``/``ENVLAYERS-ERROR`` line of the current
     run) or ``"slurm-silent"`` (``text`` is why Slurm did not answer; said once per outage)."""
 
     kind: str
     job: TrackedJob
     report: rundir.LauncherReport
-    phase: Phase | None = None
+    phase: RankProgress | None = None
     rank_exits: dict[int, int | None] = field(default_factory=dict)
     elapsed_s: float | None = None
     text: str | None = None
@@ -41,7 +40,7 @@ class WaitResult:
     outcome: str  # "live" | "ended" | "timeout"
     job: TrackedJob
     report: rundir.LauncherReport
-    phase: Phase | None
+    phase: RankProgress | None
     endpoint: dict | None
     waited_s: float
     findings: list = field(default_factory=list)
@@ -52,12 +51,16 @@ class WaitResult:
         return {"live": EXIT_LIVE, "ended": EXIT_ENDED, "timeout": EXIT_TIMEOUT}[self.outcome]
 
     def to_dict(self) -> dict:
-        from .status import launcher_end
+        from .status import base_urls, identity, launcher_end
 
         info = self.job.info
+        urls = base_urls(self.endpoint)
         return {
             "job_id": self.job.job_id, "outcome": self.outcome, "live": self.outcome == "live",
+            **identity(self.job.files),
             "state": info.state if info else None, "reason": info.reason if info else None,
+            "expected_start": info.start_time if info is not None and info.pending else None,
+            "url": urls[0] if urls else None, "urls": urls,
             "exit_code": info.exit_code if info else None,
             "restart": self.job.restart, "requeued": self.job.requeued,
             "phase": self.phase.to_dict() if self.phase else None,
@@ -72,7 +75,7 @@ class WaitResult:
 
 
 class _RunReader:
-    """What the job output and the current run's rank-0 log gained since the last look."""
+    """What the job output and the current run's server logs (every rank's) gained since the last look."""
 
     def __init__(self, job: TrackedJob, cwd: Path | None):
         self.job, self.cwd = job, cwd
@@ -84,16 +87,16 @@ class _RunReader:
         self._reset_log()
 
     def _reset_log(self) -> None:
-        self.log = rundir.FileTail(None, max_first_read=LOG_FIRST_READ)
-        self.tracker = PhaseTracker()
+        self.phases = RunPhases()
+        self.launch_shown: tuple | None = None  # the launcher step last shown (ranks up, ranks started)
 
     @property
     def current_report(self) -> rundir.LauncherReport:
         """The launcher's lines of the current run (nothing while the top files are a previous run's)."""
         return rundir.LauncherReport() if self.job.files.previous_at_top else self.report
 
-    def read(self, environ, run_dir_override) -> tuple[list[str], list[Phase], bool]:
-        """(launcher lines to show, phases newly reached, whether a run started in the job output)."""
+    def read(self, environ, run_dir_override) -> tuple[list[str], bool]:
+        """(launcher lines to show, whether a run started in the job output); reads every rank's log."""
         job, info = self.job, self.job.info
         if self.out.path is None or (not self.out.path.exists() and info is not None):
             self.out.path = rundir.job_output_path(job.job_id, info, self.cwd or Path.cwd())
@@ -117,19 +120,45 @@ class _RunReader:
         if not job.files.previous_at_top:
             shown, self.held = self.held, []
         run = None if job.files.previous_at_top else job.restart
-        if run != self._run:  # another run is current now: its log and phases start afresh
+        if run != self._run:  # another run is current now: its logs and phases start afresh
             self._run = run
             self._reset_log()
-        if self.log.path is None:
-            self.log.path = job.files.server_log(0)
-        chunk = self.log.read()
-        return shown, (self.tracker.feed(chunk) if chunk else []), started
+        if not job.files.previous_at_top:
+            self.phases.read(job.files)
+        return shown, started
+
+    def _shape(self) -> tuple[int | None, set[int] | None]:
+        report, launch = self.current_report, self.job.files.launch()
+        info = self.job.info
+        total = run_total(report, launch, info.nodes if info is not None else None)
+        shape = (launch or {}).get("shape")
+        for line in report.topology:
+            if line.startswith("shape="):
+                shape = shape or line.split()[0].partition("=")[2]
+        return total, serving_ranks(shape, total or 1)
+
+    def current(self) -> RankProgress | None:
+        total, serving = self._shape()
+        return self.phases.current(total, serving)
+
+    def steps(self) -> list[RankProgress | None]:
+        """What to show since the last look, in order: the launcher's step (as ``None``) when it moved and
+        no phase was shown yet, then every phase passed on the way."""
+        total, serving = self._shape()
+        report = self.current_report
+        launch = (len(report.ranks_up), report.ranks_started)
+        first = not self.phases.shown_any
+        phase_steps: list[RankProgress | None] = list(self.phases.steps(total, serving))
+        if phase_steps and first and any(launch) and launch != self.launch_shown:
+            phase_steps.insert(0, None)  # "all N ranks started" came with the first phase: shown first
+        self.launch_shown = launch
+        return phase_steps
 
     def finish(self) -> None:
         if self.partial:
             self.report.feed_lines([self.partial])
             self.partial = ""
-        self.tracker.flush()
+        self.phases.finish()
 
 
 def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0,
@@ -138,40 +167,52 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
              clock: Clock | None = None) -> WaitResult:
     """Poll until the current run's ``endpoint.json`` exists while the job runs and no rank has exited
     (live), Slurm says the job ended, or ``timeout_s`` passes. Files are looked at every
-    ``min(poll_s, 0.25)`` s, Slurm every ``poll_s`` s."""
+    ``min(poll_s, 0.25)`` s, Slurm every ``poll_s`` s. Every step of the startup is reported in order,
+    also those passed between two looks and those reached just before the end."""
     emit = on_event or (lambda event: None)
     job = find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
     watcher = JobWatcher(job, poll_s=poll_s, step_s=min(poll_s, FILE_STEP_S), clock=clock or Clock(),
                          locate_kw={"environ": environ, "cwd": cwd, "run_dir": run_dir})
     reader = _RunReader(job, cwd)
+
+    def show_steps(exits, elapsed) -> bool:
+        steps = reader.steps()
+        for step in steps:
+            emit(WaitEvent("state", job, reader.current_report, step, exits, elapsed))
+        return bool(steps)
+
     for tick in watcher.ticks():
         if tick.slurm_silent:
             emit(WaitEvent("slurm-silent", job, reader.current_report, text=tick.slurm_silent))
-        shown, new_phases, started = reader.read(environ, run_dir)
+        shown, started = reader.read(environ, run_dir)
         for line in shown:
             emit(WaitEvent("launcher", job, reader.current_report, text=line))
         info = job.info
         if started and info is not None and info.pending:
             watcher.ask_soon()  # the job writes, so it runs: ask Slurm again now rather than show PENDING
+        elapsed = since(info.start_time) if info is not None and info.running else None
+        elapsed = elapsed if elapsed is not None else tick.elapsed_s
         if watcher.ended:
-            reader.read(environ, run_dir)  # the launcher's last words
+            for line in reader.read(environ, run_dir)[0]:  # the launcher's last words
+                emit(WaitEvent("launcher", job, reader.current_report, text=line))
             reader.finish()
             stale = job.files.previous_at_top
-            return WaitResult("ended", job, reader.current_report, None if stale else reader.tracker.last, None,
-                              tick.elapsed_s, findings=[] if stale else diagnose_job(job),
-                              rank_exits=job.files.rank_exits())
+            exits = job.files.rank_exits()
+            if not stale:
+                show_steps(exits, elapsed)  # the phases reached before the end are shown too
+            return WaitResult("ended", job, reader.current_report, None if stale else reader.current(), None,
+                              tick.elapsed_s, findings=[] if stale else diagnose_job(job), rank_exits=exits)
         exits = job.files.rank_exits()
         if info is not None and info.running and info.state != "COMPLETING":
             data = job.files.endpoint_data()
             if data and not exits:
-                return WaitResult("live", job, reader.current_report, reader.tracker.last, data, tick.elapsed_s)
-        elapsed = since(info.start_time) if info is not None and info.running else None
-        elapsed = elapsed if elapsed is not None else tick.elapsed_s
-        for phase in new_phases[:-1]:  # phases passed between two looks: each gets its event, in order
-            emit(WaitEvent("state", job, reader.current_report, phase, exits, elapsed))
-        emit(WaitEvent("state", job, reader.current_report, reader.tracker.last, exits, elapsed))
+                show_steps(exits, elapsed)  # every phase up to now, then live
+                emit(WaitEvent("live", job, reader.current_report, reader.current(), exits, elapsed))
+                return WaitResult("live", job, reader.current_report, reader.current(), data, tick.elapsed_s)
+        if not show_steps(exits, elapsed):
+            emit(WaitEvent("state", job, reader.current_report, reader.current(), exits, elapsed))
         if timeout_s is not None and tick.elapsed_s >= timeout_s:
-            return WaitResult("timeout", job, reader.current_report, reader.tracker.last, None, tick.elapsed_s,
+            return WaitResult("timeout", job, reader.current_report, reader.current(), None, tick.elapsed_s,
                               rank_exits=exits)
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -10,15 +10,14 @@ The key is read from ``--api-key-file`` or the job's ``SERVER_API_KEY_FILE``; it
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
+from ..jobid import looks_like_job_id
 from .client import Client
 
-_JOB_ID_RE = re.compile(r"^\d+(_\d+)?$")
 
 
 class CannotVerify(EnvLayersError):
@@ -171,7 +170,7 @@ def resolve(spec: str, *, model: str | None = None, api_key_file: str | None = N
         target = Target(label=base_url_of(spec), base_urls=[base_url_of(spec)])
         if api_key_file:
             target.api_key = read_key(api_key_file, "--api-key-file")
-    elif _JOB_ID_RE.match(spec):
+    elif looks_like_job_id(spec):
         target, job_env = from_job(spec, run_dir=run_dir, api_key_file=api_key_file)
     else:
         raise CannotVerify(f"{spec!r} is neither a job id nor a URL", where="JOBID|URL",
