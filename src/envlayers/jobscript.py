@@ -148,6 +148,13 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     budget = ready_timeout_s(text)
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
+    # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
+    from .exposure import public_keyless
+
+    public = public_keyless(text)
+    if public:
+        blockers.append(public)
+    # -- end of the public-bind refusal
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
@@ -226,11 +233,13 @@ def _unbound_check(u: Unbound) -> _Code:
 
 
 def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
-    from .apikey import check_key_file
+    from .apikey import check_key_file, wants_generated
     from .layers import expand
 
     b = env.bindings["SERVER_API_KEY_FILE"]
     path = expand(b.value, environ)
+    if wants_generated(path):  # a per-job key, made in the job: nothing to check here
+        return []
     if path is None:
         return [f"SERVER_API_KEY_FILE ({b.origin}) cannot be checked here: it reads a variable this shell "
                 "does not set"]
