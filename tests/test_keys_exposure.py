@@ -34,6 +34,8 @@ PY = "/usr/bin/python3"
     pytest.param({"SERVER_API_KEY_FILE": "generate"}, False, id="generated-key"),
     pytest.param({"SERVER_HOST": "127.0.0.1"}, False, id="loopback"),
     pytest.param({"SERVER_HOST": "10.0.0.5"}, False, id="one-address"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "podman"}, False, id="podman-publishes-loopback"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "none"}, True, id="runtime-none"),
 ])
 def test_public_keyless(env, refused):
     text = public_keyless(env)

@@ -29,6 +29,8 @@ def public_keyless(env: Mapping[str, str]) -> str | None:
     None when the server takes a key, binds one address, or the operator acknowledged it."""
     if not binds_everywhere(env) or env.get("SERVER_API_KEY_FILE"):
         return None
+    if (env.get("CONTAINER_RUNTIME") or "").strip() == "podman":
+        return None  # 0.0.0.0 is the container's own interface; the node publishes on 127.0.0.1 only
     ack = (env.get(ACK_KEY) or "").strip()
     if ack == "1":
         return None
