@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ping": ("access_cmds", "ping", "Check /v1/models and a one-token chat, with latency."),
     "tunnel": ("access_cmds", "tunnel", "Open a reverse SSH tunnel from the API node to a gateway host."),
     "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
+    "images": ("images_cmds", "images", "Save or load a pinned podman image to or from shared storage."),
 }
 
 
