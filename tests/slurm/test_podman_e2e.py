@@ -105,8 +105,9 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 pass
 
-        stopped = env_layers(run, "stop", jid)
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        released = env_layers(run, "release", jid)
+        assert released.returncode == 0, released.stdout + released.stderr
+        assert f"2b. containers (podman): done: podman stop {name}" in released.stdout
         run.state()
         gone = podmantools.podman("container", "exists", name, env=podman_env, check=False)
         assert gone.returncode == 1  # stopped with the job and removed (--rm)
