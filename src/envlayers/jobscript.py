@@ -146,7 +146,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         warnings += _key_file_warnings(env, environ)
     commands = engines.build_commands(plan, build_env, MASTER_REF)
     rank_lines = [engines.shell_line(c) for c in commands]
-    podman = _podman(root, text, plan)  # -- CONTAINER_RUNTIME=podman (runtimes/podman.py)
+    podman = _podman(root, env, text, plan)  # -- CONTAINER_RUNTIME=podman (runtimes/podman.py)
     if podman is not None:
         rank_lines = _podman_lines(podman, text, plan, commands, rank_lines)
     budget = ready_timeout_s(text)
@@ -253,7 +253,7 @@ def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
 
 # -- CONTAINER_RUNTIME=podman: the image and devices, decided here (runtimes/podman.py) ---------
 
-def _podman(root: Path, text: Mapping[str, str], plan: Plan):
+def _podman(root: Path, env: Env, text: Mapping[str, str], plan: Plan):
     from .runtimes import runtime_name
 
     if runtime_name(text) != "podman":
@@ -261,7 +261,11 @@ def _podman(root: Path, text: Mapping[str, str], plan: Plan):
     from . import edf
     from .runtimes import podman
 
-    podman.check_plan(plan.nodes)
+    def where(key: str) -> str:
+        b = env.bindings.get(key)
+        return f"{b.origin}: {key}" if b else key
+
+    podman.check_plan(plan.nodes, where("CONTAINER_RUNTIME"))
     role = text.get("CONTAINER_ROLE")
     role_image = role_gpu = None
     if role and role in edf.roles(root):
@@ -270,7 +274,7 @@ def _podman(root: Path, text: Mapping[str, str], plan: Plan):
         src = source(role, root)
         role_image = src.remote_image
         role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
-    return podman.settings(text, role_image, role_gpu)
+    return podman.settings(text, role_image, role_gpu, where)
 
 
 def _podman_lines(s, text: Mapping[str, str], plan: Plan, commands, rank_lines: list[str]) -> list[str]:

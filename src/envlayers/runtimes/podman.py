@@ -53,20 +53,22 @@ def archive_name(image: str) -> str:
     return _NOT_FILE.sub("_", image).strip("_") + ".tar"
 
 
-def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: str | None = None) -> Settings:
+def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: str | None = None,
+             where=lambda key: key) -> Settings:
     """The image (``CONTAINER_IMAGE``, else the role's remote image) and the GPU devices
     (``CONTAINER_GPU_DEVICES``: comma-separated ``--device`` values or ``none``; else by the role's
-    GPU vendor: ``rocm`` -> /dev/kfd and /dev/dri, otherwise NVIDIA's CDI name)."""
+    GPU vendor: ``rocm`` -> /dev/kfd and /dev/dri, otherwise NVIDIA's CDI name). ``where(key)``
+    names a key's assignment (file:line) in errors."""
     from ..edf.schema import unpinned
 
     image = (env.get(IMAGE_KEY) or role_image or "").strip()
     if not image:
-        raise EnvLayersError("is not set; podman needs the image to run", where=IMAGE_KEY,
+        raise EnvLayersError(f"{IMAGE_KEY} is not set; podman needs the image to run", where=where("CONTAINER_RUNTIME"),
                              hint="a pinned reference, e.g. docker.io/vllm/vllm-openai:v0.11.0 or "
                                   "IMAGE@sha256:<digest>, or set CONTAINER_ROLE to use its image")
     why = unpinned(image)
     if why:
-        raise EnvLayersError(f"image {image!r} {why}", where=IMAGE_KEY if env.get(IMAGE_KEY) else "CONTAINER_ROLE",
+        raise EnvLayersError(f"image {image!r} {why}", where=where(IMAGE_KEY if env.get(IMAGE_KEY) else "CONTAINER_ROLE"),
                              hint="pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>): every node "
                                   "must run the same bytes")
     raw = env.get(DEVICES_KEY)
@@ -78,20 +80,20 @@ def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: st
         devices = tuple(d.strip() for d in raw.split(",") if d.strip())
         bad = [d for d in devices if not _DEVICE_RE.match(d)]
         if bad or not devices:
-            raise EnvLayersError(f"{raw!r} is not a list of devices", where=DEVICES_KEY,
+            raise EnvLayersError(f"{DEVICES_KEY}={raw!r} is not a list of devices", where=where(DEVICES_KEY),
                                  hint="comma-separated podman --device values (nvidia.com/gpu=all, /dev/kfd,/dev/dri) "
                                       "or none")
     shm = env.get(SHM_KEY)
     if shm and not _SHM_RE.match(shm.strip()):
-        raise EnvLayersError(f"{shm!r} is not a size", where=SHM_KEY, hint="e.g. 64g (podman --shm-size)")
+        raise EnvLayersError(f"{SHM_KEY}={shm!r} is not a size", where=where(SHM_KEY), hint="e.g. 64g (podman --shm-size)")
     return Settings(image, devices)
 
 
-def check_plan(nodes: int) -> None:
+def check_plan(nodes: int, where: str = "CONTAINER_RUNTIME") -> None:
     """One node per job: the container publishes on the node's 127.0.0.1, which the launcher on the
     first node reaches and no other node does."""
     if nodes != 1:
-        raise EnvLayersError(f"podman serves one node per job; this plan has {nodes}", where="CONTAINER_RUNTIME",
+        raise EnvLayersError(f"podman serves one node per job; this plan has {nodes}", where=where,
                              hint="use CONTAINER_RUNTIME=ce for multi-node plans, or one job per replica")
 
 
