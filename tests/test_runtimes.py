@@ -160,3 +160,15 @@ def test_stop_containers(running, codes, status):
         assert seen == [["srun", "--overlap", "--jobid=9", "--nodes=1", "--ntasks=1", "--nodelist=n1", "podman",
                          "stop", "--ignore", "-t", "10", "envlayers-9-0"]]
     assert ("boom" in detail) is (status == "failed")
+
+
+@pytest.mark.parametrize("endpoint, target", [
+    pytest.param({"base_urls": ["http://127.0.0.1:8000/v1"], "nodes": ["n1"]}, ("n1", 8000), id="podman-loopback"),
+    pytest.param({"base_urls": ["http://n2:8001/v1"], "nodes": ["n2"]}, ("n2", 8001), id="node-name"),
+])
+def test_the_tunnel_starts_on_the_node_behind_a_loopback_url(endpoint, target):
+    from envlayers.access.job import JobAccess
+    from envlayers.access.tunnel import api_target
+
+    acc = JobAccess(SimpleNamespace(job_id="9", files=SimpleNamespace(run_dir=None)), endpoint, None, {})
+    assert api_target(acc) == target
