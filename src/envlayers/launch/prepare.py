@@ -133,13 +133,6 @@ def srun_dry_line(nodes: int, edf: str | None) -> str:
     return " ".join(engines.quote(w) for w in srun_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))
 
 
-def wrappers_names(wrappers, job_id: str) -> list[tuple[str, int]]:
-    """(container name, rank) of each wrapped rank: launch.json records them for release."""
-    from ..runtimes.podman import container_name
-
-    return [(container_name(job_id, rank), rank) for rank in range(len(wrappers))]
-
-
 def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     """The whole launch, decided: raises LaunchFailure (or an EnvLayersError from the plan or an
     engine) when the job must stop before srun."""
@@ -183,12 +176,13 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     rank_start_s = int_key(keys, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
     # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
-    wrappers = None
+    wrappers, containers = None, []  # containers: their names, which launch.json records for release
     if (keys.get("CONTAINER_RUNTIME") or "").strip() == "podman":
-        from ..runtimes.podman import rank_wrappers
+        from ..runtimes.podman import container_name, rank_wrappers
 
         wrappers, podman_lines = rank_wrappers(keys, plan, alloc.job_id, commands)
         lines += podman_lines
+        containers = [container_name(alloc.job_id, rank) for rank in range(len(wrappers))]
     # -- end of the runtime's wrapper
     loopback = wrappers is not None  # podman publishes on the node's 127.0.0.1 only
     targets = tuple(Target(r.rank, f"http://{'127.0.0.1' if loopback else nodes[r.node_index].url_host}:{r.port}/v1",
@@ -202,7 +196,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         "job_id": alloc.job_id, "restart": alloc.restart, "target": keys.get("ENVLAYERS_TARGET"), "engine": engine,
         "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
         "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
-        **({"containers": [c for c, _ in wrappers_names(wrappers, alloc.job_id)]} if wrappers else {}),
+        **({"containers": containers} if containers else {}),
     }, indent=2) + "\n"
     files = {"ranks.sh": rank_script(commands, alloc.run_dir, wrappers), "launch.json": launch_json}
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
