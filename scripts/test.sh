@@ -17,6 +17,10 @@ if [ "$(id -u)" = 0 ]; then
   if ! command -v curl >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl
   fi
+  # The podman tests run the stand-in in a real container (tests/podmantools.py configures it).
+  if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc
+  fi
 fi
 
 exec python3 -m pytest "$@"

@@ -139,7 +139,7 @@ def test_unknown_runtime_is_refused(tmp_path, edf_dir):
     mine.write_text("CONTAINER_RUNTIME=docker\n")
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
-    assert str(err.value).startswith("CONTAINER_RUNTIME: unknown container runtime 'docker' (valid: ce, none)")
+    assert str(err.value).startswith("CONTAINER_RUNTIME: unknown container runtime 'docker' (valid: ce, none, podman)")
 
 
 def test_dry_run_through_the_sbatch_wrapper_prints_script_and_ranks(edf_dir):

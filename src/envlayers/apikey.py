@@ -6,12 +6,19 @@ arguments escaped (Python's repr turns ``'`` and ``\\`` into ``\\'`` and ``\\\\`
 these characters every form a log can show is the key itself, so masking it in the logs is exact;
 8 characters at least, so masking never blanks ordinary words of a log. A file others can read
 (mode wider than 0600) is a warning, as ssh gives one; a missing or empty file is refused.
+
+``SERVER_API_KEY_FILE=generate`` asks for a per-job key instead: the launcher generates it inside the
+job (:func:`write_generated`, ``secrets.token_urlsafe``: within the safe set), writes it to
+``$RUN_DIR/api-key`` created with mode 0600, and records that path in endpoint.json
+(``api_key_file``). The key itself never enters a layer, a render, the job script or the job output
+(docs/keys.md).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import stat
 from pathlib import Path
 
@@ -59,3 +66,35 @@ def check_key_file(path: "str | os.PathLike[str]", where: str | None = None) -> 
         return [f"SERVER_API_KEY_FILE {path} is readable or writable by others (mode {mode:04o}); "
                 f"run `chmod 600 {path}`"]
     return []
+
+
+GENERATE = "generate"  # SERVER_API_KEY_FILE=generate: a per-job key, made in the job
+GENERATED_NAME = "api-key"  # its file in the run directory
+
+
+def wants_generated(value: str | None) -> bool:
+    """Whether SERVER_API_KEY_FILE asks for a per-job key rather than naming a file."""
+    return (value or "").strip() == GENERATE
+
+
+def generate_key() -> str:
+    """A fresh key: 32 random bytes, URL-safe base64 (43 characters, all in the safe set)."""
+    return secrets.token_urlsafe(32)
+
+
+def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
+    """Generate a key and write it to ``run_dir/api-key``, created with mode 0600 (never wider, whatever
+    the umask; an earlier file there is replaced). Returns (path, key)."""
+    path = Path(run_dir) / GENERATED_NAME
+    key = generate_key()
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (key + "\n").encode())
+    finally:
+        os.close(fd)
+    return path, key

@@ -13,6 +13,7 @@ names), and a variable emitted without one stops the render (see :func:`_templat
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -147,10 +148,20 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         warnings += _key_file_warnings(env, environ)
     commands = engines.build_commands(plan, build_env, MASTER_REF)
     rank_lines = [engines.shell_line(c) for c in commands]
+    podman = _podman(root, env, text, plan)  # -- CONTAINER_RUNTIME=podman (runtimes/podman.py)
+    if podman is not None:
+        rank_lines = _podman_lines(podman, text, plan, commands, rank_lines)
     budget = ready_timeout_s(text)
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
     blockers += not_launched(plan)
+    # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
+    from .exposure import public_keyless
+
+    public = public_keyless(text)
+    if public:
+        blockers.append(public)
+    # -- end of the public-bind refusal
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
@@ -163,6 +174,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         delimiter=_Code(_delimiter(env_text, "ENVLAYERS_ENV")), env_text=env_text, edf=edf_name,
         unbound=[_unbound_check(u) for u in _unbound(env)], ready_timeout_s=budget,
         python=python or sys.executable, keys=" ".join(env.bindings),
+        image=podman.image if podman else "", devices=",".join(podman.devices) if podman else "",
     )
     # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
     # these are the recipe: a stray SBATCH_MEM_PER_NODE or SBATCH_PARTITION would break it. The
@@ -242,24 +254,69 @@ def _unbound_check(u: Unbound) -> _Code:
 
 
 def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
-    from .apikey import check_key_file
+    from .apikey import check_key_file, wants_generated
     from .layers import expand
 
     b = env.bindings["SERVER_API_KEY_FILE"]
     path = expand(b.value, environ)
+    if wants_generated(path):  # a per-job key, made in the job: nothing to check here
+        return []
     if path is None:
         return [f"SERVER_API_KEY_FILE ({b.origin}) cannot be checked here: it reads a variable this shell "
                 "does not set"]
     return check_key_file(path, where=str(b.origin))
 
 
+# -- CONTAINER_RUNTIME=podman: the image and devices, decided here (runtimes/podman.py) ---------
+
+def _podman(root: Path, env: Env, text: Mapping[str, str], plan: Plan):
+    from .runtimes import runtime_name
+
+    if runtime_name(text) != "podman":
+        return None
+    from . import edf
+    from .runtimes import podman
+
+    def where(key: str) -> str:
+        b = env.bindings.get(key)
+        return f"{b.origin}: {key}" if b else key
+
+    podman.check_plan(plan.nodes, where("CONTAINER_RUNTIME"))
+    role = text.get("CONTAINER_ROLE")
+    role_image = role_gpu = None
+    if role and role in edf.roles(root):
+        from .edf.schema import source
+
+        src = source(role, root)
+        role_image = src.remote_image
+        role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
+    return podman.settings(text, role_image, role_gpu, where)
+
+
+def _podman_lines(s, text: Mapping[str, str], plan: Plan, commands, rank_lines: list[str]) -> list[str]:
+    """The dry run's rank lines: the command's own variables, then the full `podman run` line."""
+    from . import engines
+    from .runtimes import podman
+
+    out = []
+    for rank, (cmd, line) in enumerate(zip(commands, rank_lines)):
+        port = next((r.port for r in plan.ranks if r.rank == rank and r.port), plan.api_port)
+        words = podman.run_argv(s, "${SLURM_JOB_ID}", rank, port, podman.passed_names(text, cmd.env, cmd.key_env),
+                                text)
+        assigned = " ".join(f"{k}={engines.quote(v)}" for k, v in sorted(cmd.env.items()))
+        if cmd.key_env:
+            assigned += f" {cmd.key_env}='***'"
+        engine_only = engines.shell_line(dataclasses.replace(cmd, env={}, key_env=None))
+        out.append(" ".join(w for w in (assigned.strip(), " ".join(engines.quote(w) for w in words), engine_only) if w))
+    return out
+
+
 def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], environ: Mapping[str, str]) -> str:
-    runtime = text.get("CONTAINER_RUNTIME") or "ce"
-    if runtime == "none":
+    from .runtimes import runtime_name
+
+    runtime = runtime_name(text)
+    if runtime in ("none", "podman"):
         return ""
-    if runtime != "ce":
-        raise EnvLayersError(f"unknown container runtime {runtime!r} (valid: ce, none)", where="CONTAINER_RUNTIME",
-                             hint="ce runs the registered EDF; none runs the engine from the host's PATH")
     from . import edf
 
     role = text.get("CONTAINER_ROLE")

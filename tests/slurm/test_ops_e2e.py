@@ -20,6 +20,8 @@ STANDIN = REPO / "tests" / "standin"
 BIN = Path(sys.executable).parent  # this interpreter's console scripts (env_layers), activated venv or not
 BANNER = "===== endpoint is live ====="
 
+from test_serve_e2e import lab_ack  # noqa: E402
+
 pytestmark = pytest.mark.slurm
 
 
@@ -28,7 +30,7 @@ class Job:
 
     def __init__(self, lab, tmp_path: Path, layer: str = "", **env: str):
         self.lab, self.dir = lab, tmp_path
-        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
+        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer + lab_ack(layer))
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
                     "STANDIN_LOAD_SECONDS": "1",

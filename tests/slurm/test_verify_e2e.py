@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "cluster" / "serve-only.sbatch"
 STANDIN = REPO / "tests" / "standin"
 
+from test_serve_e2e import lab_ack  # noqa: E402
+
 pytestmark = pytest.mark.slurm
 
 
@@ -25,7 +27,7 @@ class Job:
 
     def __init__(self, lab, tmp_path: Path, layer: str = "", model: str = "qwen38", **env: str):
         self.lab, self.dir = lab, tmp_path
-        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
+        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer + lab_ack(layer))
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
                     "STANDIN_LOAD_SECONDS": "1",

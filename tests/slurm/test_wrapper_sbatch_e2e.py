@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 
 def operator_env(lab, tmp_path: Path, **env: str) -> dict[str, str]:
     """An operator's shell on the login node: the lab's Slurm, the stand-in engine, their own env file."""
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n")
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")  # the lab serves keyless: acknowledged (docs/keys.md)
     out = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "SERVE_ENV_FILE": str(tmp_path / "mine.env"),
            "STANDIN_LOAD_SECONDS": "1", "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
            "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), **env}

@@ -73,7 +73,12 @@ class JobAccess:
         serve.env's ``SERVER_API_KEY_FILE``."""
         if self.endpoint and self.endpoint.get("api_key_file"):
             return str(self.endpoint["api_key_file"])
-        return self.serve_env.get("SERVER_API_KEY_FILE") or None
+        from ..apikey import GENERATED_NAME, wants_generated
+
+        value = self.serve_env.get("SERVER_API_KEY_FILE") or None
+        if wants_generated(value):  # a per-job key: the launcher writes it in the run directory
+            return str(self.run_dir / GENERATED_NAME) if self.run_dir else None
+        return value
 
     @property
     def live(self) -> bool:

@@ -65,6 +65,16 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     # 2. the tunnel
     status, detail = close_tunnel(acc)
     steps.append(Step("tunnel", {"closed": "done"}.get(status, status), detail))
+    # -- podman (runtimes/podman.py): each rank's container stopped by its stable name, while the job runs
+    containers = (acc.launch or {}).get("containers") or []
+    if containers:
+        from ..runtimes.podman import stop_containers
+
+        info = acc.job.info
+        steps.append(Step("containers", *stop_containers(acc.job_id, list(containers),
+                                                         list((acc.launch or {}).get("nodes") or []),
+                                                         bool(info and info.running))))
+    # -- end of podman
     # 3. the server and the allocation
     stopped = ops.stop_job(acc.job_id, timeout_s=stop_timeout_s, run_dir=str(acc.run_dir) if acc.run_dir else None)
     lines = [f"endpoint {p['url']}: {'STILL ANSWERS' if p['answers'] else 'no longer answers'} ({p['detail']})"
@@ -106,7 +116,8 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     return ReleaseResult(acc.job_id, steps)
 
 
-_LABELS = {"route": "1. gateway route", "tunnel": "2. tunnel", "job": "3. server and allocation",
+_LABELS = {"route": "1. gateway route", "tunnel": "2. tunnel", "containers": "2b. containers (podman)",
+           "job": "3. server and allocation",
            "gateway-port": "4. gateway port"}
 
 

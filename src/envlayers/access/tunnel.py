@@ -119,7 +119,11 @@ def api_target(acc: JobAccess, replica: int = 0) -> tuple[str, int]:
     if not parts.hostname or parts.port is None:
         raise EnvLayersError(f"cannot tell node and port from the base URL {bases[replica]!r}",
                              where=f"{acc.run_dir}/endpoint.json")
-    return parts.hostname, parts.port
+    host = parts.hostname
+    nodes = (acc.endpoint or {}).get("nodes") or []
+    if host in ("127.0.0.1", "localhost", "::1") and replica < len(nodes):
+        host = str(nodes[replica])  # podman publishes on its node's loopback (docs/podman.md): that node
+    return host, parts.port
 
 
 # ------------------------------------------------------------------------------------------ processes

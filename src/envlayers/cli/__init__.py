@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tunnel": ("access_cmds", "tunnel", "Open a reverse SSH tunnel from the API node to a gateway host."),
     "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
     "bench": ("bench_cmds", "bench", "Load a live endpoint: throughput and latency at several concurrencies."),
+    "images": ("images_cmds", "images", "Save or load a pinned podman image to or from shared storage."),
 }
 
 # commands that parse a layer stack and end: the cyclic GC is paused while they run (the long-running

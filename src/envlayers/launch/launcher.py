@@ -143,8 +143,7 @@ class Launcher:
         from ..readiness import probe
 
         alloc = allocation(self.run_dir, self.environ)
-        key_file = self.keys.get("SERVER_API_KEY_FILE")
-        api_key = read_api_key(key_file) if key_file else None
+        key_file, api_key = self.api_key()
         lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         for line in lp.lines:
             say(line)
@@ -154,6 +153,20 @@ class Launcher:
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0)
         self.supervisor.run()
+
+    def api_key(self) -> tuple[str | None, str | None]:
+        """(key file, key): SERVER_API_KEY_FILE read, or with ``generate`` a per-job key written 0600 to
+        $RUN_DIR/api-key, whose path then stands in SERVER_API_KEY_FILE for the plan and endpoint.json."""
+        from ..apikey import wants_generated, write_generated
+
+        key_file = self.keys.get("SERVER_API_KEY_FILE")
+        if wants_generated(key_file):
+            path, key = write_generated(self.run_dir)
+            self.keys["SERVER_API_KEY_FILE"] = str(path)
+            say(f"ENVLAYERS-STAGE: generated a per-job API key in {path} (mode 0600; `env_layers connect "
+                f"{self.job_id}` names it)")
+            return str(path), key
+        return key_file, (read_api_key(key_file) if key_file else None)
 
     def start(self, lp: LaunchPlan, api_key: str | None) -> None:
         say(f"ENVLAYERS-STAGE: starting {lp.ranks} rank(s): {shlex.join(lp.srun)}")
@@ -171,6 +184,7 @@ class Launcher:
                       restart=lp.restart, key_file=lp.key_file if lp.api_key else None, metrics=lp.metrics)
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
+        data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
         atomic_write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")
         say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
         sys.stdout.write(ep.block())

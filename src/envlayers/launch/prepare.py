@@ -22,7 +22,8 @@ from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 DEFAULT_RANK_START_TIMEOUT_S = 300
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
-JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S")
+JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S",
+                   "ENVLAYERS_IMAGE", "ENVLAYERS_GPU_DEVICES")  # the last two: podman only (runtimes/podman.py)
 
 
 class LaunchFailure(Exception):
@@ -202,8 +203,19 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         budget = clamped
     rank_start_s = int_key(keys, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
-    targets = tuple(Target(r.rank, f"http://{nodes[r.node_index].url_host}:{r.port}/v1",
-                           f"http://{nodes[r.node_index].address}:{r.port}/v1", nodes[r.node_index].address)
+    # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
+    wrappers, containers = None, []  # containers: their names, which launch.json records for release
+    if (keys.get("CONTAINER_RUNTIME") or "").strip() == "podman":
+        from ..runtimes.podman import container_name, rank_wrappers
+
+        wrappers, podman_lines = rank_wrappers(keys, plan, alloc.job_id, commands)
+        lines += podman_lines
+        containers = [container_name(alloc.job_id, rank) for rank in range(len(wrappers))]
+    # -- end of the runtime's wrapper
+    loopback = wrappers is not None  # podman publishes on the node's 127.0.0.1 only
+    targets = tuple(Target(r.rank, f"http://{'127.0.0.1' if loopback else nodes[r.node_index].url_host}:{r.port}/v1",
+                           f"http://{'127.0.0.1' if loopback else nodes[r.node_index].address}:{r.port}/v1",
+                           "127.0.0.1" if loopback else nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
     srun = srun_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
                      str(alloc.run_dir / "ranks.sh"))
@@ -212,8 +224,9 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         "job_id": alloc.job_id, "restart": alloc.restart, "target": keys.get("ENVLAYERS_TARGET"), "engine": engine,
         "model": keys.get("INFERENCE_MODEL") or None, "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
         "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
+        **({"containers": containers} if containers else {}),
     }, indent=2) + "\n"
-    files = {"ranks.sh": rank_script(commands, alloc.run_dir), "launch.json": launch_json}
+    files = {"ranks.sh": rank_script(commands, alloc.run_dir, wrappers), "launch.json": launch_json}
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
                       tuple(lines), files,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..engines import RankCommand
 
@@ -25,9 +25,14 @@ def _template():
     return env.get_template("ranks.sh.j2")
 
 
-def rank_script(commands: Iterable[RankCommand], run_dir: Path) -> str:
-    """The text of ranks.sh: SLURM_PROCID picks the rank's command; its exit code lands in rank-<r>.exit."""
+def rank_script(commands: Iterable[RankCommand], run_dir: Path,
+                wrappers: Sequence[tuple[str, Sequence[str]]] | None = None) -> str:
+    """The text of ranks.sh: SLURM_PROCID picks the rank's command; its exit code lands in rank-<r>.exit.
+    ``wrappers`` (a container runtime, runtimes/): per rank, a shell line envlayers built (run first)
+    and the words that go before the engine's argv (``podman run ... IMAGE``)."""
     arms = [{"rank": rank, "env": sorted(cmd.env.items()), "argv": [shlex.quote(a) for a in cmd.argv],
-             "key_env": cmd.key_env, "key_flag": cmd.key_flag}
+             "key_env": cmd.key_env, "key_flag": cmd.key_flag,
+             "prelude": wrappers[rank][0] if wrappers else "",
+             "wrap": [shlex.quote(w) for w in wrappers[rank][1]] if wrappers else []}
             for rank, cmd in enumerate(commands)]
     return _template().render(arms=arms, run_dir=str(run_dir))

@@ -151,10 +151,12 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
                 t.metrics_off = env["SGLANG_ENABLE_METRICS"]
         except EnvLayersError:
             pass
-    key_file = api_key_file or env.get("SERVER_API_KEY_FILE") or None
+    recorded = data.get("api_key_file") if data.get("api_key_required") else None  # a per-job key's file
+    key_file = api_key_file or recorded or env.get("SERVER_API_KEY_FILE") or None
     if key_file:
-        t.api_key = read_key(key_file, "--api-key-file" if api_key_file else f"{files.run_dir}/serve.env: "
-                                                                                "SERVER_API_KEY_FILE")
+        t.api_key = read_key(key_file, "--api-key-file" if api_key_file else
+                             f"{files.run_dir}/endpoint.json: api_key_file" if recorded else
+                             f"{files.run_dir}/serve.env: SERVER_API_KEY_FILE")
     elif data.get("api_key_required"):
         raise CannotVerify(f"job {job.job_id}'s endpoint needs an API key and its serve.env names no key file",
                            hint="pass --api-key-file FILE")

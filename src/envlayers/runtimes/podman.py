@@ -1,0 +1,206 @@
+"""``CONTAINER_RUNTIME=podman``: the rank's engine command inside ``podman run``, and the image it needs.
+
+The login node decides the image and the GPU devices (:func:`settings`: the image pinned, ``latest``
+refused) and the job script hands them to the launcher (``ENVLAYERS_IMAGE``,
+``ENVLAYERS_GPU_DEVICES``). In the job, ranks.sh loads the image from its archive on shared storage
+when the node does not have it (:func:`load_line`: ``podman load -i``), then runs
+:func:`run_argv` + the engine's argv, unchanged:
+
+    podman run --rm --replace --name envlayers-<job>-<rank> --ipc=host
+      --publish 127.0.0.1:<port>:<port> --device <gpu> ... -v <weights>:<weights>:ro
+      --env NAME ... IMAGE <engine argv>
+
+The engine binds 0.0.0.0 inside the container (what the publish needs); the node publishes the port
+on 127.0.0.1 only, so the endpoint is reached on the node itself or through ``env_layers tunnel``.
+Values reach the container by name (``--env NAME``: podman reads them from its own environment), so
+the API key is never on podman's command line. One node per job in this runtime (see
+:func:`check_plan`). Pure, but for nothing: no process, no file.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from ..errors import EnvLayersError
+
+NVIDIA_DEVICES = ("nvidia.com/gpu=all",)  # podman's CDI name for every NVIDIA GPU of the node
+AMD_DEVICES = ("/dev/kfd", "/dev/dri")  # the ROCm devices, as AMD's container docs pass them
+IMAGE_KEY, DEVICES_KEY, IMAGE_DIR_KEY, SHM_KEY = ("CONTAINER_IMAGE", "CONTAINER_GPU_DEVICES", "CONTAINER_IMAGE_DIR",
+                                                  "CONTAINER_SHM_SIZE")
+_NOT_FILE = re.compile(r"[^A-Za-z0-9._-]+")
+_DEVICE_RE = re.compile(r"[A-Za-z0-9._/=:-]+\Z")
+_SHM_RE = re.compile(r"[0-9]+[bkmgBKMG]?\Z")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the login node decided: the pinned image and the GPU devices (empty: none)."""
+
+    image: str
+    devices: tuple[str, ...]
+
+
+def container_name(job_id: str, rank: int) -> str:
+    """The stable name of a rank's container: release and `podman stop` find it by this."""
+    return f"envlayers-{job_id}-{rank}"
+
+
+def archive_name(image: str) -> str:
+    """The image's archive file name in CONTAINER_IMAGE_DIR (what `env_layers images save` writes)."""
+    return _NOT_FILE.sub("_", image).strip("_") + ".tar"
+
+
+def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: str | None = None,
+             where=lambda key: key) -> Settings:
+    """The image (``CONTAINER_IMAGE``, else the role's remote image) and the GPU devices
+    (``CONTAINER_GPU_DEVICES``: comma-separated ``--device`` values or ``none``; else by the role's
+    GPU vendor: ``rocm`` -> /dev/kfd and /dev/dri, otherwise NVIDIA's CDI name). ``where(key)``
+    names a key's assignment (file:line) in errors."""
+    from ..edf.schema import unpinned
+
+    image = (env.get(IMAGE_KEY) or role_image or "").strip()
+    if not image:
+        raise EnvLayersError(f"{IMAGE_KEY} is not set; podman needs the image to run", where=where("CONTAINER_RUNTIME"),
+                             hint="a pinned reference, e.g. docker.io/vllm/vllm-openai:v0.11.0 or "
+                                  "IMAGE@sha256:<digest>, or set CONTAINER_ROLE to use its image")
+    why = unpinned(image)
+    if why:
+        raise EnvLayersError(f"image {image!r} {why}", where=where(IMAGE_KEY if env.get(IMAGE_KEY) else "CONTAINER_ROLE"),
+                             hint="pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>): every node "
+                                  "must run the same bytes")
+    raw = env.get(DEVICES_KEY)
+    if raw is None:
+        devices = AMD_DEVICES if (role_gpu or "").startswith("rocm") else NVIDIA_DEVICES
+    elif raw.strip() == "none":
+        devices = ()
+    else:
+        devices = tuple(d.strip() for d in raw.split(",") if d.strip())
+        bad = [d for d in devices if not _DEVICE_RE.match(d)]
+        if bad or not devices:
+            raise EnvLayersError(f"{DEVICES_KEY}={raw!r} is not a list of devices", where=where(DEVICES_KEY),
+                                 hint="comma-separated podman --device values (nvidia.com/gpu=all, /dev/kfd,/dev/dri) "
+                                      "or none")
+    shm = env.get(SHM_KEY)
+    if shm and not _SHM_RE.match(shm.strip()):
+        raise EnvLayersError(f"{SHM_KEY}={shm!r} is not a size", where=where(SHM_KEY), hint="e.g. 64g (podman --shm-size)")
+    return Settings(image, devices)
+
+
+def check_plan(nodes: int, where: str = "CONTAINER_RUNTIME") -> None:
+    """One node per job: the container publishes on the node's 127.0.0.1, which the launcher on the
+    first node reaches and no other node does."""
+    if nodes != 1:
+        raise EnvLayersError(f"podman serves one node per job; this plan has {nodes}", where=where,
+                             hint="use CONTAINER_RUNTIME=ce for multi-node plans, or one job per replica")
+
+
+def mounts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Host paths mounted read-only at the same path: the weights (HF_HOME; INFERENCE_MODEL when it
+    is a path) and CONTAINER_MOUNTS (colon-separated absolute paths)."""
+    out: list[str] = []
+    for value in (env.get("HF_HOME"), env.get("INFERENCE_MODEL"), *(env.get("CONTAINER_MOUNTS") or "").split(":")):
+        value = (value or "").strip()
+        if value.startswith("/") and value not in out:
+            out.append(value)
+    return tuple(out)
+
+
+def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable[str], env: Mapping[str, str]) -> list[str]:
+    """``podman run ...`` up to and including the image; the engine's argv follows it."""
+    argv = ["podman", "run", "--rm", "--replace", "--name", container_name(job_id, rank)]
+    shm = (env.get(SHM_KEY) or "").strip()
+    argv.append(f"--shm-size={shm}" if shm else "--ipc=host")
+    argv += ["--publish", f"127.0.0.1:{port}:{port}"]
+    for d in s.devices:
+        argv += ["--device", d]
+    for m in mounts(env):
+        argv += ["-v", f"{m}:{m}:ro"]
+    for name in sorted(set(env_names)):
+        argv += ["--env", name]
+    return argv + [s.image]
+
+
+def load_line(s: Settings, image_dir: str | None, rank: int) -> str:
+    """Shell for ranks.sh: load the image from its archive when the node lacks it, else stop the rank
+    with an error naming both."""
+    q = shlex.quote
+    archive = f"{image_dir.rstrip('/')}/{archive_name(s.image)}" if image_dir else None
+    fail = (f'echo 2 > "$run_dir/rank-{rank}.exit"; exit 2')
+    if archive is None:
+        return (f"podman image exists {q(s.image)} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: image {s.image} is not on this node and CONTAINER_IMAGE_DIR names no archive; run `env_layers images load` or set CONTAINER_IMAGE_DIR')}; {fail}; }}")
+    return (f"podman image exists {q(s.image)} || {{ echo {q(f'ENVLAYERS-STAGE: rank {rank}: loading {s.image} from {archive}')}; "
+            f"podman load -i {q(archive)}; }} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: cannot load {s.image} from {archive}; `env_layers images save` writes it')}; {fail}; }}")
+
+
+# -- in the job: what the launcher adds to each rank ---------------------------------------------
+
+JOB_IMAGE, JOB_DEVICES = "ENVLAYERS_IMAGE", "ENVLAYERS_GPU_DEVICES"  # exported by the job script
+# never handed to the container: the host's own paths and the key (the engine gets the key its own way)
+_NOT_PASSED = frozenset({"PATH", "HOME", "HOSTNAME", "LD_LIBRARY_PATH", "PYTHONPATH", "TMPDIR", "SERVER_API_KEY"})
+
+
+def from_job(keys: Mapping[str, str]) -> Settings:
+    """The login node's decision, as the job script exported it."""
+    image = keys.get(JOB_IMAGE) or ""
+    if not image:
+        raise EnvLayersError("the job script set no ENVLAYERS_IMAGE for CONTAINER_RUNTIME=podman",
+                             hint="submit with `env_layers serve` (cluster/serve-only.sbatch), which decides the image")
+    return Settings(image, tuple(d for d in (keys.get(JOB_DEVICES) or "").split(",") if d))
+
+
+def passed_names(keys: Iterable[str], command_env: Iterable[str], key_env: str | None) -> list[str]:
+    """The variables handed to the container by name: the launch keys, the command's own variables and
+    the engine's key variable (vLLM's VLLM_API_KEY), never the host's paths or SERVER_API_KEY."""
+    names = {k for k in keys if not k.startswith("ENVLAYERS_")} | set(command_env)
+    if key_env:
+        names.add(key_env)
+    return sorted(n for n in names if n not in _NOT_PASSED)
+
+
+def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """Per rank (load line, ``podman run ... IMAGE``), and the lines the launcher prints about them."""
+    check_plan(plan.nodes)
+    s = from_job(keys)
+    ports = {r.rank: r.port for r in plan.ranks}
+    out, lines = [], []
+    for rank, cmd in enumerate(commands):
+        port = ports.get(rank) or plan.api_port
+        words = run_argv(s, job_id, rank, port, passed_names(keys, cmd.env, cmd.key_env), keys)
+        out.append((load_line(s, keys.get(IMAGE_DIR_KEY) or None, rank), words))
+        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in podman: {shlex.join(words)} <the command above>")
+    return out, lines
+
+
+# -- release: stop each rank's container by its stable name ------------------------------------
+
+
+def stop_argv(job_id: str, node: str, name: str, grace_s: int = 10) -> list[str]:
+    """Stop one container on its node, as a step of the running job (a missing one is not an error)."""
+    return ["srun", "--overlap", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            "podman", "stop", "--ignore", "-t", str(grace_s), name]
+
+
+def stop_containers(job_id: str, containers: list, nodes: list, running: bool, run=None) -> tuple[str, str]:
+    """(status, detail) for release: ``podman stop`` each container launch.json names, on its node,
+    while the job runs (after it ended, ranks.sh's podman run --rm took its container with it)."""
+    import subprocess
+
+    if not running:
+        return "already", "the job is not running; its containers (podman run --rm) ended with it"
+    run = run or (lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=90))
+    done, failed = [], []
+    for rank, name in enumerate(containers):
+        node = nodes[rank] if rank < len(nodes) else (nodes[0] if nodes else "")
+        try:
+            proc = run(stop_argv(job_id, node, name))
+            ok = proc.returncode == 0
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as err:
+            ok, why = False, str(err)
+        (done if ok else failed).append(name if ok else f"{name} on {node}: {why}")
+    if failed:
+        return "failed", "podman stop failed: " + "; ".join(failed)
+    return "done", "podman stop " + " ".join(done)

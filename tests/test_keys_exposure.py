@@ -1,0 +1,153 @@
+"""Per-job API keys (SERVER_API_KEY_FILE=generate) and the refusal of a keyless server on every interface."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envlayers.apikey import KEY_CHARS, read_key, wants_generated, write_generated
+from envlayers.exposure import public_keyless
+from envlayers.jobscript import prepare
+
+REPO = Path(__file__).resolve().parents[1]
+PY = "/usr/bin/python3"
+
+
+# ------------------------------------------------------------------ the refusal, pure
+
+
+@pytest.mark.parametrize("env, refused", [
+    pytest.param({}, True, id="host-absent-binds-everywhere"),
+    pytest.param({"SERVER_HOST": "0.0.0.0"}, True, id="all-ipv4"),
+    pytest.param({"SERVER_HOST": "::"}, True, id="all-ipv6"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "ALLOW_PUBLIC_UNAUTHENTICATED": "0"}, True, id="ack-0-is-no-ack"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "ALLOW_PUBLIC_UNAUTHENTICATED": "yes"}, True, id="ack-must-be-1"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "ALLOW_PUBLIC_UNAUTHENTICATED": "1"}, False, id="acknowledged"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "SERVER_API_KEY_FILE": "/k"}, False, id="key-file"),
+    pytest.param({"SERVER_API_KEY_FILE": "generate"}, False, id="generated-key"),
+    pytest.param({"SERVER_HOST": "127.0.0.1"}, False, id="loopback"),
+    pytest.param({"SERVER_HOST": "10.0.0.5"}, False, id="one-address"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "podman"}, False, id="podman-publishes-loopback"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "none"}, True, id="runtime-none"),
+])
+def test_public_keyless(env, refused):
+    text = public_keyless(env)
+    assert (text is not None) == refused
+    if refused:
+        assert "SERVER_API_KEY_FILE=generate" in text and "ALLOW_PUBLIC_UNAUTHENTICATED=1" in text
+    if env.get("ALLOW_PUBLIC_UNAUTHENTICATED") == "yes":
+        assert "ALLOW_PUBLIC_UNAUTHENTICATED='yes' is not 1" in text
+
+
+# ------------------------------------------------------------------ the refusal on the login node
+
+
+def _job(tmp_path, layer: str):
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\n" + layer)
+    return prepare(REPO, "qwen38", env_file=mine, python=PY, environ={"HOME": str(tmp_path), "PWD": str(tmp_path)})
+
+
+@pytest.mark.parametrize("layer, blocked", [
+    pytest.param("", True, id="catalog-default-keyless"),
+    pytest.param("ALLOW_PUBLIC_UNAUTHENTICATED=1\n", False, id="acknowledged"),
+    pytest.param("SERVER_API_KEY_FILE=generate\n", False, id="per-job-key"),
+    pytest.param("SERVER_HOST=127.0.0.1\n", False, id="loopback"),
+])
+def test_the_dry_run_shows_the_refusal_with_the_fix(tmp_path, layer, blocked):
+    job = _job(tmp_path, layer)
+    dry = job.dry_run_text()
+    shown = [line for line in dry.splitlines() if line.startswith("# would refuse to submit: the server binds")]
+    assert bool(shown) == blocked
+    if blocked:
+        assert "fix: set SERVER_API_KEY_FILE=generate" in shown[0]
+
+
+def test_a_real_submission_is_refused_before_sbatch(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env.update(PYTHONPATH=str(REPO / "src"), HOME=str(tmp_path), PATH="/usr/bin:/bin")  # no sbatch on PATH
+    proc = subprocess.run([sys.executable, "-m", "envlayers", "serve", "--model", "qwen38", "--env-file", str(mine)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the server binds every interface" in proc.stderr and "ALLOW_PUBLIC_UNAUTHENTICATED=1" in proc.stderr
+    assert "sbatch" not in proc.stderr.replace("SUBMIT=0", "")
+
+
+def test_generate_is_not_checked_as_a_file_on_the_login_node(tmp_path):
+    job = _job(tmp_path, "SERVER_API_KEY_FILE=generate\n")
+    assert not job.blockers and not any("SERVER_API_KEY_FILE" in w for w in job.warnings), job.warnings
+    # the rank gets a key (shown redacted; qwen38 is SGLang, which takes it only as --api-key)
+    assert all("--api-key '***'" in line for line in job.rank_lines), job.rank_lines
+
+
+# ------------------------------------------------------------------ the generated key
+
+
+@pytest.mark.parametrize("value, wanted", [
+    pytest.param("generate", True, id="generate"), pytest.param(" generate\n", True, id="spaces"),
+    pytest.param("/home/u/generate", False, id="a-path"), pytest.param(None, False, id="absent"),
+    pytest.param("", False, id="empty"),
+])
+def test_wants_generated(value, wanted):
+    assert wants_generated(value) is wanted
+
+
+def test_generated_key_file_is_0600_whatever_the_umask_and_reads_back(tmp_path):
+    old = os.umask(0)
+    try:
+        path, key = write_generated(tmp_path)
+    finally:
+        os.umask(old)
+    assert path == tmp_path / "api-key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_key(path) == key and len(key) >= 40
+    assert re.fullmatch(f"[{KEY_CHARS}]+", key)
+    again, key2 = write_generated(tmp_path)  # a requeued run replaces it
+    assert again == path and key2 != key and read_key(path) == key2
+
+
+def test_generated_key_does_not_follow_a_planted_link(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("x")
+    (tmp_path / "api-key").symlink_to(target)
+    path, key = write_generated(tmp_path)  # the link is removed, not written through
+    assert not path.is_symlink() and target.read_text() == "x" and read_key(path) == key
+
+
+def test_the_launcher_generates_the_key_and_endpoint_json_names_its_file(tmp_path, capsys):
+    from envlayers.launch.launcher import Launcher
+
+    launcher = Launcher(tmp_path, {"ENVLAYERS_KEYS": "SERVER_API_KEY_FILE", "SERVER_API_KEY_FILE": "generate",
+                                   "SLURM_JOB_ID": "42"})
+    key_file, key = launcher.api_key()
+    assert key_file == str(tmp_path / "api-key") and read_key(key_file) == key
+    assert launcher.keys["SERVER_API_KEY_FILE"] == key_file
+    out = capsys.readouterr().out
+    assert f"generated a per-job API key in {key_file}" in out and key not in out
+
+
+def test_access_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
+    from envlayers.access.job import JobAccess
+
+    class Files:
+        run_dir = tmp_path
+
+    class FakeJob:
+        job_id = "42"
+        files = Files()
+
+    acc = JobAccess(FakeJob(), None, None, {"SERVER_API_KEY_FILE": "generate"})
+    assert acc.key_file == str(tmp_path / "api-key") and acc.key_required
+    acc = JobAccess(FakeJob(), {"api_key_required": True, "api_key_file": "/x/api-key"}, None,
+                    {"SERVER_API_KEY_FILE": "generate"})
+    assert acc.key_file == "/x/api-key"
+    assert json.dumps(acc.endpoint)  # endpoint.json's field is what connect reads

@@ -1,0 +1,174 @@
+"""CONTAINER_RUNTIME=podman, pure parts and ranks.sh through real bash (podman itself runs in
+tests/slurm/test_podman_e2e.py; here a recording stub stands in for it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from envlayers import engines, topology
+from envlayers.errors import EnvLayersError
+from envlayers.launch.prepare import Allocation, Node, prepare
+from envlayers.runtimes import podman, runtime_name
+
+SINGLE_VLLM = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "Qwen/Qwen3-8B", "VLLM_SERVED_MODEL": "q",
+               "CONTAINER_RUNTIME": "podman", "ENVLAYERS_IMAGE": "localhost/img:1", "ENVLAYERS_GPU_DEVICES": ""}
+
+
+@pytest.mark.parametrize("env, role_gpu, devices", [
+    pytest.param({}, "rocm6", ("/dev/kfd", "/dev/dri"), id="amd-role"),
+    pytest.param({}, "cuda12", ("nvidia.com/gpu=all",), id="nvidia-role"),
+    pytest.param({}, None, ("nvidia.com/gpu=all",), id="no-role"),
+    pytest.param({"CONTAINER_GPU_DEVICES": "none"}, "rocm6", (), id="none"),
+    pytest.param({"CONTAINER_GPU_DEVICES": "amd.com/gpu=all, /dev/infiniband"}, None,
+                 ("amd.com/gpu=all", "/dev/infiniband"), id="explicit"),
+])
+def test_devices(env, role_gpu, devices):
+    s = podman.settings({"CONTAINER_IMAGE": "docker.io/vllm/vllm-openai:v0.11.0", **env}, role_gpu=role_gpu)
+    assert s.devices == devices
+
+
+@pytest.mark.parametrize("env, role_image, image", [
+    pytest.param({"CONTAINER_IMAGE": "localhost/a:1"}, "vllm/x:2", "localhost/a:1", id="key-wins"),
+    pytest.param({}, "vllm/x:2", "vllm/x:2", id="role-image"),
+    pytest.param({}, "vllm/x@sha256:" + "a" * 64, "vllm/x@sha256:" + "a" * 64, id="digest"),
+])
+def test_image(env, role_image, image):
+    assert podman.settings(env, role_image).image == image
+
+
+@pytest.mark.parametrize("env, role_image, message", [
+    pytest.param({"CONTAINER_IMAGE": "vllm/x:latest"}, None, "tagged 'latest'", id="latest"),
+    pytest.param({}, "vllm/x:latest", "tagged 'latest'", id="role-latest"),
+    pytest.param({}, None, "CONTAINER_IMAGE is not set", id="none"),
+])
+def test_image_refused(env, role_image, message):
+    with pytest.raises(EnvLayersError, match=message):
+        podman.settings(env, role_image)
+
+
+def test_run_argv_publishes_loopback_mounts_weights_read_only_and_passes_names_only():
+    s = podman.Settings("localhost/img:1", ("nvidia.com/gpu=all",))
+    env = {"HF_HOME": "/shared/hf", "INFERENCE_MODEL": "/models/q", "CONTAINER_MOUNTS": "/a:rel:/b"}
+    argv = podman.run_argv(s, "77", 0, 8000, ["VLLM_API_KEY", "HF_HOME", "HF_HOME"], env)
+    assert argv == ["podman", "run", "--rm", "--replace", "--name", "envlayers-77-0", "--ipc=host",
+                    "--publish", "127.0.0.1:8000:8000", "--device", "nvidia.com/gpu=all",
+                    "-v", "/shared/hf:/shared/hf:ro", "-v", "/models/q:/models/q:ro", "-v", "/a:/a:ro",
+                    "-v", "/b:/b:ro", "--env", "HF_HOME", "--env", "VLLM_API_KEY", "localhost/img:1"]
+    shm = podman.run_argv(s, "77", 0, 8000, [], {"CONTAINER_SHM_SIZE": "64g"})
+    assert "--shm-size=64g" in shm and "--ipc=host" not in shm
+
+
+def test_passed_names_keep_host_paths_and_the_raw_key_out():
+    names = podman.passed_names(["PATH", "HF_HOME", "SERVER_API_KEY", "ENVLAYERS_IMAGE", "HOME"], {"NCCL_X": "1"},
+                                "VLLM_API_KEY")
+    assert names == ["HF_HOME", "NCCL_X", "VLLM_API_KEY"]
+
+
+@pytest.mark.parametrize("image, name", [
+    pytest.param("localhost/envlayers-standin:1", "localhost_envlayers-standin_1.tar", id="tag"),
+    pytest.param("docker.io/vllm/vllm-openai:v0.11.0", "docker.io_vllm_vllm-openai_v0.11.0.tar", id="registry"),
+])
+def test_archive_name(image, name):
+    assert podman.archive_name(image) == name
+
+
+def test_runtime_name():
+    assert runtime_name({}) == "ce" and runtime_name({"CONTAINER_RUNTIME": "podman"}) == "podman"
+    with pytest.raises(EnvLayersError, match="valid: ce, none, podman"):
+        runtime_name({"CONTAINER_RUNTIME": "docker"})
+
+
+def test_prepare_probes_loopback_and_names_the_container(tmp_path):
+    lp = prepare(SINGLE_VLLM, Allocation("9", tmp_path, (Node("n1", "10.0.0.1", True),), api_key=True))
+    assert [t.url for t in lp.targets] == ["http://127.0.0.1:8000/v1"]
+    assert [t.probe_url for t in lp.targets] == ["http://127.0.0.1:8000/v1"]
+    assert json.loads(lp.files["launch.json"])["containers"] == ["envlayers-9-0"]
+    assert "--environment" not in " ".join(lp.srun)
+    assert any(line.startswith("ENVLAYERS-STAGE: rank 0 runs in podman: podman run --rm --replace --name "
+                               "envlayers-9-0 ") for line in lp.lines)
+
+
+STUB = """#!/bin/bash
+# records each call: argv and whether VLLM_API_KEY reached podman's environment
+python3 - "$@" <<'PY'
+import json, os, sys
+with open(os.environ["STUB_LOG"], "a") as fh:
+    fh.write(json.dumps({"argv": sys.argv[1:], "key_env": os.environ.get("VLLM_API_KEY")}) + "\\n")
+PY
+case "$1 $2" in
+  "image exists") exit "${STUB_EXISTS:-1}" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("exists, image_dir, loads, code", [
+    pytest.param("0", "/shared/img", False, 0, id="present"),
+    pytest.param("1", "/shared/img", True, 0, id="loaded-from-archive"),
+    pytest.param("1", None, False, 2, id="missing-no-archive"),
+])
+def test_ranks_sh_loads_then_runs_podman_with_the_key_by_name(tmp_path, exists, image_dir, loads, code):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text(STUB)
+    (bin_dir / "podman").chmod(0o755)
+    keys = dict(SINGLE_VLLM, **({"CONTAINER_IMAGE_DIR": image_dir} if image_dir else {}))
+    lp = prepare(keys, Allocation("9", tmp_path, (Node("n1", "10.0.0.1", True),), api_key=True))
+    (tmp_path / "ranks.sh").write_text(lp.files["ranks.sh"])
+    key = "k3y-" + os.urandom(6).hex()
+    proc = subprocess.run(["bash", str(tmp_path / "ranks.sh")], capture_output=True, text=True, timeout=30,
+                          env={"SLURM_PROCID": "0", "PATH": f"{bin_dir}:{os.environ['PATH']}", "SERVER_API_KEY": key,
+                               "STUB_LOG": str(tmp_path / "calls.jsonl"), "STUB_EXISTS": exists})
+    assert proc.returncode == code, (tmp_path / "server-0.log").read_text()
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls[0]["argv"] == ["image", "exists", "localhost/img:1"]
+    assert any(c["argv"][:2] == ["load", "-i"] for c in calls) is loads
+    if loads:
+        assert ["load", "-i", "/shared/img/localhost_img_1.tar"] in [c["argv"] for c in calls]
+    runs = [c for c in calls if c["argv"][0] == "run"]
+    if code:
+        assert not runs and "is not on this node" in (tmp_path / "server-0.log").read_text()
+        return
+    (run,) = runs
+    assert run["key_env"] == key and key not in json.dumps(run["argv"])
+    argv = run["argv"]
+    assert argv[argv.index("localhost/img:1") + 1:][:2] == ["vllm", "serve"]
+    assert "--env" in argv and argv[argv.index("VLLM_API_KEY") - 1] == "--env"
+
+
+@pytest.mark.parametrize("running, codes, status", [
+    pytest.param(False, [], "already", id="job-ended"),
+    pytest.param(True, [0], "done", id="stopped"),
+    pytest.param(True, [1], "failed", id="stop-failed"),
+])
+def test_stop_containers(running, codes, status):
+    seen = []
+
+    def fake(argv):
+        seen.append(argv)
+        return SimpleNamespace(returncode=codes[len(seen) - 1], stderr="Error: boom\n")
+
+    got, detail = podman.stop_containers("9", ["envlayers-9-0"], ["n1"], running, run=fake)
+    assert got == status
+    if running:
+        assert seen == [["srun", "--overlap", "--jobid=9", "--nodes=1", "--ntasks=1", "--nodelist=n1", "podman",
+                         "stop", "--ignore", "-t", "10", "envlayers-9-0"]]
+    assert ("boom" in detail) is (status == "failed")
+
+
+@pytest.mark.parametrize("endpoint, target", [
+    pytest.param({"base_urls": ["http://127.0.0.1:8000/v1"], "nodes": ["n1"]}, ("n1", 8000), id="podman-loopback"),
+    pytest.param({"base_urls": ["http://n2:8001/v1"], "nodes": ["n2"]}, ("n2", 8001), id="node-name"),
+])
+def test_the_tunnel_starts_on_the_node_behind_a_loopback_url(endpoint, target):
+    from envlayers.access.job import JobAccess
+    from envlayers.access.tunnel import api_target
+
+    acc = JobAccess(SimpleNamespace(job_id="9", files=SimpleNamespace(run_dir=None)), endpoint, None, {})
+    assert api_target(acc) == target
