@@ -6,6 +6,7 @@ report says so)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -88,3 +89,59 @@ def test_a_busy_endpoint_keeps_serving_and_its_last_request_resets_the_clock(net
     assert 7 <= ended - last <= 8 + 8, ended - last
     acct = json.loads((job.run_dir / "accounting.json").read_text())
     assert acct["live"]["requests"] >= 8 and acct["split"]["seconds"]["serving"] > 0
+
+
+@pytest.fixture(scope="module")
+def accounting_lab():
+    """A second lab, with slurmdbd and MariaDB (`cluster/slurm-lab --accounting`), in its own lab dir;
+    brought down after the module."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import labtools
+
+    if os.geteuid() != 0:
+        labtools.unavailable("the accounting lab needs root")
+    lab_dir = Path(tempfile.mkdtemp(prefix="elab-acct-"))  # short: the munge socket path must fit 108 bytes
+    env = {"ENVLAYERS_LAB_DIR": str(lab_dir)}
+    for _ in range(3):  # another lab may take the free bridge name between the check and the creation
+        proc = labtools.lab_command("--accounting", "up", "1", env=env)
+        if proc.returncode == 0 or "RTNETLINK answers: File exists" not in proc.stdout:
+            break
+    if proc.returncode != 0:
+        labtools.lab_command("down", env=env)
+        shutil.rmtree(lab_dir, ignore_errors=True)
+        labtools.unavailable(f"cluster/slurm-lab --accounting up 1 failed:\n{proc.stdout[-2000:]}")
+    try:
+        lab = labtools.lab_from_status(lab_dir, started_here=True)
+        if lab.mode != "netns":
+            labtools.unavailable("the accounting lab came up without network namespaces")
+        yield lab
+    finally:
+        labtools.lab_command("down", env=env)
+        shutil.rmtree(lab_dir, ignore_errors=True)
+
+
+def test_report_counts_what_slurm_accounting_knows_and_the_run_dirs_explain(accounting_lab, tmp_path):
+    lab = accounting_lab
+    job = submit(lab, tmp_path, "IDLE_STOP_AFTER_S=5\n")
+    live(job)
+    assert wait_ended(lab, job.job_id, 60)[0] == "COMPLETED"
+    # an endpoint job that left no run directory (its launcher never ran): Slurm still billed it
+    lost = lab.submit("#!/bin/bash\nsleep 3\n", "--job-name=serve-only", "--nodes=1", "--gpus-per-node=4")
+    assert wait_ended(lab, lost, 30)[0] == "COMPLETED"
+    root = str(tmp_path / "scratch" / "inference-server")
+    for _ in range(40):  # slurmctld hands job ends to slurmdbd asynchronously
+        data = json.loads(job.cli("report", "--run-root", root, "--json").stdout)
+        if data["missing"] and data["jobs"] and data["jobs"][0]["slurm_state"]:
+            break
+        time.sleep(0.5)
+    assert data["slurm_accounting"] == "sacct", data["slurm_accounting"]
+    assert [(j["job_id"], j["slurm_state"]) for j in data["jobs"]] == [(job.job_id, "COMPLETED")]
+    missing = {m["job_id"]: m for m in data["missing"]}
+    assert list(missing) == [lost], missing
+    assert missing[lost]["gpus"] == 4 and missing[lost]["elapsed_s"] >= 3
+    assert missing[lost]["gpu_hours"] == pytest.approx(4 * missing[lost]["elapsed_s"] / 3600, abs=1e-4)
+    text = job.cli("report", "--run-root", root).stdout
+    assert f"Slurm accounting: 1 more job(s) ran" in text and f"{lost} (COMPLETED" in text, text
