@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envlayers.accounting import SEGMENTS, largest_waste, split, summarize
+from envlayers.accounting import SEGMENTS, fmt_h, largest_waste, split, summarize
 
 T0 = 1_700_000_000.0
 
@@ -62,7 +62,7 @@ def test_summarize_and_name_the_largest_waste():
     assert glm["idle_stop_would_save"] == pytest.approx(8 * (3900 + 300) / 3600, abs=1e-3)
     assert largest_waste(groups, "model", 1800) == (
         f"glm53: {glm['share']['idle_after_last_request'] * 100:.0f}% of 24.0 GPU-hours idle after the last request; "
-        f"IDLE_STOP_AFTER_S=1800 would have saved {glm['idle_stop_would_save']:.3g} GPU-hours")
+        f"IDLE_STOP_AFTER_S=1800 would have saved {fmt_h(glm['idle_stop_would_save'])} GPU-hours")
 
 
 def test_no_waste_no_sentence():

@@ -141,5 +141,5 @@ def largest_waste(groups: list[dict], key: str, suggest_stop_s: float) -> str | 
 
 
 def fmt_h(hours: float) -> str:
-    """GPU-hours for people: 3 significant digits below 10, one decimal above."""
-    return f"{hours:.3g}" if abs(hours) < 10 else f"{hours:.1f}"
+    """GPU-hours for people: two decimals below 10, one above."""
+    return f"{hours:.2f}" if abs(hours) < 10 else f"{hours:.1f}"

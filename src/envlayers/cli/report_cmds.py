@@ -76,6 +76,8 @@ def format_report(rep) -> str:
     else:
         lines.append(f"  Slurm accounting not available ({rep.slurm_accounting}): run directories only; jobs whose "
                      "launcher was killed or whose run directory is gone are missing")
+    for why in rep.skipped[:5]:
+        lines.append(f"  skipped {why}")
     if not rep.jobs:
         lines.append(f"  no accounting.json under {', '.join(rep.roots)}")
         return "\n".join(lines) + "\n"

@@ -136,12 +136,14 @@ class Report:
     missing: list[dict] = field(default_factory=list)  # jobs sacct knows and no run directory explains
     largest_waste: str | None = None
     suggest_stop_s: float = 1800.0
+    skipped: list[str] = field(default_factory=list)  # "path: why" of accounting.json files that do not parse
 
     def to_dict(self) -> dict:
         return {"since": self.since, "until": self.until, "run_roots": self.roots,
                 "slurm_accounting": self.slurm_accounting, "jobs": self.jobs, "by_model": self.by_model,
                 "by_shape": self.by_shape, "missing": self.missing, "largest_waste": self.largest_waste,
-                "suggest_idle_stop_after_s": self.suggest_stop_s}
+                "suggest_idle_stop_after_s": self.suggest_stop_s,
+                "skipped": self.skipped}
 
 
 def build_report(roots: list[Path], since: float, user: str | None, *, now: float | None = None,
@@ -157,11 +159,15 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
     for path, tl in run_dir_timelines(roots):
         jid = str(tl.get("job_id"))
         owner = by_id[jid].user if jid in by_id else _owner(path)
-        end = tl.get("ended_at") or now
+        try:
+            sp = split(tl, now=now)
+            end = float(tl.get("ended_at") or now)
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            rep.skipped.append(f"{path / 'accounting.json'}: not an accounting record ({type(err).__name__}: {err})")
+            continue
         if end < since or (user and owner != user):
             continue
         seen.add(jid)
-        sp = split(tl, now=now)
         rep.jobs.append({"job_id": jid, "restart": tl.get("restart", 0), "user": owner, "run_dir": str(path),
                          "model": tl.get("served") or tl.get("model") or "?",
                          "shape": f"{tl.get('shape', '?')} {tl.get('nodes', '?')}x{_per_node(tl)} GPUs",
