@@ -105,6 +105,6 @@ def test_cli_report_json_and_chart(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "envlayers", "report", "--since", "3650d", "--run-root", str(root),
                            "--no-sacct", "--chart", str(chart)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "Slurm accounting not available (not asked (--no-sacct))" in proc.stdout
+    assert "Slurm accounting not available (not asked: --no-sacct)" in proc.stdout
     assert "glm53: 1 run(s), 8.00 GPU-hours allocated" in proc.stdout and f"chart: {chart}" in proc.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

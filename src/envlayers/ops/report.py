@@ -153,7 +153,7 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
     if use_sacct:
         sjobs, rep.slurm_accounting = sacct_jobs(since, user, run=run)
     else:
-        sjobs, rep.slurm_accounting = None, "not asked (--no-sacct)"
+        sjobs, rep.slurm_accounting = None, "not asked: --no-sacct"
     by_id = {j.job_id: j for j in sjobs or []}
     seen = set()
     for path, tl in run_dir_timelines(roots):
