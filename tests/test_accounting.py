@@ -69,3 +69,18 @@ def test_no_waste_no_sentence():
     tl = timeline(last_request_at=T0 + 7200, live={"serving_s": 6300, "counters_readable": True})
     sp = split(tl, now=T0)
     assert largest_waste(summarize([{"timeline": tl, "split": sp, "model": "m"}], "model", 60), "model", 60) is None
+
+
+def test_status_recomputes_a_running_jobs_split_up_to_now(tmp_path):
+    import json
+
+    from envlayers.ops.status import job_accounting
+    from envlayers.rundir import JobFiles
+
+    tl = timeline(ended_at=None, last_request_at=T0 + 1500)
+    tl["split"] = split(tl, now=T0 + 1000)  # as the launcher last wrote it
+    (tmp_path / "accounting.json").write_text(json.dumps(tl))
+    files = JobFiles("42", None, tmp_path)
+    assert job_accounting(files, running=True, now=T0 + 3600)["split"]["allocated_s"] == 3600
+    assert job_accounting(files, running=False, now=T0 + 3600)["split"]["allocated_s"] == 1000
+    assert job_accounting(JobFiles("43", None, tmp_path / "none"), running=True) is None

@@ -234,9 +234,20 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
     write_end(run_dir, launch.restart, code, reason.splitlines()[0] if reason else "")
     if launch.meter is not None:
         ended = time.time()
-        launch.meter.write(final=True, end_wall=round(ended, 3), died_wall=round(ended, 3) if died else None,
+        launch.meter.write(final=True, end_wall=round(ended, 3), died_wall=died_at(run_dir, ended) if died else None,
                            how=reason.splitlines()[0] if reason else "")
     return code
+
+
+def died_at(run_dir: Path, ended: float) -> float:
+    """When the server died: the first rank exit file's time, else the launcher's end."""
+    times = []
+    for f in run_dir.glob("rank-*.exit"):
+        try:
+            times.append(f.stat().st_mtime)
+        except OSError:
+            pass
+    return round(min(times + [ended]), 3)
 
 
 def core_guard(run_dir: Path, workdir: Path) -> bool:
