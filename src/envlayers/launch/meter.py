@@ -77,7 +77,7 @@ class Meter:
         self.next_write = 0.0
         self._phase_tracker = None
         self._log_pos = 0
-        self.engine = lp.engine if lp.engine in ("vllm", "sglang") else "vllm"
+        self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
 
     @property
     def gpus(self) -> int:
@@ -108,6 +108,9 @@ class Meter:
             self.ranks_up_at = self._w(now)
         if not live:
             self._phases(now)
+            if now >= self.next_write:  # status shows the way to live while it lasts
+                self.next_write = now + WRITE_EVERY_S
+                self.write(final=False)
             return
         if self.tracker is None:
             self._phases(now)
