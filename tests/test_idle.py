@@ -5,6 +5,7 @@ one never does, a request in the last second resets the clock)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -139,10 +140,11 @@ def test_an_idle_endpoint_ends_on_time(tmp_path, base):
     keys = {**base, "IDLE_STOP_AFTER_S": "30", "IDLE_WARN_AFTER_S": "20"}
     said, t, err, meter = looped(tmp_path, keys, Engine(base["INFERENCE_ENGINE"]), until=100)
     assert isinstance(err, IdleStop)
-    assert 30 <= t <= 32  # live at ~0.25s, one sample a second
+    assert 30 <= t <= 33.5  # live at ~0.25s, a sample every 3s (a tenth of the stop)
     assert any(s.startswith("ENVLAYERS-STAGE: idle release: stop after 30s, warn after 20s") for s in said)
-    assert any(s.startswith("ENVLAYERS-WARN: no request served for 20s") for s in said)
-    assert said[-1].startswith("ENVLAYERS-STAGE: idle stop: no request served for 30s")
+    assert any(re.match(r"ENVLAYERS-WARN: no request served for 2[0-3]s \(IDLE_WARN_AFTER_S=20\); the job ends "
+                        r"in (10|[7-9])s", s) for s in said), said
+    assert re.match(r"ENVLAYERS-STAGE: idle stop: no request served for 3[0-3]s \(IDLE_STOP_AFTER_S=30\)", said[-1])
     data = json.loads((tmp_path / "accounting.json").read_text())
     assert data["live"]["counters_readable"] is True and data["final"] is False
 
@@ -161,7 +163,7 @@ def test_a_request_in_the_last_second_resets_the_clock(tmp_path):
     said, t, err, _ = looped(tmp_path, {**SINGLE_SGLANG, "IDLE_STOP_AFTER_S": "30"}, eng,
                              [(29.5, lambda: setattr(eng, "finished", 1))], until=100)
     assert isinstance(err, IdleStop)
-    assert 59 <= t <= 62
+    assert 59 <= t <= 66  # seen at the next sample (every 3s), then 30s more
 
 
 def test_unreadable_counters_are_said_at_start_and_never_stop(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -49,13 +50,14 @@ def test_an_idle_endpoint_ends_on_time_with_exit_0_and_its_own_state(netns_lab, 
     assert end["code"] == 0 and end["reason"].startswith("idle stop: no request for"), end
     out = netns_lab.job_output(job.job_id)
     assert "ENVLAYERS-STAGE: idle release: stop after 12s, warn after 6s without a request" in out
-    assert "ENVLAYERS-WARN: no request served for 6s (IDLE_WARN_AFTER_S=6); the job ends in 6s" in out
-    assert "ENVLAYERS-STAGE: idle stop: no request served for 12s (IDLE_STOP_AFTER_S=12)" in out
+    assert re.search(r"ENVLAYERS-WARN: no request served for [67]s \(IDLE_WARN_AFTER_S=6\); the job ends in [56]s",
+                     out), out
+    assert re.search(r"ENVLAYERS-STAGE: idle stop: no request served for 1[23]s \(IDLE_STOP_AFTER_S=12\)", out), out
     assert 11 <= ended - live_at <= 12 + 8, ended - live_at  # sampled every second, polled every 0.25s
     acct = json.loads((job.run_dir / "accounting.json").read_text())
     sp = acct["split"]
     assert acct["final"] and acct["gpus"] == 4 and acct["live"]["counters_readable"] is True
-    assert 11 <= sp["seconds"]["idle_after_last_request"] <= 14 and sp["seconds"]["serving"] == 0
+    assert 11 <= sp["seconds"]["idle_after_last_request"] <= 15 and sp["seconds"]["serving"] == 0
     assert sum(sp["seconds"].values()) == pytest.approx(sp["allocated_s"], abs=0.01)
     res = job.cli("status", job.job_id, "--no-probe")
     assert res.returncode == 0, res.stderr

@@ -3,7 +3,7 @@
 The side-effect half of ``launch.idle`` and ``envlayers.accounting``: :class:`Meter` is called once per
 pass of the supervision loop (``tick``). Before the endpoint is live it notes the wall-clock time at
 which every rank had started and at which rank 0's log entered each startup phase. Once live it reads
-the engines' ``/metrics`` every ``SAMPLE_EVERY_S``, feeds an :class:`~envlayers.launch.idle.IdleTracker`,
+the engines' ``/metrics`` every ``SAMPLE_EVERY_S`` (a tenth of a shorter ``IDLE_STOP_AFTER_S``), feeds an :class:`~envlayers.launch.idle.IdleTracker`,
 prints the ``IDLE_WARN_AFTER_S`` warning and raises :class:`IdleStop` after ``IDLE_STOP_AFTER_S``
 without a request. It keeps ``accounting.json`` in the run directory up to date (atomically, every
 ``WRITE_EVERY_S`` and at the end) so ``status`` shows the split while the job runs.
@@ -20,7 +20,8 @@ from ..fsutil import atomic_write
 from .idle import Counters, IdleTracker, read_counters
 from .prepare import LaunchFailure, LaunchPlan
 
-SAMPLE_EVERY_S = 1.0
+SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a line in vLLM's access log
+MIN_SAMPLE_EVERY_S = 0.5
 WRITE_EVERY_S = 10.0
 IDLE_KEYS = ("IDLE_STOP_AFTER_S", "IDLE_WARN_AFTER_S")
 
@@ -77,6 +78,8 @@ class Meter:
         self.next_write = 0.0
         self._phase_tracker = None
         self._log_pos = 0
+        # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
+        self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
 
     @property
@@ -120,7 +123,7 @@ class Meter:
             self._first_sample(now)
             return
         if now >= self.next_sample:
-            self.next_sample = now + SAMPLE_EVERY_S
+            self.next_sample = now + self.sample_every_s
             for decision in self.tracker.feed(now, self.sample()):
                 idle = self.tracker.idle_for(now)
                 if decision == "warn":
