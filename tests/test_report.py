@@ -72,12 +72,10 @@ def test_report_joins_run_dirs_and_sacct(tmp_path):
                                         pytest.param("root", ["1001"], id="owner")])
 def test_report_user_filter(tmp_path, user, want):
     record(tmp_path, "1001", NOW - 7200)
-    rep = build_report([tmp_path], NOW - 86400, user, now=NOW, run=fake_sacct(SACCT))
-    assert [j["job_id"] for j in rep.jobs] == want
-    assert fake_sacct  # the argv carries the user
     run = fake_sacct(SACCT)
-    build_report([tmp_path], NOW - 86400, user, now=NOW, run=run)
-    assert f"--user={user}" in run.calls[0]
+    rep = build_report([tmp_path], NOW - 86400, user, now=NOW, run=run)
+    assert [j["job_id"] for j in rep.jobs] == want
+    assert f"--user={user}" in run.calls[0] and "--allusers" not in run.calls[0]
 
 
 def test_report_without_slurm_accounting_says_why(tmp_path):

@@ -146,4 +146,4 @@ def test_report_counts_what_slurm_accounting_knows_and_the_run_dirs_explain(acco
     assert missing[lost]["gpus"] == 4 and missing[lost]["elapsed_s"] >= 3
     assert missing[lost]["gpu_hours"] == pytest.approx(4 * missing[lost]["elapsed_s"] / 3600, abs=1e-4)
     text = job.cli("report", "--run-root", root).stdout
-    assert f"Slurm accounting: 1 more job(s) ran" in text and f"{lost} (COMPLETED" in text, text
+    assert "Slurm accounting: 1 more job(s) ran" in text and f"{lost} (COMPLETED" in text, text
