@@ -269,6 +269,10 @@ class JobFiles:
     def launch(self) -> dict | None:
         return None if self.previous_at_top else self._json("launch.json")
 
+    def accounting(self) -> dict | None:
+        """``accounting.json`` of the current run: its GPU-hour timeline (``launch.meter``), or ``None``."""
+        return None if self.previous_at_top else self._json("accounting.json")
+
     def read_job_output(self) -> LauncherReport:
         """The current run's launcher lines (nothing while the top-level files are a previous run's)."""
         if self.job_out is None or self.previous_at_top:

@@ -86,6 +86,7 @@ just after the engine says it is ready.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hmac
 import json
@@ -1173,13 +1174,27 @@ def shape_reply(cfg: "Config", gate: GateKnobs, text: str, last_user: str, tools
 # HTTP
 # ----------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def in_flight(st: "State"):
+    """Count a completion request as running while it is answered: the engines' in-flight gauges
+    (vllm:num_requests_running, sglang:num_running_reqs) that idle release reads next to the finished
+    counters (vllm:request_success_total, sglang:num_requests_total)."""
+    with st.lock:
+        st.counters["in_flight"] += 1
+    try:
+        yield
+    finally:
+        with st.lock:
+            st.counters["in_flight"] -= 1
+
+
 class State:
     def __init__(self, cfg: Config, log: Log, knobs: Knobs, dummy: bool = False):
         self.cfg, self.log, self.knobs = cfg, log, knobs
         self.dummy = dummy
         self.ready = dummy  # SGLang: /health says 503 until "fired up"; a dummy server is always healthy
         self.lock = threading.Lock()
-        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "in_flight": 0}
         self.started = int(time.time())
         self.gate = GateKnobs({})  # run() sets the process's own
 
@@ -1280,7 +1295,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
         elif method == "POST":
             if path in ("/v1/chat/completions", "/v1/completions"):
-                return self._completion(chat=path == "/v1/chat/completions")
+                with in_flight(st):
+                    return self._completion(chat=path == "/v1/chat/completions")
             if path in ("/health", "/ping", "/v1/models"):
                 return self._send(405, {"detail": "Method Not Allowed"})
         return self._send(404, {"detail": "Not Found"})
@@ -1311,7 +1327,8 @@ class Handler(BaseHTTPRequestHandler):
         if c.engine == "vllm":
             lab = f'{{engine="0",model_name="{name}"}}'
             rows = [
-                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", 0),
+                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                 n["in_flight"]),
                 ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
                 ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0.0),
                 ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of "
@@ -1327,7 +1344,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             lab = f'{{model_name="{name}"}}'
             rows = [
-                ("sglang:num_running_reqs", "gauge", "The number of running requests.", 0),
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", n["in_flight"]),
                 ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
                 ("sglang:token_usage", "gauge", "The token usage.", 0.0),
                 ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("ops_cmds", "status", "Show endpoint jobs, or one job's record."),
     "logs": ("ops_cmds", "logs", "Show a job's server logs."),
     "stop": ("ops_cmds", "stop", "Cancel an endpoint job and confirm it is gone."),
+    "report": ("report_cmds", "report", "Where the GPU-hours went: allocated, starting, serving, idle."),
     "diagnose": ("diagnose_cmds", "diagnose", "Explain failures from a job's logs."),
     "check-cores": ("diagnose_cmds", "check_cores", "Report core files and a core limit that is not 0."),
     "verify": ("verify_cmds", "verify", "Check a live endpoint: tool calls, reasoning, accuracy, metrics."),

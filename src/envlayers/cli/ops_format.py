@@ -192,6 +192,8 @@ def launcher_line(end: dict) -> str | None:
         if end["slurm_state"] is None:
             return LAUNCHER_DIED.split(";")[0] + "; Slurm no longer lists the job"
         return LAUNCHER_DIED.format(state=end["slurm_state"], code=end["slurm_exit"] or "-")
+    if end["launcher"] == "idle stop":
+        return f"ended on purpose, not a failure: {end.get('reason')} (code 0)"
     if end["launcher"] == "reported":
         code = f" (code {end['code']})" if end.get("code") is not None else ""
         return f"the launcher reported: {end.get('reason') or 'no reason given'}{code}"
@@ -310,6 +312,8 @@ def format_record(rec: dict) -> str:
         state += f" ({s['reason']})"
     if s.get("exit_code") and s.get("state") in TERMINAL_STATES:
         state += f", exit {s['exit_code']}"
+    if (rec.get("launcher_end") or {}).get("launcher") == "idle stop":
+        state = f"IDLE-STOPPED ({state})"
     lines.append(f"job {jid}: {state}")
     if rec.get("requeued"):
         lines.append(_label("run") + f"{REQUEUED.format(n=rec['restart'])}")
@@ -358,7 +362,26 @@ def format_record(rec: dict) -> str:
             lines.append(_label("error") + f"{e}")
     for run in rec.get("earlier_runs", []):
         lines.append(_label("earlier") + f"{_run_line(run)}")
+    lines += gpu_hours_lines(rec.get("accounting"))
     return "\n".join(lines) + "\n"
+
+
+def gpu_hours_lines(acct: dict | None) -> list[str]:
+    """``status JOBID``'s GPU-hour split (docs/operating.md "Where the GPU-hours went")."""
+    from ..accounting import LABELS, fmt_h
+
+    if not acct or not acct.get("split"):
+        return []
+    sp = acct["split"]
+    so_far = " so far" if sp.get("running") else ""
+    lines = [_label("GPU-hours") + f"{fmt_h(sp['allocated_gpu_hours'])} allocated{so_far} ({sp['gpus']} GPUs x "
+             f"{fmt_duration(sp['allocated_s'])})"]
+    for seg, hours in sp["gpu_hours"].items():
+        if sp["seconds"][seg] > 0:
+            share = hours / sp["allocated_gpu_hours"] * 100 if sp["allocated_gpu_hours"] else 0.0
+            lines.append(f"    {LABELS[seg] + ':':<30}{fmt_h(hours):>8} ({share:.0f}%, "
+                         f"{fmt_duration(sp['seconds'][seg])})")
+    return lines
 
 
 def _run_line(run: dict) -> str:

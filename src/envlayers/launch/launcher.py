@@ -132,6 +132,7 @@ class Launcher:
         self.restart = restart_count(self.environ)
         self.proc: subprocess.Popen | None = None
         self.supervisor = None
+        self.meter = None
         self.t0 = time.monotonic()
 
     @property
@@ -147,11 +148,14 @@ class Launcher:
         lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         for line in lp.lines:
             say(line)
+        from .meter import Meter, job_start_time
+
+        self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ))
         for name, text in lp.files.items():
             atomic_write(self.run_dir / name, text)
         self.start(lp, api_key)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
-                                     api_key=api_key, t0=self.t0)
+                                     api_key=api_key, t0=self.t0, meter=self.meter)
         self.supervisor.run()
 
     def api_key(self) -> tuple[str | None, str | None]:
@@ -222,10 +226,15 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    from .meter import IdleStop
+
     code = 0
     reason = "ended"
+    died = False
     try:
         launch.run()
+    except IdleStop as stop:  # no request for IDLE_STOP_AFTER_S: a clean end, not a failure
+        reason = str(stop)
     except _Terminated as term:  # scancel or the time limit: the normal end of a serving job
         say(f"ENVLAYERS-STAGE: received signal {term.signum}; stopping the ranks")
         code = 128 + term.signum
@@ -241,7 +250,7 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
             for line in _tail(log):
                 say(f"  | {line}")
         say(f"ENVLAYERS-STAGE: ending job {launch.job_id}; run `env_layers diagnose {launch.job_id}` for causes")
-        code, reason = 1, str(err)
+        code, reason, died = 1, str(err), True
     except Exception as err:  # an EnvLayersError from planning, or a bug: say it, end the job
         say(f"ENVLAYERS-ERROR: launcher failed: {err}")
         code, reason = 1, f"launcher failed: {err}"
@@ -253,7 +262,22 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         code = 1
         reason += "; a rank ran with a core limit that is not 0"
     write_end(run_dir, launch.restart, code, reason.splitlines()[0] if reason else "")
+    if launch.meter is not None:
+        ended = time.time()
+        launch.meter.write(final=True, end_wall=round(ended, 3), died_wall=died_at(run_dir, ended) if died else None,
+                           how=reason.splitlines()[0] if reason else "")
     return code
+
+
+def died_at(run_dir: Path, ended: float) -> float:
+    """When the server died: the first rank exit file's time, else the launcher's end."""
+    times = []
+    for f in run_dir.glob("rank-*.exit"):
+        try:
+            times.append(f.stat().st_mtime)
+        except OSError:
+            pass
+    return round(min(times + [ended]), 3)
 
 
 def core_guard(run_dir: Path, workdir: Path) -> bool:

@@ -35,7 +35,8 @@ class Supervisor:
     def __init__(self, lp: LaunchPlan, step: Step, *, probe: Callable, on_live: Callable[[float], None],
                  say: Callable[[str], None], api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 t0: float | None = None):
+                 t0: float | None = None, meter=None):
+        self.meter = meter  # launch.meter.Meter: phase times, request counters, idle release (None: off)
         self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
         self.t0 = clock() if t0 is None else t0
@@ -136,4 +137,8 @@ class Supervisor:
             if not self.live and now >= next_probe:
                 next_probe = now + PROBE_EVERY_S
                 self.probe_once(elapsed)
+            # --- meter (launch/meter.py): phase times, request counters; raises IdleStop ---
+            if self.meter is not None:
+                self.meter.tick(now, len(self.started), self.live)
+            # --- end meter ---
             self.sleep(POLL_S)

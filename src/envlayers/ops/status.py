@@ -11,6 +11,23 @@ from .lookup import TrackedJob, current_files
 from .probe import probe_all
 from .progress import RankProgress, read_run, run_total, serving_ranks
 
+IDLE_STOP_REASON = "idle stop"  # how launch.meter.IdleStop's reason begins
+
+
+def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = None) -> dict | None:
+    """The run's ``accounting.json`` with its split recomputed up to ``now`` while the job runs (the
+    launcher rewrites the file every few seconds); ``None`` before the launcher wrote one."""
+    import time
+
+    from ..accounting import split
+
+    data = files.accounting()
+    if not data or "job_start" not in data:
+        return None
+    if running and not data.get("ended_at"):
+        data["split"] = split(data, now=time.time() if now is None else now)
+    return data
+
 
 def identity(files: rundir.JobFiles) -> dict:
     """What a job serves, in the words every command uses (text and ``--json``):
@@ -109,6 +126,7 @@ def launcher_end(job: TrackedJob) -> dict:
 
     - ``"running"``: the job has not ended (nothing to say yet);
     - ``"reported"``: the launcher wrote ``launch-end.json`` (its ``code``, ``reason``, ``ended_at``);
+    - ``"idle stop"``: reported, and the reason is IDLE_STOP_AFTER_S (no request for that long; exit 0);
     - ``"died"``: the job ended, the launcher had started (launch.json) but wrote no launch-end.json:
       it was killed (SIGKILL, the node went away) or crashed;
     - ``"never started"``: the job ended before the current run's launcher wrote launch.json.
@@ -122,6 +140,8 @@ def launcher_end(job: TrackedJob) -> dict:
     end = job.files.launch_end()
     if end is not None:
         out.update(launcher="reported", code=end.get("code"), reason=end.get("reason"), ended_at=end.get("ended_at"))
+        if end.get("code") == 0 and str(end.get("reason") or "").startswith(IDLE_STOP_REASON):
+            out["launcher"] = "idle stop"  # IDLE_STOP_AFTER_S: its own state, not a failure
     elif job.files.launch() is not None:
         out["launcher"] = "died"
     else:
@@ -181,4 +201,5 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "endpoint": data,
         "probes": probes,
         "earlier_runs": earlier_runs(job),
+        "accounting": job_accounting(files, bool(info is not None and info.running)),
     }

@@ -1,0 +1,202 @@
+"""The supervision loop's meter: when each startup phase began, whether requests are served, idle release.
+
+The side-effect half of ``launch.idle`` and ``envlayers.accounting``: :class:`Meter` is called once per
+pass of the supervision loop (``tick``). Before the endpoint is live it notes the wall-clock time at
+which every rank had started and at which rank 0's log entered each startup phase. Once live it reads
+the engines' ``/metrics`` every ``SAMPLE_EVERY_S`` (a tenth of a shorter ``IDLE_STOP_AFTER_S``), feeds an :class:`~envlayers.launch.idle.IdleTracker`,
+prints the ``IDLE_WARN_AFTER_S`` warning and raises :class:`IdleStop` after ``IDLE_STOP_AFTER_S``
+without a request. It keeps ``accounting.json`` in the run directory up to date (atomically, every
+``WRITE_EVERY_S`` and at the end) so ``status`` shows the split while the job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Callable, Mapping
+
+from ..fsutil import atomic_write
+from .idle import Counters, IdleTracker, read_counters
+from .prepare import LaunchFailure, LaunchPlan
+
+SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a line in vLLM's access log
+MIN_SAMPLE_EVERY_S = 0.5
+WRITE_EVERY_S = 10.0
+IDLE_KEYS = ("IDLE_STOP_AFTER_S", "IDLE_WARN_AFTER_S")
+
+
+class IdleStop(Exception):
+    """No request for IDLE_STOP_AFTER_S: the job ends cleanly (exit 0)."""
+
+
+def idle_seconds(keys: Mapping[str, str], key: str) -> float | None:
+    """IDLE_STOP_AFTER_S / IDLE_WARN_AFTER_S: absent or empty = never; a positive number of seconds."""
+    raw = keys.get(key)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise LaunchFailure(f"{key}={raw!r} is not a positive number of seconds (hint: e.g. {key}=1800, "
+                            "or remove the key to never stop an idle endpoint; docs/keys.md)")
+    return value
+
+
+def fetch_metrics(url: str, api_key: str | None, timeout_s: float = 2.0) -> str | None:
+    """GET a /metrics URL; None when it does not answer 200."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - the job's own node URL
+            return resp.read(4 << 20).decode("utf-8", "replace") if resp.status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+def metrics_urls(lp: LaunchPlan) -> list[str]:
+    return [(t.probe_url[:-3] if t.probe_url.endswith("/v1") else t.probe_url.rstrip("/")) + "/metrics"
+            for t in lp.targets]
+
+
+class Meter:
+    def __init__(self, lp: LaunchPlan, keys: Mapping[str, str], say: Callable[[str], None], *,
+                 api_key: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, fetch: Callable[..., str | None] = fetch_metrics,
+                 job_start: float | None = None):
+        self.lp, self.say, self.api_key, self.clock, self.wall, self.fetch = lp, say, api_key, clock, wall, fetch
+        self.stop_after_s = idle_seconds(keys, "IDLE_STOP_AFTER_S")
+        self.warn_after_s = idle_seconds(keys, "IDLE_WARN_AFTER_S")
+        self.offset = wall() - clock()  # monotonic -> wall clock
+        self.job_start = job_start if job_start is not None else wall()
+        self.ranks_up_at: float | None = None
+        self.phases: dict[str, float] = {}
+        self.tracker: IdleTracker | None = None
+        self.live_at: float | None = None
+        self.next_sample = 0.0
+        self.next_write = 0.0
+        self._phase_tracker = None
+        self._log_pos = 0
+        # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
+        self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
+        self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
+
+    @property
+    def gpus(self) -> int:
+        return self.lp.plan.nodes * self.lp.plan.gpus_per_node
+
+    def _w(self, mono: float) -> float:
+        return round(mono + self.offset, 3)
+
+    def _phases(self, now: float) -> None:
+        from ..phases import PhaseTracker
+
+        if self._phase_tracker is None:
+            self._phase_tracker = PhaseTracker()
+        try:
+            with open(self.lp.run_dir / "server-0.log", "rb") as fh:
+                fh.seek(self._log_pos)
+                chunk = fh.read(1 << 20)
+        except FileNotFoundError:
+            return
+        self._log_pos += len(chunk)
+        for phase in self._phase_tracker.feed_bytes(chunk):
+            self.phases.setdefault(phase.name, self._w(now))
+
+    def tick(self, now: float, started: int, live: bool) -> None:
+        """One pass of the loop: ``started`` ranks have printed their first line; ``live``: every
+        readiness target answered. Raises IdleStop."""
+        if self.ranks_up_at is None and started >= self.lp.ranks:
+            self.ranks_up_at = self._w(now)
+        if not live:
+            self._phases(now)
+            if now >= self.next_write:  # status shows the way to live while it lasts
+                self.next_write = now + WRITE_EVERY_S
+                self.write(final=False)
+            return
+        if self.tracker is None:
+            self._phases(now)
+            self.live_at = self._w(now)
+            self.tracker = IdleTracker(now, self.stop_after_s, self.warn_after_s)
+            self.next_sample = now
+            self._first_sample(now)
+            return
+        if now >= self.next_sample:
+            self.next_sample = now + self.sample_every_s
+            for decision in self.tracker.feed(now, self.sample()):
+                idle = self.tracker.idle_for(now)
+                if decision == "warn":
+                    left = (f"; the job ends in {self.stop_after_s - idle:.0f}s (IDLE_STOP_AFTER_S="
+                            f"{self.stop_after_s:g})" if self.stop_after_s else "")
+                    self.say(f"ENVLAYERS-WARN: no request served for {idle:.0f}s (IDLE_WARN_AFTER_S="
+                             f"{self.warn_after_s:g}){left}")
+                elif decision == "stop":
+                    self.say(f"ENVLAYERS-STAGE: idle stop: no request served for {idle:.0f}s "
+                             f"(IDLE_STOP_AFTER_S={self.stop_after_s:g}); ending the job cleanly")
+                    raise IdleStop(f"idle stop: no request for {idle:.0f}s (IDLE_STOP_AFTER_S="
+                                   f"{self.stop_after_s:g})")
+        if now >= self.next_write:
+            self.next_write = now + WRITE_EVERY_S
+            self.write(final=False)
+
+    def sample(self) -> Counters | None:
+        """The request counters summed over every serving rank; None when one of them cannot be read."""
+        if not self.lp.metrics:
+            return None
+        total = None
+        for url in metrics_urls(self.lp):
+            text = self.fetch(url, self.api_key)
+            counters = read_counters(self.engine, text) if text is not None else None
+            if counters is None:
+                return None
+            total = counters if total is None else Counters(total.finished + counters.finished,
+                                                            total.in_flight + counters.in_flight)
+        return total
+
+    def _first_sample(self, now: float) -> None:
+        first = self.sample()
+        self.tracker.feed(now, first)
+        if first is None:
+            why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
+                   else f"no request counters at {', '.join(metrics_urls(self.lp))}")
+            what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
+            self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")
+        elif self.stop_after_s or self.warn_after_s:
+            bits = [f"stop after {self.stop_after_s:g}s" if self.stop_after_s else None,
+                    f"warn after {self.warn_after_s:g}s" if self.warn_after_s else None]
+            self.say(f"ENVLAYERS-STAGE: idle release: {', '.join(b for b in bits if b)} without a request "
+                     f"(request counters from {', '.join(metrics_urls(self.lp))})")
+
+    def timeline(self, end_wall: float | None = None, died_wall: float | None = None) -> dict:
+        t = self.tracker
+        return {
+            "job_id": self.lp.job_id, "restart": self.lp.restart, "gpus": self.gpus, "nodes": self.lp.plan.nodes,
+            "shape": self.lp.plan.shape, "engine": self.lp.engine, "model": self.lp.model, "served": self.lp.served,
+            "job_start": round(self.job_start, 3), "ranks_up_at": self.ranks_up_at, "phases": self.phases,
+            "live_at": self.live_at,
+            "last_request_at": self._w(t.last_request_at) if t and t.last_request_at is not None else None,
+            "live": t.to_dict() if t else None, "idle_stop_after_s": self.stop_after_s,
+            "died_at": died_wall, "ended_at": end_wall,
+        }
+
+    def write(self, *, final: bool, end_wall: float | None = None, died_wall: float | None = None,
+              how: str | None = None) -> None:
+        """accounting.json: the timeline and its split in GPU-hours (``envlayers.accounting``)."""
+        from ..accounting import split
+
+        tl = self.timeline(end_wall, died_wall)
+        tl["final"] = final
+        tl["how"] = how
+        tl["split"] = split(tl, now=self.wall())
+        try:
+            atomic_write(self.lp.run_dir / "accounting.json", json.dumps(tl, indent=2) + "\n")
+        except OSError as err:
+            self.say(f"ENVLAYERS-WARN: cannot write accounting.json: {err.strerror}")
+
+
+def job_start_time(environ: Mapping[str, str]) -> float | None:
+    """SLURM_JOB_START_TIME (epoch seconds; set by Slurm in the job's environment), else None."""
+    raw = environ.get("SLURM_JOB_START_TIME", "")
+    return float(raw) if raw.strip().isdigit() else None
+

@@ -1,0 +1,190 @@
+"""``report``: the GPU-hour split of every endpoint job in a time window, from the run directories and Slurm's
+accounting (``sacct``), as data.
+
+Each run directory's ``accounting.json`` (written by the launcher, ``launch.meter``) gives a job's split;
+``sacct`` (where Slurm's accounting storage is enabled) lists the endpoint jobs Slurm ran, so a job whose
+launcher was killed or whose run directory is gone still counts as allocated time that nothing explains.
+Where ``sacct`` does not answer, the report says so: it then covers the run directories only.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Mapping
+
+from .. import slurm
+from ..accounting import largest_waste, split, summarize
+from ..defaults import JOB_NAME
+from ..errors import EnvLayersError
+
+SACCT_FIELDS = ("JobID", "User", "State", "Start", "End", "ElapsedRaw", "NNodes", "AllocTRES")
+_SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: float) -> float:
+    """``7d``, ``12h``, ``30m``, ``2w`` or a date (``2026-11-25``, ``2026-11-25T08:00``) -> epoch seconds."""
+    m = _SINCE_RE.match(text.strip())
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise EnvLayersError(f"{text!r} is not a duration or a date", where="--since",
+                             hint="e.g. --since 7d, --since 12h, --since 2026-11-25") from None
+
+
+@dataclass
+class SacctJob:
+    job_id: str
+    user: str
+    state: str
+    start: float | None
+    end: float | None
+    elapsed_s: int
+    nodes: int
+    gpus: int | None  # gres/gpu in AllocTRES; None when the allocation names no GPU
+
+
+def _ts(value: str) -> float | None:
+    if not value or value in ("Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_sacct(text: str) -> list[SacctJob]:
+    """``sacct -X -P -n --format=JobID,User,State,Start,End,ElapsedRaw,NNodes,AllocTRES`` output -> jobs."""
+    jobs = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < len(SACCT_FIELDS) or not parts[0].strip():
+            continue
+        jid, user, state, start, end, elapsed, nnodes, tres = parts[:len(SACCT_FIELDS)]
+        gpu = re.search(r"gres/gpu=(\d+)", tres)
+        jobs.append(SacctJob(jid.strip(), user, state.split()[0] if state else "", _ts(start), _ts(end),
+                             int(elapsed) if elapsed.isdigit() else 0, int(nnodes) if nnodes.isdigit() else 0,
+                             int(gpu.group(1)) if gpu else None))
+    return jobs
+
+
+def sacct_jobs(since: float, user: str | None, run=None) -> tuple[list[SacctJob] | None, str]:
+    """The endpoint jobs Slurm's accounting knows since ``since``; ``(None, why)`` when it cannot tell."""
+    run = run or slurm.run
+    start = datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+    argv = ["sacct", "-X", "-P", "-n", f"--name={JOB_NAME}", f"--starttime={start}", "--endtime=now",
+            f"--format={','.join(SACCT_FIELDS)}"]
+    argv += [f"--user={user}"] if user else ["--allusers"]
+    try:
+        proc = run(argv)
+    except EnvLayersError as err:
+        return None, str(err)
+    if proc.returncode != 0:
+        first = next((ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()), "")
+        return None, first or f"sacct exited with code {proc.returncode}"
+    return parse_sacct(proc.stdout), "sacct"
+
+
+def _owner(path: Path) -> str | None:
+    try:
+        return pwd.getpwuid(path.stat().st_uid).pw_name
+    except (KeyError, OSError):
+        return None
+
+
+def run_dir_timelines(roots: list[Path]) -> list[tuple[Path, dict]]:
+    """Every ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier runs, ``run-<n>/``)."""
+    import json
+
+    found = []
+    for root in roots:
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.is_dir():
+                continue
+            for path in [Path(entry.path)] + sorted(Path(entry.path).glob("run-*")):
+                f = path / "accounting.json"
+                try:
+                    data = json.loads(f.read_text())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(data, dict) and "job_start" in data:
+                    found.append((path, data))
+    return found
+
+
+@dataclass
+class Report:
+    since: float
+    until: float
+    roots: list[str]
+    jobs: list[dict] = field(default_factory=list)
+    by_model: list[dict] = field(default_factory=list)
+    by_shape: list[dict] = field(default_factory=list)
+    slurm_accounting: str = ""  # "sacct", or why it is not there
+    missing: list[dict] = field(default_factory=list)  # jobs sacct knows and no run directory explains
+    largest_waste: str | None = None
+    suggest_stop_s: float = 1800.0
+    skipped: list[str] = field(default_factory=list)  # "path: why" of accounting.json files that do not parse
+
+    def to_dict(self) -> dict:
+        return {"since": self.since, "until": self.until, "run_roots": self.roots,
+                "slurm_accounting": self.slurm_accounting, "jobs": self.jobs, "by_model": self.by_model,
+                "by_shape": self.by_shape, "missing": self.missing, "largest_waste": self.largest_waste,
+                "suggest_idle_stop_after_s": self.suggest_stop_s,
+                "skipped": self.skipped}
+
+
+def build_report(roots: list[Path], since: float, user: str | None, *, now: float | None = None,
+                 suggest_stop_s: float = 1800.0, run=None, use_sacct: bool = True) -> Report:
+    now = time.time() if now is None else now
+    rep = Report(since, now, [str(r) for r in roots], suggest_stop_s=suggest_stop_s)
+    if use_sacct:
+        sjobs, rep.slurm_accounting = sacct_jobs(since, user, run=run)
+    else:
+        sjobs, rep.slurm_accounting = None, "not asked: --no-sacct"
+    by_id = {j.job_id: j for j in sjobs or []}
+    seen = set()
+    for path, tl in run_dir_timelines(roots):
+        jid = str(tl.get("job_id"))
+        owner = by_id[jid].user if jid in by_id else _owner(path)
+        try:
+            sp = split(tl, now=now)
+            end = float(tl.get("ended_at") or now)
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            rep.skipped.append(f"{path / 'accounting.json'}: not an accounting record ({type(err).__name__}: {err})")
+            continue
+        if end < since or (user and owner != user):
+            continue
+        seen.add(jid)
+        rep.jobs.append({"job_id": jid, "restart": tl.get("restart", 0), "user": owner, "run_dir": str(path),
+                         "model": tl.get("served") or tl.get("model") or "?",
+                         "shape": f"{tl.get('shape', '?')} {tl.get('nodes', '?')}x{_per_node(tl)} GPUs",
+                         "ended": tl.get("how"), "timeline": tl, "split": sp,
+                         "slurm_state": by_id[jid].state if jid in by_id else None})
+    for j in sjobs or []:
+        if j.job_id not in seen and j.state not in ("PENDING",):
+            gpus = j.gpus
+            rep.missing.append({"job_id": j.job_id, "user": j.user, "state": j.state, "elapsed_s": j.elapsed_s,
+                                "nodes": j.nodes, "gpus": gpus,
+                                "gpu_hours": round(j.elapsed_s * gpus / 3600, 4) if gpus else None})
+    rep.by_model = summarize(rep.jobs, "model", suggest_stop_s)
+    rep.by_shape = summarize(rep.jobs, "shape", suggest_stop_s)
+    rep.largest_waste = largest_waste(rep.by_model, "model", suggest_stop_s)
+    return rep
+
+
+def _per_node(tl: Mapping) -> str:
+    gpus, nodes = tl.get("gpus"), tl.get("nodes")
+    return str(gpus // nodes) if isinstance(gpus, int) and isinstance(nodes, int) and nodes else "?"

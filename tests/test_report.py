@@ -1,0 +1,108 @@
+"""`report` without a cluster: run directories in tmp_path and sacct output recorded from the accounting lab
+(`cluster/slurm-lab --accounting`; jobs 1000 and 1001 are verbatim, 1002 and 1003 follow the same format
+for a running and a cancelled job of other users)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from envlayers.ops.report import build_report, parse_sacct, parse_since
+
+SACCT = (Path(__file__).parent / "data" / "report" / "sacct-accounting-lab.txt").read_text()
+NOW = datetime.fromisoformat("2026-12-02T19:00:00").timestamp()
+
+
+def record(root: Path, job_id: str, start: float, *, model="glm53", gpus=8, end_after=3600.0, last=600.0,
+           serving=300.0) -> Path:
+    d = root / job_id
+    d.mkdir(parents=True)
+    tl = {"job_id": job_id, "gpus": gpus, "nodes": 2, "shape": "pipeline", "served": model, "job_start": start,
+          "ranks_up_at": start + 10, "phases": {"loading": start + 20, "weights-loaded": start + 80},
+          "live_at": start + 100, "last_request_at": start + last,
+          "live": {"serving_s": serving, "counters_readable": True}, "ended_at": start + end_after,
+          "idle_stop_after_s": None, "died_at": None}
+    (d / "accounting.json").write_text(json.dumps(tl))
+    return d
+
+
+def fake_sacct(text: str, rc: int = 0, err: str = ""):
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, rc, text, err)
+
+    run.calls = calls
+    return run
+
+
+def test_parse_sacct_recorded_output():
+    jobs = {j.job_id: j for j in parse_sacct(SACCT)}
+    assert (jobs["1001"].gpus, jobs["1001"].elapsed_s, jobs["1001"].state) == (4, 2, "COMPLETED")
+    assert jobs["1000"].gpus is None  # no gres/gpu in AllocTRES: the lab before AccountingStorageTRES=gres/gpu
+    assert jobs["1002"].end is None and jobs["1002"].nodes == 2 and jobs["1003"].state == "CANCELLED"
+
+
+def test_report_joins_run_dirs_and_sacct(tmp_path):
+    start = datetime.fromisoformat("2026-12-02T18:27:11").timestamp()
+    record(tmp_path, "1001", start)
+    run = fake_sacct(SACCT)
+    rep = build_report([tmp_path], NOW - 86400, None, now=NOW, run=run, suggest_stop_s=600)
+    assert run.calls[0][:4] == ["sacct", "-X", "-P", "-n"] and "--name=serve-only" in run.calls[0]
+    assert "--allusers" in run.calls[0]
+    assert rep.slurm_accounting == "sacct"
+    assert [(j["job_id"], j["slurm_state"], j["user"]) for j in rep.jobs] == [("1001", "COMPLETED", "root")]
+    missing = {m["job_id"]: m for m in rep.missing}
+    assert sorted(missing) == ["1000", "1002", "1003"]
+    assert missing["1000"]["gpu_hours"] is None and missing["1003"]["gpu_hours"] == pytest.approx(4 * 60 / 3600, abs=1e-4)
+    g = rep.by_model[0]
+    assert g["model"] == "glm53" and g["allocated_gpu_hours"] == pytest.approx(8.0)
+    assert g["gpu_hours"]["idle_after_last_request"] == pytest.approx(8 * 3000 / 3600, abs=1e-3)
+    assert rep.largest_waste.startswith("glm53: 83% of 8.00 GPU-hours idle after the last request; "
+                                        "IDLE_STOP_AFTER_S=600 would have saved 5.33 GPU-hours")
+
+
+@pytest.mark.parametrize("user, want", [pytest.param("alice", [], id="other-user"),
+                                        pytest.param("root", ["1001"], id="owner")])
+def test_report_user_filter(tmp_path, user, want):
+    record(tmp_path, "1001", NOW - 7200)
+    run = fake_sacct(SACCT)
+    rep = build_report([tmp_path], NOW - 86400, user, now=NOW, run=run)
+    assert [j["job_id"] for j in rep.jobs] == want
+    assert f"--user={user}" in run.calls[0] and "--allusers" not in run.calls[0]
+
+
+def test_report_without_slurm_accounting_says_why(tmp_path):
+    record(tmp_path, "7", NOW - 7200)
+    record(tmp_path, "8", NOW - 30 * 86400)  # outside the window
+    rep = build_report([tmp_path], NOW - 86400, None, now=NOW,
+                       run=fake_sacct("", 1, "sacct: error: Slurm accounting storage is disabled\n"))
+    assert rep.slurm_accounting == "sacct: error: Slurm accounting storage is disabled"
+    assert [j["job_id"] for j in rep.jobs] == ["7"] and rep.missing == []
+
+
+@pytest.mark.parametrize("text, want", [
+    pytest.param("7d", NOW - 7 * 86400, id="days"), pytest.param("12h", NOW - 12 * 3600, id="hours"),
+    pytest.param("2026-12-01", datetime.fromisoformat("2026-12-01").timestamp(), id="date"),
+])
+def test_parse_since(text, want):
+    assert parse_since(text, NOW) == want
+
+
+def test_cli_report_json_and_chart(tmp_path):
+    root = tmp_path / "runs"
+    record(root, "5", NOW - 7200)
+    chart = tmp_path / "split.png"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.run([sys.executable, "-m", "envlayers", "report", "--since", "3650d", "--run-root", str(root),
+                           "--no-sacct", "--chart", str(chart)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Slurm accounting not available (not asked: --no-sacct)" in proc.stdout
+    assert "glm53: 1 run(s), 8.00 GPU-hours allocated" in proc.stdout and f"chart: {chart}" in proc.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
