@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import NamedTuple
-
 from .defaults import DEFAULT_EXPERIMENT
 from .envfile import Assignment, Origin
 from .errors import CatalogError
+from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
 
 SETUPS = Path("experiments") / "setups.yaml"
 LAYERS_DIR = Path("experiments") / "layers"
