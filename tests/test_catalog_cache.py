@@ -97,6 +97,7 @@ def test_layer_file_models_are_found_on_every_load(root):
     pytest.param("\udcff", id="not-utf8"),
     pytest.param(None, id="foreign-code"),
     pytest.param(2, id="another-format"),
+    pytest.param("fifo", id="a-fifo-does-not-block"),
     pytest.param("entries", id="text-and-code-right-entries-broken"),
 ])
 def test_a_broken_or_foreign_cache_is_ignored_and_replaced(root, monkeypatch, content):
@@ -106,6 +107,9 @@ def test_a_broken_or_foreign_cache_is_ignored_and_replaced(root, monkeypatch, co
     if content is None:
         data["code"] = "another envlayers|" + data["code"]
         path.write_text(json.dumps(data))
+    elif content == "fifo":
+        path.unlink()
+        os.mkfifo(path)
     elif content == 2:
         data["format"] = 2
         path.write_text(json.dumps(data))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from .defaults import DEFAULT_EXPERIMENT
 from .envfile import Assignment, Origin
 from .errors import CatalogError

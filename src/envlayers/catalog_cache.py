@@ -64,8 +64,13 @@ def read(setups: str, text: str):
         return None
     import json
 
+    import stat
+
     try:
-        with open(path, encoding="utf-8") as fh:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO put there must not block
+        with open(fd, encoding="utf-8") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             data = json.load(fh)
         if (type(data) is not dict or data.get("format") != FORMAT or data.get("text") != text
                 or data.get("code") != fingerprint()):

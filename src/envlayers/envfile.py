@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from .errors import LayerSyntaxError
 from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from . import catalog as cat
 from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file
 from .errors import StackError

@@ -108,8 +108,9 @@ def install(
         if status == "differs" and force and not link:
             status = "overwritten"
         if status in ("written", "overwritten"):
-            from ..fsutil import atomic_write  # here: tempfile is not imported by a dry run
             import socket
+
+            from ..fsutil import atomic_write  # here: a dry run does not import tempfile
 
             try:
                 atomic_write(path, text, mode=0o644,
