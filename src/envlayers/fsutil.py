@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import stat
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -56,6 +55,8 @@ def atomic_write(path: Path, text: str, mode: int | None = None, tmp_prefix: str
     path.parent.mkdir(parents=True, exist_ok=True)
     if tmp_prefix is None:
         _reap_stale_temps(path)
+    import tempfile  # here: a dry run imports this module for cache_dir, and writes nothing
+
     fd, tmp = tempfile.mkstemp(prefix=tmp_prefix or _temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         try:

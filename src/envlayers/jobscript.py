@@ -133,7 +133,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     from . import engines, topology
     from .layers import LaunchSources, load_env
     from .shell import render
-    from .slurm import parse_duration
+    from .durations import parse_duration  # not .slurm: a dry run does not need subprocess
 
     environ = os.environ if environ is None else environ
     target = f"{experiment}:{model}"

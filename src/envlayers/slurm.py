@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
+from .durations import parse_duration  # Slurm's duration format, a module of its own (start-up); slurm's API
 from .errors import SlurmError
 
 __all__ = [
@@ -57,41 +58,6 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout_s: float = 30)
     except subprocess.TimeoutExpired:
         raise SlurmError(f"`{' '.join(argv)}` did not answer within {timeout_s:g}s",
                          hint="slurmctld may be down or overloaded; `scontrol ping` says which") from None
-
-
-# --------------------------------------------------------------------------------- durations
-
-_NO_LIMIT = frozenset({"", "UNLIMITED", "NOT_SET", "INVALID", "INFINITE", "N/A", "NONE", "PARTITION_LIMIT",
-                       "(NULL)"})
-_DURATION_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
-
-
-def parse_duration(text: str | None) -> int | None:
-    """Seconds in a Slurm duration, or ``None`` for no limit / not a duration.
-
-    Forms (as Slurm prints and accepts them): ``D-HH:MM:SS``, ``D-HH:MM``, ``D-HH``, ``HH:MM:SS``,
-    ``MM:SS``, and a bare number of minutes (``sacct -c`` prints ``Timelimit`` that way).
-    ``UNLIMITED``, ``NOT_SET``, ``INVALID``, ``INFINITE``, ``N/A`` and anything else -> ``None``.
-    """
-    if text is None:
-        return None
-    text = text.strip()
-    if text.upper() in _NO_LIMIT:
-        return None
-    m = _DURATION_RE.match(text)
-    if not m:
-        return None
-    parts = [int(p) for p in m.group("rest").split(":")]
-    days = m.group("d")
-    if days is not None:
-        # after "D-": hours, hours:minutes, or hours:minutes:seconds
-        h, mi, s = (parts + [0, 0])[:3]
-        return int(days) * 86400 + h * 3600 + mi * 60 + s
-    if len(parts) == 1:
-        return parts[0] * 60  # bare minutes
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 # --------------------------------------------------------------------------------- job records

@@ -24,9 +24,12 @@ must start fast (docs/layers.md).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
 
 from .errors import EnvLayersError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI must start fast
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 MAX_DEPTH = 64  # the project's files nest 6 deep at most
 MAX_MESSAGE = 600  # characters of one error message (and of its hint)
@@ -250,6 +253,13 @@ def _syntax_error(text: str, file: str, error: type[EnvLayersError], err: Except
 def read(path: str | Path, file: str, error: type[EnvLayersError],
          missing_hint: str = "pass --root DIR, or create it") -> Doc:
     """Read and compose the YAML file ``path``; ``file`` is how errors name it."""
+    return parse(read_text(path, file, error, missing_hint), file, error)
+
+
+def read_text(path: str | Path, file: str, error: type[EnvLayersError],
+              missing_hint: str = "pass --root DIR, or create it") -> str:
+    """The text of the YAML file ``path``, with :func:`read`'s checks (a regular, bounded, UTF-8 file),
+    not yet parsed: a caller with a parse cache keyed by the text (the catalog's) starts here."""
     import os
     import stat
 
@@ -284,4 +294,4 @@ def read(path: str | Path, file: str, error: type[EnvLayersError],
                     where=f"{file}:{line}", hint="save the file as UTF-8") from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    return parse(text, file, error)
+    return text

@@ -7,16 +7,13 @@ interrupted install left behind. Nothing is written before the whole catalog val
 
 from __future__ import annotations
 
-import difflib
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import EdfError
-from ..fsutil import atomic_write
 from .images import _image_state, fetch_command
 from .render import _document, written_by_envlayers
 from .schema import VARIANTS, load_catalog
@@ -111,6 +108,10 @@ def install(
         if status == "differs" and force and not link:
             status = "overwritten"
         if status in ("written", "overwritten"):
+            import socket
+
+            from ..fsutil import atomic_write  # here: a dry run does not import tempfile
+
             try:
                 atomic_write(path, text, mode=0o644,
                              tmp_prefix=f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{path.name}.")
@@ -180,6 +181,8 @@ def _classify(path: Path, text: str) -> tuple[str, str | None, str | None]:
 
 
 def _diff(current: str, new: str, path: Path) -> str:
+    import difflib
+
     return "".join(
         difflib.unified_diff(
             current.splitlines(keepends=True),
@@ -194,6 +197,8 @@ def _remove_stale_temps(dest: Path, *, max_age_s: float = 86400.0) -> None:
     """Remove temporary files an interrupted install left: ours (by prefix), from this host with
     a process that is gone, or older than a day. The CE never reads them (they do not end in
     .toml), this only keeps the folder tidy."""
+    import socket
+
     host = socket.gethostname()
     now = time.time()
     for tmp in dest.glob(f"{_TMP_PREFIX}*.tmp"):

@@ -9,7 +9,6 @@ is how ``install`` recognises a file it wrote and that nobody edited since.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -100,6 +99,8 @@ def _nest(flat: dict[str, str]) -> dict[str, Any]:
 
 
 def _document(src: RoleSource, variant: str) -> str:
+    import hashlib
+
     import tomli_w
 
     body = tomli_w.dumps(_edf_data(src, variant))
@@ -118,5 +119,7 @@ def written_by_envlayers(text: str) -> bool | None:
     m = _HEADER_RE.match(text)
     if not m:
         return None
+    import hashlib
+
     body = text[m.end():]
     return hashlib.sha256(body.encode("utf-8")).hexdigest() == m.group(1)

@@ -20,7 +20,6 @@ line and the key path. :func:`load_catalog` gives every source, validated, by ro
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +142,8 @@ def source(role: str, root: Path) -> RoleSource:
     """The validated source of ``role``; an unknown role is an error with the near names."""
     catalog = load_catalog(root)
     if role not in catalog:
+        import difflib
+
         close = difflib.get_close_matches(role, catalog, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise EdfError(
@@ -302,6 +303,8 @@ def _annotations(check: _Checker, path: tuple, value: Any) -> dict[str, str]:
     for key, item in table.items():
         kpath = path + (key,)
         if key not in _ANNOTATIONS:
+            import difflib
+
             close = difflib.get_close_matches(key, _ANNOTATIONS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             check.fail(kpath, "unknown annotation", hint=f"{hint}known: {', '.join(_ANNOTATIONS)}")
@@ -336,6 +339,8 @@ def _no_unknown_keys(check: _Checker, path: tuple, table: dict, known: tuple[str
         if not isinstance(key, str):
             check.fail(path, f"key {_clip(key)} is not a string", hint="quote it")
         if key not in known:
+            import difflib
+
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             check.fail(path + (key,), "unknown key", hint=f"{hint}{what}: {', '.join(known)}")

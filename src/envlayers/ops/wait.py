@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 from .. import rundir
 from ..errors import EnvLayersError
 from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, TrackedJob, find_job, since
-from .progress import LOG_FIRST_READ, RankProgress, RunPhases, run_total, serving_ranks
+from .progress import RankProgress, RunPhases, run_total, serving_ranks
 from .watch import Clock, JobWatcher
 
 FILE_STEP_S = 0.25  # files are looked at at least this often
