@@ -116,6 +116,7 @@ class Launcher:
         self.restart = restart_count(self.environ)
         self.proc: subprocess.Popen | None = None
         self.supervisor = None
+        self.survivors = None  # launch.replicas.Survivors (replicas shape)
         self.t0 = time.monotonic()
 
     @property
@@ -130,13 +131,27 @@ class Launcher:
         key_file = self.keys.get("SERVER_API_KEY_FILE")
         api_key = read_api_key(key_file) if key_file else None
         lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
+        from .health import health_settings
+        from .replicas import min_replicas
+
+        self.health = health_settings(self.keys)  # bad values stop the launch before srun
+        self.min_replicas = min_replicas(self.keys, lp.plan.replicas)
         for line in lp.lines:
             say(line)
         for name, text in lp.files.items():
             atomic_write(self.run_dir / name, text)
         self.start(lp, api_key)
+        # issue 13: replicas that survive a peer, and the /health watch once live
+        from .health import HealthWatch, health_url
+        from .replicas import Survivors, release_node, survives
+
+        health = HealthWatch({t.rank: health_url(t.probe_url) for t in lp.targets}, self.health)
+        if survives(lp):
+            self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
+                                       release=lambda keep: release_node(lp.job_id, keep, self.run_dir))
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
-                                     api_key=api_key, t0=self.t0)
+                                     api_key=api_key, t0=self.t0, survivors=self.survivors,
+                                     health=health if health.enabled else None)
         self.supervisor.run()
 
     def start(self, lp: LaunchPlan, api_key: str | None) -> None:
@@ -145,7 +160,12 @@ class Launcher:
         child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
         if api_key:
             child_env["SERVER_API_KEY"] = api_key
-        self.proc = subprocess.Popen(list(lp.srun), env=child_env, start_new_session=True)
+        from .replicas import ReplicaSteps, survives
+
+        if survives(lp):  # issue 13: one step per replica, so one can end alone
+            self.proc = ReplicaSteps(lp, child_env)
+        else:
+            self.proc = subprocess.Popen(list(lp.srun), env=child_env, start_new_session=True)
 
     def on_live(self, lp: LaunchPlan, elapsed: float) -> None:
         from ..readiness import Endpoint
@@ -159,8 +179,13 @@ class Launcher:
         say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
         sys.stdout.write(ep.block())
         sys.stdout.flush()
+        if self.survivors is not None:
+            self.survivors.went_live(data)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
+            self.proc.stop(sig, grace_s)
+            return
         if self.proc is None or self.proc.poll() is not None:
             return
         try:

@@ -35,7 +35,7 @@ class Supervisor:
     def __init__(self, lp: LaunchPlan, step: Step, *, probe: Callable, on_live: Callable[[float], None],
                  say: Callable[[str], None], api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 t0: float | None = None):
+                 t0: float | None = None, survivors=None, health=None):
         self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
         self.t0 = clock() if t0 is None else t0
@@ -44,6 +44,9 @@ class Supervisor:
         self.live = False
         self.ready: set[int] = set()
         self.last_probe: dict[int, str] = {}
+        # issue 13 hooks: launch.replicas.Survivors (a replica may die alone once live) and
+        # launch.health.HealthWatch (a serving rank that stops answering /health once live)
+        self.survivors, self.health = survivors, health
 
     @property
     def run_dir(self) -> Path:
@@ -75,6 +78,12 @@ class Supervisor:
             except FileNotFoundError:
                 continue
         if not exits:
+            return
+        if self.live and self.survivors is not None:  # replicas: one exit is not the job's end
+            for _, _, rank, code in sorted(exits, key=lambda e: e[2]):
+                self.survivors.lost(rank, f"exited with code {code} after the endpoint was live")
+                if self.health is not None:
+                    self.health.forget(rank)
             return
         now = self.clock()
         if self.first_exit_at is None:
@@ -110,6 +119,8 @@ class Supervisor:
                     self.ready.add(t.rank)
         if len(self.ready) == len(targets):
             self.live = True
+            if self.health is not None:
+                self.health.start()
             self.on_live(elapsed)
         elif elapsed > self.lp.budget_s:
             waiting = sorted(set(self.last_probe) - self.ready)
@@ -136,4 +147,15 @@ class Supervisor:
             if not self.live and now >= next_probe:
                 next_probe = now + PROBE_EVERY_S
                 self.probe_once(elapsed)
+            if self.live and self.health is not None:
+                self.check_health()
             self.sleep(POLL_S)
+
+    def check_health(self) -> None:
+        """A serving rank silent for HEALTH_FAIL_AFTER_S: a lost replica, or the end of the job."""
+        for rank, seen in self.health.tick():
+            if self.survivors is not None:
+                self.survivors.lost(rank, f"stopped answering /health after the endpoint was live: {seen}")
+            else:
+                raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} stopped answering /health after "
+                                    f"the endpoint was live: {seen}", rank=rank)
