@@ -83,6 +83,8 @@ def test_ranks_sh_takes_the_rank_from_envlayers_rank(tmp_path):
     pytest.param([(0, "")], None, 1, id="done"),
     pytest.param([(1, "Job update not available right now, the DB index is being set, try again in a bit"),
                   (0, "")], None, 2, id="db-index-retried"),
+    pytest.param([(1, "slurm_update error: try again in a bit")] * 3, "slurm_update error: try again in a bit", 3,
+                 id="db-index-never-set"),
     pytest.param([(1, "slurm_update error: Invalid node name specified")], "slurm_update error: Invalid node name "
                  "specified", 1, id="refused-said"),
 ])
@@ -121,7 +123,8 @@ def replicas_loop(tmp_path, clock, *, minimum=1, health=None, said=None):
         released.append(list(keep))
         return None
 
-    surv = Survivors(lp, steps, minimum, say=said.append, tail=lambda p: ["last words"], release=release)
+    surv = Survivors(lp, steps, minimum, say=said.append, tail=lambda p: ["last words"], release=release,
+                     background=lambda fn: fn())
 
     def probe(url, served, key, timeout_s):
         return Probe(url, True, 200, "ok")

@@ -1503,8 +1503,10 @@ def _sleep(seconds: float) -> None:
 
 
 def _forever() -> None:
+    # not signal.pause(): the kernel may hand a signal to a server thread, and Python runs its handler
+    # only once the main thread wakes; a short sleep bounds that delay (SIGUSR1, SIGTERM)
     while True:
-        signal.pause() if hasattr(signal, "pause") else time.sleep(3600)
+        time.sleep(0.2)
 
 
 def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rejected, env) -> None:

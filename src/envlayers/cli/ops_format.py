@@ -151,7 +151,8 @@ def endpoint_block(result: "WaitResult") -> str:
 
     data = dict(result.endpoint or {})
     try:
-        return Endpoint.from_json(json.dumps(data)).block()
+        text = Endpoint.from_json(json.dumps(data)).block()
+        return text + "".join(f"{label}: {said}\n" for label, said in replica_lines(data))  # replicas alive
     except (TypeError, ValueError, KeyError, IndexError):
         if result.report.endpoint_block:
             return result.report.endpoint_block
@@ -290,6 +291,7 @@ def format_record(rec: dict) -> str:
         bases = ep.get("base_urls") or [ep.get("base_url")]
         for base in bases:
             lines.append(f"  endpoint:   {base}")
+        lines += [f"  {label + ':':<11} {said}" for label, said in replica_lines(ep)]
         for p in rec["probes"]:
             lines.append(f"  probe:      {p['url']}: {'answers' if p['answers'] else 'no answer'} ({p['detail']})")
         if ep.get("curl") and rec["state"] in ("RUNNING",):
@@ -304,6 +306,22 @@ def format_record(rec: dict) -> str:
     for run in rec.get("earlier_runs", []):
         lines.append(f"  earlier:    {_run_line(run)}")
     return "\n".join(lines) + "\n"
+
+
+def replica_lines(ep: dict) -> list[tuple[str, str]]:
+    """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica."""
+    from ..launch.replicas import replica_rows
+
+    rows = replica_rows(ep)
+    if not rows:
+        return []
+    alive = [r for r in rows if r.get("alive")]
+    out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
+        f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "
+        f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
+    out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
+            for r in rows if not r.get("alive")]
+    return out
 
 
 def _run_line(run: dict) -> str:

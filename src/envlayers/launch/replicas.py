@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from ..fsutil import atomic_write
 from .prepare import LaunchFailure, LaunchPlan, int_key
 
 DEFAULT_MIN_REPLICAS = 1
-RESIZE_TRIES = 5
+RESIZE_TRIES = 3
 
 
 def survives(lp: LaunchPlan) -> bool:
@@ -123,11 +124,13 @@ def _stop(proc, sig, grace_s: float, already_sent: bool = False) -> int | None:
 def release_node(job_id: str, keep: Sequence[str], run_dir: Path, run: Callable | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> str | None:
     """Shrink the running job to the nodes in ``keep`` (``scontrol update JobId=J NodeList=...``);
-    ``None`` when done, else what Slurm said. Slurm answers "the DB index is being set, try again"
-    for a while after a job starts or changes: that is retried. Runs in the run directory, where
-    scontrol leaves its ``slurm_job_<id>_resize.sh`` scripts."""
+    ``None`` when done, else what Slurm said. After a job starts or changes size slurmctld refuses
+    updates until the accounting database has given the job a new index ("the DB index is being
+    set, try again in a bit"; each refusal takes slurmctld 5s): that is retried a few times. Without
+    accounting storage (``AccountingStorageType=accounting_storage/none``) the index never comes, so
+    a job shrinks once. Runs in the run directory, where scontrol leaves its resize scripts."""
     if run is None:
-        run = lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=run_dir)  # noqa: E731
+        run = lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=run_dir)  # noqa: E731
     said = "?"
     for attempt in range(RESIZE_TRIES):
         try:
@@ -136,11 +139,12 @@ def release_node(job_id: str, keep: Sequence[str], run_dir: Path, run: Callable 
             return f"scontrol failed: {err}"
         if proc.returncode == 0:
             return None
-        said = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        said = said[0]
+        lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+        said = lines[-1] if lines else f"scontrol exit {proc.returncode}"
         if "try again" not in said:
             break
-        sleep(1.0 + attempt)
+        if attempt + 1 < RESIZE_TRIES:
+            sleep(2.0)
     return said
 
 
@@ -149,9 +153,12 @@ class Survivors:
 
     def __init__(self, lp: LaunchPlan, steps, minimum: int, *, say: Callable[[str], None],
                  tail: Callable[[Path], list[str]], release: Callable[[Sequence[str]], str | None],
-                 write: Callable[[Path, str], None] = atomic_write):
+                 write: Callable[[Path, str], None] = atomic_write, background: Callable | None = None):
         self.lp, self.steps, self.minimum, self.say, self.tail = lp, steps, minimum, say, tail
         self.release, self.write = release, write
+        # giving a node back waits on slurmctld (up to ~20s): by default in a thread, off the loop
+        self.background = background or (lambda fn: threading.Thread(target=fn, daemon=True).start())
+        self.lock = threading.Lock()
         self.dead: dict[int, str] = {}
         self.endpoint: dict | None = None
 
@@ -198,8 +205,12 @@ class Survivors:
         if rank == 0:
             self.say(f"ENVLAYERS-STAGE: node {node} stays in the job: the launcher runs there")
             return
-        keep = [self.lp.nodes[0].name] + [self.lp.nodes[r].name for r in self.alive if r != 0]
-        said = self.release(keep)
+        self.background(lambda: self._release(node))
+
+    def _release(self, node: str) -> None:
+        with self.lock:  # one resize at a time; each asks for the replicas alive at that moment
+            keep = [self.lp.nodes[0].name] + [self.lp.nodes[r].name for r in self.alive if r != 0]
+            said = self.release(keep)
         if said is None:
             self.say(f"ENVLAYERS-STAGE: node {node} released back to Slurm (the job now holds "
                      f"{', '.join(keep)}; no longer billed for {node})")
