@@ -292,3 +292,33 @@ def test_get_health_on_real_http_healthy_refused_and_silent():
         server.server_close()
     ok, seen = get_health(f"http://127.0.0.1:{server.server_port}/health", 1)
     assert not ok and seen.startswith("no answer: ") and "refused" in seen
+
+
+# --------------------------------------------------------------------------- status and wait
+
+
+EP = {"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "min_replicas": 1,
+      "replicas": [{"rank": 0, "node": "n1", "alive": True, "ended": None},
+                   {"rank": 1, "node": "n2", "alive": True, "ended": None},
+                   {"rank": 2, "node": "n3", "alive": False, "ended": "exited with code 137 after the endpoint was live"}]}
+
+
+@pytest.mark.parametrize("exits, ending", [
+    pytest.param({2: 137}, False, id="dropped-replica-still-live"),
+    pytest.param({1: 137}, True, id="an-exit-not-yet-dropped-is-the-end"),
+    pytest.param({}, False, id="no-exit"),
+])
+def test_wait_counts_a_dropped_replicas_exit_as_live(exits, ending):
+    from envlayers.ops.wait import _ending
+
+    assert _ending(exits, EP) is ending
+    assert _ending({0: 1}, {"base_urls": ["x"]}) is True  # no replicas list: any exit is the end
+
+
+def test_status_and_wait_show_which_replicas_are_alive():
+    from envlayers.cli.ops_format import replica_lines
+
+    assert replica_lines(EP) == [
+        ("replicas", "2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1"),
+        ("dropped", "rank 2 on n3: exited with code 137 after the endpoint was live")]
+    assert replica_lines({"base_urls": ["x"]}) == [] and replica_lines({"replicas": "junk"}) == []
