@@ -322,3 +322,77 @@ def test_status_and_wait_show_which_replicas_are_alive():
         ("replicas", "2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1"),
         ("dropped", "rank 2 on n3: exited with code 137 after the endpoint was live")]
     assert replica_lines({"base_urls": ["x"]}) == [] and replica_lines({"replicas": "junk"}) == []
+
+
+# --------------------------------------------------------------------------- successors
+
+
+@pytest.mark.parametrize("limit, startup, minutes", [
+    pytest.param(4 * 3600, 300, 228, id="4h-limit-5min-startup"),
+    pytest.param(180, 2, 0, id="lab-3min"),
+    pytest.param(300, 2, 2, id="lab-5min"),
+    pytest.param(60, 30, 0, id="never-negative"),
+])
+def test_the_successor_starts_a_lead_before_the_limit(limit, startup, minutes):
+    from envlayers.launch.successor import dependency
+
+    assert dependency("41", limit, startup) == (f"after:41+{minutes}", minutes)
+
+
+@pytest.mark.parametrize("keys, environ, left", [
+    pytest.param({"SUCCESSORS": "2"}, {}, 2, id="first-job"),
+    pytest.param({"SUCCESSORS": "2"}, {"ENVLAYERS_CHAIN_LEFT": "1"}, 1, id="a-successor"),
+    pytest.param({}, {}, 0, id="off"),
+])
+def test_chain_left(keys, environ, left):
+    from envlayers.launch.successor import chain_left
+
+    assert chain_left(keys, environ) == left
+
+
+def test_a_bad_successors_value_names_the_key():
+    from envlayers.launch.successor import chain_left
+
+    with pytest.raises(LaunchFailure, match="SUCCESSORS='two': not a whole number"):
+        chain_left({"SUCCESSORS": "two"}, {})
+
+
+def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
+    from envlayers.launch.successor import Chain, HandedOver, chain_of
+
+    clock, said, calls = Clock(), [], []
+    run_dir = tmp_path / "41"
+    run_dir.mkdir()
+
+    def run(argv, env):
+        calls.append((argv, env["ENVLAYERS_CHAIN_LEFT"], env["ENVLAYERS_PREDECESSOR"], "SLURM_JOB_ID" in env))
+        return subprocess.CompletedProcess(argv, 0, "57\n", "")
+
+    chain = Chain("41", run_dir, 2, 30, say=said.append, environ={"SLURM_JOB_ID": "41", "SLURM_CONF": "/c"},
+                  clock=clock, run=run, limit_s=lambda job: 600)
+    chain.tick()  # nothing submitted yet: nothing to do
+    chain.went_live(10.0)
+    assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", str(run_dir / "job.sh")],
+                      "1", "41", False)]
+    assert chain_of(run_dir) == {"predecessor": None, "successor": "57", "dependency": "after:41+7", "left": 2}
+    chain.tick()  # the successor is not live yet
+    (tmp_path / "57").mkdir()
+    (tmp_path / "57" / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"]}))
+    chain.tick()
+    assert said[-1] == "ENVLAYERS-STAGE: successor job 57 is live at http://n2:8000/v1; this job drains for 30s and ends"
+    clock.sleep(29)
+    chain.tick()
+    clock.sleep(1)
+    with pytest.raises(HandedOver, match="handed over to successor job 57"):
+        chain.tick()
+
+
+def test_the_last_link_submits_nothing(tmp_path):
+    from envlayers.launch.successor import Chain, chain_of
+
+    said = []
+    chain = Chain("57", tmp_path, 0, 30, say=said.append, environ={"ENVLAYERS_PREDECESSOR": "41"},
+                  run=lambda argv, env: pytest.fail("submitted"), limit_s=lambda job: 600)
+    chain.went_live(3.0)
+    assert said == ["ENVLAYERS-STAGE: last job of the chain (after job 41): no successor"]
+    assert chain_of(tmp_path)["predecessor"] == "41"

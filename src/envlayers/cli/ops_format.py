@@ -303,6 +303,16 @@ def format_record(rec: dict) -> str:
     for e in la["errors"]:
         if not TAIL_HEADER_RE.match(e):  # "last 20 lines of ...:" introduces the tail, it says nothing
             lines.append(f"  error:      {e}")
+    chain = rec.get("chain")
+    if chain:
+        bits = [f"after job {chain['predecessor']}" if chain.get("predecessor") else "first job"]
+        if chain.get("successor"):
+            bits.append(f"successor job {chain['successor']} ({chain.get('dependency')})")
+        elif chain.get("left"):
+            bits.append(f"{chain['left']} successor(s) to submit once live")
+        else:
+            bits.append("last job, no successor")
+        lines.append("  chain:      " + "; ".join(bits))
     for run in rec.get("earlier_runs", []):
         lines.append(f"  earlier:    {_run_line(run)}")
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..fsutil import atomic_write
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
+from .successor import HandedOver
 
 TAIL_LINES = 20
 
@@ -117,6 +118,7 @@ class Launcher:
         self.proc: subprocess.Popen | None = None
         self.supervisor = None
         self.survivors = None  # launch.replicas.Survivors (replicas shape)
+        self.chain = None  # launch.successor.Chain (SUCCESSORS)
         self.t0 = time.monotonic()
 
     @property
@@ -149,9 +151,15 @@ class Launcher:
         if survives(lp):
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir))
+        from .successor import DEFAULT_DRAIN_S, Chain, _whole, chain_left
+
+        left = chain_left(self.keys, self.environ)
+        if left or self.environ.get("ENVLAYERS_PREDECESSOR"):
+            drain = _whole(self.keys, "SUCCESSOR_DRAIN_S", DEFAULT_DRAIN_S, "seconds the old job serves on")
+            self.chain = Chain(lp.job_id, self.run_dir, left, drain, say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, survivors=self.survivors,
-                                     health=health if health.enabled else None)
+                                     health=health if health.enabled else None, successor=self.chain)
         self.supervisor.run()
 
     def start(self, lp: LaunchPlan, api_key: str | None) -> None:
@@ -181,6 +189,8 @@ class Launcher:
         sys.stdout.flush()
         if self.survivors is not None:
             self.survivors.went_live(data)
+        if self.chain is not None:
+            self.chain.went_live(elapsed)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
         if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
@@ -226,6 +236,9 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         code = 128 + term.signum
         reason = (f"live then signal {term.signum}" if launch.live
                   else f"signal {term.signum} before the endpoint was live")
+    except HandedOver as done:  # SUCCESSORS: the successor is live, this link of the chain ends
+        say(f"ENVLAYERS-STAGE: {done}; ending job {launch.job_id}")
+        code, reason = 0, str(done)
     except LaunchFailure as err:
         for line in err.lines:
             say(line)

@@ -35,7 +35,7 @@ class Supervisor:
     def __init__(self, lp: LaunchPlan, step: Step, *, probe: Callable, on_live: Callable[[float], None],
                  say: Callable[[str], None], api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 t0: float | None = None, survivors=None, health=None):
+                 t0: float | None = None, survivors=None, health=None, successor=None):
         self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
         self.t0 = clock() if t0 is None else t0
@@ -45,8 +45,9 @@ class Supervisor:
         self.ready: set[int] = set()
         self.last_probe: dict[int, str] = {}
         # issue 13 hooks: launch.replicas.Survivors (a replica may die alone once live) and
-        # launch.health.HealthWatch (a serving rank that stops answering /health once live)
-        self.survivors, self.health = survivors, health
+        # launch.health.HealthWatch (a serving rank that stops answering /health once live),
+        # launch.successor.Chain (hands over to a successor job once that one is live)
+        self.survivors, self.health, self.successor = survivors, health, successor
 
     @property
     def run_dir(self) -> Path:
@@ -149,6 +150,8 @@ class Supervisor:
                 self.probe_once(elapsed)
             if self.live and self.health is not None:
                 self.check_health()
+            if self.live and self.successor is not None:
+                self.successor.tick()  # raises HandedOver once the successor is live and drained
             self.sleep(POLL_S)
 
     def check_health(self) -> None:

@@ -141,4 +141,11 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "endpoint": data,
         "probes": probes,
         "earlier_runs": earlier_runs(job),
+        "chain": _chain(files.run_dir),
     }
+
+
+def _chain(run_dir) -> dict | None:
+    from ..launch.successor import chain_of
+
+    return chain_of(run_dir)
