@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 import pytest
+from labtools import TERMINAL_STATES
 from test_serve_e2e import BANNER, Run
 
 pytestmark = pytest.mark.slurm
@@ -111,3 +112,67 @@ def test_a_hung_single_server_ends_its_job(netns_lab, tmp_path):
     assert "[standin] SIGUSR1: hung" in (run.run_dir / "server-0.log").read_text()
     assert 6 <= took <= 40, took
     run.assert_nothing_left()
+
+
+def _answers(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}:8000/v1/models", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _finished(lab, job: str) -> bool:
+    info = lab.job_info(job)
+    return info is None or info.get("JobState") in TERMINAL_STATES
+
+
+def test_a_chain_of_successors_hands_over_twice_without_a_gap(netns_lab, tmp_path):
+    # a 4 min limit: each successor is timed to start 1 min after its predecessor started
+    run = Run(netns_lab, tmp_path, layer="SUCCESSORS=2\nSUCCESSOR_DRAIN_S=5\n", SERVE_TIME="00:04:00")
+    first = run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    root = run.run_dir.parent
+    chain, served_by, gap, longest, t0 = [first], {}, None, 0.0, time.monotonic()
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        # follow the chain through chain.json; ask every job's recorded address
+        rec = root / chain[-1] / "chain.json"
+        if rec.exists():
+            succ = json.loads(rec.read_text()).get("successor")
+            if succ and succ not in chain:
+                chain.append(succ)
+                netns_lab._submitted.append(succ)
+        up = []
+        for job in chain:
+            ep = root / job / "endpoint.json"
+            if ep.exists() and _answers(json.loads(ep.read_text())["addresses"][0]):
+                up.append(job)
+                served_by.setdefault(job, time.monotonic() - t0)
+        now = time.monotonic()
+        if up:
+            if gap is not None:
+                longest = max(longest, now - gap)
+            gap = None
+        elif gap is None:
+            gap = now
+        # (a job that ended may share its node, and so its address, with a later one: ask Slurm)
+        if len(chain) == 3 and chain[-1] in up and all(_finished(netns_lab, j) for j in chain[:-1]):
+            break
+        time.sleep(0.5)
+    assert len(chain) == 3, chain
+    states = [netns_lab.wait_job(j, timeout_s=5) for j in chain[:-1]]
+    assert states == ["COMPLETED", "COMPLETED"], states
+    for job, nxt in zip(chain, chain[1:]):
+        out = (tmp_path / f"serve-only-{job}.out").read_text()
+        assert re.search(rf"^ENVLAYERS-STAGE: successor job {nxt} submitted \(after:{job}\+1: starts 1 min after this "
+                         r"job started, \d more after it\); this job ends once it is live$", out, re.M), out
+        assert f"ENVLAYERS-STAGE: handed over to successor job {nxt}; ending job {job}" in out
+    last = (tmp_path / f"serve-only-{chain[-1]}.out").read_text()
+    assert f"ENVLAYERS-STAGE: last job of the chain (after job {chain[1]}): no successor" in last
+    shown = subprocess.run([sys.executable, "-m", "envlayers", "status", chain[1]], cwd=tmp_path, env=run.env,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert f"  chain:      after job {chain[0]}; successor job {chain[2]} (after:{chain[1]}+1)" in shown
+    print(f"chain {chain}: first answered at {served_by} s; longest time with no job answering: {longest:.1f}s")
+    assert longest == 0.0
+    netns_lab.cancel(chain[-1])
