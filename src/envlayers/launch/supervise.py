@@ -6,6 +6,10 @@ rank-start budget, or a readiness budget spent raises :class:`LaunchFailure`, na
 blame: the one that failed first, not one that srun stopped because of it. Once every readiness
 target answers, ``on_live`` is called once and the loop keeps watching until a signal ends it.
 
+Once live it also ticks the optional hooks: ``survivors`` (launch.replicas: a replica's exit drops
+that replica instead of ending the job), ``health`` (launch.health: a rank silent on ``/health``) and
+``successor`` (launch.successor: the handover to a successor job).
+
 The clock, the sleep, the probe and the step are injected, so the loop runs in tests without
 Slurm, root or real time.
 """
