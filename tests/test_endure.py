@@ -7,7 +7,6 @@ import json
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -70,13 +69,17 @@ def test_each_replica_gets_its_own_one_node_step(tmp_path):
     assert started_with == [("--nodelist=n1", "0", "1"), ("--nodelist=n2", "1", "1"), ("--nodelist=n3", "2", "1")]
 
 
-def test_ranks_sh_takes_the_rank_from_envlayers_rank(tmp_path):
+@pytest.mark.parametrize("env, rank", [
+    pytest.param({"SLURM_PROCID": "0", "ENVLAYERS_RANK": "2"}, 2, id="replica-step-told-its-rank"),
+    pytest.param({"SLURM_PROCID": "1"}, 1, id="one-step-for-all-ranks"),
+])
+def test_ranks_sh_takes_the_rank_from_envlayers_rank(tmp_path, env, rank):
     lp = prepare(REPLICAS, alloc(tmp_path, nodes=NODES3))
     script = tmp_path / "ranks.sh"
-    script.write_text(lp.files["ranks.sh"].replace('"$@" &', 'echo "$rank"; exit 0 &'))
-    out = subprocess.run(["bash", str(script)], env={"SLURM_PROCID": "0", "ENVLAYERS_RANK": "2", "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=10)
-    assert "ENVLAYERS-STAGE: rank 2 up on" in (tmp_path / "server-2.log").read_text()
+    script.write_text(lp.files["ranks.sh"].replace('"$@" &', 'true &'))
+    subprocess.run(["bash", str(script)], env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=10)
+    assert f"ENVLAYERS-STAGE: rank {rank} up on" in (tmp_path / f"server-{rank}.log").read_text()
+    assert (tmp_path / f"rank-{rank}.exit").read_text() == "0\n"
 
 
 @pytest.mark.parametrize("answers, want, tries", [

@@ -134,10 +134,10 @@ class Launcher:
         api_key = read_api_key(key_file) if key_file else None
         lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         from .health import health_settings
-        from .replicas import min_replicas
+        from .replicas import min_replicas, survives
 
         self.health = health_settings(self.keys)  # bad values stop the launch before srun
-        self.min_replicas = min_replicas(self.keys, lp.plan.replicas)
+        self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1
         for line in lp.lines:
             say(line)
         for name, text in lp.files.items():

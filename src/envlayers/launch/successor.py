@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..fsutil import atomic_write
-from .prepare import LaunchFailure
 
 QUEUE_MARGIN_S = 120
 DEFAULT_DRAIN_S = 60
@@ -34,6 +33,8 @@ class HandedOver(Exception):
 
 
 def _whole(keys: Mapping[str, str], key: str, default: int, hint: str) -> int:
+    from .prepare import LaunchFailure
+
     raw = (keys.get(key) or "").strip()
     if not raw:
         return default
