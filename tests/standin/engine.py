@@ -1197,6 +1197,7 @@ class State:
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "in_flight": 0}
         self.started = int(time.time())
         self.gate = GateKnobs({})  # run() sets the process's own
+        self.hung = False  # SIGUSR1: a hung server (install_hang_signal)
 
 
 def _words(text: str) -> list[str]:
@@ -1265,6 +1266,8 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
         st = self.st
+        if st.hung:
+            return _hang_forever()
         if st.dummy:
             if method == "GET" and path in ("/health", "/health_generate", "/ping"):
                 return self._send(200, b"", "text/plain")
@@ -1538,14 +1541,32 @@ def _on_signal(signum, frame) -> None:
     _exit_now(0)
 
 
+def install_hang_signal(state: "State") -> None:
+    """SIGUSR1 turns the server into a hung one (a deadlocked collective, a stuck scheduler): the
+    process lives and the socket still accepts connections, but no request (``/health`` and the API
+    alike) is ever answered. Only SIGTERM/SIGINT end it."""
+    def on_usr1(signum, frame) -> None:
+        state.hung = True
+        state.log.raw("[standin] SIGUSR1: hung, no request is answered from now on\n")
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+
+
+def _hang_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
 def _sleep(seconds: float) -> None:
     if seconds > 0:
         time.sleep(seconds)
 
 
 def _forever() -> None:
+    # not signal.pause(): the kernel may hand a signal to a server thread, and Python runs its handler
+    # only once the main thread wakes; a short sleep bounds that delay (SIGUSR1, SIGTERM)
     while True:
-        signal.pause() if hasattr(signal, "pause") else time.sleep(3600)
+        time.sleep(0.2)
 
 
 def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rejected, env) -> None:
@@ -1645,6 +1666,7 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
     script = SGLangScript(cfg, log, knobs) if engine == "sglang" else VLLMScript(cfg, log, knobs)
     applies = knobs.applies(cfg.rank)
     state = State(cfg, log, knobs)
+    install_hang_signal(state)
     state.gate = gate
 
     server = None

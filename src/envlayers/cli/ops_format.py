@@ -179,7 +179,8 @@ def endpoint_block(result: "WaitResult") -> str:
 
     data = dict(result.endpoint or {})
     try:
-        return Endpoint.from_json(json.dumps(data)).block()
+        text = Endpoint.from_json(json.dumps(data)).block()
+        return text + "".join(f"{label}: {said}\n" for label, said in replica_lines(data))  # replicas alive
     except (TypeError, ValueError, KeyError, IndexError):
         if result.report.endpoint_block:
             return result.report.endpoint_block
@@ -349,6 +350,7 @@ def format_record(rec: dict) -> str:
     if ep:
         for base in rec.get("urls") or []:
             lines.append(_label("url") + base)
+        lines += [_label(label) + said for label, said in replica_lines(ep)]
         for p in rec["probes"]:
             lines.append(_label("probe") + f"{p['url']}: {'answers' if p['answers'] else 'no answer'} ({p['detail']})")
         if rec["state"] in ("RUNNING",):
@@ -360,6 +362,16 @@ def format_record(rec: dict) -> str:
     for e in la["errors"]:
         if not TAIL_HEADER_RE.match(e):  # "last 20 lines of ...:" introduces the tail, it says nothing
             lines.append(_label("error") + f"{e}")
+    chain = rec.get("chain")
+    if chain:
+        bits = [f"after job {chain['predecessor']}" if chain.get("predecessor") else "first job"]
+        if chain.get("successor"):
+            bits.append(f"successor job {chain['successor']} ({chain.get('dependency')})")
+        elif chain.get("left"):
+            bits.append(f"{chain['left']} successor(s) to submit once live")
+        else:
+            bits.append("last job, no successor")
+        lines.append(_label("chain") + "; ".join(bits))
     for run in rec.get("earlier_runs", []):
         lines.append(_label("earlier") + f"{_run_line(run)}")
     lines += gpu_hours_lines(rec.get("accounting"))
@@ -382,6 +394,22 @@ def gpu_hours_lines(acct: dict | None) -> list[str]:
             lines.append(f"    {LABELS[seg] + ':':<30}{fmt_h(hours):>8} ({share:.0f}%, "
                          f"{fmt_duration(sp['seconds'][seg])})")
     return lines
+
+
+def replica_lines(ep: dict) -> list[tuple[str, str]]:
+    """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica."""
+    from ..launch.replicas import replica_rows
+
+    rows = replica_rows(ep)
+    if not rows:
+        return []
+    alive = [r for r in rows if r.get("alive")]
+    out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
+        f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "
+        f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
+    out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
+            for r in rows if not r.get("alive")]
+    return out
 
 
 def _run_line(run: dict) -> str:

@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..fsutil import atomic_write
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
+from .successor import HandedOver
 
 TAIL_LINES = 20
 
@@ -133,6 +134,8 @@ class Launcher:
         self.proc: subprocess.Popen | None = None
         self.supervisor = None
         self.meter = None
+        self.survivors = None  # launch.replicas.Survivors (replicas shape)
+        self.chain = None  # launch.successor.Chain (SUCCESSORS)
         self.t0 = time.monotonic()
 
     @property
@@ -146,6 +149,11 @@ class Launcher:
         alloc = allocation(self.run_dir, self.environ)
         key_file, api_key = self.api_key()
         lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
+        from .health import health_settings
+        from .replicas import min_replicas, survives
+
+        self.health = health_settings(self.keys)  # bad values stop the launch before srun
+        self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1
         for line in lp.lines:
             say(line)
         from .meter import Meter, job_start_time
@@ -154,8 +162,23 @@ class Launcher:
         for name, text in lp.files.items():
             atomic_write(self.run_dir / name, text)
         self.start(lp, api_key)
+        # replicas that survive a peer, and the /health watch once live
+        from .health import HealthWatch, health_url
+        from .replicas import Survivors, release_node, survives
+
+        health = HealthWatch({t.rank: health_url(t.probe_url) for t in lp.targets}, self.health)
+        if survives(lp):
+            self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
+                                       release=lambda keep: release_node(lp.job_id, keep, self.run_dir))
+        from .successor import DEFAULT_DRAIN_S, Chain, _whole, chain_left
+
+        left = chain_left(self.keys, self.environ)
+        if left or self.environ.get("ENVLAYERS_PREDECESSOR"):
+            drain = _whole(self.keys, "SUCCESSOR_DRAIN_S", DEFAULT_DRAIN_S, "seconds the old job serves on")
+            self.chain = Chain(lp.job_id, self.run_dir, left, drain, say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
-                                     api_key=api_key, t0=self.t0, meter=self.meter)
+                                     api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
+                                     health=health if health.enabled else None, successor=self.chain)
         self.supervisor.run()
 
     def api_key(self) -> tuple[str | None, str | None]:
@@ -178,7 +201,12 @@ class Launcher:
         child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
         if api_key:
             child_env["SERVER_API_KEY"] = api_key
-        self.proc = subprocess.Popen(list(lp.srun), env=child_env, start_new_session=True)
+        from .replicas import ReplicaSteps, survives
+
+        if survives(lp):  # one step per replica, so one can end alone
+            self.proc = ReplicaSteps(lp, child_env)
+        else:
+            self.proc = subprocess.Popen(list(lp.srun), env=child_env, start_new_session=True)
 
     def on_live(self, lp: LaunchPlan, elapsed: float) -> None:
         from ..readiness import Endpoint
@@ -193,8 +221,15 @@ class Launcher:
         say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
         sys.stdout.write(ep.block())
         sys.stdout.flush()
+        if self.survivors is not None:
+            self.survivors.went_live(data)
+        if self.chain is not None:
+            self.chain.went_live(elapsed)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
+            self.proc.stop(sig, grace_s)
+            return
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
@@ -240,6 +275,9 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         code = 128 + term.signum
         reason = (f"live then signal {term.signum}" if launch.live
                   else f"signal {term.signum} before the endpoint was live")
+    except HandedOver as done:  # SUCCESSORS: the successor is live, this link of the chain ends
+        say(f"ENVLAYERS-STAGE: {done}; ending job {launch.job_id}")
+        code, reason = 0, str(done)
     except LaunchFailure as err:
         for line in err.lines:
             say(line)

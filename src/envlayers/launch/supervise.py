@@ -6,6 +6,10 @@ rank-start budget, or a readiness budget spent raises :class:`LaunchFailure`, na
 blame: the one that failed first, not one that srun stopped because of it. Once every readiness
 target answers, ``on_live`` is called once and the loop keeps watching until a signal ends it.
 
+Once live it also ticks the optional hooks: ``survivors`` (launch.replicas: a replica's exit drops
+that replica instead of ending the job), ``health`` (launch.health: a rank silent on ``/health``) and
+``successor`` (launch.successor: the handover to a successor job).
+
 The clock, the sleep, the probe and the step are injected, so the loop runs in tests without
 Slurm, root or real time.
 """
@@ -35,7 +39,7 @@ class Supervisor:
     def __init__(self, lp: LaunchPlan, step: Step, *, probe: Callable, on_live: Callable[[float], None],
                  say: Callable[[str], None], api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 t0: float | None = None, meter=None):
+                 t0: float | None = None, meter=None, survivors=None, health=None, successor=None):
         self.meter = meter  # launch.meter.Meter: phase times, request counters, idle release (None: off)
         self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
@@ -45,6 +49,10 @@ class Supervisor:
         self.live = False
         self.ready: set[int] = set()
         self.last_probe: dict[int, str] = {}
+        # hooks for an endpoint that lasts: launch.replicas.Survivors (a replica may die alone once live) and
+        # launch.health.HealthWatch (a serving rank that stops answering /health once live),
+        # launch.successor.Chain (hands over to a successor job once that one is live)
+        self.survivors, self.health, self.successor = survivors, health, successor
 
     @property
     def run_dir(self) -> Path:
@@ -76,6 +84,12 @@ class Supervisor:
             except FileNotFoundError:
                 continue
         if not exits:
+            return
+        if self.live and self.survivors is not None:  # replicas: one exit is not the job's end
+            for _, _, rank, code in sorted(exits, key=lambda e: e[2]):
+                self.survivors.lost(rank, f"exited with code {code} after the endpoint was live")
+                if self.health is not None:
+                    self.health.forget(rank)
             return
         now = self.clock()
         if self.first_exit_at is None:
@@ -111,6 +125,8 @@ class Supervisor:
                     self.ready.add(t.rank)
         if len(self.ready) == len(targets):
             self.live = True
+            if self.health is not None:
+                self.health.start()
             self.on_live(elapsed)
         elif elapsed > self.lp.budget_s:
             waiting = sorted(set(self.last_probe) - self.ready)
@@ -141,4 +157,17 @@ class Supervisor:
             if self.meter is not None:
                 self.meter.tick(now, len(self.started), self.live)
             # --- end meter ---
+            if self.live and self.health is not None:
+                self.check_health()
+            if self.live and self.successor is not None:
+                self.successor.tick()  # raises HandedOver once the successor is live and drained
             self.sleep(POLL_S)
+
+    def check_health(self) -> None:
+        """A serving rank silent for HEALTH_FAIL_AFTER_S: a lost replica, or the end of the job."""
+        for rank, seen in self.health.tick():
+            if self.survivors is not None:
+                self.survivors.lost(rank, f"stopped answering /health after the endpoint was live: {seen}")
+            else:
+                raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} stopped answering /health after "
+                                    f"the endpoint was live: {seen}", rank=rank)

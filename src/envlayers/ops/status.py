@@ -202,4 +202,11 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "probes": probes,
         "earlier_runs": earlier_runs(job),
         "accounting": job_accounting(files, bool(info is not None and info.running)),
+        "chain": _chain(files.run_dir),
     }
+
+
+def _chain(run_dir) -> dict | None:
+    from ..launch.successor import chain_of
+
+    return chain_of(run_dir)

@@ -205,7 +205,7 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
         exits = job.files.rank_exits()
         if info is not None and info.running and info.state != "COMPLETING":
             data = job.files.endpoint_data()
-            if data and not exits:
+            if data and not _ending(exits, data):
                 show_steps(exits, elapsed)  # every phase up to now, then live
                 emit(WaitEvent("live", job, reader.current_report, reader.current(), exits, elapsed))
                 return WaitResult("live", job, reader.current_report, reader.current(), data, tick.elapsed_s)
@@ -215,6 +215,13 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
             return WaitResult("timeout", job, reader.current_report, reader.current(), None, tick.elapsed_s,
                               rank_exits=exits)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _ending(exits: dict, endpoint: dict) -> bool:
+    """A rank exited that is not a replica the launcher dropped (those end alone, the job serves on)."""
+    from ..launch.replicas import dead_ranks
+
+    return bool(set(exits) - dead_ranks(endpoint))
 
 
 def diagnose_job(job: TrackedJob) -> list:

@@ -1,0 +1,144 @@
+"""The health watch: once the endpoint is live, notice a serving rank that stopped answering ``/health``.
+
+A server can hang without exiting (a deadlocked collective, a stuck scheduler): its process lives,
+its port accepts, nothing answers. :class:`HealthWatch` probes ``GET /health`` on every serving rank
+(vLLM: 200 when the engine is healthy; SGLang: rank 0 of a pipeline server, each replica in replicas
+mode) every ``interval_s``, each probe with its own generous timeout, and reports a rank that gave no
+healthy answer for ``fail_after_s`` (the launch key ``HEALTH_FAIL_AFTER_S``, docs/keys.md). What to do
+about it (end the job, or drop a replica) is the supervision loop's call.
+
+Probes run in background threads (at most one in flight per rank), so a slow answer never delays
+the supervision loop; with ``background=False`` (the tests) they run inline. The clock and the
+probe are injected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+DEFAULT_HEALTH_FAIL_AFTER_S = 600
+INTERVAL_MAX_S = 30.0
+TIMEOUT_MAX_S = 60.0
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    fail_after_s: int  # 0: the watch is off
+    interval_s: float
+    timeout_s: float
+
+
+def health_settings(keys: Mapping[str, str]) -> HealthSettings:
+    """``HEALTH_FAIL_AFTER_S`` (default 600, ``0`` turns the watch off); the probe interval is a fifth of
+    it, at most 30s, and each probe may take half of it, at most 60s. A value that is not a whole
+    number of seconds is an error naming the key."""
+    from .prepare import LaunchFailure
+
+    raw = (keys.get("HEALTH_FAIL_AFTER_S") or "").strip()
+    if raw and not raw.isdigit():
+        raise LaunchFailure(f"HEALTH_FAIL_AFTER_S={raw!r}: not a whole number of seconds "
+                            f"(hint: 600, the default, or 0 to turn the health watch off)")
+    fail = int(raw) if raw else DEFAULT_HEALTH_FAIL_AFTER_S
+    return HealthSettings(fail, min(INTERVAL_MAX_S, max(1.0, fail / 5)), min(TIMEOUT_MAX_S, max(1.0, fail / 2)))
+
+
+def health_url(base_url: str) -> str:
+    """``http://host:port/v1`` -> ``http://host:port/health`` (both engines serve it at the root)."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return base + "/health"
+
+
+def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
+    """One ``GET /health``: (healthy, what was seen). Healthy is a 2xx answer."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout_s) as resp:
+            return 200 <= resp.status < 300, f"HTTP {resp.status}"
+    except urllib.error.HTTPError as err:
+        return False, f"HTTP {err.code}"
+    except TimeoutError:
+        return False, f"no answer within {timeout_s:g}s"
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            return False, f"no answer within {timeout_s:g}s"
+        return False, f"no answer: {reason}"
+
+
+@dataclass
+class RankHealth:
+    url: str
+    last_ok_at: float  # the clock at the last healthy answer (or when the watch began)
+    last_seen: str = "not probed yet"
+    in_flight: bool = False
+    next_at: float = 0.0
+
+
+class HealthWatch:
+    """``tick()`` in the supervision loop; it returns the ranks that went ``fail_after_s`` without a
+    healthy answer, each with a line saying what was last seen (each rank is reported once)."""
+
+    def __init__(self, urls: Mapping[int, str], settings: HealthSettings, *, clock: Callable[[], float] = time.monotonic,
+                 get: Callable[[str, float], tuple[bool, str]] = get_health, background: bool = True):
+        self.settings, self.clock, self.get, self.background = settings, clock, get, background
+        now = clock()
+        self.ranks = {r: RankHealth(u, now, next_at=now) for r, u in urls.items()}
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        """The endpoint went live: every rank's silence counts from now."""
+        now = self.clock()
+        with self.lock:
+            for h in self.ranks.values():
+                h.last_ok_at, h.next_at = now, now
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.fail_after_s > 0 and bool(self.ranks)
+
+    def forget(self, rank: int) -> None:
+        """Stop watching a rank (a replica already counted as dead)."""
+        with self.lock:
+            self.ranks.pop(rank, None)
+
+    def _probe(self, rank: int, h: RankHealth) -> None:
+        ok, seen = self.get(h.url, self.settings.timeout_s)
+        with self.lock:
+            h.in_flight = False
+            h.last_seen = seen
+            if ok:
+                h.last_ok_at = self.clock()
+
+    def tick(self) -> list[tuple[int, str]]:
+        if not self.enabled:
+            return []
+        now = self.clock()
+        hung = []
+        with self.lock:
+            due = [(r, h) for r, h in self.ranks.items() if not h.in_flight and now >= h.next_at]
+            for _, h in due:
+                h.in_flight = True
+                h.next_at = now + self.settings.interval_s
+        for r, h in due:
+            if self.background:
+                threading.Thread(target=self._probe, args=(r, h), daemon=True, name=f"health-{r}").start()
+            else:
+                self._probe(r, h)
+        now = self.clock()
+        with self.lock:
+            for r, h in list(self.ranks.items()):
+                silent = now - h.last_ok_at
+                if silent >= self.settings.fail_after_s:
+                    pending = " (a probe still waits for its answer)" if h.in_flight else ""
+                    hung.append((r, f"no healthy answer from {h.url} for {silent:.0f}s "
+                                    f"(HEALTH_FAIL_AFTER_S={self.settings.fail_after_s}); last seen: "
+                                    f"{h.last_seen}{pending}"))
+                    del self.ranks[r]
+        return hung

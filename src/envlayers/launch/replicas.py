@@ -1,0 +1,253 @@
+"""Replicas that survive a peer: one srun step per replica, a dead replica dropped, its node given back.
+
+In the replicas shape every rank is an independent server, so a replica that exits (or stops
+answering ``/health``, see ``launch.health``) after the endpoint went live is reported and dropped
+while the others keep serving. The job ends once fewer than ``MIN_REPLICAS`` (a launch key,
+default 1) are alive. Before the endpoint is live any exit still ends the job: a replica that cannot
+start usually shows a problem its peers share.
+
+To let a replica die alone, each one runs in its own srun step pinned to its node
+(:func:`replica_srun`; one step over all nodes would be ended by ``--kill-on-bad-exit``).
+:class:`ReplicaSteps` holds them and answers the supervision loop like one step. Once a replica's
+step is gone its node leaves the allocation (``scontrol update JobId=J NodeList=<the rest>``,
+Slurm's way to shrink a running job), so it is no longer billed; the node the launcher runs on stays.
+``endpoint.json`` keeps a ``replicas`` list (rank, node, base URL, alive, why it ended); its
+``base_urls``/``addresses`` list the live replicas only.
+
+Data-parallel and gateway shapes (where an engine allows a rank to leave) would plug in here: they
+need their own step layout and the gateway told to stop routing to the dead rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from ..fsutil import atomic_write
+
+if TYPE_CHECKING:  # status and wait read endpoint.json through this module: keep it light
+    from .prepare import LaunchPlan
+
+DEFAULT_MIN_REPLICAS = 1
+RESIZE_TRIES = 3
+
+
+def survives(lp: LaunchPlan) -> bool:
+    """Whether a rank of this plan may die alone (the replicas shape, more than one replica)."""
+    return lp.plan.shape == "replicas" and lp.ranks > 1
+
+
+def min_replicas(keys: Mapping[str, str], replicas: int) -> int:
+    """``MIN_REPLICAS``: a whole number from 1 to the number of replicas, else an error naming the key."""
+    from .prepare import LaunchFailure
+
+    raw = (keys.get("MIN_REPLICAS") or "").strip()
+    if not raw:
+        return DEFAULT_MIN_REPLICAS
+    if not raw.isdigit() or not 1 <= int(raw) <= replicas:
+        raise LaunchFailure(f"MIN_REPLICAS={raw!r}: must be a whole number from 1 to {replicas} (the replicas "
+                            f"this job runs); hint: the default 1 keeps serving while any replica is alive")
+    return int(raw)
+
+
+def replica_srun(srun: Sequence[str], node: str) -> list[str]:
+    """The job's srun line for one replica: one node (``--nodelist``), one task; the rest unchanged."""
+    out = []
+    for word in srun:
+        if word.startswith("--nodes="):
+            out += ["--nodes=1", f"--nodelist={node}"]
+        elif word.startswith("--ntasks="):
+            out.append("--ntasks=1")
+        else:
+            out.append(word)
+    return out
+
+
+class ReplicaSteps:
+    """One srun step per replica, seen by the supervision loop as one step. Each step's environment
+    carries ``ENVLAYERS_RANK`` (ranks.sh takes its rank from it: every step's task is ``SLURM_PROCID`` 0)."""
+
+    def __init__(self, lp: LaunchPlan, env: Mapping[str, str], popen: Callable = subprocess.Popen):
+        self.lp = lp
+        self.procs: dict[int, subprocess.Popen] = {}
+        for rank, node in enumerate(lp.nodes):
+            self.procs[rank] = popen(replica_srun(lp.srun, node.name), env={**env, "ENVLAYERS_RANK": str(rank)},
+                                     start_new_session=True)
+        self.survive = False  # set once live: from then on one step ending is not the job's end
+
+    @property
+    def pid(self) -> int:
+        return self.procs[0].pid
+
+    def poll(self) -> int | None:
+        codes = [p.poll() for p in self.procs.values()]
+        if not self.survive:
+            return next((c for c in codes if c is not None), None)
+        return codes[0] if codes and all(c is not None for c in codes) else None
+
+    def end(self, rank: int, grace_s: float = 8.0) -> int | None:
+        """Stop one replica's step (SIGTERM to its srun, then SIGKILL); its exit code."""
+        return _stop(self.procs[rank], signal.SIGTERM, grace_s)
+
+    def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            _stop(proc, signal.SIGKILL, max(0.1, deadline - time.monotonic()), already_sent=True)
+
+
+def _stop(proc, sig, grace_s: float, already_sent: bool = False) -> int | None:
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        if not already_sent:
+            os.killpg(proc.pid, sig)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
+    return proc.returncode
+
+
+def release_node(job_id: str, keep: Sequence[str], run_dir: Path, run: Callable | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """Shrink the running job to the nodes in ``keep`` (``scontrol update JobId=J NodeList=...``);
+    ``None`` when done, else what Slurm said. After a job starts or changes size slurmctld refuses
+    updates until the accounting database has given the job a new index ("the DB index is being
+    set, try again in a bit"; each refusal takes slurmctld 5s): that is retried a few times. Without
+    accounting storage (``AccountingStorageType=accounting_storage/none``) the index never comes, so
+    a job shrinks once. Runs in the run directory, where scontrol leaves its resize scripts."""
+    if run is None:
+        run = lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=run_dir)  # noqa: E731
+    said = "?"
+    for attempt in range(RESIZE_TRIES):
+        try:
+            proc = run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"])
+        except (OSError, subprocess.SubprocessError) as err:
+            return f"scontrol failed: {err}"
+        if proc.returncode == 0:
+            return None
+        lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+        said = lines[-1] if lines else f"scontrol exit {proc.returncode}"
+        if "try again" not in said:
+            break
+        if attempt + 1 < RESIZE_TRIES:
+            sleep(2.0)
+    return said
+
+
+class Survivors:
+    """The replicas' state after live: who is alive, what to do when one is lost."""
+
+    def __init__(self, lp: LaunchPlan, steps, minimum: int, *, say: Callable[[str], None],
+                 tail: Callable[[Path], list[str]], release: Callable[[Sequence[str]], str | None],
+                 write: Callable[[Path, str], None] = atomic_write, background: Callable | None = None):
+        self.lp, self.steps, self.minimum, self.say, self.tail = lp, steps, minimum, say, tail
+        self.release, self.write = release, write
+        # giving a node back waits on slurmctld (up to ~20s): by default in a thread, off the loop
+        self.background = background or (lambda fn: threading.Thread(target=fn, daemon=True).start())
+        self.lock = threading.Lock()
+        self.dead: dict[int, str] = {}
+        self.endpoint: dict | None = None
+
+    @property
+    def alive(self) -> list[int]:
+        return [r for r in range(self.lp.ranks) if r not in self.dead]
+
+    def went_live(self, endpoint: dict) -> None:
+        """The endpoint.json data the launcher wrote: rewritten on every loss."""
+        self.endpoint = endpoint
+        if getattr(self.steps, "survive", None) is not None:
+            self.steps.survive = True
+        self.say(f"ENVLAYERS-STAGE: replicas survive a peer: {len(self.alive)} alive, the job ends below "
+                 f"MIN_REPLICAS={self.minimum}")
+        self._write()
+
+    def lost(self, rank: int, why: str) -> None:
+        """Report a lost replica (ENVLAYERS-ERROR and its log tail), stop its step, give its node back,
+        rewrite endpoint.json; raise LaunchFailure when fewer than MIN_REPLICAS are left."""
+        if rank in self.dead:
+            return
+        node = self.lp.nodes[rank].name
+        self.dead[rank] = why
+        self.say(f"ENVLAYERS-ERROR: replica rank {rank} on {node} {why}")
+        log = self.lp.run_dir / f"server-{rank}.log"
+        self.say(f"ENVLAYERS-ERROR: last {len(self.tail(log))} lines of {log}:")
+        for line in self.tail(log):
+            self.say(f"  | {line}")
+        left = self.alive
+        if len(left) < self.minimum:
+            from .prepare import LaunchFailure
+
+            self._write()
+            raise LaunchFailure(f"{len(left)} of {self.lp.ranks} replicas alive, fewer than "
+                                f"MIN_REPLICAS={self.minimum}: ending the job")
+        end = getattr(self.steps, "end", None)
+        if end is not None:
+            end(rank)
+        self._give_back(rank)
+        self._write()
+        self.say(f"ENVLAYERS-STAGE: {len(left)} of {self.lp.ranks} replicas alive, serving on: "
+                 + ", ".join(f"rank {r} on {self.lp.nodes[r].name}" for r in left))
+
+    def _give_back(self, rank: int) -> None:
+        node = self.lp.nodes[rank].name
+        if rank == 0:
+            self.say(f"ENVLAYERS-STAGE: node {node} stays in the job: the launcher runs there")
+            return
+        self.background(lambda: self._release(node))
+
+    def _release(self, node: str) -> None:
+        with self.lock:  # one resize at a time; each asks for the replicas alive at that moment
+            keep = [self.lp.nodes[0].name] + [self.lp.nodes[r].name for r in self.alive if r != 0]
+            said = self.release(keep)
+        if said is None:
+            self.say(f"ENVLAYERS-STAGE: node {node} released back to Slurm (the job now holds "
+                     f"{', '.join(keep)}; no longer billed for {node})")
+        else:
+            self.say(f"ENVLAYERS-WARN: could not release node {node} back to Slurm ({said}); it stays allocated "
+                     "until the job ends")
+
+    def _write(self) -> None:
+        if self.endpoint is None:
+            return
+        data = self.endpoint
+        urls = {t.rank: t for t in self.lp.targets}
+        data["replicas"] = [{"rank": r, "node": n.name, "base_url": urls[r].url if r in urls else None,
+                             "address": n.address, "alive": r not in self.dead, "ended": self.dead.get(r)}
+                            for r, n in enumerate(self.lp.nodes)]
+        data["min_replicas"] = self.minimum
+        live = [t for t in self.lp.targets if t.rank not in self.dead]
+        if live:
+            data["base_urls"] = [t.url for t in live]
+            data["addresses"] = [t.address for t in live]
+            if "base_url" in data:
+                data["base_url"] = live[0].url
+        self.write(self.lp.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")
+
+
+def replica_rows(endpoint: Mapping | None) -> list[dict]:
+    """The ``replicas`` list of an endpoint.json (``[]`` for a shape without one)."""
+    rows = (endpoint or {}).get("replicas")
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def dead_ranks(endpoint: Mapping | None) -> set[int]:
+    """The ranks endpoint.json lists as dropped replicas: their exits do not mean the job is ending."""
+    return {r.get("rank") for r in replica_rows(endpoint) if r.get("alive") is False}

@@ -1,0 +1,157 @@
+"""A successor past the walltime: a chain of jobs that hands the endpoint over before each one's limit.
+
+With ``SUCCESSORS=N`` (a launch key, default 0) a job that goes live submits, once, a successor: the
+same job script (``job.sh`` of its run directory) with the same time limit and
+``--dependency=after:<this job>+<minutes>``, so Slurm starts it that many minutes after this job
+started. The minutes are the time limit less a lead: twice this job's own time to live plus a margin
+for the scheduler, which starts an eligible job up to a minute or two late. The successor carries
+``ENVLAYERS_CHAIN_LEFT`` (one less) and ``ENVLAYERS_PREDECESSOR`` in its environment, so the chain
+stops after N successors. Once the successor's ``endpoint.json`` exists, this job drains for
+``SUCCESSOR_DRAIN_S`` (a launch key, default 60) and ends on its own, reporting the handover.
+
+Each job records its place in the chain in its run directory: ``chain.json`` (``predecessor``,
+``successor``, ``dependency``, ``left``), which ``status`` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ..fsutil import atomic_write
+
+QUEUE_MARGIN_S = 120
+DEFAULT_DRAIN_S = 60
+
+
+class HandedOver(Exception):
+    """The successor is live and this job drained: the orderly end of a link in the chain."""
+
+
+def _whole(keys: Mapping[str, str], key: str, default: int, hint: str) -> int:
+    from .prepare import LaunchFailure
+
+    raw = (keys.get(key) or "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise LaunchFailure(f"{key}={raw!r}: not a whole number ({hint})")
+    return int(raw)
+
+
+def chain_left(keys: Mapping[str, str], environ: Mapping[str, str]) -> int:
+    """Successors still to submit: ``ENVLAYERS_CHAIN_LEFT`` set by the predecessor, else ``SUCCESSORS``."""
+    n = _whole(keys, "SUCCESSORS", 0, "hint: SUCCESSORS=2 keeps the endpoint up for three time limits")
+    left = (environ.get("ENVLAYERS_CHAIN_LEFT") or "").strip()
+    return int(left) if left.isdigit() else n
+
+
+def dependency(job_id: str, time_limit_s: int, startup_s: float) -> tuple[str, int]:
+    """(``after:<job>+<minutes>``, minutes): start the successor ``minutes`` after this job started,
+    a lead of ``2 x startup + QUEUE_MARGIN_S`` before this job's limit (whole minutes, at least 0)."""
+    lead = 2 * startup_s + QUEUE_MARGIN_S
+    minutes = max(0, int((time_limit_s - lead) // 60))
+    return f"after:{job_id}+{minutes}", minutes
+
+
+def _limit(seconds: int) -> str:
+    h, rem = divmod(int(seconds), 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
+
+
+def sbatch_argv(script: Path, dep: str, time_limit_s: int) -> list[str]:
+    return ["sbatch", "--parsable", f"--dependency={dep}", f"--time={_limit(time_limit_s)}", str(script)]
+
+
+class Chain:
+    """The job's link in the chain: submits the successor once live, hands over once it is live."""
+
+    def __init__(self, job_id: str, run_dir: Path, left: int, drain_s: int, *, say: Callable[[str], None],
+                 environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
+                 run: Callable | None = None, limit_s: Callable[[str], int | None] | None = None):
+        self.job_id, self.run_dir, self.left, self.drain_s, self.say = job_id, run_dir, left, drain_s, say
+        self.environ, self.clock = dict(environ), clock
+        self.run = run or (lambda argv, env: subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env))
+        self.limit_s = limit_s or _slurm_limit
+        self.record = {"predecessor": self.environ.get("ENVLAYERS_PREDECESSOR") or None, "successor": None,
+                       "dependency": None, "left": left}
+        self.drain_from: float | None = None
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            atomic_write(self.run_dir / "chain.json", json.dumps(self.record, indent=2) + "\n")
+        except OSError:
+            pass
+
+    def went_live(self, startup_s: float) -> None:
+        if self.left <= 0:
+            if self.record["predecessor"]:
+                self.say(f"ENVLAYERS-STAGE: last job of the chain (after job {self.record['predecessor']}): "
+                         "no successor")
+            return
+        limit = self.limit_s(self.job_id)
+        if not limit:
+            self.say("ENVLAYERS-WARN: SUCCESSORS is set but the job has no time limit Slurm reports: no successor")
+            return
+        dep, minutes = dependency(self.job_id, limit, startup_s)
+        env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        env.update(ENVLAYERS_CHAIN_LEFT=str(self.left - 1), ENVLAYERS_PREDECESSOR=self.job_id)
+        argv = sbatch_argv(self.run_dir / "job.sh", dep, limit)
+        try:
+            proc = self.run(argv, env)
+        except (OSError, subprocess.SubprocessError) as err:
+            self.say(f"ENVLAYERS-WARN: could not submit the successor: {err}")
+            return
+        if proc.returncode != 0 or not proc.stdout.strip():
+            said = (proc.stderr or "").strip().splitlines()
+            self.say(f"ENVLAYERS-WARN: could not submit the successor: {said[-1] if said else proc.returncode}")
+            return
+        succ = proc.stdout.strip().split(";")[0]
+        self.record.update(successor=succ, dependency=dep)
+        self._write()
+        self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
+                 f"started, {self.left - 1} more after it); this job ends once it is live")
+
+    def tick(self) -> None:
+        """Raise HandedOver once the successor's endpoint is live and the drain time passed."""
+        succ = self.record["successor"]
+        if not succ:
+            return
+        if self.drain_from is None:
+            ep = self.run_dir.parent / succ / "endpoint.json"
+            if not ep.is_file():
+                return
+            self.drain_from = self.clock()
+            try:
+                urls = " ".join(json.loads(ep.read_text()).get("base_urls") or [])
+            except (OSError, ValueError):
+                urls = "?"
+            self.say(f"ENVLAYERS-STAGE: successor job {succ} is live at {urls}; this job drains for {self.drain_s}s "
+                     "and ends")
+        elif self.clock() - self.drain_from >= self.drain_s:
+            raise HandedOver(f"handed over to successor job {succ}")
+
+
+def _slurm_limit(job_id: str) -> int | None:
+    from ..slurm import job_info
+
+    info = job_info(job_id)
+    return info.time_limit_s if info else None
+
+
+def chain_of(run_dir: str | os.PathLike | None) -> dict | None:
+    """The run directory's chain.json (``None`` when the job is no link of a chain)."""
+    if not run_dir:
+        return None
+    try:
+        data = json.loads((Path(run_dir) / "chain.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not (data.get("predecessor") or data.get("successor") or data.get("left")):
+        return None
+    return data

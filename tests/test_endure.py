@@ -1,0 +1,401 @@
+"""Endpoints that last, without Slurm or root: replicas that survive a peer and the /health watch,
+on the supervision loop with fake exit files, a fake clock and a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from envlayers.launch.health import HealthSettings, HealthWatch, get_health, health_settings, health_url
+from envlayers.launch.prepare import LaunchFailure, Node, prepare
+from envlayers.launch.replicas import (ReplicaSteps, Survivors, dead_ranks, min_replicas, release_node,
+                                       replica_srun, survives)
+from envlayers.launch.supervise import Supervisor
+from envlayers.readiness import Probe
+from test_launch import PIPELINE, SINGLE_VLLM, Clock, Step, alloc, exited, started
+
+N3 = Node("n3", "10.0.0.3", True)
+REPLICAS = {**SINGLE_VLLM, "INFERENCE_NODES": "3", "INFERENCE_MODE": "replicas"}
+NODES3 = (Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True), N3)
+
+
+# --------------------------------------------------------------------------- keys and argv (pure)
+
+
+@pytest.mark.parametrize("value, want", [
+    pytest.param(None, (600, 30.0, 60.0), id="default-ten-minutes"),
+    pytest.param("10", (10, 2.0, 5.0), id="short-for-tests"),
+    pytest.param("0", (0, 1.0, 1.0), id="off"),
+])
+def test_health_settings_follow_the_key(value, want):
+    s = health_settings({} if value is None else {"HEALTH_FAIL_AFTER_S": value})
+    assert (s.fail_after_s, s.interval_s, s.timeout_s) == want
+
+
+@pytest.mark.parametrize("key, value, hint", [
+    pytest.param("HEALTH_FAIL_AFTER_S", "5m", "not a whole number of seconds", id="health-unit"),
+    pytest.param("MIN_REPLICAS", "4", "from 1 to 3", id="min-above-replicas"),
+    pytest.param("MIN_REPLICAS", "0", "from 1 to 3", id="min-zero"),
+])
+def test_a_bad_endurance_key_names_the_key(key, value, hint):
+    with pytest.raises(LaunchFailure, match=f"{key}='{value}': .*{hint}"):
+        health_settings({key: value}) if key.startswith("HEALTH") else min_replicas({key: value}, 3)
+
+
+def test_min_replicas_defaults_to_one():
+    assert min_replicas({}, 3) == 1 and min_replicas({"MIN_REPLICAS": "2"}, 3) == 2
+
+
+def test_each_replica_gets_its_own_one_node_step(tmp_path):
+    lp = prepare(REPLICAS, alloc(tmp_path, nodes=NODES3))
+    assert survives(lp) and not survives(prepare(PIPELINE, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"})))
+    argv = replica_srun(lp.srun, "n2")
+    assert argv[:5] == ["srun", "--nodes=1", "--nodelist=n2", "--ntasks=1", "--ntasks-per-node=1"]
+    assert argv[-2:] == ["bash", str(tmp_path / "ranks.sh")]
+    started_with = []
+
+    class Proc:
+        pid, returncode = 1, None
+
+        def poll(self):
+            return None
+
+    ReplicaSteps(lp, {"A": "1"}, popen=lambda argv, env, start_new_session: started_with.append(
+        (argv[2], env["ENVLAYERS_RANK"], env["A"])) or Proc())
+    assert started_with == [("--nodelist=n1", "0", "1"), ("--nodelist=n2", "1", "1"), ("--nodelist=n3", "2", "1")]
+
+
+@pytest.mark.parametrize("env, rank", [
+    pytest.param({"SLURM_PROCID": "0", "ENVLAYERS_RANK": "2"}, 2, id="replica-step-told-its-rank"),
+    pytest.param({"SLURM_PROCID": "1"}, 1, id="one-step-for-all-ranks"),
+])
+def test_ranks_sh_takes_the_rank_from_envlayers_rank(tmp_path, env, rank):
+    lp = prepare(REPLICAS, alloc(tmp_path, nodes=NODES3))
+    script = tmp_path / "ranks.sh"
+    script.write_text(lp.files["ranks.sh"].replace('"$@" &', 'true &'))
+    subprocess.run(["bash", str(script)], env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=10)
+    assert f"ENVLAYERS-STAGE: rank {rank} up on" in (tmp_path / f"server-{rank}.log").read_text()
+    assert (tmp_path / f"rank-{rank}.exit").read_text() == "0\n"
+
+
+@pytest.mark.parametrize("answers, want, tries", [
+    pytest.param([(0, "")], None, 1, id="done"),
+    pytest.param([(1, "Job update not available right now, the DB index is being set, try again in a bit"),
+                  (0, "")], None, 2, id="db-index-retried"),
+    pytest.param([(1, "slurm_update error: try again in a bit")] * 3, "slurm_update error: try again in a bit", 3,
+                 id="db-index-never-set"),
+    pytest.param([(1, "slurm_update error: Invalid node name specified")], "slurm_update error: Invalid node name "
+                 "specified", 1, id="refused-said"),
+])
+def test_release_node_shrinks_the_job_and_says_why_not(tmp_path, answers, want, tries):
+    calls = []
+
+    def run(argv):
+        code, err = answers[len(calls)]
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, code, "", err)
+
+    assert release_node("42", ["n1", "n3"], tmp_path, run=run, sleep=lambda s: None) == want
+    assert calls[0] == ["scontrol", "update", "JobId=42", "NodeList=n1,n3"] and len(calls) == tries
+
+
+# --------------------------------------------------------------------------- replicas on the loop
+
+
+class Steps(Step):
+    def __init__(self):
+        super().__init__()
+        self.ended: list[int] = []
+        self.survive = False
+
+    def end(self, rank):
+        self.ended.append(rank)
+
+
+def replicas_loop(tmp_path, clock, *, minimum=1, health=None, said=None):
+    keys = {**REPLICAS, "ENVLAYERS_READY_TIMEOUT_S": "100"}
+    lp = prepare(keys, alloc(tmp_path, nodes=NODES3))
+    said = [] if said is None else said
+    steps, released = Steps(), []
+
+    def release(keep):
+        released.append(list(keep))
+        return None
+
+    surv = Survivors(lp, steps, minimum, say=said.append, tail=lambda p: ["last words"], release=release,
+                     background=lambda fn: fn())
+
+    def probe(url, served, key, timeout_s):
+        return Probe(url, True, 200, "ok")
+
+    def on_live(elapsed):
+        surv.went_live({"base_urls": [t.url for t in lp.targets], "addresses": [t.address for t in lp.targets]})
+
+    sup = Supervisor(lp, steps, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep,
+                     survivors=surv, health=health)
+    for r in range(3):
+        started(tmp_path, r)
+    return sup, steps, released, said
+
+
+class Stop(BaseException):
+    pass
+
+
+def stop():
+    raise Stop
+
+
+def test_a_replica_that_exits_after_live_is_dropped_and_its_node_given_back(tmp_path):
+    clock = Clock()
+    sup, steps, released, said = replicas_loop(tmp_path, clock)
+    clock.at(10, lambda: exited(tmp_path, 2, 9, 10.0))
+    clock.at(20, stop)
+    with pytest.raises(Stop):
+        sup.run()
+    assert "ENVLAYERS-ERROR: replica rank 2 on n3 exited with code 9 after the endpoint was live" in said
+    assert "  | last words" in said
+    assert steps.ended == [2] and released == [["n1", "n2"]]
+    assert "ENVLAYERS-STAGE: node n3 released back to Slurm (the job now holds n1, n2; no longer billed for n3)" in said
+    ep = json.loads((tmp_path / "endpoint.json").read_text())
+    assert [(r["rank"], r["alive"]) for r in ep["replicas"]] == [(0, True), (1, True), (2, False)]
+    assert ep["base_urls"] == ["http://n1:8000/v1", "http://n2:8000/v1"] and dead_ranks(ep) == {2}
+    assert said.count("ENVLAYERS-ERROR: replica rank 2 on n3 exited with code 9 after the endpoint was live") == 1
+
+
+def test_rank_zero_dying_keeps_its_node_the_launcher_runs_there(tmp_path):
+    clock = Clock()
+    sup, steps, released, said = replicas_loop(tmp_path, clock)
+    clock.at(10, lambda: exited(tmp_path, 0, 1, 10.0))
+    clock.at(20, stop)
+    with pytest.raises(Stop):
+        sup.run()
+    assert released == [] and "ENVLAYERS-STAGE: node n1 stays in the job: the launcher runs there" in said
+    assert json.loads((tmp_path / "endpoint.json").read_text())["base_urls"][0] == "http://n2:8000/v1"
+
+
+@pytest.mark.parametrize("minimum, deaths, ends_at", [
+    pytest.param(1, 3, 3, id="last-one-dies"),
+    pytest.param(2, 2, 2, id="below-min-replicas"),
+])
+def test_the_job_ends_when_fewer_than_min_replicas_are_alive(tmp_path, minimum, deaths, ends_at):
+    clock = Clock()
+    sup, steps, released, said = replicas_loop(tmp_path, clock, minimum=minimum)
+    for i in range(deaths):
+        clock.at(10 + 10 * i, lambda r=i: exited(tmp_path, r, 1, 10.0 + r))
+    clock.at(100, stop)
+    with pytest.raises(LaunchFailure, match=f"{3 - ends_at} of 3 replicas alive, fewer than MIN_REPLICAS={minimum}"):
+        sup.run()
+    assert 40 > clock.t - 1000 >= 10 + 10 * (ends_at - 1)
+
+
+def test_before_live_a_replica_exit_still_ends_the_job(tmp_path):
+    clock = Clock()
+    sup, *_ = replicas_loop(tmp_path, clock)
+    sup.probe = lambda url, served, key, timeout_s: Probe(url, False, None, "no answer")
+    clock.at(3, lambda: exited(tmp_path, 1, 1, 3.0))
+    with pytest.raises(LaunchFailure, match="rank 1 on n2 exited with code 1 before the endpoint was live"):
+        sup.run()
+
+
+# --------------------------------------------------------------------------- the health watch
+
+
+def watch(clock, answers: dict, fail_after=60):
+    """A synchronous HealthWatch whose probe answers what ``answers[url]`` says at the time."""
+    settings = HealthSettings(fail_after, min(30.0, fail_after / 5), min(60.0, fail_after / 2))
+    return HealthWatch({0: "http://n1:8000/health"}, settings, clock=clock,
+                       get=lambda url, timeout: answers[url](), background=False)
+
+
+@pytest.mark.parametrize("hang_at, fail_after, interval", [
+    pytest.param(100, 60, 12, id="short"),
+    pytest.param(100, 300, 30, id="default-like"),
+])
+def test_a_server_that_stops_answering_health_ends_the_job(tmp_path, hang_at, fail_after, interval):
+    clock = Clock()
+    healthy = {"ok": True}
+    answers = {"http://n1:8000/health": lambda: (True, "HTTP 200") if healthy["ok"] else (False, "no answer within 30s")}
+    keys = {**SINGLE_VLLM, "ENVLAYERS_READY_TIMEOUT_S": "100"}
+    lp = prepare(keys, alloc(tmp_path, nodes=NODES3[:1]))
+    sup = Supervisor(lp, Step(), probe=lambda u, s, k, timeout_s: Probe(u, True, 200, "ok"), on_live=lambda e: None,
+                     say=lambda line: None, clock=clock, sleep=clock.sleep, health=watch(clock, answers, fail_after))
+    started(tmp_path, 0)
+    clock.at(hang_at, lambda: healthy.update(ok=False))
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert err.value.rank == 0
+    assert str(err.value).startswith("rank 0 on n1 stopped answering /health after the endpoint was live: no healthy "
+                                     "answer from http://n1:8000/health for ")
+    assert str(err.value).endswith(f"(HEALTH_FAIL_AFTER_S={fail_after}); last seen: no answer within 30s")
+    # the last healthy answer came at most one interval before the hang; the loop looks every 0.25s
+    assert hang_at + fail_after - interval <= clock.t - 1000 <= hang_at + fail_after + 1
+
+
+def test_a_slow_but_answering_server_is_never_dropped(tmp_path):
+    clock = Clock()
+    answers = {"http://n1:8000/health": lambda: (clock.sleep(25) or (True, "HTTP 200"))}  # each answer takes 25s
+    w = watch(clock, answers, fail_after=60)
+    w.start()
+    for _ in range(200):
+        assert w.tick() == []
+        clock.sleep(1)
+
+
+def test_a_hung_replica_is_dropped_and_the_others_serve_on(tmp_path):
+    clock = Clock()
+    hung = {"r": None}
+    urls = {r: f"http://10.0.0.{r + 1}:8000/health" for r in range(3)}
+    settings = HealthSettings(60, 12.0, 30.0)
+    health = HealthWatch(urls, settings, clock=clock, background=False,
+                         get=lambda url, t: (False, "no answer within 30s") if url == urls.get(hung["r"]) else (True, "HTTP 200"))
+    sup, steps, released, said = replicas_loop(tmp_path, clock, health=health)
+    clock.at(50, lambda: hung.update(r=1))
+    clock.at(200, stop)
+    with pytest.raises(Stop):
+        sup.run()
+    errors = [line for line in said if line.startswith("ENVLAYERS-ERROR: replica")]
+    assert errors == ["ENVLAYERS-ERROR: replica rank 1 on n2 stopped answering /health after the endpoint was live: "
+                      "no healthy answer from http://10.0.0.2:8000/health for 60s (HEALTH_FAIL_AFTER_S=60); "
+                      "last seen: no answer within 30s"]
+    assert steps.ended == [1] and released == [["n1", "n3"]]
+
+
+class _Health(BaseHTTPRequestHandler):
+    hang = threading.Event()
+
+    def do_GET(self):
+        if self.hang.is_set():
+            threading.Event().wait(3)
+            return
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def test_get_health_on_real_http_healthy_refused_and_silent():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        assert health_url(base) == f"http://127.0.0.1:{server.server_port}/health"
+        assert get_health(health_url(base), 2) == (True, "HTTP 200")
+        _Health.hang.set()
+        assert get_health(health_url(base), 0.5) == (False, "no answer within 0.5s")
+    finally:
+        _Health.hang.clear()
+        server.shutdown()
+        server.server_close()
+    ok, seen = get_health(f"http://127.0.0.1:{server.server_port}/health", 1)
+    assert not ok and seen.startswith("no answer: ") and "refused" in seen
+
+
+# --------------------------------------------------------------------------- status and wait
+
+
+EP = {"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "min_replicas": 1,
+      "replicas": [{"rank": 0, "node": "n1", "alive": True, "ended": None},
+                   {"rank": 1, "node": "n2", "alive": True, "ended": None},
+                   {"rank": 2, "node": "n3", "alive": False, "ended": "exited with code 137 after the endpoint was live"}]}
+
+
+@pytest.mark.parametrize("exits, ending", [
+    pytest.param({2: 137}, False, id="dropped-replica-still-live"),
+    pytest.param({1: 137}, True, id="an-exit-not-yet-dropped-is-the-end"),
+    pytest.param({}, False, id="no-exit"),
+])
+def test_wait_counts_a_dropped_replicas_exit_as_live(exits, ending):
+    from envlayers.ops.wait import _ending
+
+    assert _ending(exits, EP) is ending
+    assert _ending({0: 1}, {"base_urls": ["x"]}) is True  # no replicas list: any exit is the end
+
+
+def test_status_and_wait_show_which_replicas_are_alive():
+    from envlayers.cli.ops_format import replica_lines
+
+    assert replica_lines(EP) == [
+        ("replicas", "2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1"),
+        ("dropped", "rank 2 on n3: exited with code 137 after the endpoint was live")]
+    assert replica_lines({"base_urls": ["x"]}) == [] and replica_lines({"replicas": "junk"}) == []
+
+
+# --------------------------------------------------------------------------- successors
+
+
+@pytest.mark.parametrize("limit, startup, minutes", [
+    pytest.param(4 * 3600, 300, 228, id="4h-limit-5min-startup"),
+    pytest.param(180, 2, 0, id="lab-3min"),
+    pytest.param(300, 2, 2, id="lab-5min"),
+    pytest.param(60, 30, 0, id="never-negative"),
+])
+def test_the_successor_starts_a_lead_before_the_limit(limit, startup, minutes):
+    from envlayers.launch.successor import dependency
+
+    assert dependency("41", limit, startup) == (f"after:41+{minutes}", minutes)
+
+
+@pytest.mark.parametrize("keys, environ, left", [
+    pytest.param({"SUCCESSORS": "2"}, {}, 2, id="first-job"),
+    pytest.param({"SUCCESSORS": "2"}, {"ENVLAYERS_CHAIN_LEFT": "1"}, 1, id="a-successor"),
+    pytest.param({}, {}, 0, id="off"),
+])
+def test_chain_left(keys, environ, left):
+    from envlayers.launch.successor import chain_left
+
+    assert chain_left(keys, environ) == left
+
+
+def test_a_bad_successors_value_names_the_key():
+    from envlayers.launch.successor import chain_left
+
+    with pytest.raises(LaunchFailure, match="SUCCESSORS='two': not a whole number"):
+        chain_left({"SUCCESSORS": "two"}, {})
+
+
+def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
+    from envlayers.launch.successor import Chain, HandedOver, chain_of
+
+    clock, said, calls = Clock(), [], []
+    run_dir = tmp_path / "41"
+    run_dir.mkdir()
+
+    def run(argv, env):
+        calls.append((argv, env["ENVLAYERS_CHAIN_LEFT"], env["ENVLAYERS_PREDECESSOR"], "SLURM_JOB_ID" in env))
+        return subprocess.CompletedProcess(argv, 0, "57\n", "")
+
+    chain = Chain("41", run_dir, 2, 30, say=said.append, environ={"SLURM_JOB_ID": "41", "SLURM_CONF": "/c"},
+                  clock=clock, run=run, limit_s=lambda job: 600)
+    chain.tick()  # nothing submitted yet: nothing to do
+    chain.went_live(10.0)
+    assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", str(run_dir / "job.sh")],
+                      "1", "41", False)]
+    assert chain_of(run_dir) == {"predecessor": None, "successor": "57", "dependency": "after:41+7", "left": 2}
+    chain.tick()  # the successor is not live yet
+    (tmp_path / "57").mkdir()
+    (tmp_path / "57" / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"]}))
+    chain.tick()
+    assert said[-1] == "ENVLAYERS-STAGE: successor job 57 is live at http://n2:8000/v1; this job drains for 30s and ends"
+    clock.sleep(29)
+    chain.tick()
+    clock.sleep(1)
+    with pytest.raises(HandedOver, match="handed over to successor job 57"):
+        chain.tick()
+
+
+def test_the_last_link_submits_nothing(tmp_path):
+    from envlayers.launch.successor import Chain, chain_of
+
+    said = []
+    chain = Chain("57", tmp_path, 0, 30, say=said.append, environ={"ENVLAYERS_PREDECESSOR": "41"},
+                  run=lambda argv, env: pytest.fail("submitted"), limit_s=lambda job: 600)
+    chain.went_live(3.0)
+    assert said == ["ENVLAYERS-STAGE: last job of the chain (after job 41): no successor"]
+    assert chain_of(tmp_path)["predecessor"] == "41"
