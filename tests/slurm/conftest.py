@@ -47,3 +47,23 @@ def netns_lab(slurm_lab):
     if slurm_lab.mode != "netns":
         unavailable(f"lab runs in {slurm_lab.mode} mode (all nodes share 127.0.0.1); needs network namespaces")
     return slurm_lab
+
+
+@pytest.fixture(autouse=True)
+def _lab_clean_after_each_test(request):
+    """A test that fails half-way must not leave its job holding nodes for the next test: after each test
+    on the lab, every job still in the lab's queue is cancelled (the lab is this session's own), and the
+    next test starts once Slurm has let them go (bounded)."""
+    yield
+    if "slurm_lab" not in request.fixturenames and "netns_lab" not in request.fixturenames:
+        return
+    import time
+
+    lab = request.getfixturevalue("slurm_lab")
+    queued = lab.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    if not queued:
+        return
+    lab.run(["scancel", *queued], check=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and lab.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
+        time.sleep(0.2)

@@ -66,8 +66,8 @@ def test_replicas_survive_a_dead_and_a_hung_peer_and_give_their_nodes_back(netns
     assert [r["alive"] for r in ep["replicas"]] == [True, True, False]
     assert ep["addresses"] == [addr["n1"], addr["n2"]]
     shown = status(run)
-    assert "  replicas:   2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1" in shown
-    assert "  dropped:    rank 2 on n3: exited with code 137 after the endpoint was live" in shown
+    assert "  replicas:    2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1" in shown
+    assert "  dropped:     rank 2 on n3: exited with code 137 after the endpoint was live" in shown
     # a replica hangs: its socket accepts, nothing answers
     t_hang = time.monotonic()
     os.kill(engine_pid(run, "n2"), signal.SIGUSR1)
@@ -172,7 +172,7 @@ def test_a_chain_of_successors_hands_over_twice_without_a_gap(netns_lab, tmp_pat
     assert f"ENVLAYERS-STAGE: last job of the chain (after job {chain[1]}): no successor" in last
     shown = subprocess.run([sys.executable, "-m", "envlayers", "status", chain[1]], cwd=tmp_path, env=run.env,
                            capture_output=True, text=True, timeout=60).stdout
-    assert f"  chain:      after job {chain[0]}; successor job {chain[2]} (after:{chain[1]}+1)" in shown
+    assert f"  chain:       after job {chain[0]}; successor job {chain[2]} (after:{chain[1]}+1)" in shown
     print(f"chain {chain}: first answered at {served_by} s; longest time with no job answering: {longest:.1f}s")
     assert longest == 0.0
     netns_lab.cancel(chain[-1])
