@@ -95,7 +95,8 @@ def test_base_env_replaces_the_render(tmp_path, edf_dir):
     ({}, 7200), ({"VLLM_READY_TIMEOUT_SECONDS": "100"}, 100),
     ({"AGENT_READY_TIMEOUT_SECONDS": "50", "VLLM_READY_TIMEOUT_SECONDS": "100"}, 50),
     ({"AGENT_READY_TIMEOUT_SECONDS": "", "VLLM_READY_TIMEOUT_SECONDS": "100"}, 100),
-], ids=["default", "vllm-key", "agent-key-wins", "empty-agent-key-falls-through"])
+    ({"AGENT_READY_TIMEOUT_SECONDS": "1"}, 1),
+], ids=["default", "vllm-key", "agent-key-wins", "empty-agent-key-falls-through", "one-second-is-positive"])
 def test_readiness_budget_precedence(env, want):
     assert ready_timeout_s(env) == want
 
