@@ -41,7 +41,7 @@ def test_a_generated_key_is_enforced_named_and_never_shown(netns_lab, tmp_path):
     # enforced: no key 401, the printed curl (which reads the file) answers
     url = f"http://{netns_lab.nodes['n1']}:8000/v1/models"
     assert curl(url).stdout.endswith("\n401")
-    printed = text.split("try:\n", 1)[1].splitlines()[0].strip().replace("http://n1:", f"http://{netns_lab.nodes['n1']}:")
+    printed = text.split("try (curl):\n", 1)[1].splitlines()[0].strip().replace("http://n1:", f"http://{netns_lab.nodes['n1']}:")
     answer = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, timeout=20)
     assert json.loads(answer.stdout)["choices"][0]["message"]["content"], answer.stdout
 
