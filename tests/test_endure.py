@@ -319,7 +319,7 @@ def test_wait_counts_a_dropped_replicas_exit_as_live(exits, ending):
 
 
 def test_status_and_wait_show_which_replicas_are_alive():
-    from envlayers.cli.ops_format import replica_lines
+    from envlayers.cli.serving_format import replica_lines
 
     assert replica_lines(EP) == [
         ("replicas", "2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1"),

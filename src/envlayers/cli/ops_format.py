@@ -176,6 +176,7 @@ class Progress:
 def endpoint_block(result: "WaitResult") -> str:
     """The endpoint block ``wait`` prints once live (from endpoint.json, else the job output's copy)."""
     from ..readiness import Endpoint
+    from .serving_format import replica_lines
 
     data = dict(result.endpoint or {})
     try:
@@ -299,6 +300,7 @@ def _label(name: str) -> str:
 def format_record(rec: dict) -> str:
     from ..rundir import TAIL_HEADER_RE
     from ..slurm import TERMINAL_STATES
+    from .serving_format import gpu_hours_lines, replica_lines
 
     s = rec["slurm"] or {}
     jid = rec["job_id"]
@@ -376,40 +378,6 @@ def format_record(rec: dict) -> str:
         lines.append(_label("earlier") + f"{_run_line(run)}")
     lines += gpu_hours_lines(rec.get("accounting"))
     return "\n".join(lines) + "\n"
-
-
-def gpu_hours_lines(acct: dict | None) -> list[str]:
-    """``status JOBID``'s GPU-hour split (docs/operating.md "Where the GPU-hours went")."""
-    from ..accounting import LABELS, fmt_h
-
-    if not acct or not acct.get("split"):
-        return []
-    sp = acct["split"]
-    so_far = " so far" if sp.get("running") else ""
-    lines = [_label("GPU-hours") + f"{fmt_h(sp['allocated_gpu_hours'])} allocated{so_far} ({sp['gpus']} GPUs x "
-             f"{fmt_duration(sp['allocated_s'])})"]
-    for seg, hours in sp["gpu_hours"].items():
-        if sp["seconds"][seg] > 0:
-            share = hours / sp["allocated_gpu_hours"] * 100 if sp["allocated_gpu_hours"] else 0.0
-            lines.append(f"    {LABELS[seg] + ':':<30}{fmt_h(hours):>8} ({share:.0f}%, "
-                         f"{fmt_duration(sp['seconds'][seg])})")
-    return lines
-
-
-def replica_lines(ep: dict) -> list[tuple[str, str]]:
-    """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica."""
-    from ..launch.replicas import replica_rows
-
-    rows = replica_rows(ep)
-    if not rows:
-        return []
-    alive = [r for r in rows if r.get("alive")]
-    out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
-        f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "
-        f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
-    out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
-            for r in rows if not r.get("alive")]
-    return out
 
 
 def _run_line(run: dict) -> str:

@@ -1,0 +1,41 @@
+"""The serving part of ``status JOBID``'s record: the GPU-hour split and which replicas are alive.
+
+Terminal text only, from the records ``envlayers.ops`` returns (``accounting`` and ``endpoint``)."""
+
+from __future__ import annotations
+
+from .ops_format import _label, fmt_duration
+
+
+def gpu_hours_lines(acct: dict | None) -> list[str]:
+    """``status JOBID``'s GPU-hour split (docs/operating.md "Where the GPU-hours went")."""
+    from ..accounting import LABELS, fmt_h
+
+    if not acct or not acct.get("split"):
+        return []
+    sp = acct["split"]
+    so_far = " so far" if sp.get("running") else ""
+    lines = [_label("GPU-hours") + f"{fmt_h(sp['allocated_gpu_hours'])} allocated{so_far} ({sp['gpus']} GPUs x "
+             f"{fmt_duration(sp['allocated_s'])})"]
+    for seg, hours in sp["gpu_hours"].items():
+        if sp["seconds"][seg] > 0:
+            share = hours / sp["allocated_gpu_hours"] * 100 if sp["allocated_gpu_hours"] else 0.0
+            lines.append(f"    {LABELS[seg] + ':':<30}{fmt_h(hours):>8} ({share:.0f}%, "
+                         f"{fmt_duration(sp['seconds'][seg])})")
+    return lines
+
+
+def replica_lines(ep: dict) -> list[tuple[str, str]]:
+    """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica."""
+    from ..launch.replicas import replica_rows
+
+    rows = replica_rows(ep)
+    if not rows:
+        return []
+    alive = [r for r in rows if r.get("alive")]
+    out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
+        f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "
+        f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
+    out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
+            for r in rows if not r.get("alive")]
+    return out
