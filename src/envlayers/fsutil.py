@@ -100,13 +100,14 @@ def _reap_stale_temps(path: Path) -> None:
         if not (name.startswith(head) and name.endswith(".tmp")):
             continue
         pid = name[len(head):].split(".", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         with contextlib.suppress(OSError):
             os.unlink(path.parent / name)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host has that PID (one owned by someone else counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

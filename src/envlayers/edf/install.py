@@ -199,6 +199,8 @@ def _remove_stale_temps(dest: Path, *, max_age_s: float = 86400.0) -> None:
     .toml), this only keeps the folder tidy."""
     import socket
 
+    from ..fsutil import pid_alive
+
     host = socket.gethostname()
     now = time.time()
     for tmp in dest.glob(f"{_TMP_PREFIX}*.tmp"):
@@ -206,7 +208,7 @@ def _remove_stale_temps(dest: Path, *, max_age_s: float = 86400.0) -> None:
         stale = False
         if rest.startswith(host + "-"):
             pid_text = rest[len(host) + 1:].split("-", 1)[0]
-            stale = pid_text.isdigit() and not _alive(int(pid_text))
+            stale = pid_text.isdigit() and not pid_alive(int(pid_text))
         try:
             stale = stale or now - tmp.stat().st_mtime > max_age_s
             if stale:
@@ -214,12 +216,3 @@ def _remove_stale_temps(dest: Path, *, max_age_s: float = 86400.0) -> None:
         except OSError:
             pass
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
