@@ -17,7 +17,8 @@ Scale figures: loading, merging and rendering a stack of N layer files x 200 key
 `env_layers --root R render big:m` computes, in this process), 10,000 to 160,000 assignments, with the time
 per assignment at each size and the ratio of the largest size's to the smallest's (goal: flat, <= 1.25):
 - as the CLI runs it (the garbage collector paused, see envlayers.cli);
-- with the garbage collector on, as a library caller has it.
+- with the garbage collector on, as a library caller has it;
+and, for scale, the same ratio for CPython building a plain dict of as many small tuples.
 """
 
 from __future__ import annotations
@@ -162,12 +163,44 @@ def scale_figures(keys: int = 200, sizes=(50, 100, 200, 400, 800), work: int = 4
                 rows[name].append((n * keys, t))
                 line += f"   {name}: {t * 1000:7.1f} ms {t / (n * keys) * 1e6:6.2f} us/assignment"
             print(line, flush=True)
+    n0, n1 = sizes[0] * keys, sizes[-1] * keys
+    floor = interpreter_growth(n0, n1, work * keys)
     for name, data in rows.items():
         (n0, t0), (n1, t1) = data[0], data[-1]
         ratio = (t1 / n1) / (t0 / n0)
         verdict = "flat" if ratio <= FLAT_GOAL else "NOT flat"
         print(f"  {name}: per-assignment time at {n1} / at {n0} assignments: {ratio:.2f} "
               f"(goal <= {FLAT_GOAL}): {verdict}")
+    print(f"  for scale, CPython alone: a dict of N keys to small tuples, GC paused, per-item time at {n1} / at "
+          f"{n0} items: {floor:.2f} (caches and fresh memory, not the algorithm: a ratio near this one is "
+          f"the machine's)")
+
+
+def interpreter_growth(n0: int, n1: int, work: int) -> float:
+    """The same per-item ratio for the plainest workload of that size: what the memory hierarchy alone costs."""
+    def build(n: int) -> dict:
+        d = {}
+        for i in range(n):
+            k = f"K{i}"
+            d[k] = (k, (f"v{i}",), ("f", i))
+        return d
+
+    per_item = []
+    for n in (n0, n1):
+        with _gc_off():
+            per_item.append(best_of(max(3, work // n), build, n) / n)
+    return per_item[1] / per_item[0]
+
+
+@contextlib.contextmanager
+def _gc_off():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def main() -> None:

@@ -160,24 +160,31 @@ def _file_source(root: Path, name: str, ref: Origin | None) -> Source:
 
 
 def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
-    """Replay the assignments in order, last assignment wins, with provenance."""
+    """Replay the assignments in order, last assignment wins, with provenance.
+
+    ``state`` gains a key only at its first assignment, so its order is the order of first assignment
+    (the render's order) without a sort; only a key assigned again keeps a list of what it replaced,
+    so a large stack of distinct keys costs the same per assignment as a small one."""
     state: dict[str, Resolved] = {}
-    history: dict[str, list[tuple[Resolved, Origin]]] = {}
+    origin: dict[str, Origin] = {}
     first: dict[str, int] = {}
+    replaced: dict[str, list[tuple[Resolved, Origin]]] = {}
     index = 0
     for source in sources:
         for a in source.assignments:
+            key = a.key
             value = _resolve(a.value, state, a)
-            state[a.key] = value
-            history.setdefault(a.key, []).append((value, a.origin))
-            first.setdefault(a.key, index)
+            if key in state:
+                replaced.setdefault(key, []).append((state[key], origin[key]))
+            else:
+                first[key] = index
+            state[key] = value
+            origin[key] = a.origin
             index += 1
-    bindings: dict[str, Binding] = {}
-    for key in sorted(state, key=first.__getitem__):
-        past = history[key]
-        bindings[key] = Binding(key, state[key], past[-1][1], tuple(past[:-1]), first[key])
+    bindings = {key: Binding(key, value, origin[key], tuple(replaced.get(key, ())), first[key])
+                for key, value in state.items()}
     env = Env(target, tuple(s.label for s in sources), bindings)
-    _check_render_order(env, history)
+    _check_render_order(env)
     if strict:
         for b in bindings.values():
             for d in deferred_in(b.value):
@@ -308,7 +315,7 @@ def _show(value: Resolved) -> str:
     return value_text(value)
 
 
-def _check_render_order(env: Env, history: dict[str, list[tuple[Resolved, Origin]]]) -> None:
+def _check_render_order(env: Env) -> None:
     """The render writes each key once, in order of first assignment, so a line that reads
     NAME from the environment must come before the line that assigns NAME."""
     for b in env.bindings.values():
@@ -316,7 +323,7 @@ def _check_render_order(env: Env, history: dict[str, list[tuple[Resolved, Origin
             other = env.bindings.get(d.name)
             if other is None or d.name == b.key or other.first_index > b.first_index:
                 continue
-            assigned_at = history[d.name][0][1]
+            assigned_at = other.overridden[0][1] if other.overridden else other.origin
             raise StackError(
                 f"{b.key} reads ${d.name} from the environment at {d.origin}, but {d.name} is assigned at "
                 f"{assigned_at}, before {b.key} is first set; a merged render cannot reproduce that order",
