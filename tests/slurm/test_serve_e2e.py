@@ -72,7 +72,9 @@ class Run:
             if re.search(pattern, text, re.M):
                 return text
             time.sleep(0.1)
-        raise AssertionError(f"no /{pattern}/ in {self.out} after {timeout_s}s:\n{text}")
+        job = self.lab.job_info(self.job_id) if getattr(self, "job_id", None) else None
+        seen = {k: job.get(k) for k in ("JobState", "Reason", "Restarts", "NodeList")} if job else None
+        raise AssertionError(f"no /{pattern}/ in {self.out} after {timeout_s}s (Slurm: {seen}):\n{text}")
 
     def endpoint(self) -> dict:
         return json.loads((self.run_dir / "endpoint.json").read_text())
@@ -418,21 +420,34 @@ def assert_second_run_is_clean(run: Run, text: str) -> None:
     assert (run.run_dir / "run-0" / "server-0.log").exists()
 
 
-def start_requeued_now(lab, job_id: str, timeout_s: float = 90) -> None:
-    """Slurm holds a requeued job back (BeginTime about two minutes on): let it start at once. The
-    update is repeated until the job leaves PENDING: issued while the requeue is still completing,
-    Slurm can drop it."""
+def start_requeued_now(lab, job_id: str, timeout_s: float = 150) -> None:
+    """Slurm holds a requeued job back (BeginTime about two minutes on, the life of the job credential
+    the requeue revoked): let it start a few seconds on instead. Not at once: a relaunch within the
+    second of the revocation carries a credential slurmd still counts as revoked, and Slurm kills the
+    job ("Killing non-startable batch job: Job credential revoked"). The update is repeated while the
+    job stays PENDING: issued while the requeue is still completing, Slurm can drop it. A held job
+    is released, as an operator would. Fails with Slurm's view of the job and its nodes when it never
+    restarts."""
     deadline = time.monotonic() + timeout_s
     asked_at = None
+    info: dict = {}
     while time.monotonic() < deadline:
         info = lab.job_info(job_id) or {}
         restarted = info.get("Restarts", "0") != "0"
         if restarted and info.get("JobState") not in ("PENDING", "COMPLETING", "REQUEUED", None):
             return
-        if restarted and info.get("JobState") == "PENDING" and (asked_at is None or time.monotonic() - asked_at > 2):
-            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        if info.get("JobState") in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL", "BOOT_FAIL"):
+            break
+        if restarted and info.get("JobState") == "PENDING" and (asked_at is None or time.monotonic() - asked_at > 10):
+            if "held" in info.get("Reason", "").lower() or info.get("Priority") == "0":
+                lab.run(["scontrol", "release", job_id], check=False)
+            lab.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+3"], check=False)
             asked_at = time.monotonic()
         time.sleep(0.2)
+    nodes = lab.run(["sinfo", "-N", "-h", "-o", "%N %T %E"], check=False).stdout
+    raise AssertionError(f"requeued job {job_id} did not start again: "
+                         f"JobState={info.get('JobState')} Reason={info.get('Reason')} "
+                         f"Restarts={info.get('Restarts')} Priority={info.get('Priority')}; nodes:\n{nodes}")
 
 
 def test_a_requeued_job_starts_clean_and_says_it_is_a_restart(netns_lab, tmp_path):
