@@ -57,7 +57,7 @@ class JobSubmission:
         return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
 
     def dry_run_text(self) -> str:
-        from .launch.prepare import srun_dry_line
+        from .launch.srun import srun_dry_line
 
         delim = _delimiter(self.script, "ENVLAYERS_JOB")
         c = comment_text
