@@ -20,13 +20,15 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
 from .jobtext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, job_script, shown as _shown
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
+    from typing import Mapping
+
     from .layers import Env, Unbound
     from .topology import Plan
 

@@ -23,10 +23,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import EdfError
 from ..topology_checks import MODES
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
+if TYPE_CHECKING:
+    from typing import Any
 
 # the EDF variants are chosen per launch mode (a plan's edf_topology is one of these)
 TOPOLOGIES = MODES
