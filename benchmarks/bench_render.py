@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Start-up and scale of the layer commands, as ratios measured side by side.
 
-    python3 benchmarks/bench_render.py [--runs 30] [--python PYTHON] [--skip-process] [--skip-scale]
+    python3 benchmarks/bench_render.py [--runs 30] [--python PYTHON] [--skip-process] [--skip-scale] [--imports]
 
 Process figures (medians of --runs, the cases interleaved so load spikes hit all alike, bytecode cache on):
 - `env_layers render experiment:glm53`, as a ratio to `python3 -c pass` (goal: <= 3x), with the setups.yaml
   parse cache (as an operator runs it) and, for the cache's worth, with ENVLAYERS_NO_CACHE=1;
 - `env_layers serve --model glm53 --dry-run` from the repository root, as a ratio to `python3 -c pass`
-  (goal: <= 5x);
+  (goal: <= 5x), with the parse caches of setups.yaml and of the container sources (as an operator runs it)
+  and, for their worth, with ENVLAYERS_NO_CACHE=1;
 - bash sourcing the same layer files under `set -a`, for scale.
 `env_layers` is the console script beside PYTHON (default: this interpreter), else `PYTHON -m envlayers`.
+--imports adds where the dry run's imports go: `python3 -X importtime`'s cumulative time of each module the
+dry run imports at the top level (medians of 5 runs; -X importtime inflates every figure alike).
 An interpreter whose site-packages runs .pth start-up hooks pays them in `python3 -c pass` too, which shrinks
 every ratio: measure with a plain virtual environment's interpreter (--python) for the figures that count.
 
@@ -61,8 +64,9 @@ def process_figures(runs: int, python: str) -> None:
     cases = {
         "python3 -c pass": ([python, "-c", "pass"], ENV),
         "env_layers render experiment:glm53": ([*cli, "render", "experiment:glm53"], ENV),
-        "  the same, ENVLAYERS_NO_CACHE=1": ([*cli, "render", "experiment:glm53"], no_cache),
+        "  the render, ENVLAYERS_NO_CACHE=1": ([*cli, "render", "experiment:glm53"], no_cache),
         "env_layers serve --model glm53 --dry-run": ([*cli, "serve", "--model", "glm53", "--dry-run"], ENV),
+        "  the dry run, ENVLAYERS_NO_CACHE=1": ([*cli, "serve", "--model", "glm53", "--dry-run"], no_cache),
         "bash: set -a; . layers (no merge, no provenance)":
             (["bash", "-c", f"set -a; for f in {layers}; do . $f; done"], ENV),
     }
@@ -82,8 +86,10 @@ def process_figures(runs: int, python: str) -> None:
         ratio = med[name] / base
         verdict = "meets" if ratio <= goal else "MISSES"
         print(f"  goal: {name.strip()} <= {goal:.0f}x python3 -c pass: {verdict} ({ratio:.2f}x)")
-    saved = med["  the same, ENVLAYERS_NO_CACHE=1"] - med["env_layers render experiment:glm53"]
+    saved = med["  the render, ENVLAYERS_NO_CACHE=1"] - med["env_layers render experiment:glm53"]
     print(f"  the setups.yaml parse cache saves render {saved * 1000:.1f} ms ({saved / base:.2f}x python3 -c pass)")
+    saved = med["  the dry run, ENVLAYERS_NO_CACHE=1"] - med["env_layers serve --model glm53 --dry-run"]
+    print(f"  the parse caches save the dry run {saved * 1000:.1f} ms ({saved / base:.2f}x python3 -c pass)")
 
 
 SETUPS = "version: 1\nexperiments:\n  big:\n    layers: [{layers}]\nmodels:\n  m:\n    description: scale\n"
@@ -170,15 +176,43 @@ def scale_figures(keys: int = 200, sizes=(50, 100, 200, 400, 800), work: int = 4
               f"(goal <= {FLAT_GOAL}): {verdict}")
 
 
+def import_figures(python: str, runs: int = 5, depth: int = 3, least_ms: float = 0.5) -> None:
+    """The dry run's import tree (``-X importtime``), ``depth`` levels deep, each module's cumulative time
+    (medians of ``runs``), those of at least ``least_ms``."""
+    import re
+
+    argv = [python, "-X", "importtime", *env_layers(python), "serve", "--model", "glm53", "--dry-run"]
+    times: dict[tuple[int, str], list[int]] = {}
+    order: list[tuple[int, str]] = []
+    for _ in range(runs):
+        err = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, check=True).stderr
+        for m in re.finditer(r"^import time:\s+\d+ \|\s+(\d+) \|( +)(\S+)$", err, re.M):
+            key = ((len(m.group(2)) - 1) // 2, m.group(3))
+            if key not in times:
+                times[key] = []
+                order.append(key)
+            times[key].append(int(m.group(1)))
+    total = sum(statistics.median(t) for (level, _), t in times.items() if level == 0)
+    print(f"the dry run's imports (-X importtime, which inflates them; medians of {runs}): {total / 1000:.1f} ms "
+          f"at the top level; below, {depth} levels of those of {least_ms} ms or more, in import order:")
+    for level, name in order:
+        us = statistics.median(times[(level, name)])
+        if level < depth and us >= least_ms * 1000:
+            print(f"  {us / 1000:8.1f} ms  {'  ' * level}{name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--python", default=sys.executable, help="interpreter for the measured processes")
     ap.add_argument("--skip-process", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--imports", action="store_true", help="where the dry run's imports go (-X importtime)")
     args = ap.parse_args()
     if not args.skip_process:
         process_figures(args.runs, args.python)
+    if args.imports:
+        import_figures(args.python)
     if not args.skip_scale:
         scale_figures()
 
