@@ -369,8 +369,8 @@ def test_job_submission_plan_is_the_topology_plan(edf_dir):
 
 def test_the_dry_run_does_not_import_jinja2(tmp_path, edf_dir):
     env = {**os.environ, **edf_dir, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
-    code = ("import sys, atexit; atexit.register(lambda: sys.stderr.write('jinja2 imported: %s' % ('jinja2' in sys.modules)));"
-            "from envlayers.cli import main; main()")
+    code = ("import sys, atexit; atexit.register(lambda: sys.stderr.write("
+            "'jinja2 imported: %s' % ('jinja2' in sys.modules))); from envlayers.cli import main; main()")
     proc = subprocess.run([sys.executable, "-c", code, "--root", str(REPO), "serve", "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr.endswith("jinja2 imported: False"), proc.stderr
