@@ -204,3 +204,20 @@ def test_the_wrapper_dry_run_takes_the_fast_path(tmp_path):
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(b"# envlayers dry run") and flag.read_text() == FAST
+
+
+def test_the_fast_path_reads_the_options_of_the_click_command():
+    """Each option the fast path reads has the click command's name, environment variable and default; every
+    other option of the command is one the fast path declines."""
+    from envlayers.cli import fastpath
+    from envlayers.cli.serve_cmds import serve
+
+    options = {opt: p for p in serve.params for opt in p.opts}
+    for name, (key, var) in fastpath._SERVE_VALUES.items():
+        param = options.pop(name)
+        default = param.default if isinstance(param.default, str) else None  # no default: None or click's UNSET
+        assert (param.envvar, default) == (var, fastpath._SERVE_DEFAULTS.get(key)), name
+    for flag in ("--dry-run", "--json"):
+        assert options.pop(flag).is_flag
+    assert {p.envvar for p in set(options.values()) if p.envvar} == set(fastpath._SERVE_FLAG_VARS)
+    assert not any(p.required for p in serve.params)
