@@ -3,7 +3,8 @@
 
     python3 benchmarks/bench_render.py [--runs 30] [--python PYTHON] [--skip-process] [--skip-scale] [--imports]
 
-Process figures (medians of --runs, the cases interleaved so load spikes hit all alike, bytecode cache on):
+Process figures (medians of --runs, the cases interleaved so load spikes hit all alike, bytecode cache on;
+wall clock, and beside it the CPU time of the process, which other work on a shared machine disturbs less):
 - `env_layers render experiment:glm53`, as a ratio to `python3 -c pass` (goal: <= 3x), with the setups.yaml
   parse cache (as an operator runs it) and, for the cache's worth, with ENVLAYERS_NO_CACHE=1;
 - `env_layers serve --model glm53 --dry-run` from the repository root, as a ratio to `python3 -c pass`
@@ -46,10 +47,16 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE
 RENDER_GOAL, DRY_RUN_GOAL, FLAT_GOAL = 3.0, 5.0, 1.25
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> float:
+def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of the process: user + system) of one run."""
     t0 = time.perf_counter()
-    subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
-    return time.perf_counter() - t0
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def env_layers(python: str) -> list[str]:
@@ -72,15 +79,17 @@ def process_figures(runs: int, python: str) -> None:
     }
     for argv, env in cases.values():  # warm-up: writes the bytecode and parse caches, fills the page cache
         run_once(argv, env)
-    samples: dict[str, list[float]] = {k: [] for k in cases}
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
     for _ in range(runs):
         for name, (argv, env) in cases.items():
             samples[name].append(run_once(argv, env))
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    base = med["python3 -c pass"]
-    print(f"process: {python} ({' '.join(cli)}), median of {runs}, interleaved, bytecode cache on:")
+    med = {k: statistics.median(wall for wall, _ in v) for k, v in samples.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in samples.items()}
+    base, cpu_base = med["python3 -c pass"], cpu["python3 -c pass"]
+    print(f"process: {python} ({' '.join(cli)}), median of {runs}, interleaved, bytecode cache on;")
+    print("  wall clock (the goals), and the CPU time of the process (user + system: steadier on a shared machine):")
     for name, m in med.items():
-        print(f"  {m * 1000:8.1f} ms  {m / base:5.2f}x  {name}")
+        print(f"  {m * 1000:8.1f} ms  {m / base:5.2f}x   cpu {cpu[name] * 1000:6.1f} ms  {cpu[name] / cpu_base:5.2f}x  {name}")
     for name, goal in (("env_layers render experiment:glm53", RENDER_GOAL),
                        ("env_layers serve --model glm53 --dry-run", DRY_RUN_GOAL)):
         ratio = med[name] / base
