@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Start-up and scale of the layer commands, as ratios measured side by side.
 
-    python3 benchmarks/bench_render.py [--runs 30] [--python PYTHON] [--skip-process] [--skip-scale]
+    python3 benchmarks/bench_render.py [--runs 30] [--python PYTHON] [--skip-process] [--skip-scale] [--imports]
 
-Process figures (medians of --runs, the cases interleaved so load spikes hit all alike, bytecode cache on):
+Process figures (medians of --runs, the cases interleaved so load spikes hit all alike, bytecode cache on;
+wall clock, and beside it the CPU time of the process, which other work on a shared machine disturbs less):
 - `env_layers render experiment:glm53`, as a ratio to `python3 -c pass` (goal: <= 3x), with the setups.yaml
   parse cache (as an operator runs it) and, for the cache's worth, with ENVLAYERS_NO_CACHE=1;
 - `env_layers serve --model glm53 --dry-run` from the repository root, as a ratio to `python3 -c pass`
-  (goal: <= 5x);
+  (goal: <= 5x), with the parse caches of setups.yaml and of the container sources (as an operator runs it)
+  and, for their worth, with ENVLAYERS_NO_CACHE=1;
 - bash sourcing the same layer files under `set -a`, for scale.
 `env_layers` is the console script beside PYTHON (default: this interpreter), else `PYTHON -m envlayers`.
+--imports adds where the dry run's imports go: `python3 -X importtime`'s cumulative time of each module the
+dry run imports at the top level (medians of 5 runs; -X importtime inflates every figure alike).
 An interpreter whose site-packages runs .pth start-up hooks pays them in `python3 -c pass` too, which shrinks
 every ratio: measure with a plain virtual environment's interpreter (--python) for the figures that count.
 
@@ -44,10 +48,16 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE
 RENDER_GOAL, DRY_RUN_GOAL, FLAT_GOAL = 3.0, 5.0, 1.25
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> float:
+def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of the process: user + system) of one run."""
     t0 = time.perf_counter()
-    subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
-    return time.perf_counter() - t0
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def env_layers(python: str) -> list[str]:
@@ -62,29 +72,34 @@ def process_figures(runs: int, python: str) -> None:
     cases = {
         "python3 -c pass": ([python, "-c", "pass"], ENV),
         "env_layers render experiment:glm53": ([*cli, "render", "experiment:glm53"], ENV),
-        "  the same, ENVLAYERS_NO_CACHE=1": ([*cli, "render", "experiment:glm53"], no_cache),
+        "  the render, ENVLAYERS_NO_CACHE=1": ([*cli, "render", "experiment:glm53"], no_cache),
         "env_layers serve --model glm53 --dry-run": ([*cli, "serve", "--model", "glm53", "--dry-run"], ENV),
+        "  the dry run, ENVLAYERS_NO_CACHE=1": ([*cli, "serve", "--model", "glm53", "--dry-run"], no_cache),
         "bash: set -a; . layers (no merge, no provenance)":
             (["bash", "-c", f"set -a; for f in {layers}; do . $f; done"], ENV),
     }
     for argv, env in cases.values():  # warm-up: writes the bytecode and parse caches, fills the page cache
         run_once(argv, env)
-    samples: dict[str, list[float]] = {k: [] for k in cases}
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
     for _ in range(runs):
         for name, (argv, env) in cases.items():
             samples[name].append(run_once(argv, env))
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    base = med["python3 -c pass"]
-    print(f"process: {python} ({' '.join(cli)}), median of {runs}, interleaved, bytecode cache on:")
+    med = {k: statistics.median(wall for wall, _ in v) for k, v in samples.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in samples.items()}
+    base, cpu_base = med["python3 -c pass"], cpu["python3 -c pass"]
+    print(f"process: {python} ({' '.join(cli)}), median of {runs}, interleaved, bytecode cache on;")
+    print("  wall clock (the goals), and the CPU time of the process (user + system: steadier on a shared machine):")
     for name, m in med.items():
-        print(f"  {m * 1000:8.1f} ms  {m / base:5.2f}x  {name}")
+        print(f"  {m * 1000:8.1f} ms  {m / base:5.2f}x   cpu {cpu[name] * 1000:6.1f} ms  {cpu[name] / cpu_base:5.2f}x  {name}")
     for name, goal in (("env_layers render experiment:glm53", RENDER_GOAL),
                        ("env_layers serve --model glm53 --dry-run", DRY_RUN_GOAL)):
         ratio = med[name] / base
         verdict = "meets" if ratio <= goal else "MISSES"
         print(f"  goal: {name.strip()} <= {goal:.0f}x python3 -c pass: {verdict} ({ratio:.2f}x)")
-    saved = med["  the same, ENVLAYERS_NO_CACHE=1"] - med["env_layers render experiment:glm53"]
+    saved = med["  the render, ENVLAYERS_NO_CACHE=1"] - med["env_layers render experiment:glm53"]
     print(f"  the setups.yaml parse cache saves render {saved * 1000:.1f} ms ({saved / base:.2f}x python3 -c pass)")
+    saved = med["  the dry run, ENVLAYERS_NO_CACHE=1"] - med["env_layers serve --model glm53 --dry-run"]
+    print(f"  the parse caches save the dry run {saved * 1000:.1f} ms ({saved / base:.2f}x python3 -c pass)")
 
 
 SETUPS = "version: 1\nexperiments:\n  big:\n    layers: [{layers}]\nmodels:\n  m:\n    description: scale\n"
@@ -203,15 +218,43 @@ def _gc_off():
             gc.enable()
 
 
+def import_figures(python: str, runs: int = 5, depth: int = 3, least_ms: float = 0.5) -> None:
+    """The dry run's import tree (``-X importtime``), ``depth`` levels deep, each module's cumulative time
+    (medians of ``runs``), those of at least ``least_ms``."""
+    import re
+
+    argv = [python, "-X", "importtime", *env_layers(python), "serve", "--model", "glm53", "--dry-run"]
+    times: dict[tuple[int, str], list[int]] = {}
+    order: list[tuple[int, str]] = []
+    for _ in range(runs):
+        err = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, check=True).stderr
+        for m in re.finditer(r"^import time:\s+\d+ \|\s+(\d+) \|( +)(\S+)$", err, re.M):
+            key = ((len(m.group(2)) - 1) // 2, m.group(3))
+            if key not in times:
+                times[key] = []
+                order.append(key)
+            times[key].append(int(m.group(1)))
+    total = sum(statistics.median(t) for (level, _), t in times.items() if level == 0)
+    print(f"the dry run's imports (-X importtime, which inflates them; medians of {runs}): {total / 1000:.1f} ms "
+          f"at the top level; below, {depth} levels of those of {least_ms} ms or more, in import order:")
+    for level, name in order:
+        us = statistics.median(times[(level, name)])
+        if level < depth and us >= least_ms * 1000:
+            print(f"  {us / 1000:8.1f} ms  {'  ' * level}{name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--python", default=sys.executable, help="interpreter for the measured processes")
     ap.add_argument("--skip-process", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--imports", action="store_true", help="where the dry run's imports go (-X importtime)")
     args = ap.parse_args()
     if not args.skip_process:
         process_figures(args.runs, args.python)
+    if args.imports:
+        import_figures(args.python)
     if not args.skip_scale:
         scale_figures()
 

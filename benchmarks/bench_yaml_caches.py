@@ -7,7 +7,7 @@ Runs `python3 -c pass`, `env_layers render experiment:glm53` and `env_layers ser
 --dry-run` --runs times each, interleaved across the configurations (so a noisy machine slows all of
 them alike), and prints each median and its ratio to `python3 -c pass`. A configuration takes the
 envlayers package from SRC (default: this checkout's src/); `:nocache` sets ENVLAYERS_NO_CACHE=1, which
-turns the setups.yaml parse cache (and the template cache) off. To compare with an older version:
+turns the parse caches (setups.yaml, the container sources) off. To compare with an older version:
 
     git archive <commit> src | tar -x -C /tmp/old
     python3 benchmarks/bench_yaml_caches.py --config old=/tmp/old/src --config old-nocache=/tmp/old/src:nocache \

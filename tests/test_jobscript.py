@@ -195,25 +195,42 @@ def _run_env_part(script: str, tail: str, env: dict[str, str], tmp_path: Path) -
 @pytest.mark.parametrize("snippet, x", [
     pytest.param("{{ x }}", "a", id="bare-variable"),
     pytest.param("{{ x ~ '' }}", "a", id="bare-expression"),
+    pytest.param("{{ x|upper }}", "a", id="unknown-filter"),
+    pytest.param("{{ y|sh }}", "a", id="value-not-given"),
+    pytest.param("{{ x|sh(x) }}", "a", id="argument-to-a-plain-filter"),
+    pytest.param("{{ x|heredoc }}", "a", id="heredoc-without-delimiter"),
+    pytest.param("{{ x|heredoc(x) }}", "a", id="heredoc-holding-its-delimiter"),
     pytest.param("# {{ x|comment }}", "a\necho pwned", id="newline-in-comment"),
     pytest.param("# {{ x|comment }}", "a\recho", id="carriage-return-in-comment"),
     pytest.param("X={{ x|sh }}", "a\0b", id="nul-in-word"),
     pytest.param("{{ x|code }}", "echo pwned", id="plain-text-as-code"),
     pytest.param("{{ x|num }}", "4", id="text-as-number"),
+    pytest.param("{{ x|num }}", True, id="bool-as-number"),
 ])
 def test_the_template_refuses_text_outside_a_filter_or_unfit_for_it(snippet, x):
-    from envlayers.jobscript import ScriptTextError, _template
+    from envlayers.jobscript import ScriptTextError
+    from envlayers.jobtext import fill
 
     with pytest.raises(ScriptTextError):
-        _template().environment.from_string(snippet).render(x=x)
+        fill(snippet, {"x": x})
 
 
-def test_every_variable_of_the_job_template_is_filtered():
+def test_a_value_that_looks_like_a_place_stays_text():
+    from envlayers.jobtext import Code, fill
+
+    values = {"x": "{{ y|code }} $(touch pwned)", "y": Code("echo pwned"), "d": Code("EOF")}
+    assert fill("A={{ x|sh }}", values) == "A='{{ y|code }} $(touch pwned)'"
+    assert fill("{{ x|heredoc(d) }}{{ d|code }}", values) == "{{ y|code }} $(touch pwned)EOF"
+
+
+def test_every_place_of_the_job_script_names_a_filter():
     import re
 
-    text = (REPO / "src/envlayers/templates/serve-only.sh.j2").read_text()
-    bare = [m for m in re.findall(r"\{\{(.*?)\}\}", text) if "|" not in m]
-    assert bare == []
+    from envlayers import jobtext
+
+    places = [m for piece in jobtext.PIECES for m in re.findall(r"\{\{(.*?)\}\}", piece)]
+    assert places and all(re.fullmatch(r" [a-z_]+\|(sh|comment|num|code|heredoc\(delimiter\)) ", p) for p in places)
+    assert not any(mark in piece for piece in jobtext.PIECES for mark in ("{%", "{#"))
 
 
 def test_partition_with_a_newline_is_refused_with_file_line(tmp_path, edf_dir):
@@ -348,21 +365,13 @@ def test_job_submission_plan_is_the_topology_plan(edf_dir):
     assert type(job) is JobSubmission and isinstance(job.plan, Plan)
 
 
-# -- start-up: the template is compiled once ---------------------------------------------------------
+# -- start-up: the dry run renders the job script without a template engine ---------------------------
 
-def test_the_template_is_compiled_once_into_the_user_cache(tmp_path, edf_dir):
-    import jinja2
-
+def test_the_dry_run_does_not_import_jinja2(tmp_path, edf_dir):
     env = {**os.environ, **edf_dir, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
-    env.pop("ENVLAYERS_NO_CACHE", None)
-    cmd = [sys.executable, "-m", "envlayers", "--root", str(REPO), "serve", "--dry-run"]
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    assert first.returncode == 0, first.stderr
-    cached = list((tmp_path / "cache/envlayers" / f"jinja2-{jinja2.__version__}").glob("__jinja2_*.cache"))
-    assert len(cached) == 1
-    stamp = cached[0].stat().st_mtime_ns
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    assert second.stdout == first.stdout and cached[0].stat().st_mtime_ns == stamp  # loaded, not rewritten
-    off = subprocess.run(cmd, env={**env, "ENVLAYERS_NO_CACHE": "1", "XDG_CACHE_HOME": str(tmp_path / "c2")},
-                         capture_output=True, text=True, timeout=60)
-    assert off.stdout == first.stdout and not (tmp_path / "c2/envlayers").exists()
+    code = ("import sys, atexit; atexit.register(lambda: sys.stderr.write("
+            "'jinja2 imported: %s' % ('jinja2' in sys.modules))); from envlayers.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "--root", str(REPO), "serve", "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr.endswith("jinja2 imported: False"), proc.stderr
+    assert proc.stdout.count("#!/bin/bash\n") == 1

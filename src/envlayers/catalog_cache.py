@@ -1,15 +1,16 @@
-"""The parse cache of ``experiments/setups.yaml``: its parsed entries as JSON, keyed by the file's exact
-text and a fingerprint of the code that parses it.
+"""The parse caches of the catalog's YAML files: ``experiments/setups.yaml`` (its parsed entries, here) and the
+container sources ``containers/edfs/*.yaml`` (their validated form, :mod:`envlayers.edf.source_cache`), as
+JSON, keyed by the file's exact text and a fingerprint of the code that parses it.
 
-Importing PyYAML is most of what a plain ``env_layers render`` spends on setups.yaml (docs/layers.md,
-"Start-up"); a cache hit skips it. A hit is used only when the cache holds the very text of setups.yaml
-and was written by this very code: an edit, an upgrade of envlayers or of PyYAML, or another install
-sharing the cache folder all miss, so a hit never differs from a parse. Only a text that parsed is
-stored: a text with an error is parsed, and fails with its file:line, every time. The models that are
-only a layer file (``experiments/layers/model-*.env``) are found by the catalog on every run, never here.
+Importing PyYAML is most of what a plain ``env_layers render`` spends on setups.yaml, and a dry run on the
+sources (docs/layers.md, "Start-up"); a cache hit skips it. A hit is used only when the cache holds the very
+text of the file and was written by this very code: an edit, an upgrade of envlayers or of PyYAML, or
+another install sharing the cache folder all miss, so a hit never differs from a parse. Only a text that
+parsed is stored: a text with an error is parsed, and fails with its file:line, every time. The models that
+are only a layer file (``experiments/layers/model-*.env``) are found by the catalog on every run, never here.
 
-The file is ``${XDG_CACHE_HOME:-~/.cache}/envlayers/catalog/setups-<crc32 of the path>.json``, written
-atomically. ``ENVLAYERS_NO_CACHE=1`` turns the cache off; a broken or foreign file is ignored (and
+The files are ``${XDG_CACHE_HOME:-~/.cache}/envlayers/catalog/<kind>-<crc32 of the path>.json``, written
+atomically. ``ENVLAYERS_NO_CACHE=1`` turns the caches off; a broken or foreign file is ignored (and
 replaced); a folder that cannot be written (a read-only home) means no cache.
 """
 
@@ -22,25 +23,26 @@ FORMAT = 1
 _CODE = ("catalog.py", "catalog_cache.py", "envfile.py", "yamlpos.py")  # the parse's code, in this package
 
 
-def cache_file(setups: str) -> str | None:
-    """Where the cache of the setups.yaml at ``setups`` lives; None when ENVLAYERS_NO_CACHE=1. The folder
-    is fsutil.cache_dir's, computed here without importing fsutil (tempfile) on a hit."""
+def cache_file(source: str, kind: str = "setups") -> str | None:
+    """Where the cache of the file at ``source`` lives; None when ENVLAYERS_NO_CACHE=1. The folder is
+    fsutil.cache_dir's, computed here without importing fsutil (tempfile) on a hit."""
     if os.environ.get("ENVLAYERS_NO_CACHE") == "1":
         return None
     import zlib
 
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    key = zlib.crc32(os.path.abspath(setups).encode("utf-8", "surrogateescape"))
-    return os.path.join(base, "envlayers", "catalog", f"setups-{key:08x}.json")
+    key = zlib.crc32(os.path.abspath(source).encode("utf-8", "surrogateescape"))
+    return os.path.join(base, "envlayers", "catalog", f"{kind}-{key:08x}.json")
 
 
-def fingerprint() -> str:
-    """The parsing code's identity: envlayers' version and files, and the PyYAML this interpreter would
-    import (found without importing it), each by path, size and modification time."""
+def fingerprint(code: tuple[str, ...] = _CODE) -> str:
+    """The parsing code's identity: envlayers' version and its files ``code`` (paths in this package), and
+    the PyYAML this interpreter would import (found without importing it), each by path, size and
+    modification time."""
     from . import __version__
 
     here = os.path.dirname(os.path.abspath(__file__))
-    files = [os.path.join(here, name) for name in _CODE]
+    files = [os.path.join(here, name) for name in code]
     for folder in sys.path:
         candidate = os.path.join(folder or os.getcwd(), "yaml", "__init__.py")
         if os.path.isfile(candidate):
@@ -57,9 +59,9 @@ def fingerprint() -> str:
     return "|".join(parts)
 
 
-def read(setups: str, text: str):
-    """(experiments, models) as parsed from ``text``, when the cache holds them; else None."""
-    path = cache_file(setups)
+def load(kind: str, source: str, text: str, code: tuple[str, ...] = _CODE) -> dict | None:
+    """The cache of ``source`` (a JSON object) when it holds exactly ``text``, parsed by ``code``; else None."""
+    path = cache_file(source, kind)
     if path is None:
         return None
     import json
@@ -72,29 +74,44 @@ def read(setups: str, text: str):
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
             data = json.load(fh)
-        if (type(data) is not dict or data.get("format") != FORMAT or data.get("text") != text
-                or data.get("code") != fingerprint()):
-            return None
-        return tuple({name: _entry(e) for name, e in data[kind].items()} for kind in ("experiments", "models"))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None  # absent, unreadable, broken or not ours: parse
+    except (OSError, ValueError):
+        return None  # absent, unreadable or broken: parse
+    if (type(data) is not dict or data.get("format") != FORMAT or data.get("text") != text
+            or data.get("code") != fingerprint(code)):
+        return None  # not ours
+    return data
 
 
-def write(setups: str, text: str, experiments: dict, models: dict) -> None:
-    """Store a parse of ``text``; a cache that cannot be written is no cache."""
-    path = cache_file(setups)
-    if path is None or not all(_plain(e) for e in (*experiments.values(), *models.values())):
+def store(kind: str, source: str, text: str, parsed: dict, code: tuple[str, ...] = _CODE) -> None:
+    """Store ``parsed`` (JSON-able) as the parse of ``text``; a cache that cannot be written is no cache."""
+    path = cache_file(source, kind)
+    if path is None:
         return
     import json
 
     from .fsutil import atomic_write
 
-    data = {"format": FORMAT, "code": fingerprint(), "text": text,
-            "experiments": experiments, "models": models}
     try:
-        atomic_write(path, json.dumps(data))
+        atomic_write(path, json.dumps({"format": FORMAT, "code": fingerprint(code), "text": text, **parsed}))
     except OSError:
         pass
+
+
+def read(setups: str, text: str):
+    """(experiments, models) as parsed from ``text``, when the cache holds them; else None."""
+    data = load("setups", setups, text)
+    if data is None:
+        return None
+    try:
+        return tuple({name: _entry(e) for name, e in data[kind].items()} for kind in ("experiments", "models"))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # broken: parse
+
+
+def write(setups: str, text: str, experiments: dict, models: dict) -> None:
+    """Store a parse of ``text``; a cache that cannot be written is no cache."""
+    if all(_plain(e) for e in (*experiments.values(), *models.values())):
+        store("setups", setups, text, {"experiments": experiments, "models": models})
 
 
 def _plain(entry) -> bool:

@@ -5,10 +5,10 @@ target + options -> a :class:`JobSubmission` holding the sbatch arguments, the e
 the plan and the per-rank commands. The dry run prints a JobSubmission; a submission sends the
 same one's script to sbatch.
 
-The job script is built so that no text a user typed runs as code: every template variable goes
-through a filter (``sh`` quotes a shell word, ``comment`` refuses a control character in a ``#``
-line, ``num`` takes only an int, ``code`` takes only shell text this module built from checked
-names), and a variable emitted without one stops the render (see :func:`_template`).
+The job script is built so that no text a user typed runs as code: its text lives in
+:mod:`envlayers.jobtext`, where every value goes through a filter (``sh`` quotes a shell word,
+``comment`` refuses a control character in a ``#`` line, ``num`` takes only an int, ``code`` takes
+only shell text this module built from checked names), and a value placed without one stops the render.
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
+from .jobtext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, job_script, shown as _shown
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
+    from typing import Mapping
+
     from .layers import Env, Unbound
     from .topology import Plan
 
@@ -37,7 +39,6 @@ _SECONDS_RE = re.compile(r"[0-9]+\Z")
 # Slurm partition names, a comma-separated list of them allowed (sbatch -p a,b)
 _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass
@@ -58,7 +59,7 @@ class JobSubmission:
         return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
 
     def dry_run_text(self) -> str:
-        from .launch.prepare import srun_dry_line
+        from .launch.srun import srun_dry_line
 
         delim = _delimiter(self.script, "ENVLAYERS_JOB")
         c = comment_text
@@ -92,11 +93,6 @@ def comment_text(text: str) -> str:
     """``text`` for one ``#`` line of a dry run: control characters shown escaped (a newline as ``\\n``),
     so pasting the dry run into a shell never runs what a value hides after a newline."""
     return _CONTROL_RE.sub(lambda m: repr(m.group(0))[1:-1], text)
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """``text`` quoted for a one-line message: control characters escaped, bounded in length."""
-    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def _delimiter(text: str, base: str) -> str:
@@ -168,7 +164,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         warnings.append(f"readiness budget {budget}s exceeds the time limit {time}; the job clamps it to 90% "
                         "of the time left")
     partition = _partition(env, text)
-    script = _template().render(
+    script = job_script(
         job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
         delimiter=_Code(_delimiter(env_text, "ENVLAYERS_ENV")), env_text=env_text, edf=edf_name,
@@ -332,75 +328,3 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], envi
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "
                         "(the job would fail at its first srun)")
     return name
-
-
-# -- the template, safe by construction ------------------------------------------------------
-
-class _Safe(str):
-    """Text a filter made fit for its place in the job script."""
-
-
-class _Code(str):
-    """Shell text this module built from checked names; the ``code`` filter passes only this type."""
-
-
-class ScriptTextError(EnvLayersError):
-    """A value that cannot be placed in the job script as it stands."""
-
-
-def _sh(value) -> _Safe:
-    text = str(value)
-    if "\0" in text:
-        raise ScriptTextError(f"a NUL byte cannot be written into the job script: {_shown(text)}")
-    return _Safe(shlex.quote(text))
-
-
-def _comment(value) -> _Safe:
-    text = str(value)
-    if _CONTROL_RE.search(text):
-        raise ScriptTextError(f"{_shown(text)} holds a control character (a newline, ...) and would "
-                              "break out of its comment line in the job script", hint="rename it")
-    return _Safe(text)
-
-
-def _num(value) -> _Safe:
-    if type(value) is not int:
-        raise ScriptTextError(f"expected a whole number for the job script, got {_shown(repr(value))}")
-    return _Safe(str(value))
-
-
-def _code(value) -> _Safe:
-    if not isinstance(value, _Code):
-        raise ScriptTextError("only shell text built by envlayers itself may go into the job script unquoted")
-    return _Safe(value)
-
-
-def _heredoc(value, delimiter: str) -> _Safe:
-    text = str(value)
-    if delimiter in text.split("\n") or "\0" in text:
-        raise ScriptTextError(f"the text holds its own end marker {delimiter} or a NUL byte")
-    return _Safe(text)
-
-
-def _finalize(value):
-    if isinstance(value, _Safe):
-        return value
-    raise ScriptTextError(f"a job script template emits {_shown(str(value))} without a filter "
-                          "(sh, comment, num, code, heredoc)")
-
-
-@lru_cache(maxsize=1)
-def _template():
-    import jinja2
-
-    from .fsutil import cache_dir
-
-    cache = cache_dir(f"jinja2-{jinja2.__version__}")
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("envlayers", "templates"), undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True, autoescape=False, finalize=_finalize,
-        # compiled once per template text and jinja2 version, then loaded from the user's cache dir
-        bytecode_cache=jinja2.FileSystemBytecodeCache(str(cache)) if cache else None,
-    )
-    env.filters.update(sh=_sh, q=_sh, comment=_comment, num=_num, code=_code, heredoc=_heredoc)
-    return env.get_template("serve-only.sh.j2")

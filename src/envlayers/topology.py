@@ -32,7 +32,6 @@ refused with the idle GPUs named. On one node asking for fewer GPUs is allowed (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
 
 from envlayers.errors import TopologyError
 from envlayers import topology_checks as chk
@@ -49,7 +48,11 @@ from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner
     SHAPES,
 )
 
-Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
+if TYPE_CHECKING:
+    from typing import Literal, Mapping
+
+    Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
 
 DEFAULT_PIPELINE_PARALLEL_SIZE = 1
 TOPOLOGY_PREFIX = "ENVLAYERS-TOPOLOGY:"

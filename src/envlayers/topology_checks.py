@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
 
 from envlayers.errors import TopologyError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
+if TYPE_CHECKING:
+    from typing import Mapping
 
 MODES: tuple[str, ...] = ("single", "pipeline", "replicas")
 """Valid values of ``INFERENCE_MODE``."""

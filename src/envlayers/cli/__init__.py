@@ -1,14 +1,13 @@
-"""The ``env_layers`` command line: the entry point, its click group, and a click-free fast path.
+"""The ``env_layers`` command line: the entry point and its click group.
 
 Commands live in small modules that are imported only when their command runs, so
-``env_layers render`` does not pay for jinja2, tomli-w or HTTP code. click itself is imported
-only when the click group is needed: the plain ``render TARGET [--format F] [-o PATH]``
-form (with ``--root R`` before it) is answered by :func:`_fast_render` without it, and every
-other command line, ``--help``, every error and every doubt go to the click group, so the
-output, the messages and the exit codes are the click path's (tests/test_cli_fastpath.py
-runs a table of command lines through both). The cyclic garbage collector is paused while a
-command that parses layer stacks runs: those objects form no cycles, and the collector's
-passes over them grew the cost per assignment with the size of the stack.
+``env_layers render`` does not pay for tomli-w or HTTP code. click itself is imported only when
+the click group is needed: the plain forms of ``render`` and of ``serve --dry-run`` are answered
+without it (:mod:`.fastpath`), and every other command line, ``--help``, every error and every
+doubt go to the click group, so the output, the messages and the exit codes are the click path's.
+The cyclic garbage collector is paused while a command that parses layer stacks runs: those
+objects form no cycles, and the collector's passes over them grew the cost per assignment with
+the size of the stack.
 """
 
 from __future__ import annotations
@@ -48,10 +47,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 # commands that parse a layer stack and end: the cyclic GC is paused while they run (the long-running
 # ones, launch's supervision loop, wait, logs --follow, keep it)
 _GC_PAUSED = frozenset({"render", "explain", "check", "list", "plan", "serve"})
-
-# click's shell completion is asked for through this variable (`_{PROG}_COMPLETE`)
-_COMPLETE_VAR = "_ENV_LAYERS_COMPLETE"
-
 
 class errors_as_one_line:  # noqa: N801 - used as a context manager, like contextlib's
     """An EnvLayersError becomes one line and its exit code; anything else unexpected too,
@@ -184,7 +179,9 @@ class _gc_paused:  # noqa: N801
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     with _gc_paused(_command_of(args) in _GC_PAUSED):
-        _fast_render(args)  # returns only when the click path must answer
+        from .fastpath import answer
+
+        answer(args)  # returns only when the click path must answer
         cli_group = __getattr__("cli")
         cli_group.main(args=args, prog_name="env_layers")
 
@@ -201,127 +198,6 @@ def _command_of(args: list[str]) -> str | None:
         else:
             return a
     return None
-
-
-# -- the fast path ------------------------------------------------------------------------------------
-# It accepts exactly the forms it can answer the way click would, and declines (returns) on anything else:
-# click does the parsing, the usage errors and the messages then.
-
-_FORMATS = ("sh", "env", "json")
-
-
-def _plain_render(args: list[str]) -> tuple[str | None, str, str, str | None] | None:
-    """``[--root R] render TARGET [--format F] [-o PATH]`` -> (root, target, format, output), else None."""
-    opts: dict[str, str] = {}
-    rest = list(args)
-
-    def take(names: tuple[str, ...], key: str) -> bool:
-        a = rest[0]
-        for name in names:
-            if a == name and len(rest) > 1:
-                value, n = rest[1], 2
-            elif name.startswith("--") and a.startswith(name + "="):
-                value, n = a[len(name) + 1:], 1
-            else:
-                continue
-            if key in opts or not value or value.startswith("-"):
-                raise ValueError  # repeated, empty, or a value click might read otherwise
-            opts[key] = value
-            del rest[:n]
-            return True
-        return False
-
-    try:
-        while rest and rest[0] != "render":
-            if not take(("--root",), "root"):
-                return None
-        if not rest:
-            return None
-        del rest[0]
-        target = None
-        while rest:
-            if take(("--format",), "format") or take(("-o", "--output"), "output"):
-                continue
-            if rest[0].startswith("-") or target is not None:
-                return None
-            target = rest.pop(0)
-    except ValueError:
-        return None
-    if target is None or opts.get("format", "sh") not in _FORMATS:
-        return None
-    if not (_path_ok(opts.get("root"), want_dir=True) and _path_ok(opts.get("output"), want_dir=False)):
-        return None
-    return opts.get("root"), target, opts.get("format", "sh"), opts.get("output")
-
-
-def _path_ok(value: str | None, want_dir: bool) -> bool:
-    """What click.Path(file_okay=False) for --root, click.Path(dir_okay=False) for -o accept without a word."""
-    if value is None:
-        return True
-    import stat
-
-    try:
-        st = os.stat(value)
-    except OSError:
-        return True  # a path that does not exist yet: click passes it on as given
-    if stat.S_ISDIR(st.st_mode) != want_dir:
-        return False
-    return os.access(value, os.R_OK)
-
-
-def _fast_render(args: list[str]) -> None:
-    """Answer ``render`` without click, as ``layers_cmds.render`` would; return to let click answer."""
-    if os.environ.get("ENVLAYERS_DEBUG") == "1" or _COMPLETE_VAR in os.environ:
-        return
-    plain = _plain_render(args)
-    if plain is None:
-        return
-    try:
-        _render(*plain)
-    except KeyboardInterrupt:  # as click's main says it
-        sys.stderr.write("\nAborted!\n")
-        sys.exit(1)
-
-
-def _render(root_opt: str | None, target: str, fmt: str, output: str | None) -> None:
-    try:
-        from ..layers import load_env
-        from ..paths import find_root
-        from ..shell import render as render_env
-
-        text = render_env(load_env(find_root(root_opt), target), fmt)
-    except Exception:  # any error: the click path says it, in its words
-        return
-    if output:
-        from ..fsutil import write_output  # the click command's writer: the same file handling
-
-        with errors_as_one_line():
-            write_output(output, text)
-        sys.exit(0)
-    out = sys.stdout
-    encoding = getattr(out, "encoding", None) if out is not None else None
-    if "\x1b" in text or not _plain_stream(encoding):
-        import click  # click strips escape sequences off a non-terminal and mends an ASCII stdout: let it
-
-        with errors_as_one_line():
-            click.echo(text, nl=False)
-        sys.exit(0)
-    with errors_as_one_line():
-        out.write(text)
-        out.flush()
-    sys.exit(0)
-
-
-def _plain_stream(encoding: str | None) -> bool:
-    """A stream click would write to as it is: it has an encoding, and not ASCII."""
-    if not encoding:
-        return False
-    import codecs
-
-    try:
-        return codecs.lookup(encoding).name != "ascii"
-    except LookupError:
-        return True
 
 
 def install_edfs_main(argv: list[str] | None = None) -> None:

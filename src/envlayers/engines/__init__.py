@@ -16,10 +16,13 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from envlayers.errors import EnvLayersError
 from envlayers.topology import Plan, RankPlan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping
 
 ENGINES: tuple[str, ...] = ("sglang", "vllm")
 """Valid values of ``INFERENCE_ENGINE``."""

@@ -3,8 +3,8 @@
 Pure: no process, no file, no network. :func:`prepare` returns a :class:`LaunchPlan` (the lines
 to print, the rank commands, the nodes and their addresses, the budgets, the srun argv and the
 text of the files to write); ``launch.launcher`` gathers the :class:`Allocation` facts, writes the
-files and hands the plan to the supervision loop. :func:`srun_argv` is also what the dry run
-prints, so the operator sees the very srun line the job runs.
+files and hands the plan to the supervision loop. :func:`srun_argv` (``launch.srun``) is also what
+the dry run prints, so the operator sees the very srun line the job runs.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .. import engines, topology
 from ..engines import RankCommand
 from ..defaults import DEFAULT_READY_TIMEOUT_S
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
+from .srun import srun_argv, srun_dry_line  # noqa: F401  (srun_dry_line: re-exported, the dry run's line)
 
 DEFAULT_RANK_START_TIMEOUT_S = 300
 CLAMP = 0.9
@@ -115,23 +116,6 @@ def launch_keys(environ: Mapping[str, str]) -> dict[str, str]:
 def int_key(env: Mapping[str, str], key: str, default: int) -> int:
     value = env.get(key)
     return int(value) if value and value.strip().isdigit() else default
-
-
-def srun_argv(nodes: int, cpus_per_task: str, edf: str | None, ranks_sh: str) -> list[str]:
-    """The srun line that starts one rank per node: every CPU of the node for the rank, the job ends
-    when a rank fails (--kill-on-bad-exit), and the EDF when the ranks run in a container."""
-    n = str(nodes)
-    argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
-            "--kill-on-bad-exit=1"]
-    if edf:
-        argv.append(f"--environment={edf}")
-    return argv + ["bash", ranks_sh]
-
-
-def srun_dry_line(nodes: int, edf: str | None) -> str:
-    """:func:`srun_argv` as the dry run prints it: the CPU count and the run directory are what the job
-    fills in (``${SLURM_CPUS_ON_NODE}``, ``${RUN_DIR}``)."""
-    return " ".join(engines.quote(w) for w in srun_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))
 
 
 RDZV_SCAN_PORTS = 64
