@@ -14,20 +14,6 @@ from typing import Callable, Iterator
 from .errors import EnvLayersError
 
 
-def cache_dir(name: str) -> Path | None:
-    """``${XDG_CACHE_HOME:-~/.cache}/envlayers/<name>``, created; None when ENVLAYERS_NO_CACHE=1 or it
-    cannot be created (a read-only home just means no cache)."""
-    if os.environ.get("ENVLAYERS_NO_CACHE") == "1":
-        return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "envlayers" / name
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return path
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -55,7 +41,7 @@ def atomic_write(path: Path, text: str, mode: int | None = None, tmp_prefix: str
     path.parent.mkdir(parents=True, exist_ok=True)
     if tmp_prefix is None:
         _reap_stale_temps(path)
-    import tempfile  # here: a dry run imports this module for cache_dir, and writes nothing
+    import tempfile  # here: most importers of this module never write a file
 
     fd, tmp = tempfile.mkstemp(prefix=tmp_prefix or _temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:

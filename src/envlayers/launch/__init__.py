@@ -1,6 +1,7 @@
 """Inside the job: start the ranks, wait for readiness, report the endpoint, fail fast.
 
-``prepare`` (pure: launch keys + allocation facts -> a LaunchPlan), ``ranks`` (ranks.sh from
+``prepare`` (pure: launch keys + allocation facts -> a LaunchPlan), ``srun`` (the step's srun
+line, which the dry run prints too), ``ranks`` (ranks.sh from
 templates/ranks.sh.j2), ``supervise`` (the loop that watches exit files, the srun step, rank start
 and readiness) and ``launcher`` (the side effects around them; ``python -m envlayers launch --run-dir``).
 Any rank that exits, the step dying, a rank that never starts, or a spent readiness budget ends the
