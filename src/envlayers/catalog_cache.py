@@ -24,7 +24,7 @@ _CODE = ("catalog.py", "catalog_cache.py", "envfile.py", "yamlpos.py")  # the pa
 
 
 def cache_file(source: str, kind: str = "setups") -> str | None:
-    """Where the cache of the file at ``source`` lives; None when ENVLAYERS_NO_CACHE=1. The folder is
+    """Where the cache of the file at ``source`` lives; None when ENVLAYERS_NO_CACHE=1. It is
     ``${XDG_CACHE_HOME:-~/.cache}/envlayers/catalog/<kind>-<crc of the path>.json``."""
     if os.environ.get("ENVLAYERS_NO_CACHE") == "1":
         return None
