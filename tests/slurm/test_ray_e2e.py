@@ -1,0 +1,117 @@
+"""The ray and gateway shapes end to end on the lab, with real Ray across the lab's network-namespace nodes.
+
+The only stand-in is the engine (tests/standin): given ``--distributed-executor-backend ray`` it joins
+the Ray cluster at RAY_ADDRESS and refuses to start unless the cluster has the node count the test
+expects (STANDIN_RAY_NODES), so an answer proves the cluster formed. Every Ray process a job started is
+recorded in its run directory (ray-pids-<rank>.txt); after scancel none of them may be alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from test_serve_e2e import BANNER, Run
+
+if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]'); the test command installs it")
+openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
+
+pytestmark = pytest.mark.slurm
+
+
+def recorded_pids(run_dir: Path) -> dict[int, int]:
+    """pid -> start time, from every rank's ray-pids-<rank>.txt."""
+    out = {}
+    for f in run_dir.glob("ray-pids-*.txt"):
+        for line in f.read_text().splitlines():
+            pid, start, _name = line.split(" ", 2)
+            out[int(pid)] = int(start)
+    return out
+
+
+def still_alive(pids: dict[int, int]) -> list[int]:
+    alive = []
+    for pid, start in pids.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] not in ("Z", "X") and int(fields[19]) == start:
+            alive.append(pid)
+    return alive
+
+
+def assert_no_ray_left(run: Run, timeout_s: float = 30) -> None:
+    pids = recorded_pids(run.run_dir)
+    names = " ".join(line.split(" ", 2)[2] for f in run.run_dir.glob("ray-pids-*.txt")
+                     for line in f.read_text().splitlines())
+    assert "gcs_server" in names and names.count("raylet") >= 2, names  # the head's GCS, a raylet per node
+    deadline = time.monotonic() + timeout_s
+    while still_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not still_alive(pids), f"Ray processes of job {run.job_id} survived: {still_alive(pids)}"
+    run.assert_nothing_left()
+
+
+def openai_answers(lab, text: str) -> str:
+    """The printed base URL (node name -> its address: the host cannot resolve lab names), asked through
+    the official client; returns the served name it listed."""
+    base = re.search(r"^base URL: (\S+)$", text, re.M).group(1)
+    served = re.search(r"^served name: (\S+)", text, re.M).group(1)
+    base = re.sub(r"http://(n\d+):", lambda m: f"http://{lab.nodes[m.group(1)]}:", base)
+    client = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
+    assert [m.id for m in client.models.list()] == [served]
+    reply = client.chat.completions.create(model=served, max_tokens=16,
+                                           messages=[{"role": "user", "content": "Say hi."}])
+    assert reply.model == served and reply.choices[0].message.content
+    return served
+
+
+def ray_records(run: Run) -> list[dict]:
+    lines = (run.dir / "engines.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "ray" in r]
+
+
+def test_ray_shape_forms_one_cluster_on_two_nodes_and_leaves_no_ray_process(netns_lab, tmp_path):
+    # llama405bray: tp=8 on 2 nodes of 4 GPUs, vLLM's Ray executor
+    run = Run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
+              STANDIN_RAY_NODES="2")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=180)
+    n1 = netns_lab.nodes["n1"]
+    assert "ENVLAYERS-TOPOLOGY: shape=ray nodes=2 gpus_per_node=4 tp=8 pp=1 world=8 api_rank=0 port=8000" in text
+    # the head's port: RDZV_PORT, or the first free one above it on the head node
+    port = re.search(rf"^ENVLAYERS-TOPOLOGY: ray_head={re.escape(n1)}:(29[56]\d\d) ray_nodes=2 join_timeout=300s ",
+                     text, re.M).group(1)
+    assert "--distributed-executor-backend ray" in text
+    assert re.search(rf"^ENVLAYERS-STAGE: rank 1 on n2: .*ray start --address=n1:{port} .*--num-cpus=1 .*--block$",
+                     text, re.M)
+    head_log = (run.run_dir / "server-0.log").read_text()
+    assert f"ENVLAYERS-STAGE: ray: 2 of 2 node(s) joined the cluster at {n1}:{port}" in head_log
+    openai_answers(netns_lab, text)
+    (engine,) = ray_records(run)  # one vLLM, on the head, in a cluster of both nodes
+    assert engine["ray"] == {"address": f"{n1}:{port}", "nodes": 2, "gpus": 8} and engine["hostname"] == "n1"
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    assert_no_ray_left(run)
+
+
+def test_a_node_that_does_not_join_in_time_ends_the_job_naming_the_missing_count(netns_lab, tmp_path):
+    # 2 s is shorter than a Ray node takes to start here: the head gives up with the count it saw
+    run = Run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\nRAY_JOIN_TIMEOUT_S=2\n",
+              SERVE_TIME="00:10:00")
+    run.submit()
+    text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=120)
+    assert re.search(r"ENVLAYERS-ERROR: ray: [01] of 2 node\(s\) joined the Ray cluster at \S+:29\d+ within 2s "
+                     r"\([12] missing\)", text), text
+    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 exited with code 3 before the endpoint was live", text, re.M), text
+    assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
+    assert not still_alive(recorded_pids(run.run_dir))
+    assert not (tmp_path / "engines.jsonl").exists()  # no server was started
