@@ -115,3 +115,45 @@ def test_a_node_that_does_not_join_in_time_ends_the_job_naming_the_missing_count
     assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
     assert not still_alive(recorded_pids(run.run_dir))
     assert not (tmp_path / "engines.jsonl").exists()  # no server was started
+
+
+def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no_limit_of_its_own(netns_lab, tmp_path):
+    # llama405bgateway scaled to the lab: 2 instances of tp=4 on 2 nodes of 4 GPUs, forced by USE_RAY_SERVE
+    run = Run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
+              STANDIN_TTFT_S="4", layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
+    assert ("ENVLAYERS-TOPOLOGY: shape=gateway nodes=2 gpus_per_node=4 tp=4 pp=1 world=4 instances=2 "
+            "max_instances_per_node=1 api_rank=0 port=8000") in text
+    assert "ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=1 " in text
+    assert "base URL: http://n1:8000/v1\n" in text
+    served = openai_answers(netns_lab, text)
+    # one vLLM per replica, one replica per node (GPUs per node cap them), each in the whole cluster, each
+    # on its own loopback port behind the gateway
+    engines = sorted(ray_records(run), key=lambda r: r["hostname"])
+    assert [e["hostname"] for e in engines] == ["n1", "n2"]
+    assert all(e["ray"]["nodes"] == 2 and e["ray"]["gpus"] == 8 for e in engines)
+    assert all(e["argv"][-4:-1] == ["--host", "127.0.0.1", "--port"] for e in engines)
+    # no limit of the gateway's own: 16 streamed requests at once (Serve's default would run 5 per replica
+    # and queue the rest) all see their first token after one TTFT of the engines, not two
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = f"http://{netns_lab.nodes['n1']}:8000/v1"
+    client = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=60)
+
+    def first_token(i: int) -> float:
+        t0 = time.monotonic()
+        stream = client.chat.completions.create(model=served, max_tokens=8, stream=True,
+                                                messages=[{"role": "user", "content": f"Count to {i}."}])
+        waited = None
+        for chunk in stream:
+            if waited is None and chunk.choices and chunk.choices[0].delta.content:
+                waited = time.monotonic() - t0
+        return waited
+
+    with ThreadPoolExecutor(16) as pool:
+        waits = list(pool.map(first_token, range(16)))
+    assert None not in waits and max(waits) < 7.5, waits  # STANDIN_TTFT_S=4 once; 8+ if queued behind others
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    assert_no_ray_left(run)

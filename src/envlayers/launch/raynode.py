@@ -125,6 +125,7 @@ class Node:
         first (even by SIGKILL), so nothing it started outlives the rank."""
         proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: _die_with_parent(death_signal))
         self.tracker.groups.add(proc.pid)
+        self.guard.group(proc.pid)
         self.tracker.scan()
         return proc
 
@@ -140,6 +141,8 @@ class Node:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
+        self.guard = Guard.start(self.tracker.path, self.temp_dir, os.path.join(self.run_dir,
+                                                                                f"server-{self.rank}.log"))
         role = "head" if self.rank == 0 else "worker"
         say(f"ENVLAYERS-STAGE: ray {role} node of rank {self.rank} starting (cluster {self.address}, "
             f"temp dir {self.temp_dir})")
@@ -154,6 +157,7 @@ class Node:
             return self.supervise()
         finally:
             self.stop()
+            self.guard.done()
 
     def wait_for_nodes(self) -> int:
         """Rank 0: until Ray reports every node, bounded; a counter in its own process (it imports Ray)."""
@@ -233,6 +237,98 @@ class Node:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class Guard:
+    """A process outside the rank's process tree that stops what this node started if the node helper
+    itself is killed (srun ends a task with SIGKILL when it is signalled twice, as on scancel, and
+    Slurm's process tracking by parent PID then misses the Ray agents a dead raylet leaves behind).
+    It waits on a pipe: ``group PGID`` lines name the process groups, ``done`` ends it quietly, and
+    end-of-file (the helper died) makes it SIGKILL those groups and every PID recorded in the PID file,
+    sweep again for a moment, remove the temp dir, and say so in the rank's log."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    @classmethod
+    def start(cls, pid_file: str, temp_dir: str, log: str) -> "Guard":
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # before any thread starts: forking is safe here
+            os.close(write)
+            try:
+                os.setsid()
+                if os.fork() == 0:  # the grandchild: reparented, out of the step's process tree
+                    _guard(read, pid_file, temp_dir, log)
+            finally:
+                os._exit(0)
+        os.close(read)
+        os.waitpid(child, 0)
+        return cls(write)
+
+    def group(self, pgid: int) -> None:
+        self._send(f"group {pgid}\n")
+
+    def done(self) -> None:
+        self._send("done\n")
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _send(self, text: str) -> None:
+        if self.fd is not None:
+            try:
+                os.write(self.fd, text.encode())
+            except OSError:
+                pass
+
+
+def _guard(fd: int, pid_file: str, temp_dir: str, log: str) -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the step's signals are for the helper; this one waits for its end
+    null = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(null, std)
+    groups, buf = set(), b""
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line == b"done":
+                return
+            if line.startswith(b"group "):
+                groups.add(int(line.split()[1]))
+    killed = set()
+    for _ in range(6):  # SIGKILL is at once, but a dying parent's last child may appear in between
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            with open(pid_file, encoding="utf-8") as fh:
+                recorded = [line.split(" ", 2)[:2] for line in fh if line.strip()]
+        except OSError:
+            recorded = []
+        for pid, start in recorded:
+            if alive(int(pid), int(start)):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.add(int(pid))
+                except (ProcessLookupError, PermissionError):
+                    pass
+        time.sleep(0.3)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    try:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"ENVLAYERS-STAGE: ray: the node helper was killed; its guard stopped {len(killed)} process(es) "
+                     "it had started\n")
+    except OSError:
+        pass
 
 
 def _die_with_parent(sig: int) -> None:
