@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
+from labtools import processes_mentioning
 from test_serve_e2e import BANNER, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
@@ -156,4 +158,41 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     assert None not in waits and max(waits) < 7.5, waits  # STANDIN_TTFT_S=4 once; 8+ if queued behind others
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
+    assert_no_ray_left(run)
+
+
+def node_helper_pid(run: Run, rank: int) -> int:
+    """The PID of rank ``rank``'s raynode.py: the one whose parent is the rank's ranks.sh (its guard runs the
+    same command line, reparented)."""
+    for pid in processes_mentioning(str(run.run_dir / "raynode.py")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            parent = Path(f"/proc/{stat[stat.rfind(')') + 2:].split()[1]}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"--rank" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode() and b"ranks.sh" in parent:
+            return pid
+    raise AssertionError(f"no raynode.py of rank {rank} under ranks.sh")
+
+
+def test_a_killed_node_helper_ends_the_job_and_its_guard_stops_that_nodes_ray(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
+              STANDIN_RAY_NODES="2")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=180)
+    worker_pids = {}
+    for line in (run.run_dir / "ray-pids-1.txt").read_text().splitlines():
+        pid, start, _ = line.split(" ", 2)
+        worker_pids[int(pid)] = int(start)
+    assert still_alive(worker_pids)
+    os.kill(node_helper_pid(run, 1), signal.SIGKILL)  # as srun ends a task it was told twice to stop
+    text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=60)
+    assert re.search(r"^ENVLAYERS-ERROR: rank 1 on n2 exited with code 137 after the endpoint was live", text, re.M), text
+    deadline = time.monotonic() + 20
+    while "its guard stopped" not in (run.run_dir / "server-1.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert re.search(r"^ENVLAYERS-STAGE: ray: the node helper was killed; its guard stopped [1-9]\d* process",
+                     (run.run_dir / "server-1.log").read_text(), re.M)
+    assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
     assert_no_ray_left(run)

@@ -304,23 +304,23 @@ def _guard(fd: int, pid_file: str, temp_dir: str, log: str) -> None:
                 groups.add(int(line.split()[1]))
     killed = set()
     for _ in range(6):  # SIGKILL is at once, but a dying parent's last child may appear in between
+        try:
+            with open(pid_file, encoding="utf-8") as fh:
+                recorded = [tuple(map(int, line.split(" ", 2)[:2])) for line in fh if line.strip()]
+        except OSError:
+            recorded = []
+        living = [pid for pid, start in recorded if alive(pid, start)]
+        killed.update(living)
         for pgid in groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        try:
-            with open(pid_file, encoding="utf-8") as fh:
-                recorded = [line.split(" ", 2)[:2] for line in fh if line.strip()]
-        except OSError:
-            recorded = []
-        for pid, start in recorded:
-            if alive(int(pid), int(start)):
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.add(int(pid))
-                except (ProcessLookupError, PermissionError):
-                    pass
+        for pid in living:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         time.sleep(0.3)
     shutil.rmtree(temp_dir, ignore_errors=True)
     try:
