@@ -12,19 +12,27 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from labtools import processes_mentioning
-from test_serve_e2e import BANNER, Run
+from test_serve_e2e import BANNER, STANDIN, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]'); the test command installs it")
 openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
 
 pytestmark = pytest.mark.slurm
+
+
+def ray_run(lab, tmp_path: Path, **kw) -> Run:
+    """A Run whose ranks find `ray` and `python3` of this interpreter's environment (where the extra is
+    installed), after the stand-in's `vllm`."""
+    bin_dir = Path(sys.executable).parent
+    return Run(lab, tmp_path, PATH=f"{STANDIN / 'bin'}:{bin_dir}:{lab.env.get('PATH', os.environ['PATH'])}", **kw)
 
 
 def recorded_pids(run_dir: Path) -> dict[int, int]:
@@ -62,13 +70,13 @@ def assert_no_ray_left(run: Run, timeout_s: float = 30) -> None:
     run.assert_nothing_left()
 
 
-def openai_answers(lab, text: str) -> str:
+def openai_answers(lab, text: str, api_key: str = "EMPTY") -> str:
     """The printed base URL (node name -> its address: the host cannot resolve lab names), asked through
     the official client; returns the served name it listed."""
     base = re.search(r"^base URL: (\S+)$", text, re.M).group(1)
     served = re.search(r"^served name: (\S+)", text, re.M).group(1)
     base = re.sub(r"http://(n\d+):", lambda m: f"http://{lab.nodes[m.group(1)]}:", base)
-    client = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=base, api_key=api_key, max_retries=0, timeout=30)
     assert [m.id for m in client.models.list()] == [served]
     reply = client.chat.completions.create(model=served, max_tokens=16,
                                            messages=[{"role": "user", "content": "Say hi."}])
@@ -83,7 +91,7 @@ def ray_records(run: Run) -> list[dict]:
 
 def test_ray_shape_forms_one_cluster_on_two_nodes_and_leaves_no_ray_process(netns_lab, tmp_path):
     # llama405bray: tp=8 on 2 nodes of 4 GPUs, vLLM's Ray executor
-    run = Run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
+    run = ray_run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
               STANDIN_RAY_NODES="2")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=180)
@@ -97,6 +105,8 @@ def test_ray_shape_forms_one_cluster_on_two_nodes_and_leaves_no_ray_process(netn
                      text, re.M)
     head_log = (run.run_dir / "server-0.log").read_text()
     assert f"ENVLAYERS-STAGE: ray: 2 of 2 node(s) joined the cluster at {n1}:{port}" in head_log
+    assert re.search(rf"^ENVLAYERS-STAGE: ray cluster at {re.escape(n1)}:{port}: 2 of 2 node\(s\) joined after "
+                     r"[\d.]+s\nENVLAYERS-STAGE: endpoint live after", text, re.M)
     openai_answers(netns_lab, text)
     (engine,) = ray_records(run)  # one vLLM, on the head, in a cluster of both nodes
     assert engine["ray"] == {"address": f"{n1}:{port}", "nodes": 2, "gpus": 8} and engine["hostname"] == "n1"
@@ -107,7 +117,7 @@ def test_ray_shape_forms_one_cluster_on_two_nodes_and_leaves_no_ray_process(netn
 
 def test_a_node_that_does_not_join_in_time_ends_the_job_naming_the_missing_count(netns_lab, tmp_path):
     # 2 s is shorter than a Ray node takes to start here: the head gives up with the count it saw
-    run = Run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\nRAY_JOIN_TIMEOUT_S=2\n",
+    run = ray_run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\nRAY_JOIN_TIMEOUT_S=2\n",
               SERVE_TIME="00:10:00")
     run.submit()
     text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=120)
@@ -121,15 +131,23 @@ def test_a_node_that_does_not_join_in_time_ends_the_job_naming_the_missing_count
 
 def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no_limit_of_its_own(netns_lab, tmp_path):
     # llama405bgateway scaled to the lab: 2 instances of tp=4 on 2 nodes of 4 GPUs, forced by USE_RAY_SERVE
-    run = Run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
-              STANDIN_TTFT_S="4", layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n")
+    key = "gw-" + os.urandom(8).hex()
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
+                  STANDIN_TTFT_S="4", layer=f"RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\n"
+                  f"USE_RAY_SERVE=true\nSERVER_API_KEY_FILE={key_file}\n")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
     assert ("ENVLAYERS-TOPOLOGY: shape=gateway nodes=2 gpus_per_node=4 tp=4 pp=1 world=4 instances=2 "
             "max_instances_per_node=1 api_rank=0 port=8000") in text
     assert "ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=1 " in text
     assert "base URL: http://n1:8000/v1\n" in text
-    served = openai_answers(netns_lab, text)
+    served = openai_answers(netns_lab, text, api_key=key)
+    base = f"http://{netns_lab.nodes['n1']}:8000/v1"
+    with pytest.raises(openai.AuthenticationError):  # each replica's vLLM checks the key behind the gateway
+        openai.OpenAI(base_url=base, api_key="wrong", max_retries=0, timeout=30).models.list()
     # one vLLM per replica, one replica per node (GPUs per node cap them), each in the whole cluster, each
     # on its own loopback port behind the gateway
     engines = sorted(ray_records(run), key=lambda r: r["hostname"])
@@ -140,8 +158,7 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     # and queue the rest) all see their first token after one TTFT of the engines, not two
     from concurrent.futures import ThreadPoolExecutor
 
-    base = f"http://{netns_lab.nodes['n1']}:8000/v1"
-    client = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60)
 
     def first_token(i: int) -> float:
         t0 = time.monotonic()
@@ -158,6 +175,19 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     assert None not in waits and max(waits) < 7.5, waits  # STANDIN_TTFT_S=4 once; 8+ if queued behind others
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
+    assert_no_ray_left(run)
+    assert key not in "".join(f.read_text() for f in run.run_dir.glob("server-*.log"))
+
+
+def test_a_cluster_with_the_wrong_node_count_stops_the_engine_and_the_job(netns_lab, tmp_path):
+    # the stand-in counts the nodes of the cluster it joined: 2 formed, 3 expected, so it refuses loudly
+    run = ray_run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
+                  STANDIN_RAY_NODES="3")
+    run.submit()
+    text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=180)
+    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 exited with code 1 before the endpoint was live", text, re.M), text
+    assert re.search(r"has 2 live node\(s\), expected STANDIN_RAY_NODES=3", text), text  # in the log tail printed
+    assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
     assert_no_ray_left(run)
 
 
@@ -177,7 +207,7 @@ def node_helper_pid(run: Run, rank: int) -> int:
 
 
 def test_a_killed_node_helper_ends_the_job_and_its_guard_stops_that_nodes_ray(netns_lab, tmp_path):
-    run = Run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
+    run = ray_run(netns_lab, tmp_path, model="llama405bray", layer="RAY_NUM_CPUS=1\n", SERVE_TIME="00:10:00",
               STANDIN_RAY_NODES="2")
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=180)

@@ -180,3 +180,15 @@ def files(shape: str) -> dict[str, str]:
     if shape == "gateway":
         out[GATEWAY_FILE] = (pkg / "gateway_app.py").read_text(encoding="utf-8")
     return out
+
+
+def joined_line(run_dir: Path) -> str | None:
+    """What the launcher prints once live: the cluster node 0 saw form (ray-cluster.json, by raynode.py)."""
+    import json
+
+    try:
+        data = json.loads((run_dir / "ray-cluster.json").read_text())
+        return (f"ENVLAYERS-STAGE: ray cluster at {data['address']}: {data['nodes']} of {data['nodes']} node(s) "
+                f"joined after {data['joined_after_s']}s")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

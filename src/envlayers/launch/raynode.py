@@ -17,6 +17,7 @@ and then stops what it started by those PIDs (SIGTERM, then SIGKILL after a grac
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import threading
 import time
 import zlib
 
+CLUSTER_FILE = "ray-cluster.json"
 GRACE_S = 3.0  # the server's time to exit on SIGTERM; Slurm's KillWait is often 5 s or more
 POLL_S = 0.5
 
@@ -177,8 +179,13 @@ class Node:
                 return self.ray.returncode or 1
         if counter.returncode != 0:
             return counter.returncode
+        took = round(time.monotonic() - t0, 1)
         say(f"ENVLAYERS-STAGE: ray: {self.nodes} of {self.nodes} node(s) joined the cluster at {self.address} "
-            f"after {time.monotonic() - t0:.1f}s; starting the server")
+            f"after {took:.1f}s; starting the server")
+        record = os.path.join(self.run_dir, CLUSTER_FILE)
+        with open(record + ".tmp", "w", encoding="utf-8") as fh:  # the launcher prints it once live
+            json.dump({"address": self.address, "nodes": self.nodes, "joined_after_s": took}, fh)
+        os.replace(record + ".tmp", record)
         return 0
 
     def supervise(self) -> int:
