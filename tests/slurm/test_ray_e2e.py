@@ -110,6 +110,8 @@ def test_ray_shape_forms_one_cluster_on_two_nodes_and_leaves_no_ray_process(netn
     openai_answers(netns_lab, text)
     (engine,) = ray_records(run)  # one vLLM, on the head, in a cluster of both nodes
     assert engine["ray"] == {"address": f"{n1}:{port}", "nodes": 2, "gpus": 8} and engine["hostname"] == "n1"
+    assert engine["env"]["VLLM_HOST_IP"] == n1  # vLLM's address on each node: its own
+    assert f"--node-ip-address={netns_lab.nodes['n2']}" in (run.run_dir / "server-1.log").read_text()
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
     assert_no_ray_left(run)
@@ -153,6 +155,7 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     engines = sorted(ray_records(run), key=lambda r: r["hostname"])
     assert [e["hostname"] for e in engines] == ["n1", "n2"]
     assert all(e["ray"]["nodes"] == 2 and e["ray"]["gpus"] == 8 for e in engines)
+    assert [e["env"]["VLLM_HOST_IP"] for e in engines] == [netns_lab.nodes["n1"], netns_lab.nodes["n2"]]
     assert all(e["argv"][-4:-1] == ["--host", "127.0.0.1", "--port"] for e in engines)
     # no limit of the gateway's own: 16 streamed requests at once (Serve's default would run 5 per replica
     # and queue the rest) all see their first token after one TTFT of the engines, not two

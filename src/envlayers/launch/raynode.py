@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,14 @@ class Node:
             "--block"] else [*ray_argv, f"--temp-dir={self.temp_dir}"]
         self.server_argv = server_argv
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        # this node's address, for Ray and for vLLM's workers on it (vLLM wants a VLLM_HOST_IP per node)
+        given = [a.split("=", 1)[1] for a in self.ray_argv if a.startswith("--node-ip-address=")]
+        ip = given[0] if given else local_ip_towards(self.address)
+        if ip:
+            if not given:
+                self.ray_argv.insert(self.ray_argv.index("start") + 1 if "start" in self.ray_argv else 0,
+                                     f"--node-ip-address={ip}")
+            self.env["VLLM_HOST_IP"] = ip
         self.tracker = Tracker(os.path.join(self.run_dir, f"ray-pids-{self.rank}.txt"))
         self.ray: subprocess.Popen | None = None
         self.server: subprocess.Popen | None = None
@@ -146,8 +155,8 @@ class Node:
         self.guard = Guard.start(self.tracker.path, self.temp_dir, os.path.join(self.run_dir,
                                                                                 f"server-{self.rank}.log"))
         role = "head" if self.rank == 0 else "worker"
-        say(f"ENVLAYERS-STAGE: ray {role} node of rank {self.rank} starting (cluster {self.address}, "
-            f"temp dir {self.temp_dir})")
+        say(f"ENVLAYERS-STAGE: ray {role} node of rank {self.rank} starting (cluster {self.address}): "
+            f"{shlex.join(self.ray_argv)}")
         self.ray = self.spawn(self.ray_argv, self.env)
         threading.Thread(target=self.watch, daemon=True).start()
         try:
@@ -336,6 +345,19 @@ def _guard(fd: int, pid_file: str, temp_dir: str, log: str) -> None:
                      "it had started\n")
     except OSError:
         pass
+
+
+def local_ip_towards(address: str) -> str | None:
+    """The address this node reaches ``HOST:PORT`` from (a UDP socket's source address: no packet is sent)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((host, int(port)))
+            return sock.getsockname()[0]
+    except (OSError, ValueError):
+        return None
 
 
 def _die_with_parent(sig: int) -> None:
