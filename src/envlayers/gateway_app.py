@@ -29,7 +29,7 @@ APP = "envlayers"
 NO_LIMIT = 1_000_000  # Serve needs a number for requests in flight per replica; this one is never reached
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host", "upgrade",
        "proxy-connection", "te", "trailer"}
-CHECK_EVERY_S = 5.0
+CHECK_EVERY_S = 2.0
 
 
 def say(line: str) -> None:
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
     deployment = serve.deployment(
         Replica, name="vllm", num_replicas=replicas, max_replicas_per_node=cap, max_ongoing_requests=NO_LIMIT,
         max_queued_requests=-1, max_constructor_retry_count=1, ray_actor_options={"num_cpus": 0},
-        health_check_period_s=5, health_check_timeout_s=30)
+        health_check_period_s=2, health_check_timeout_s=30)
     say(f"ENVLAYERS-STAGE: gateway: deploying {replicas} replica(s), at most {cap} per node, behind "
         f"{host}:{port}")
     t0 = time.monotonic()
@@ -175,8 +175,9 @@ def main(argv: list[str]) -> int:
     while True:
         time.sleep(CHECK_EVERY_S)
         app = serve.status().applications.get(APP)
-        status = str(getattr(app, "status", "missing"))
-        if not status.endswith("RUNNING"):
+        status = getattr(app, "status", "MISSING")
+        status = str(getattr(status, "value", status))
+        if status != "RUNNING":
             message = getattr(app, "message", "") or ""
             say(f"ENVLAYERS-ERROR: gateway: the Serve application is {status}: {message.splitlines()[0] if message else ''}")
             return 1

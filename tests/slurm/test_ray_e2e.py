@@ -229,3 +229,16 @@ def test_a_killed_node_helper_ends_the_job_and_its_guard_stops_that_nodes_ray(ne
                      (run.run_dir / "server-1.log").read_text(), re.M)
     assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
     assert_no_ray_left(run)
+
+
+def test_a_replica_whose_server_dies_after_live_ends_the_gateway_job(netns_lab, tmp_path):
+    run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00",
+                  STANDIN_CRASH_AFTER_READY_SECONDS="6", STANDIN_RANKS="1",  # the replica on n2 (SLURM_PROCID 1)
+                  layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n")
+    run.submit()
+    text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=240)
+    assert BANNER in text  # it was live first
+    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 exited with code 1 after the endpoint was live", text, re.M), text
+    assert "ENVLAYERS-ERROR: gateway: the Serve application is UNHEALTHY: The deployments ['vllm'] are UNHEALTHY" in text
+    assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
+    assert_no_ray_left(run)
