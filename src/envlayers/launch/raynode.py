@@ -31,6 +31,8 @@ import zlib
 CLUSTER_FILE = "ray-cluster.json"
 GRACE_S = 3.0  # the server's time to exit on SIGTERM; Slurm's KillWait is often 5 s or more
 POLL_S = 0.5
+SETTLE_S = 120.0
+SCAN_LATER_S = 2.0
 
 
 def say(line: str) -> None:
@@ -141,9 +143,12 @@ class Node:
         return proc
 
     def watch(self) -> None:
+        """Record new processes: every POLL_S while the node starts, every SCAN_LATER_S once settled
+        (reading every /proc/PID/stat costs a little on a busy node)."""
+        t0 = time.monotonic()
         while not self.stopping.is_set():
             self.tracker.scan()
-            self.stopping.wait(POLL_S)
+            self.stopping.wait(POLL_S if time.monotonic() - t0 < SETTLE_S else SCAN_LATER_S)
 
     def on_signal(self, signum, _frame) -> None:
         self.signum = signum
@@ -200,12 +205,14 @@ class Node:
     def supervise(self) -> int:
         while not self.stopping.wait(POLL_S):
             if self.server is not None and self.server.poll() is not None:
-                say(f"ENVLAYERS-STAGE: ray: the server exited with code {self.server.returncode}; stopping Ray")
-                return self.server.returncode
+                code = self.server.returncode
+                code = 128 - code if code < 0 else code  # killed by a signal: the shell's 128+N
+                say(f"ENVLAYERS-STAGE: ray: the server exited with code {code}; stopping Ray")
+                return code
             if self.ray.poll() is not None:
                 say(f"ENVLAYERS-ERROR: ray: `ray start` of rank {self.rank} exited with code {self.ray.returncode}"
                     " (its node left the cluster)")
-                return self.ray.returncode or 1
+                return self.ray.returncode if self.ray.returncode > 0 else 1
         return 0
 
     def stop(self) -> None:
