@@ -242,3 +242,25 @@ def test_a_replica_whose_server_dies_after_live_ends_the_gateway_job(netns_lab, 
     assert "ENVLAYERS-ERROR: gateway: the Serve application is UNHEALTHY: The deployments ['vllm'] are UNHEALTHY" in text
     assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
     assert_no_ray_left(run)
+
+
+def test_gateway_on_one_node_starts_its_own_ray_and_places_both_replicas_there(netns_lab, tmp_path):
+    # USE_RAY_SERVE=true on one node: 2 instances of tp=2 share the node's 4 GPUs (at most 2 per node)
+    run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="1",
+                  layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=1\nTENSOR_PARALLEL_SIZE=2\nUSE_RAY_SERVE=true\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
+    assert "ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=2 " in text
+    assert re.search(r"^ENVLAYERS-STAGE: ray cluster at \S+: 1 of 1 node\(s\) joined after", text, re.M)
+    openai_answers(netns_lab, text)
+    engines = ray_records(run)
+    assert [e["hostname"] for e in engines] == ["n1", "n1"] and all(e["ray"]["nodes"] == 1 for e in engines)
+    assert len({e["argv"][-1] for e in engines}) == 2  # a loopback port each
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    pids = recorded_pids(run.run_dir)
+    deadline = time.monotonic() + 30
+    while still_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not still_alive(pids)
+    run.assert_nothing_left()
