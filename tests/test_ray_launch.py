@@ -137,6 +137,7 @@ def test_gateway_plan_runs_the_serve_app_after_the_head_with_rank_zeros_vllm_com
     assert set(lp.files) == {"ranks.sh", "launch.json", "raynode.py", "gateway_app.py"}
     assert ("ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=1 (Ray Serve; each replica runs "
             "rank 0's vllm serve on a free loopback port and proxies to it)") in lp.lines
+    assert lp.metrics is False  # /metrics through the gateway is one replica's: no request counters from it
     head = run_rank(tmp_path, lp.files["ranks.sh"], 0)
     second = head.index("--", head.index("--") + 1)
     app = head[second + 1:]
