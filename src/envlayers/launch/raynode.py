@@ -135,7 +135,8 @@ class Node:
 
     def spawn(self, argv: list[str], env: dict, death_signal: int = signal.SIGKILL) -> subprocess.Popen:
         """A child in a process group of its own, sent ``death_signal`` by the kernel if this process dies
-        first (even by SIGKILL), so nothing it started outlives the rank."""
+        first (even by SIGKILL), so nothing it started outlives the rank. Main thread only: the kernel
+        sends it when the forking *thread* ends."""
         proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: _die_with_parent(death_signal))
         self.tracker.groups.add(proc.pid)
         self.guard.group(proc.pid)
