@@ -68,16 +68,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _term_with_parent() -> None:
-    """In the replica's server, before exec: SIGTERM from the kernel when the replica's process dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class Replica:
     """One instance: its own ``vllm serve`` on this node's loopback, and the proxy in front of it."""
 
@@ -87,8 +77,7 @@ class Replica:
 
         self.port = free_port()
         self.argv = with_host_port(argv, "127.0.0.1", self.port)
-        self.proc = subprocess.Popen(self.argv, env=dict(os.environ, RAY_ADDRESS=address), start_new_session=True,
-                                     preexec_fn=_term_with_parent)
+        self.proc = subprocess.Popen(self.argv, env=dict(os.environ, RAY_ADDRESS=address), start_new_session=True)
         self.session = None
         deadline = time.monotonic() + ready_timeout_s
         url = f"http://127.0.0.1:{self.port}/v1/models"
