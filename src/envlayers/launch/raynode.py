@@ -368,13 +368,23 @@ def local_ip_towards(address: str) -> str | None:
         return None
 
 
-def _die_with_parent(sig: int) -> None:
+def _prctl():
+    """libc's prctl, looked up here in the parent: a child between fork and exec must not import or load
+    anything (another thread may hold a lock it would wait on forever). None where there is none."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # not Linux: the PID record still stops it
+        return None
+
+
+PRCTL = _prctl()
+
+
+def _die_with_parent(sig: int) -> None:
+    if PRCTL is not None:  # not Linux: the PID record and the guard still stop the child
+        PRCTL(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def count_nodes(address: str, want: int, timeout_s: float) -> int:
