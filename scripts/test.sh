@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# bench: matplotlib for `env_layers bench --plot` and its test (wheels only, about 20 s)
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+# bench: matplotlib for `env_layers bench --plot` and its test (wheels only, about 20 s); ray: Ray Serve
+# for the ray and gateway shapes' lab tests (about 30 s, ~500 MB)
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench,ray]'
 
 if [ "$(id -u)" = 0 ]; then
   # As root the Slurm tests can always run here, so a skipped one is a failure.

@@ -24,6 +24,10 @@ GATEWAY = {**BASE, "INFERENCE_NODES": "4", "GPUS_PER_NODE": "8", "TENSOR_PARALLE
            "NUMBER_OF_INSTANCES": "2"}
 HEAD = ("vllm", "serve", "org/model", "--served-model-name", "served")
 HOST = ("--host", "0.0.0.0", "--port", "8000")
+# a Ray worker's fixed ports: RAY_PORT_BASE (absent: 28000) + their offsets (docs/keys.md)
+RAY_WORKER_PORTS = ("--dashboard-agent-listen-port=28000", "--node-manager-port=28002", "--object-manager-port=28003",
+                    "--metrics-export-port=28004", "--dashboard-agent-grpc-port=28005",
+                    "--runtime-env-agent-port=28006", "--min-worker-port=28100", "--max-worker-port=28999")
 
 
 def commands(env, master=MASTER):
@@ -59,12 +63,12 @@ def commands(env, master=MASTER):
         pytest.param(RAY, [
             (*HEAD, "--tensor-parallel-size", "16", "--pipeline-parallel-size", "1",
              "--distributed-executor-backend", "ray", *HOST),
-            ("ray", "start", f"--address={MASTER}:29500", "--block"),
+            ("ray", "start", f"--address={MASTER}:29500", "--num-gpus=8", *RAY_WORKER_PORTS, "--block"),
         ], id="ray"),
         pytest.param(GATEWAY, [
             (*HEAD, "--tensor-parallel-size", "16", "--pipeline-parallel-size", "1",
              "--distributed-executor-backend", "ray", *HOST),
-            *[("ray", "start", f"--address={MASTER}:29500", "--block")] * 3,
+            *[("ray", "start", f"--address={MASTER}:29500", "--num-gpus=8", *RAY_WORKER_PORTS, "--block")] * 3,
         ], id="gateway"),
     ],
 )
@@ -125,14 +129,18 @@ def test_ray_workers_carry_the_same_command_environment():
 
 
 def test_ray_head_listens_on_the_rendezvous_port():
-    assert ray_head_command(plan({**RAY, "RDZV_PORT": "6379"})) == ("ray", "start", "--head", "--port=6379")
+    # RAY_PORT_BASE empty: Ray's own port defaults, no port flags
+    assert ray_head_command(plan({**RAY, "RDZV_PORT": "6379"}), {"RAY_PORT_BASE": ""}) == (
+        "ray", "start", "--head", "--port=6379", "--num-gpus=8", "--include-dashboard=false", "--disable-usage-stats",
+        "--block")
 
 
 def test_master_reference_stays_expandable_in_the_printed_line():
     line = shell_line(commands(DP, "${ENVLAYERS_MASTER_ADDR}")[1])
     assert '--data-parallel-address "${ENVLAYERS_MASTER_ADDR}"' in line
     ray_line = shell_line(commands(RAY, "${ENVLAYERS_MASTER_ADDR}")[1])
-    assert ray_line == 'VLLM_ALLREDUCE_USE_SYMM_MEM=0 ray start "--address=${ENVLAYERS_MASTER_ADDR}:29500" --block'
+    assert ray_line == ('VLLM_ALLREDUCE_USE_SYMM_MEM=0 ray start "--address=${ENVLAYERS_MASTER_ADDR}:29500" --num-gpus=8 '
+                        + " ".join(RAY_WORKER_PORTS) + " --block")
 
 
 def _value(argv, name, default=None):

@@ -68,6 +68,8 @@ Behaviour knobs (environment variables; all optional):
   STANDIN_PRINT_ARGS=0              do not print the engine's own argument dump (the real engines
                                     print it, API key included; default 1)
   STANDIN_REPLY=<text>              completion text (default: "Hello! You said: <last user message>")
+  STANDIN_RAY_NODES=<n>             vLLM with --distributed-executor-backend ray: the live node count the
+                                    Ray cluster must have (default: any count with enough GPUs)
   STANDIN_REASONING=0|1             the model thinks (default: guessed from its name); its reasoning is
                                     separate only with --reasoning-parser, else <think> inline in content
   STANDIN_WRONG_ANSWERS=1           answer the accuracy gate's prompts wrongly (env_layers verify)
@@ -1569,7 +1571,35 @@ def _forever() -> None:
         time.sleep(0.2)
 
 
-def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rejected, env) -> None:
+def join_ray(cfg: "Config", env) -> dict:
+    """vLLM's Ray executor: join the cluster at RAY_ADDRESS (``ray.init``), as the real engine does
+    before it places its workers, and check it is the cluster the job formed: at least tp x pp GPUs
+    (the real engine's check) and, with STANDIN_RAY_NODES, exactly that many live nodes. Raises
+    RuntimeError with the real engine's kind of message when not."""
+    address = env.get("RAY_ADDRESS")
+    if not address:
+        raise RuntimeError("[standin] --distributed-executor-backend ray without RAY_ADDRESS: vLLM would start a "
+                           "private one-node Ray instance instead of joining the job's cluster")
+    import ray
+
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # ray.init installs its own; SIGTERM still exits 0 at once
+        signal.signal(sig, _on_signal)
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    want = env.get("STANDIN_RAY_NODES")
+    if want and int(want) != nodes:
+        raise RuntimeError(f"[standin] the Ray cluster at {address} has {nodes} live node(s), expected "
+                           f"STANDIN_RAY_NODES={want}")
+    if gpus < cfg.tp * cfg.pp:
+        raise RuntimeError(f"ValueError: The number of required GPUs exceeds the total number of available GPUs "
+                           f"in the placement group. (required {cfg.tp * cfg.pp}, the Ray cluster at {address} has "
+                           f"{gpus} on {nodes} node(s))")
+    return {"address": address, "nodes": nodes, "gpus": gpus}
+
+
+def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rejected, env,
+            ray_info: dict | None = None) -> None:
     try:
         import resource
 
@@ -1586,6 +1616,8 @@ def _record(path: str, engine: str, entry: list[str], argv: list[str], rank, rej
             "executable": sys.executable, "orig_argv": list(getattr(sys, "orig_argv", sys.argv)),
             "rlimit_core": core, "cpus": cpus,
             "env": {k: env[k] for k in keys}}
+    if ray_info is not None:
+        data["ray"] = ray_info
     line = json.dumps(data, sort_keys=True) + "\n"
     try:
         with open(path, "a", encoding="utf-8") as fh:
@@ -1658,9 +1690,22 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
         return 1
 
     cfg = Config(engine, ns, given, knobs, env)
-    if knobs.record:
-        _record(knobs.record, engine, entry, list(argv), cfg.rank, False, env)
     log = Log(engine, knobs.log_stream)
+    ray_info = None
+    if engine == "vllm" and ns.distributed_executor_backend == "ray":
+        try:
+            ray_info = join_ray(cfg, env)
+        except Exception as exc:  # loudly: the job's Ray cluster is not what the command asks for
+            sys.stderr.write(f"Traceback (most recent call last):\n  File \"vllm/v1/executor/ray_utils.py\", "
+                             f"in initialize_ray_cluster\n{exc}\n")
+            if knobs.record:
+                _record(knobs.record, engine, entry, list(argv), cfg.rank, False, env,
+                        {"error": str(exc)})
+            return 1
+        log.raw(f"[standin] joined the Ray cluster at {ray_info['address']}: {ray_info['nodes']} live node(s), "
+                f"{ray_info['gpus']} GPU(s)")
+    if knobs.record:
+        _record(knobs.record, engine, entry, list(argv), cfg.rank, False, env, ray_info)
     _LOG = log
     _HEADLESS = not cfg.serves_api
     script = SGLangScript(cfg, log, knobs) if engine == "sglang" else VLLMScript(cfg, log, knobs)

@@ -529,3 +529,14 @@ def test_catalog_command_lines_are_accepted_and_only_rank_0_serves(engines, name
         e.wait_for("max_total_num_tokens=" if kind == "sglang" else "init engine (profile")
         time.sleep(0.2)
         assert e.proc.poll() is None and refused(port)
+
+
+def test_vllm_on_the_ray_executor_without_a_cluster_address_fails_loudly(engines, tmp_path):
+    # without RAY_ADDRESS the real vLLM would start a private one-node Ray instead of the job's cluster
+    record = tmp_path / "rec.jsonl"
+    e = engines("vllm", vllm_args(free_port(), "--distributed-executor-backend", "ray"),
+                env={"RAY_ADDRESS": "", "STANDIN_RECORD": str(record)})
+    assert e.wait_exit() == 1
+    assert "without RAY_ADDRESS: vLLM would start a private one-node Ray instance" in e.text()
+    assert "Starting vLLM API server" not in e.text()
+    assert "RAY_ADDRESS" in json.loads(record.read_text())["ray"]["error"]

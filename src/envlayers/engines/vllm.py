@@ -15,7 +15,9 @@ The other shapes (docs/topology.md), each in its own function below:
   a start rank: vLLM takes ``--data-parallel-start-rank`` without ``--headless`` as hybrid
   load balancing. On one node only ``--data-parallel-size N``.
 - ``ray`` and ``gateway``: ``--distributed-executor-backend ray`` on the head only; the other
-  ranks run a Ray worker (``ray start --address=NODE0:RDZV_PORT --block``).
+  ranks run a Ray worker (``ray start --address=NODE0:RDZV_PORT ... --block``, its flags from
+  launch/raycluster.py). In the job, node 0 first starts the Ray head and waits for every node
+  (launch/raynode.py); the gateway runs this ``vllm serve`` once per Ray Serve replica.
 
 Headless ranks also lose ``--data-parallel-hybrid-lb``, which vLLM rejects in headless mode.
 Every multi-node vLLM command gets ``VLLM_ALLREDUCE_USE_SYMM_MEM=0`` unless the key says
@@ -121,13 +123,16 @@ def ray_worker_command(plan: Plan, env: Mapping[str, str], master_addr: str) -> 
 
     The workers Ray starts on this node inherit this environment, so it carries the same
     variables as the head's server command."""
-    return RankCommand(argv=(*RAY_WORKER, f"--address={master_addr}:{plan.rdzv_port}", "--block"),
-                       env={**command_env(env), **multi_node_env(plan, env)})
+    from envlayers.launch.raycluster import worker_argv
+
+    return RankCommand(argv=worker_argv(env, plan, master_addr), env={**command_env(env), **multi_node_env(plan, env)})
 
 
-def ray_head_command(plan: Plan) -> tuple[str, ...]:
+def ray_head_command(plan: Plan, env: Mapping[str, str] | None = None, node_ip: str | None = None) -> tuple[str, ...]:
     """What node 0 of a Ray plan starts before its server: the Ray head on ``RDZV_PORT``."""
-    return (*RAY_WORKER, "--head", f"--port={plan.rdzv_port}")
+    from envlayers.launch.raycluster import head_argv
+
+    return head_argv(env or {}, plan, node_ip)
 
 
 def drop_headless_rejects(args: list[str]) -> list[str]:

@@ -218,6 +218,10 @@ class Launcher:
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
         atomic_write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")
+        if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
+            from .raycluster import joined_line
+
+            say(joined_line(self.run_dir) or "ENVLAYERS-WARN: no ray-cluster.json from node 0")
         say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
         sys.stdout.write(ep.block())
         sys.stdout.flush()

@@ -158,7 +158,9 @@ class Meter:
         first = self.sample()
         self.tracker.feed(now, first)
         if first is None:
-            why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
+            why = ("the gateway spreads requests over its replicas, and no one /metrics counts them all"
+                   if self.lp.plan.shape == "gateway" else
+                   "SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
                    else f"no request counters at {', '.join(metrics_urls(self.lp))}")
             what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
             self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")

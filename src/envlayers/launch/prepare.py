@@ -120,6 +120,7 @@ def int_key(env: Mapping[str, str], key: str, default: int) -> int:
 
 RDZV_SCAN_PORTS = 64
 RDZV_SHAPES = ("pipeline", "ray", "gateway")  # the shapes whose ranks meet on RDZV_PORT
+RAY_SHAPES = ("ray", "gateway")
 
 
 def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
@@ -197,6 +198,18 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         containers = [container_name(alloc.job_id, rank) for rank in range(len(wrappers))]
     # -- end of the runtime's wrapper
     loopback = wrappers is not None  # podman publishes on the node's 127.0.0.1 only
+    ray_files: dict[str, str] = {}
+    if plan.shape in RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
+        from . import raycluster
+
+        if wrappers is not None:
+            raise LaunchFailure(f"CONTAINER_RUNTIME=podman cannot run the {plan.shape} shape (Ray across the "
+                                "container boundary); use CONTAINER_RUNTIME=ce or none", lines=tuple(lines))
+        wrappers, ray_lines = raycluster.wrappers(keys, plan, alloc.run_dir, alloc.job_id,
+                                                  [n.address for n in nodes], keys.get("VLLM_SERVED_MODEL", ""),
+                                                  budget)
+        lines += ray_lines
+        ray_files = raycluster.files(plan.shape)
     targets = tuple(Target(r.rank, f"http://{'127.0.0.1' if loopback else nodes[r.node_index].url_host}:{r.port}/v1",
                            f"http://{'127.0.0.1' if loopback else nodes[r.node_index].address}:{r.port}/v1",
                            "127.0.0.1" if loopback else nodes[r.node_index].address)
@@ -210,8 +223,9 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
         **({"containers": containers} if containers else {}),
     }, indent=2) + "\n"
-    files = {"ranks.sh": rank_script(commands, alloc.run_dir, wrappers), "launch.json": launch_json}
+    files = {"ranks.sh": rank_script(commands, alloc.run_dir, wrappers), "launch.json": launch_json, **ray_files}
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
                       tuple(lines), files,
-                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True)
+                      # the gateway spreads requests over replicas: its /metrics is one replica's, not the total
+                      metrics=(sglang_metrics_enabled(keys) if engine == "sglang" else True) and plan.shape != "gateway")
