@@ -474,3 +474,58 @@ def test_a_held_port_is_traced_to_another_jobs_recorded_tunnel(tmp_path, monkeyp
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "tunnel.json").write_text("{not json")
     assert recorded_holder(TunnelSpec("42", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001)) == found
+
+
+# ------------------------------------------------------------------------------------------ a chain of successors
+
+def _link(root: Path, job: str, successor: str | None, live: bool, ended: bool = False) -> Path:
+    run = root / job
+    run.mkdir(parents=True)
+    (run / "chain.json").write_text(json.dumps({"predecessor": None, "successor": successor, "left": 1}))
+    if live:
+        (run / "endpoint.json").write_text(json.dumps({"base_urls": [f"http://n{job[-1]}:8000/v1"]}))
+    if ended:
+        (run / "launch-end.json").write_text(json.dumps({"code": 0, "reason": f"handed over to successor job {successor}"}))
+    return run
+
+
+def _info(states: dict[str, str]):
+    from envlayers.slurm import parse_scontrol_job
+
+    return lambda jid: (parse_scontrol_job(f"JobId={jid} JobName=serve-only JobState={states[jid]} Reason=None")
+                        if jid in states else None)
+
+
+def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
+    from envlayers.access.chain import chain_links, moved_line, newest_live
+
+    first = _link(tmp_path, "41", "42", live=True, ended=True)
+    _link(tmp_path, "42", "43", live=True)
+    _link(tmp_path, "43", None, live=False)
+    assert [j for j, _ in chain_links("41", first)] == ["41", "42", "43"]
+    # 43 is not live yet: 42 serves; 42 draining while 43 is live: 43
+    moved = newest_live("41", first, _info({"41": "COMPLETED", "42": "RUNNING", "43": "RUNNING"}))
+    assert moved == {"from": "41", "to": "42", "links": ["41", "42"], "state": "RUNNING",
+                     "base_urls": ["http://n2:8000/v1"], "run_dir": str(tmp_path / "42")}
+    assert moved_line(moved, "COMPLETED") == ("the endpoint moved from job 41 (COMPLETED) to job 42, its successor "
+                                              "(chain 41 -> 42); new base URL: http://n2:8000/v1")
+    (tmp_path / "43" / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n3:8000/v1"]}))
+    moved = newest_live("41", first, _info({"41": "COMPLETED", "42": "RUNNING", "43": "RUNNING"}))
+    assert moved["to"] == "43" and moved["links"] == ["41", "42", "43"]
+    assert moved_line(moved, None).startswith("the endpoint moved from job 41 to job 43, a later successor (chain "
+                                              "41 -> 42 -> 43)")
+    assert "42 (RUNNING: it drains and ends) to job 43" in moved_line(newest_live("42", tmp_path / "42", _info(
+        {"42": "RUNNING", "43": "RUNNING"})), "RUNNING")
+    # Slurm says 43 ended (its files say nothing yet): 42 again; nothing of the chain serves: None
+    assert newest_live("41", first, _info({"42": "RUNNING", "43": "CANCELLED"}))["to"] == "42"
+    assert newest_live("41", first, _info({"42": "COMPLETED", "43": "PENDING"})) is None
+    assert newest_live("43", tmp_path / "43", _info({"43": "RUNNING"})) is None  # the last link serves itself
+
+
+def test_a_chain_json_cycle_ends_the_walk(tmp_path):
+    from envlayers.access.chain import chain_links
+
+    _link(tmp_path, "41", "42", live=False)
+    _link(tmp_path, "42", "41", live=False)
+    assert [j for j, _ in chain_links("41", tmp_path / "41")] == ["41", "42"]
+    assert chain_links("41", None) == []
