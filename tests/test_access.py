@@ -529,3 +529,109 @@ def test_a_chain_json_cycle_ends_the_walk(tmp_path):
     _link(tmp_path, "42", "41", live=False)
     assert [j for j, _ in chain_links("41", tmp_path / "41")] == ["41", "42"]
     assert chain_links("41", None) == []
+
+
+# ------------------------------------------------------------------------------------------ tunnel handover
+
+def _named_server(name: str):
+    """A real HTTP server on 127.0.0.1 that answers every GET with its name (one job's endpoint)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = name.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _lines_until(proc: subprocess.Popen, needle: str, seen: list[str], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(needle in ln for ln in seen):
+        assert time.monotonic() < deadline, f"no {needle!r} in {seen}"
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, f"the node script ended: {seen}"
+        seen.append(line.rstrip("\n"))
+
+
+def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(tmp_path, sshd):
+    import threading
+    import urllib.request
+
+    old_srv, new_srv = _named_server("old"), _named_server("new")
+    rport = sshdtools.free_port()
+    gateway = _gateway(sshd)
+    old = TunnelSpec("5", "n1", old_srv.server_address[1], gateway, "127.0.0.1", rport, keep_alive=True,
+                     restarts=2, control=True)
+    new = TunnelSpec("6", "n2", new_srv.server_address[1], gateway, "127.0.0.1", rport, takeover=True)
+
+    def node(spec: TunnelSpec, step: str) -> subprocess.Popen:
+        env = {**os.environ, "SLURM_JOB_ID": spec.job_id, "SLURM_STEP_ID": step}
+        return subprocess.Popen(["bash", "-c", spec.node_script()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+
+    def get() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{rport}/v1/models", timeout=2) as resp:
+                return resp.read().decode()
+        except OSError as err:
+            return f"error: {err}"
+
+    procs, seen_old, seen_new, answers = [], [], [], []
+    try:
+        procs.append(node(old, "1"))
+        _lines_until(procs[0], "remote forward success for: listen 127.0.0.1:", seen_old)
+        assert get() == "old"
+        stop = threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                answers.append((time.monotonic(), get()))
+                time.sleep(0.005)
+
+        client = threading.Thread(target=loop)
+        client.start()
+        procs.append(node(new, "3"))
+        _lines_until(procs[1], "ENVLAYERS-TUNNEL: connected; taking over 127.0.0.1:", seen_new)
+        time.sleep(0.5)  # the new tunnel asks for the port while the old forward holds it
+        assert {a for _, a in answers} == {"old"}
+        # the cancel step, as it runs in the old job (without srun)
+        argv = old.cancel_argv("5.1")
+        assert argv[:3] == ["srun", "--overlap", "--jobid=5"] and "--nodelist=n1" in argv
+        cancelled = subprocess.run(argv[argv.index("bash"):], capture_output=True, text=True, timeout=30)
+        assert cancelled.returncode == 0, cancelled.stderr
+        _lines_until(procs[1], "remote forward success for: listen 127.0.0.1:", seen_new)
+        time.sleep(0.3)
+        stop.set()
+        client.join(10)
+        said = "".join("o" if a == "old" else "n" if a == "new" else "x" for _, a in answers)
+        assert said.rstrip("n").rstrip("x").strip("o") == "" and said.endswith("n"), said
+        failed = [t for t, a in answers if a not in ("old", "new")]
+        window = (failed[-1] - failed[0]) if failed else 0.0
+        print(f"handover: {len(answers)} requests every 5 ms, {len(failed)} refused, window {window * 1000:.0f} ms")
+        assert window < 0.5, said
+        # the old master ends later (its job ends): --keep-alive does not take the port back
+        old_ssh = int(next(ln for ln in seen_old if "ssh pid=" in ln).rsplit("=", 1)[1])
+        os.kill(old_ssh, 15)
+        assert procs[0].wait(15) == 0
+        rest = procs[0].stdout.read()
+        assert "after the handover to the successor's tunnel: not restarted" in rest, rest
+        assert get() == "new"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+                proc.wait(10)
+        for sock in ("5.1", "6.3"):
+            for suffix in ("", ".handed-over"):
+                Path(f"/tmp/envlayers-tunnel-{sock}.sock{suffix}").unlink(missing_ok=True)
+        old_srv.shutdown(), new_srv.shutdown()
