@@ -387,6 +387,8 @@ def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
     assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", "--partition=mi200",
                        "--account=lab-acct", "--chdir=/home/alice/bench", str(run_dir / "job.sh")], "1", "41", False)]
     assert chain_of(run_dir) == {"predecessor": None, "successor": "57", "dependency": "after:41+7", "left": 2}
+    assert said[-1] == ("ENVLAYERS-STAGE: successor job 57: sbatch --parsable --dependency=after:41+7 --time=0:10:00 "
+                        f"--partition=mi200 --account=lab-acct --chdir=/home/alice/bench {run_dir / 'job.sh'}")
     chain.tick()  # the successor is not live yet
     (tmp_path / "57").mkdir()
     (tmp_path / "57" / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"]}))

@@ -311,6 +311,10 @@ def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_
         assert (root / new / "api-key").read_text().strip() == key
         info = slurm_lab.job_info(new)
         assert (info["Partition"], info["Account"]) == ("mi200", "chain-acct"), info
+        out = (tmp_path / f"serve-only-{old}.out").read_text()
+        assert re.search(rf"^ENVLAYERS-STAGE: successor job {new}: sbatch --parsable --dependency=after:{old}\+1 "
+                         r"--time=0:04:00 --partition=mi200 --account=chain-acct --chdir=\S+ \S+/job.sh; it keeps this "
+                         r"job's API key$", out, re.M), out
     longest, failed = gaps(lines)
     span = lines[-1]["t"] - lines[0]["t"]
     print(f"chain {chain}: {len(lines)} requests through the gateway port over {span:.0f}s, {failed} failed, "
@@ -323,6 +327,7 @@ def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_
     moved = (f"the endpoint moved from job {first} (COMPLETED) to job {chain[2]}, a later successor (chain "
              f"{first} -> {chain[1]} -> {chain[2]}); new base URL: {last_url}")
     connect = env_layers(run, "connect", first)
+    print(connect.stdout)
     assert connect.returncode == 0 and f"moved:       {moved}\n" in connect.stdout, connect.stdout + connect.stderr
     assert f"job {chain[2]}: RUNNING\nbase URL:    {last_url}" in connect.stdout
     data = json.loads(env_layers(run, "connect", first, "--json").stdout)
@@ -333,11 +338,12 @@ def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_
 
     # release from the first job's id: the follower, the last job and its tunnel; the port closes
     released = env_layers(run, "release", first)
+    print(opened.stdout + shown + released.stdout)
     assert released.returncode == 0, released.stdout + released.stderr
     assert f"2c. successors (chain): done: 2 later job(s) of the chain" in released.stdout, released.stdout
     assert f"job {chain[2]}: tunnel closed; RUNNING -> " in released.stdout
-    assert f"4. gateway port: done: 127.0.0.1:{rport}" in released.stdout or \
-        f"4. gateway port: already: 127.0.0.1:{rport}" in released.stdout, released.stdout
+    assert f"4. gateway port: done: 127.0.0.1:{rport} on {gateway.server.destination} no longer answers" \
+        in released.stdout, released.stdout
     deadline = time.monotonic() + 15
     while pid_alive(follower["pid"]):
         assert time.monotonic() < deadline, "the chain follower outlived the release"

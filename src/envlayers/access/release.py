@@ -111,7 +111,8 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
                 break
             sleep(0.5)  # the gateway's sshd closes the listener once it sees the connection end
         where = f"{bind}:{port} on {gateway.destination}"
-        tunnel_did = steps[1].status == "done"
+        tunnel_did = steps[1].status == "done" or any(  # or a later job's tunnel of the chain held it
+            s.name == "successors" and any("tunnel closed" in ln for ln in s.lines) for s in steps)
         if check.state == "free":
             steps.append(Step("gateway-port", "done" if tunnel_did else "already",
                               f"{where} no longer answers ({check.detail})"))

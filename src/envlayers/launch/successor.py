@@ -172,6 +172,10 @@ class Chain:
         self._write()
         self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
                  f"started, {self.left - 1} more after it); this job ends once it is live")
+        import shlex
+
+        self.say(f"ENVLAYERS-STAGE: successor job {succ}: {shlex.join(argv)}"
+                 + ("; it keeps this job's API key" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ""))
 
     def tick(self) -> None:
         """Raise HandedOver once the successor's endpoint is live and the drain time passed."""
