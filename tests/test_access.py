@@ -635,3 +635,43 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
             for suffix in ("", ".handed-over"):
                 Path(f"/tmp/envlayers-tunnel-{sock}.sock{suffix}").unlink(missing_ok=True)
         old_srv.shutdown(), new_srv.shutdown()
+
+
+def _open_tunnel_record(run: Path, job: str, state: str = "open") -> None:
+    (run / "tunnel.json").write_text(json.dumps({"job_id": job, "state": state}))
+
+
+@pytest.mark.parametrize("states, successor, left, state, code, said", [
+    pytest.param({"41": "COMPLETED"}, None, 0, "open", 0, "job 41 ended, the last of its chain: the follower ends",
+                 id="chain-over"),
+    pytest.param({"41": "RUNNING"}, None, 1, "closed", 0, "the tunnel of job 41 is closed: the follower ends",
+                 id="released"),
+    pytest.param({"41": "COMPLETED", "42": "FAILED"}, "42", 1, "open", 1,
+                 "job 41 ended and no successor will serve (job 42: FAILED): the follower ends", id="successor-failed"),
+])
+def test_the_chain_follower_ends_with_the_chain(tmp_path, states, successor, left, state, code, said):
+    from envlayers.access.handover import follow
+
+    run = tmp_path / "41"
+    run.mkdir()
+    (run / "chain.json").write_text(json.dumps({"predecessor": None, "successor": successor, "left": left}))
+    _open_tunnel_record(run, "41", state)
+    assert follow(run, job_info=_info(states), poll_s=0.01) == code
+    assert (run / "tunnel.log").read_text().rstrip().endswith(said)
+
+
+def test_release_stops_only_the_recorded_follower(tmp_path):
+    from envlayers.access.handover import stop_follower
+
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = subprocess.Popen(argv)
+    try:
+        other = {"follower": {"pid": proc.pid, "argv": [*argv[:2], "other"], "host": socket.gethostname()}}
+        assert stop_follower(other) is None and proc.poll() is None  # not the recorded command: left alone
+        mine = {"follower": {"pid": proc.pid, "argv": argv, "host": socket.gethostname()}}
+        assert stop_follower(mine) == f"chain follower pid {proc.pid} stopped"
+        assert proc.wait(10) == -15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
