@@ -540,6 +540,8 @@ def _named_server(name: str):
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
+            if self.path == "/slow":
+                time.sleep(1.5)  # a request under way while the port is handed over
             body = name.encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -579,9 +581,9 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
         return subprocess.Popen(["bash", "-c", spec.node_script()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)
 
-    def get() -> str:
+    def get(path: str = "/v1/models") -> str:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{rport}/v1/models", timeout=2) as resp:
+            with urllib.request.urlopen(f"http://127.0.0.1:{rport}{path}", timeout=5) as resp:
                 return resp.read().decode()
         except OSError as err:
             return f"error: {err}"
@@ -604,6 +606,10 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
         _lines_until(procs[1], "ENVLAYERS-TUNNEL: connected; taking over 127.0.0.1:", seen_new)
         time.sleep(0.5)  # the new tunnel asks for the port while the old forward holds it
         assert {a for _, a in answers} == {"old"}
+        slow: list[str] = []
+        under_way = threading.Thread(target=lambda: slow.append(get("/slow")))
+        under_way.start()
+        time.sleep(0.3)
         # the cancel step, as it runs in the old job (without srun)
         argv = old.cancel_argv("5.1")
         assert argv[:3] == ["srun", "--overlap", "--jobid=5"] and "--nodelist=n1" in argv
@@ -613,6 +619,8 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
         time.sleep(0.3)
         stop.set()
         client.join(10)
+        under_way.join(10)
+        assert slow == ["old"]  # the connection forwarded before the cancel went on to the old server
         said = "".join("o" if a == "old" else "n" if a == "new" else "x" for _, a in answers)
         assert said.rstrip("n").rstrip("x").strip("o") == "" and said.endswith("n"), said
         failed = [t for t, a in answers if a not in ("old", "new")]
