@@ -683,3 +683,26 @@ def test_release_stops_only_the_recorded_follower(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_chain_follower_waits_out_a_slurm_that_does_not_answer(tmp_path, monkeypatch):
+    from envlayers.access import handover
+    from envlayers.slurm import SlurmError
+
+    monkeypatch.setattr(handover, "SLURM_EVERY_S", 0.05)
+    run = tmp_path / "41"
+    run.mkdir()
+    (run / "chain.json").write_text(json.dumps({"predecessor": "40", "successor": None, "left": 0}))
+    _open_tunnel_record(run, "41")
+    asked = []
+
+    def job_info(jid):
+        asked.append(jid)
+        if len(asked) < 3:
+            raise SlurmError("`scontrol show job -o 41` did not answer within 30s")
+        return _info({"41": "TIMEOUT"})(jid)
+
+    assert handover.follow(run, job_info=job_info, poll_s=0.01) == 0
+    log = (run / "tunnel.log").read_text()
+    assert log.count("Slurm did not answer (`scontrol show job -o 41` did not answer within 30s); asking again") == 2
+    assert log.rstrip().endswith("job 41 ended, the last of its chain: the follower ends")

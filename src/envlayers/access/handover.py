@@ -152,11 +152,8 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
     if job_info is None:
         from .. import slurm
 
-        def job_info(jid: str):
-            try:
-                return slurm.job_info(jid, run=slurm.run)
-            except EnvLayersError:
-                return None
+        def job_info(jid: str):  # a SlurmError (the controller did not answer) is raised: not an ended job
+            return slurm.job_info(jid, run=slurm.run)
 
     cur = Path(run_dir)
     asked = 0.0
@@ -169,30 +166,41 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
         chain = chain_of(cur) or {}
         succ = str(chain.get("successor") or "")
         sdir = cur.parent / succ if succ else None
-        if sdir is not None and (sdir / "endpoint.json").is_file() and not (sdir / "launch-end.json").exists():
-            info = job_info(succ)
-            if info is not None and info.running and info.state != "COMPLETING":
-                try:
-                    hand_over(cur, record, succ, sdir)
-                except EnvLayersError as err:
-                    say(f"ERROR: the tunnel could not follow to job {succ}: {err}")
-                    return 1
-                cur = sdir
-                continue
-        if time.monotonic() - asked >= SLURM_EVERY_S:
-            asked = time.monotonic()
-            info = job_info(str(record.get("job_id") or cur.name))
-            if info is None or info.finished:
-                if not succ and not chain.get("left"):
-                    say(f"job {cur.name} ended, the last of its chain: the follower ends")
-                    return 0
-                later = job_info(succ) if succ else None
-                if later is None or later.finished:
-                    say(f"job {cur.name} ended and no successor will serve"
-                        + (f" (job {succ}: {later.state if later else 'unknown to Slurm'})" if succ else "")
-                        + ": the follower ends")
-                    return 1
+        try:
+            if sdir is not None and (sdir / "endpoint.json").is_file() and not (sdir / "launch-end.json").exists():
+                info = job_info(succ)
+                if info is not None and info.running and info.state != "COMPLETING":
+                    try:
+                        hand_over(cur, record, succ, sdir)
+                    except (EnvLayersError, OSError, subprocess.SubprocessError) as err:
+                        say(f"ERROR: the tunnel could not follow to job {succ}: {err}")
+                        return 1
+                    cur = sdir
+                    continue
+            if time.monotonic() - asked >= SLURM_EVERY_S:
+                asked = time.monotonic()
+                ended = _chain_ended(cur, record, chain, succ, job_info)
+                if ended is not None:
+                    say(ended[1])
+                    return ended[0]
+        except EnvLayersError as err:  # Slurm did not answer this time: ask again
+            say(f"Slurm did not answer ({err.message}); asking again")
+            time.sleep(SLURM_EVERY_S)
         time.sleep(poll_s)
+
+
+def _chain_ended(cur: Path, record: dict, chain: dict, succ: str, job_info: Callable) -> tuple[int, str] | None:
+    """(exit code, why) once the current link ended and no successor will serve; ``None`` while one may."""
+    info = job_info(str(record.get("job_id") or cur.name))
+    if info is not None and not info.finished:
+        return None
+    if not succ and not chain.get("left"):
+        return 0, f"job {cur.name} ended, the last of its chain: the follower ends"
+    later = job_info(succ) if succ else None
+    if later is not None and not later.finished:
+        return None
+    return 1, (f"job {cur.name} ended and no successor will serve"
+               + (f" (job {succ}: {later.state if later else 'unknown to Slurm'})" if succ else "") + ": the follower ends")
 
 
 def main(argv: list[str] | None = None) -> int:
