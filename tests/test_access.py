@@ -474,3 +474,235 @@ def test_a_held_port_is_traced_to_another_jobs_recorded_tunnel(tmp_path, monkeyp
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "tunnel.json").write_text("{not json")
     assert recorded_holder(TunnelSpec("42", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001)) == found
+
+
+# ------------------------------------------------------------------------------------------ a chain of successors
+
+def _link(root: Path, job: str, successor: str | None, live: bool, ended: bool = False) -> Path:
+    run = root / job
+    run.mkdir(parents=True)
+    (run / "chain.json").write_text(json.dumps({"predecessor": None, "successor": successor, "left": 1}))
+    if live:
+        (run / "endpoint.json").write_text(json.dumps({"base_urls": [f"http://n{job[-1]}:8000/v1"]}))
+    if ended:
+        (run / "launch-end.json").write_text(json.dumps({"code": 0, "reason": f"handed over to successor job {successor}"}))
+    return run
+
+
+def _info(states: dict[str, str]):
+    from envlayers.slurm import parse_scontrol_job
+
+    return lambda jid: (parse_scontrol_job(f"JobId={jid} JobName=serve-only JobState={states[jid]} Reason=None")
+                        if jid in states else None)
+
+
+def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
+    from envlayers.access.chain import chain_links, moved_line, newest_live
+
+    first = _link(tmp_path, "41", "42", live=True, ended=True)
+    _link(tmp_path, "42", "43", live=True)
+    _link(tmp_path, "43", None, live=False)
+    assert [j for j, _ in chain_links("41", first)] == ["41", "42", "43"]
+    # 43 is not live yet: 42 serves; 42 draining while 43 is live: 43
+    moved = newest_live("41", first, _info({"41": "COMPLETED", "42": "RUNNING", "43": "RUNNING"}))
+    assert moved == {"from": "41", "to": "42", "links": ["41", "42"], "state": "RUNNING",
+                     "base_urls": ["http://n2:8000/v1"], "run_dir": str(tmp_path / "42")}
+    assert moved_line(moved, "COMPLETED") == ("the endpoint moved from job 41 (COMPLETED) to job 42, its successor "
+                                              "(chain 41 -> 42); new base URL: http://n2:8000/v1")
+    (tmp_path / "43" / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n3:8000/v1"]}))
+    moved = newest_live("41", first, _info({"41": "COMPLETED", "42": "RUNNING", "43": "RUNNING"}))
+    assert moved["to"] == "43" and moved["links"] == ["41", "42", "43"]
+    assert moved_line(moved, None).startswith("the endpoint moved from job 41 to job 43, a later successor (chain "
+                                              "41 -> 42 -> 43)")
+    assert "42 (RUNNING: it drains and ends) to job 43" in moved_line(newest_live("42", tmp_path / "42", _info(
+        {"42": "RUNNING", "43": "RUNNING"})), "RUNNING")
+    # Slurm says 43 ended (its files say nothing yet): 42 again; nothing of the chain serves: None
+    assert newest_live("41", first, _info({"42": "RUNNING", "43": "CANCELLED"}))["to"] == "42"
+    assert newest_live("41", first, _info({"42": "COMPLETED", "43": "PENDING"})) is None
+    assert newest_live("43", tmp_path / "43", _info({"43": "RUNNING"})) is None  # the last link serves itself
+
+
+def test_a_chain_json_cycle_ends_the_walk(tmp_path):
+    from envlayers.access.chain import chain_links
+
+    _link(tmp_path, "41", "42", live=False)
+    _link(tmp_path, "42", "41", live=False)
+    assert [j for j, _ in chain_links("41", tmp_path / "41")] == ["41", "42"]
+    assert chain_links("41", None) == []
+
+
+# ------------------------------------------------------------------------------------------ tunnel handover
+
+def _named_server(name: str):
+    """A real HTTP server on 127.0.0.1 that answers every GET with its name (one job's endpoint)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/slow":
+                time.sleep(1.5)  # a request under way while the port is handed over
+            body = name.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _lines_until(proc: subprocess.Popen, needle: str, seen: list[str], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(needle in ln for ln in seen):
+        assert time.monotonic() < deadline, f"no {needle!r} in {seen}"
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, f"the node script ended: {seen}"
+        seen.append(line.rstrip("\n"))
+
+
+def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(tmp_path, sshd):
+    import threading
+    import urllib.request
+
+    old_srv, new_srv = _named_server("old"), _named_server("new")
+    rport = sshdtools.free_port()
+    gateway = _gateway(sshd)
+    old = TunnelSpec("5", "n1", old_srv.server_address[1], gateway, "127.0.0.1", rport, keep_alive=True,
+                     restarts=2, control=True)
+    new = TunnelSpec("6", "n2", new_srv.server_address[1], gateway, "127.0.0.1", rport, takeover=True)
+
+    def node(spec: TunnelSpec, step: str) -> subprocess.Popen:
+        env = {**os.environ, "SLURM_JOB_ID": spec.job_id, "SLURM_STEP_ID": step}
+        return subprocess.Popen(["bash", "-c", spec.node_script()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+
+    def get(path: str = "/v1/models") -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{rport}{path}", timeout=5) as resp:
+                return resp.read().decode()
+        except OSError as err:
+            return f"error: {err}"
+
+    procs, seen_old, seen_new, answers = [], [], [], []
+    try:
+        procs.append(node(old, "1"))
+        _lines_until(procs[0], "remote forward success for: listen 127.0.0.1:", seen_old)
+        assert get() == "old"
+        stop = threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                answers.append((time.monotonic(), get()))
+                time.sleep(0.005)
+
+        client = threading.Thread(target=loop)
+        client.start()
+        procs.append(node(new, "3"))
+        _lines_until(procs[1], "ENVLAYERS-TUNNEL: connected; taking over 127.0.0.1:", seen_new)
+        time.sleep(0.5)  # the new tunnel asks for the port while the old forward holds it
+        assert {a for _, a in answers} == {"old"}
+        slow: list[str] = []
+        under_way = threading.Thread(target=lambda: slow.append(get("/slow")))
+        under_way.start()
+        time.sleep(0.3)
+        # the cancel step, as it runs in the old job (without srun)
+        argv = old.cancel_argv("5.1")
+        assert argv[:3] == ["srun", "--overlap", "--jobid=5"] and "--nodelist=n1" in argv
+        cancelled = subprocess.run(argv[argv.index("bash"):], capture_output=True, text=True, timeout=30)
+        assert cancelled.returncode == 0, cancelled.stderr
+        _lines_until(procs[1], "remote forward success for: listen 127.0.0.1:", seen_new)
+        time.sleep(0.3)
+        stop.set()
+        client.join(10)
+        under_way.join(10)
+        assert slow == ["old"]  # the connection forwarded before the cancel went on to the old server
+        said = "".join("o" if a == "old" else "n" if a == "new" else "x" for _, a in answers)
+        assert said.rstrip("n").rstrip("x").strip("o") == "" and said.endswith("n"), said
+        failed = [t for t, a in answers if a not in ("old", "new")]
+        window = (failed[-1] - failed[0]) if failed else 0.0
+        print(f"handover: {len(answers)} requests every 5 ms, {len(failed)} refused, window {window * 1000:.0f} ms")
+        assert window < 0.5, said
+        # the old master ends later (its job ends): --keep-alive does not take the port back
+        old_ssh = int(next(ln for ln in seen_old if "ssh pid=" in ln).rsplit("=", 1)[1])
+        os.kill(old_ssh, 15)
+        assert procs[0].wait(15) == 0
+        rest = procs[0].stdout.read()
+        assert "after the handover to the successor's tunnel: not restarted" in rest, rest
+        assert get() == "new"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+                proc.wait(10)
+        for sock in ("5.1", "6.3"):
+            for suffix in ("", ".handed-over"):
+                Path(f"/tmp/envlayers-tunnel-{sock}.sock{suffix}").unlink(missing_ok=True)
+        old_srv.shutdown(), new_srv.shutdown()
+
+
+def _open_tunnel_record(run: Path, job: str, state: str = "open") -> None:
+    (run / "tunnel.json").write_text(json.dumps({"job_id": job, "state": state}))
+
+
+@pytest.mark.parametrize("states, successor, left, state, code, said", [
+    pytest.param({"41": "COMPLETED"}, None, 0, "open", 0, "job 41 ended, the last of its chain: the follower ends",
+                 id="chain-over"),
+    pytest.param({"41": "RUNNING"}, None, 1, "closed", 0, "the tunnel of job 41 is closed: the follower ends",
+                 id="released"),
+    pytest.param({"41": "COMPLETED", "42": "FAILED"}, "42", 1, "open", 1,
+                 "job 41 ended and no successor will serve (job 42: FAILED): the follower ends", id="successor-failed"),
+])
+def test_the_chain_follower_ends_with_the_chain(tmp_path, states, successor, left, state, code, said):
+    from envlayers.access.handover import follow
+
+    run = tmp_path / "41"
+    run.mkdir()
+    (run / "chain.json").write_text(json.dumps({"predecessor": None, "successor": successor, "left": left}))
+    _open_tunnel_record(run, "41", state)
+    assert follow(run, job_info=_info(states), poll_s=0.01) == code
+    assert (run / "tunnel.log").read_text().rstrip().endswith(said)
+
+
+def test_release_stops_only_the_recorded_follower(tmp_path):
+    from envlayers.access.handover import stop_follower
+
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = subprocess.Popen(argv)
+    try:
+        other = {"follower": {"pid": proc.pid, "argv": [*argv[:2], "other"], "host": socket.gethostname()}}
+        assert stop_follower(other) is None and proc.poll() is None  # not the recorded command: left alone
+        mine = {"follower": {"pid": proc.pid, "argv": argv, "host": socket.gethostname()}}
+        assert stop_follower(mine) == f"chain follower pid {proc.pid} stopped"
+        assert proc.wait(10) == -15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_chain_follower_waits_out_a_slurm_that_does_not_answer(tmp_path, monkeypatch):
+    from envlayers.access import handover
+    from envlayers.slurm import SlurmError
+
+    monkeypatch.setattr(handover, "SLURM_EVERY_S", 0.05)
+    run = tmp_path / "41"
+    run.mkdir()
+    (run / "chain.json").write_text(json.dumps({"predecessor": "40", "successor": None, "left": 0}))
+    _open_tunnel_record(run, "41")
+    asked = []
+
+    def job_info(jid):
+        asked.append(jid)
+        if len(asked) < 3:
+            raise SlurmError("`scontrol show job -o 41` did not answer within 30s")
+        return _info({"41": "TIMEOUT"})(jid)
+
+    assert handover.follow(run, job_info=job_info, poll_s=0.01) == 0
+    log = (run / "tunnel.log").read_text()
+    assert log.count("Slurm did not answer (`scontrol show job -o 41` did not answer within 30s); asking again") == 2
+    assert log.rstrip().endswith("job 41 ended, the last of its chain: the follower ends")

@@ -329,6 +329,8 @@ def test_status_and_wait_show_which_replicas_are_alive():
 
 # --------------------------------------------------------------------------- successors
 
+from envlayers.slurm import _split_keyvalues  # noqa: E402
+
 
 @pytest.mark.parametrize("limit, startup, minutes", [
     pytest.param(4 * 3600, 300, 228, id="4h-limit-5min-startup"),
@@ -360,6 +362,13 @@ def test_a_bad_successors_value_names_the_key():
         chain_left({"SUCCESSORS": "two"}, {})
 
 
+# a line as `scontrol show job -o` prints it (Slurm 23.11), shortened
+SCONTROL_41 = ("JobId=41 JobName=serve-only UserId=alice(1000) GroupId=alice(1000) Priority=1 Account=lab-acct "
+               "QOS=(null) JobState=RUNNING Reason=None Dependency=(null) RunTime=00:00:12 TimeLimit=00:10:00 "
+               "Partition=mi200 NodeList=n2 NumNodes=1 WorkDir=/home/alice/bench Reservation=(null) "
+               "StdOut=/home/alice/bench/serve-only-41.out TresPerNode=gres:gpu:4")
+
+
 def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
     from envlayers.launch.successor import Chain, HandedOver, chain_of
 
@@ -372,12 +381,14 @@ def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
         return subprocess.CompletedProcess(argv, 0, "57\n", "")
 
     chain = Chain("41", run_dir, 2, 30, say=said.append, environ={"SLURM_JOB_ID": "41", "SLURM_CONF": "/c"},
-                  clock=clock, run=run, limit_s=lambda job: 600)
+                  clock=clock, run=run, job_fields=lambda job: _split_keyvalues(SCONTROL_41))
     chain.tick()  # nothing submitted yet: nothing to do
     chain.went_live(10.0)
-    assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", str(run_dir / "job.sh")],
-                      "1", "41", False)]
+    assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", "--partition=mi200",
+                       "--account=lab-acct", "--chdir=/home/alice/bench", str(run_dir / "job.sh")], "1", "41", False)]
     assert chain_of(run_dir) == {"predecessor": None, "successor": "57", "dependency": "after:41+7", "left": 2}
+    assert said[-1] == ("ENVLAYERS-STAGE: successor job 57: sbatch --parsable --dependency=after:41+7 --time=0:10:00 "
+                        f"--partition=mi200 --account=lab-acct --chdir=/home/alice/bench {run_dir / 'job.sh'}")
     chain.tick()  # the successor is not live yet
     (tmp_path / "57").mkdir()
     (tmp_path / "57" / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"]}))
@@ -390,12 +401,57 @@ def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
         chain.tick()
 
 
+@pytest.mark.parametrize("fields, options", [
+    pytest.param({"Partition": "mi200", "Account": "(null)", "QOS": "normal", "Reservation": "maint",
+                  "WorkDir": "/w"}, ["--partition=mi200", "--qos=normal", "--reservation=maint", "--chdir=/w"],
+                 id="all-but-an-unset-account"),
+    pytest.param({}, [], id="slurm-said-nothing"),
+])
+def test_the_successor_keeps_what_slurm_runs_the_job_with(fields, options):
+    from envlayers.launch.successor import kept_options
+
+    assert kept_options(fields) == options
+
+
+def test_a_per_job_key_passes_down_the_chain(tmp_path):
+    from envlayers.apikey import GENERATED_NAME, write_generated
+    from envlayers.launch.successor import Chain, inherited_key
+
+    first, second = tmp_path / "41", tmp_path / "57"
+    first.mkdir(), second.mkdir()
+    _, key = write_generated(first)
+    envs = []
+    chain = Chain("41", first, 1, 30, say=lambda line: None, environ={"ENVLAYERS_CHAIN_KEY_FILE": "/stale"},
+                  run=lambda argv, env: envs.append(env) or subprocess.CompletedProcess(argv, 0, "57\n", ""),
+                  job_fields=lambda job: {"TimeLimit": "10:00"})
+    chain.went_live(1.0)
+    assert envs[0]["ENVLAYERS_CHAIN_KEY_FILE"] == str(first / GENERATED_NAME)
+    said = []
+    path, got = inherited_key(second, {**envs[0], "ENVLAYERS_PREDECESSOR": "41"}, said.append)
+    assert (path, got) == (str(second / GENERATED_NAME), key)
+    assert (second / GENERATED_NAME).read_text() == key + "\n"
+    assert (second / GENERATED_NAME).stat().st_mode & 0o777 == 0o600
+    assert said == [f"ENVLAYERS-STAGE: the chain's API key (job 41's, {first / GENERATED_NAME}) copied to "
+                    f"{second / GENERATED_NAME} (mode 0600): clients keep their key"]
+    # no generated key in the first job (a named key file): nothing to pass on, the job script names it
+    (first / GENERATED_NAME).unlink()
+    chain.record["successor"] = None
+    chain.went_live(1.0)
+    assert "ENVLAYERS_CHAIN_KEY_FILE" not in envs[1]
+    # the file went away: a new key, said in words
+    said.clear()
+    assert inherited_key(second, {"ENVLAYERS_CHAIN_KEY_FILE": str(first / GENERATED_NAME),
+                                  "ENVLAYERS_PREDECESSOR": "41"}, said.append) is None
+    assert said[0].startswith(f"ENVLAYERS-WARN: cannot take the chain's API key from {first / GENERATED_NAME} (")
+    assert said[0].endswith("a new key is generated; clients of job 41 must take it from `env_layers connect`")
+
+
 def test_the_last_link_submits_nothing(tmp_path):
     from envlayers.launch.successor import Chain, chain_of
 
     said = []
     chain = Chain("57", tmp_path, 0, 30, say=said.append, environ={"ENVLAYERS_PREDECESSOR": "41"},
-                  run=lambda argv, env: pytest.fail("submitted"), limit_s=lambda job: 600)
+                  run=lambda argv, env: pytest.fail("submitted"), job_fields=lambda job: {"TimeLimit": "10:00"})
     chain.went_live(3.0)
     assert said == ["ENVLAYERS-STAGE: last job of the chain (after job 41): no successor"]
     assert chain_of(tmp_path)["predecessor"] == "41"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import lab_command, pid_alive
+from labtools import TERMINAL_STATES, lab_command, pid_alive
 from test_serve_e2e import BANNER, Run
 
 import sshdtools
@@ -219,3 +219,133 @@ def test_keep_alive_restarts_a_dropped_tunnel_and_the_job_end_stops_it(slurm_lab
     released = env_layers(run, "release", run.job_id)
     assert released.returncode == 0, released.stdout + released.stderr
     assert "2. tunnel: already: srun pid" in released.stdout and "3. server and allocation: already" in released.stdout
+
+
+# a client on the gateway host's loopback port: GET /v1/models with the key every 20 ms, each outcome
+# one line of JSON, until the stop file appears (bounded)
+CLIENT_LOOP = r"""
+import json, sys, time, urllib.request, os
+url, key, out, stop = sys.argv[1:5]
+deadline = time.time() + 900
+with open(out, "a") as fh:
+    while not os.path.exists(stop) and time.time() < deadline:
+        t = time.time()
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                ok, said = resp.status == 200, str(resp.status)
+        except Exception as err:
+            ok, said = False, str(err)[:120]
+        fh.write(json.dumps({"t": t, "ok": ok, "said": said}) + "\n")
+        fh.flush()
+        time.sleep(0.02)
+"""
+
+
+def gaps(lines: list[dict]) -> tuple[float, int]:
+    """(the longest time from a failed request to the next answered one, failed requests)."""
+    longest, first_fail, failed = 0.0, None, 0
+    for rec in lines:
+        if rec["ok"]:
+            if first_fail is not None:
+                longest = max(longest, rec["t"] - first_fail)
+            first_fail = None
+        else:
+            failed += 1
+            first_fail = rec["t"] if first_fail is None else first_fail
+    return longest, failed
+
+
+def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_lab, gateways, tmp_path):
+    # a 4 min limit: each successor starts 1 min after its predecessor; a per-job key the chain keeps;
+    # partition and account from the submitting shell (the job script names neither)
+    run = Run(slurm_lab, tmp_path, layer="SERVER_API_KEY_FILE=generate\nSLURM_PARTITION=\nSUCCESSORS=2\n"
+              "SUCCESSOR_DRAIN_S=8\n", SERVE_TIME="00:04:00", SBATCH_PARTITION="mi200", SBATCH_ACCOUNT="chain-acct",
+              PYTHONPATH=f"{REPO / 'tests' / 'standin' / 'pypath'}:{REPO / 'src'}")
+    first = run.submit()
+    live = env_layers(run, "wait", first, "--timeout", "60", "--progress", "none")
+    assert live.returncode == 0, live.stdout + live.stderr
+    key = (run.run_dir / "api-key").read_text().strip()
+    gateway = gateways(first)
+    rport = sshdtools.free_port()
+    opened = env_layers(run, "tunnel", first, *gateway.tunnel_args(), "--remote-port", str(rport))
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert f"tunnel: follows the chain of successors: when job {first}'s successor is live" in opened.stdout
+    follower = json.loads((run.run_dir / "tunnel.json").read_text())["follower"]
+    assert pid_alive(follower["pid"])
+
+    loop = tmp_path / "client_loop.py"
+    loop.write_text(CLIENT_LOOP)
+    answers, stop = tmp_path / "answers.jsonl", tmp_path / "stop-client"
+    client = subprocess.Popen(["ip", "netns", "exec", gateway.netns, sys.executable, str(loop),
+                               f"http://127.0.0.1:{rport}/v1/models", key, str(answers), str(stop)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    root = run.run_dir.parent
+    chain = [first]
+    try:
+        deadline = time.monotonic() + 480
+        while time.monotonic() < deadline:
+            rec = root / chain[-1] / "chain.json"
+            succ = json.loads(rec.read_text()).get("successor") if rec.exists() else None
+            if succ and succ not in chain:
+                chain.append(succ)
+                slurm_lab._submitted.append(succ)
+            done = len(chain) == 3 and (root / chain[2] / "tunnel.json").exists()
+            if done and all((slurm_lab.job_info(j) or {}).get("JobState", "COMPLETED") in TERMINAL_STATES
+                            for j in chain[:2]):
+                break
+            time.sleep(1)
+        time.sleep(3)
+    finally:
+        stop.write_text("")
+        client.wait(30)
+    lines = [json.loads(ln) for ln in answers.read_text().splitlines()]
+    assert len(chain) == 3, chain
+    for old, new in zip(chain, chain[1:]):
+        old_rec = json.loads((root / old / "tunnel.json").read_text())
+        new_rec = json.loads((root / new / "tunnel.json").read_text())
+        assert old_rec["state"] == "handed-over" and old_rec["successor"] == new, old_rec
+        assert new_rec["took_over_from"] == old and new_rec["remote_port"] == rport
+        log = (root / new / "tunnel.log").read_text()
+        assert f"ENVLAYERS-TUNNEL: remote forward success for: listen 127.0.0.1:{rport} (taken over)" in log, log
+        assert (root / new / "api-key").read_text().strip() == key
+        info = slurm_lab.job_info(new)
+        assert (info["Partition"], info["Account"]) == ("mi200", "chain-acct"), info
+        out = (tmp_path / f"serve-only-{old}.out").read_text()
+        assert re.search(rf"^ENVLAYERS-STAGE: successor job {new}: sbatch --parsable --dependency=after:{old}\+1 "
+                         r"--time=0:04:00 --partition=mi200 --account=chain-acct --chdir=\S+ \S+/job.sh; it keeps this "
+                         r"job's API key$", out, re.M), out
+    longest, failed = gaps(lines)
+    span = lines[-1]["t"] - lines[0]["t"]
+    print(f"chain {chain}: {len(lines)} requests through the gateway port over {span:.0f}s, {failed} failed, "
+          f"longest window without an answer {longest * 1000:.0f} ms; the follower's own measure: "
+          + ", ".join(str(json.loads((root / j / 'tunnel.json').read_text()).get("closed_s")) for j in chain[:2]))
+    assert span > 120 and longest < 2.0, (longest, [ln for ln in lines if not ln["ok"]][:10])
+
+    # a client that kept the first job's node URL: connect and status say where the endpoint went
+    last_url = json.loads((root / chain[2] / "endpoint.json").read_text())["base_urls"][0]
+    moved = (f"the endpoint moved from job {first} (COMPLETED) to job {chain[2]}, a later successor (chain "
+             f"{first} -> {chain[1]} -> {chain[2]}); new base URL: {last_url}")
+    connect = env_layers(run, "connect", first)
+    print(connect.stdout)
+    assert connect.returncode == 0 and f"moved:       {moved}\n" in connect.stdout, connect.stdout + connect.stderr
+    assert f"job {chain[2]}: RUNNING\nbase URL:    {last_url}" in connect.stdout
+    data = json.loads(env_layers(run, "connect", first, "--json").stdout)
+    assert data["job_id"] == chain[2] and data["moved"]["from"] == first and data["base_urls"] == [last_url]
+    shown = env_layers(run, "status", first, "--no-probe").stdout
+    assert f"  moved:       {moved}\n" in shown, shown
+    assert json.loads(env_layers(run, "status", first, "--json", "--no-probe").stdout)["chain"]["moved"]["to"] == chain[2]
+
+    # release from the first job's id: the follower, the last job and its tunnel; the port closes
+    released = env_layers(run, "release", first)
+    print(opened.stdout + shown + released.stdout)
+    assert released.returncode == 0, released.stdout + released.stderr
+    assert f"2c. successors (chain): done: 2 later job(s) of the chain" in released.stdout, released.stdout
+    assert f"job {chain[2]}: tunnel closed; RUNNING -> " in released.stdout
+    assert f"4. gateway port: done: 127.0.0.1:{rport} on {gateway.server.destination} no longer answers" \
+        in released.stdout, released.stdout
+    deadline = time.monotonic() + 15
+    while pid_alive(follower["pid"]):
+        assert time.monotonic() < deadline, "the chain follower outlived the release"
+        time.sleep(0.2)
+    assert f":{rport}" not in gateway.sh("ss", "-Hltn").stdout

@@ -1,18 +1,28 @@
 """``connect``: what a client needs to use a job's endpoint (base URLs, model name, key or key file).
 
 Pure formatting over :class:`envlayers.access.job.JobAccess`; the key itself appears only when the
-caller asks for it and owns the key file.
+caller asks for it and owns the key file. A job of a chain (``SUCCESSORS``) whose successor serves is
+followed to the newest live link (access.chain): its details are given, with a ``moved:`` line.
 """
 
 from __future__ import annotations
 
+from .chain import moved_line, newest_live
 from .gateway import route_url
 from .job import JobAccess, key_file_warning, read_key
 from .tunnel import is_recorded_process
 
 
-def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None) -> dict:
+def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None, follow: bool = True) -> dict:
     info = acc.job.info
+    moved = newest_live(acc.job_id, acc.run_dir) if follow else None
+    if moved:  # a successor serves now: what a client needs is the successor's
+        from .job import open_job
+
+        data = connect_info(open_job(moved["to"], run_dir=moved["run_dir"], uid=uid), show_key=show_key, uid=uid,
+                            follow=False)
+        data["moved"] = {**moved, "from_state": info.state if info else None}
+        return data
     tunnel = acc.tunnel()
     gateway = None
     # a job's end ends its tunnel; an srun that no longer runs means the tunnel dropped (or gave up)
@@ -31,6 +41,7 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         "api_key_file": acc.key_file if acc.key_required else None,
         "gateway": gateway,
         "run_dir": str(acc.run_dir) if acc.run_dir else None,
+        "moved": None,
         "warnings": [],
     }
     if acc.key_required and acc.key_file:
@@ -49,7 +60,10 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
 
 def format_connect(data: dict) -> str:
     jid = data["job_id"]
-    lines = [f"job {jid}: {data['state'] or 'unknown to Slurm'}" + ("" if data["live"] else " (endpoint not live)")]
+    lines = []
+    if data.get("moved"):
+        lines.append(f"moved:       {moved_line(data['moved'], data['moved'].get('from_state'))}")
+    lines.append(f"job {jid}: {data['state'] or 'unknown to Slurm'}" + ("" if data["live"] else " (endpoint not live)"))
     reach = data["reachable_urls"]
     for i, base in enumerate(data["base_urls"]):
         also = f"  (by address: {reach[i]})" if i < len(reach) and reach[i] != base else ""

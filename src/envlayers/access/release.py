@@ -62,8 +62,13 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
                           if reminded else "remove this route from the gateway's model registry and reload the "
                           "gateway now, before its port closes",
                           [f"base_url: {route.get('base_url')}", f"provider_model_id: {route.get('provider_model_id')}"]))
-    # 2. the tunnel
+    # 2. the tunnel (and the process that carries it along a chain of successors)
+    from .handover import stop_follower
+
+    stopped_follower = stop_follower(record)
     status, detail = close_tunnel(acc)
+    if stopped_follower:
+        detail = f"{detail}, {stopped_follower}" if detail else stopped_follower
     steps.append(Step("tunnel", {"closed": "done"}.get(status, status), detail))
     # -- podman (runtimes/podman.py): each rank's container stopped by its stable name, while the job runs
     containers = (acc.launch or {}).get("containers") or []
@@ -75,6 +80,10 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
                                                          list((acc.launch or {}).get("nodes") or []),
                                                          bool(info and info.running))))
     # -- end of podman
+    # -- a chain of successors: the later links first, so that none starts when this job ends
+    later = _release_successors(acc, stop_timeout_s)
+    if later is not None:
+        steps.append(later)
     # 3. the server and the allocation
     stopped = ops.stop_job(acc.job_id, timeout_s=stop_timeout_s, run_dir=str(acc.run_dir) if acc.run_dir else None)
     lines = [f"endpoint {p['url']}: {'STILL ANSWERS' if p['answers'] else 'no longer answers'} ({p['detail']})"
@@ -102,7 +111,8 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
                 break
             sleep(0.5)  # the gateway's sshd closes the listener once it sees the connection end
         where = f"{bind}:{port} on {gateway.destination}"
-        tunnel_did = steps[1].status == "done"
+        tunnel_did = steps[1].status == "done" or any(  # or a later job's tunnel of the chain held it
+            s.name == "successors" and any("tunnel closed" in ln for ln in s.lines) for s in steps)
         if check.state == "free":
             steps.append(Step("gateway-port", "done" if tunnel_did else "already",
                               f"{where} no longer answers ({check.detail})"))
@@ -116,7 +126,35 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     return ReleaseResult(acc.job_id, steps)
 
 
-_LABELS = {"route": "1. gateway route", "tunnel": "2. tunnel", "containers": "2b. containers (podman)",
+def _release_successors(acc: JobAccess, stop_timeout_s: float) -> Step | None:
+    """Stop every later link of the job's chain (its tunnel, then the job; a pending one is cancelled)."""
+    from ..errors import EnvLayersError
+    from .chain import chain_links
+    from .handover import stop_follower
+    from .job import open_job
+
+    links = chain_links(acc.job_id, acc.run_dir)[1:]
+    if not links:
+        return None
+    said, failed = [], False
+    for jid, folder in links:
+        try:
+            link = open_job(jid, run_dir=str(folder))
+        except EnvLayersError as err:
+            said.append(f"job {jid}: {err.message}")
+            continue
+        stop_follower(link.tunnel())
+        how, detail = close_tunnel(link)
+        stopped = ops.stop_job(jid, timeout_s=stop_timeout_s, run_dir=str(folder))
+        failed = failed or not stopped.ok
+        ended = (f"{stopped.state_before} -> {stopped.state_after or 'gone from Slurm'}" if stopped.cancelled
+                 else f"already ended ({stopped.state_before or 'forgotten by Slurm'})")
+        said.append(f"job {jid}: tunnel {how}; {ended}" + ("" if stopped.ok else " (NOT ended or still answers)"))
+    status = "failed" if failed else ("done" if any("->" in s for s in said) else "already")
+    return Step("successors", status, f"{len(links)} later job(s) of the chain", said)
+
+
+_LABELS = {"route": "1. gateway route", "successors": "2c. successors (chain)", "tunnel": "2. tunnel", "containers": "2b. containers (podman)",
            "job": "3. server and allocation",
            "gateway-port": "4. gateway port"}
 

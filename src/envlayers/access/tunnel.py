@@ -9,6 +9,12 @@ ssh when it drops (bounded restarts, doubling delays), still inside the job.
 
 ``tunnel.json`` (written atomically) records the exact commands, the srun PID on this host, the
 node's PID and the step id; ``release`` closes the tunnel from it. Only one open tunnel per job.
+
+For a job of a chain of successors the tunnel can be handed over (access.handover): ssh then runs as
+a control master (``-M -S /tmp/envlayers-tunnel-<job>.<step>.sock``), so a step in the same job can
+cancel its forward (``ssh -O cancel``) while connections already forwarded go on; the successor's
+tunnel (``takeover``) connects first, then asks for the same gateway port every 20 ms
+(``ssh -O forward``) until the earlier forward lets it go.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from .. import slurm
@@ -36,10 +43,13 @@ STEP_NAME = "envlayers-tunnel"
 LOG_NAME = "tunnel.log"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
 MAX_DELAY_S = 60
+CONTROL_DIR = "/tmp"  # where a handed-over tunnel's control socket lives, on the API node
 # keep ssh's non-debug lines, and of its debug lines only those that say how the forward went; a bash
 # loop, not awk or sed, since those may hold lines back in their input buffers
 _FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote forward "*) ;; debug*) continue ;; '
-           "esac; printf '%s\\n' \"$l\"; done")
+           "mux_confirm_remote_forward:*) continue ;; esac; printf '%s\\n' \"$l\"; done")
+TAKEOVER_POLL_S = 0.02  # how often a taking-over tunnel asks for the port while the earlier forward holds it
+CONNECTED = "ENVLAYERS-TUNNEL: connected;"
 _CONFIRMED_RE = re.compile(r"remote forward success for: listen (\S+)")
 _REFUSED_RE = re.compile(r"remote forward failure for:|remote port forwarding failed for listen port")
 _NODE_RE = re.compile(r"^ENVLAYERS-TUNNEL: node=(\S+) step=(\S+) pid=(\d+)", re.M)
@@ -65,6 +75,9 @@ class TunnelSpec:
     remote_port: int
     keep_alive: bool = False
     restarts: int = 5
+    control: bool = False  # ssh as a control master: the forward can be handed over (a chain of successors)
+    takeover: bool = False  # connect first, then take the gateway port over from the predecessor's tunnel
+    takeover_wait_s: int = 300  # how long a takeover asks for the port before it gives up
 
     @property
     def forward(self) -> str:
@@ -73,23 +86,43 @@ class TunnelSpec:
     def ssh_argv(self) -> list[str]:
         return self.gateway.ssh_argv("-v", "-N", "-R", self.forward, self.gateway.destination)
 
+    def _ssh(self, *args: str, master: bool = False) -> str:
+        """An ssh command line for the node script; ``master``: with the control socket ``$sock``."""
+        ctl = ' -M -S "$sock"' if master else ' -S "$sock"'
+        return shlex.join(self.gateway.ssh_argv()) + ctl + " " + shlex.join([*args, self.gateway.destination])
+
     def node_script(self) -> str:
         ssh = shlex.join(self.ssh_argv())
+        if self.control or self.takeover:
+            ssh = self._ssh("-v", "-N", "-R", self.forward, master=True)
         run_ssh = f"{ssh} 2> >({_FILTER} >&2)"
         head = ('echo "ENVLAYERS-TUNNEL: node=$(hostname) step=${SLURM_JOB_ID}.${SLURM_STEP_ID} pid=$$'
                 + (f' keep_alive={self.restarts}"' if self.keep_alive else '"'))
-        if not self.keep_alive:
-            return f"{head}\nexec {run_ssh}\n"
+        lines = [head]
+        if self.control or self.takeover:
+            lines += [f"sock={CONTROL_DIR}/envlayers-tunnel-${{SLURM_JOB_ID}}.${{SLURM_STEP_ID}}.sock", 'rm -f "$sock"']
+        if self.takeover:
+            lines += self._takeover_lines()
+        elif not self.keep_alive:
+            return "\n".join([*lines, f"exec {run_ssh}"]) + "\n"
+        if not self.keep_alive:  # taken over: serve until ssh ends
+            return "\n".join([*lines, 'wait "$pid"']) + "\n"
         n = self.restarts
         return "\n".join([
-            head,
+            *lines,
             "restarts=0 delay=2",
             "while :; do",
-            "  started=$SECONDS",
-            f"  {run_ssh} &",
-            "  pid=$!",
-            '  echo "ENVLAYERS-TUNNEL: ssh pid=$pid"',
-            '  wait "$pid"; rc=$?',
+            '  if [ -z "${pid-}" ]; then',
+            "    started=$SECONDS",
+            '    rm -f "${sock:-/nonexistent}"' if (self.control or self.takeover) else "    :",
+            f"    {run_ssh} &",
+            "    pid=$!",
+            '    echo "ENVLAYERS-TUNNEL: ssh pid=$pid"',
+            "  fi",
+            '  wait "$pid"; rc=$?; pid=',
+            *(['  if [ -e "$sock.handed-over" ]; then echo "ENVLAYERS-TUNNEL: ssh exited with code $rc after the '
+               'handover to the successor\'s tunnel: not restarted"; exit 0; fi']
+              if (self.control or self.takeover) else []),
             "  up=$((SECONDS - started))",
             f'  if [ "$up" -ge {RESTART_RESET_S} ]; then restarts=0 delay=2; fi',
             f'  if [ "$restarts" -ge {n} ]; then',
@@ -103,10 +136,45 @@ class TunnelSpec:
             "done",
         ]) + "\n"
 
-    def srun_argv(self) -> list[str]:
+    def _takeover_lines(self) -> list[str]:
+        """Connect (a master without forwards), say so, then ask for the port until it is free."""
+        master = self._ssh("-v", "-N", master=True) + f" 2> >({_FILTER} >&2)"
+        gone = 'if ! kill -0 "$pid" 2>/dev/null; then wait "$pid"; rc=$?; echo "ENVLAYERS-TUNNEL: ssh exited with ' \
+               'code $rc before the forward was up"; exit "$rc"; fi'
+        where = f"{self.remote_bind}:{self.remote_port}"
+        return [
+            "started=$SECONDS",
+            f"{master} &",
+            "pid=$!",
+            'echo "ENVLAYERS-TUNNEL: ssh pid=$pid"',
+            f"until {self._ssh('-O', 'check')} >/dev/null 2>&1; do {gone}; sleep 0.05; done",
+            f'echo "{CONNECTED} taking over {where} once the earlier forward lets it go"',
+            f"until {self._ssh('-O', 'forward', '-R', self.forward)} >/dev/null 2>&1; do",
+            f"  {gone}",
+            f'  if [ $((SECONDS - started)) -ge {int(self.takeover_wait_s)} ]; then',
+            f'    echo "ENVLAYERS-TUNNEL: {where} is still held after {int(self.takeover_wait_s)}s; giving up"',
+            '    kill "$pid"; exit 1',
+            "  fi",
+            f"  sleep {TAKEOVER_POLL_S}",
+            "done",
+            f'echo "ENVLAYERS-TUNNEL: remote forward success for: listen {where} (taken over)"',
+        ]
+
+    def cancel_argv(self, step_id: str) -> list[str]:
+        """A step of this job that cancels the forward of the tunnel step ``step_id`` (its control
+        master stays connected; connections already forwarded go on)."""
+        sock = f"{CONTROL_DIR}/envlayers-tunnel-{step_id}.sock"
+        cancel = shlex.join(self.gateway.ssh_argv("-S", sock, "-O", "cancel", "-R", self.forward,
+                                                  self.gateway.destination))
+        # the mark keeps --keep-alive from taking the port back when this master ends later
+        return [*self._step_head(), "bash", "-c", f"touch {shlex.quote(sock + '.handed-over')}; {cancel}"]
+
+    def _step_head(self) -> list[str]:
         return ["srun", "--overlap", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1",
-                f"--nodelist={self.node}", "--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}",
-                "bash", "-c", self.node_script()]
+                f"--nodelist={self.node}", "--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}"]
+
+    def srun_argv(self) -> list[str]:
+        return [*self._step_head(), "bash", "-c", self.node_script()]
 
 
 def api_target(acc: JobAccess, replica: int = 0) -> tuple[str, int]:
@@ -175,9 +243,13 @@ class TunnelResult:
 
 
 def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0,
-                check_gateway: bool = True) -> TunnelResult:
+                check_gateway: bool = True, on_connected: Callable[[], None] | None = None,
+                extra: dict | None = None) -> TunnelResult:
     """Start the step, wait (at most ``start_timeout_s``) until ssh says the gateway accepted the
-    forward, record it. Raises :class:`TunnelFailed` (exit 1) when it does not come up."""
+    forward, record it (with ``extra``). Raises :class:`TunnelFailed` (exit 1) when it does not come up.
+
+    A ``takeover`` spec calls ``on_connected`` once its ssh is connected (the predecessor's forward is
+    cancelled there) and waits up to ``takeover_wait_s`` more for the port."""
     run_dir = acc.run_dir
     if run_dir is None:
         raise EnvLayersError(f"job {acc.job_id} has no run directory here", hint="pass --run-dir")
@@ -199,15 +271,20 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         except FileNotFoundError:
             raise EnvLayersError("`srun` is not on PATH", hint="run this where Slurm's client tools are, e.g. "
                                  "the login node you submitted from") from None
-    deadline = time.monotonic() + start_timeout_s
+    deadline = time.monotonic() + start_timeout_s + (spec.takeover_wait_s if spec.takeover else 0)
     text = ""
     outcome = "timeout"
+    connected = False
     while True:
         text = _read_from(log, offset)
         if _CONFIRMED_RE.search(text):
             outcome = "up"
             break
-        if _REFUSED_RE.search(text):
+        if spec.takeover and not connected and CONNECTED in text:
+            connected = True
+            if on_connected is not None:
+                on_connected()
+        if _REFUSED_RE.search(text) and not spec.takeover:
             outcome = "refused"
             break
         if proc.poll() is not None:
@@ -233,7 +310,8 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         "ssh_command": shlex.join(spec.ssh_argv()),
         "step_id": node_line.group(2) if node_line else None,
         "node_pid": int(node_line.group(3)) if node_line else None,
-        "log": str(log), "opened_at": _now(),
+        "log": str(log), "opened_at": _now(), "control": spec.control or spec.takeover,
+        **(extra or {}),
     }
     if outcome != "up":
         _stop(proc.pid, argv, record["step_id"], acc)

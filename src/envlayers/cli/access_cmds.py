@@ -124,20 +124,28 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
     acc = open_job(job_id, run_dir=run_dir)
     acc.require_live("tunnel")
     node, port = api_target(acc, replica)
-    spec = TunnelSpec(acc.job_id, node, port, gateway, bind, remote_port, keep_alive, restarts)
+    from ..access.handover import follows, start_follower
+
+    spec = TunnelSpec(acc.job_id, node, port, gateway, bind, remote_port, keep_alive, restarts, control=follows(acc))
     try:
-        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s)
+        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s, extra={"replica": replica})
     except TunnelFailed as err:
         click.echo(f"env_layers: error: {err}", err=True)
         for line in err.lines:
             click.echo(f"  {line}", err=True)
         ctx.exit(err.exit_code)
+    if spec.control:  # a chain of successors: the tunnel follows it (access.handover)
+        start_follower(acc, result.record)
     if as_json:
         _dump(result.to_dict())
         return
     rec = result.record
     click.echo(f"tunnel: up: {node} 127.0.0.1:{port} -> {gateway.destination} {bind}:{remote_port} "
                f"(step {rec['step_id']}, srun pid {rec['srun_pid']}, node pid {rec['node_pid']})")
+    if spec.control:
+        click.echo(f"tunnel: follows the chain of successors: when job {acc.job_id}'s successor is live, its tunnel "
+                   f"takes over {bind}:{remote_port} before this job drains (chain follower pid "
+                   f"{rec['follower']['pid']}; tunnel.log of each job says each handover)")
     if keep_alive:
         click.echo(f"tunnel: --keep-alive: ssh is restarted when it drops while the job runs, up to {restarts} times "
                    "in a row, 2 s to 60 s apart; tunnel.log says each restart")
@@ -153,7 +161,8 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
     if acc.key_required:
         click.echo(f"  api key: required; it is in {acc.key_file or 'the job key file'}")
     click.echo(f"recorded: {rec['log'].rsplit('/', 1)[0]}/tunnel.json (log: tunnel.log)")
-    click.echo(f"the tunnel ends with job {acc.job_id}; release everything: env_layers release {acc.job_id}")
+    ends = "the chain" if spec.control else f"job {acc.job_id}"
+    click.echo(f"the tunnel ends with {ends}; release everything: env_layers release {acc.job_id}")
 
 
 @click.command()

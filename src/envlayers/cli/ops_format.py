@@ -374,6 +374,10 @@ def format_record(rec: dict) -> str:
         else:
             bits.append("last job, no successor")
         lines.append(_label("chain") + "; ".join(bits))
+        if chain.get("moved"):
+            from ..access.chain import moved_line
+
+            lines.append(_label("moved") + moved_line(chain["moved"], rec["state"]))
     for run in rec.get("earlier_runs", []):
         lines.append(_label("earlier") + f"{_run_line(run)}")
     lines += gpu_hours_lines(rec.get("accounting"))

@@ -188,10 +188,14 @@ class Launcher:
 
         key_file = self.keys.get("SERVER_API_KEY_FILE")
         if wants_generated(key_file):
-            path, key = write_generated(self.run_dir)
+            from .successor import inherited_key
+
+            inherited = inherited_key(self.run_dir, self.environ, say)  # a successor keeps the chain's key
+            path, key = inherited or write_generated(self.run_dir)
             self.keys["SERVER_API_KEY_FILE"] = str(path)
-            say(f"ENVLAYERS-STAGE: generated a per-job API key in {path} (mode 0600; `env_layers connect "
-                f"{self.job_id}` names it)")
+            if not inherited:
+                say(f"ENVLAYERS-STAGE: generated a per-job API key in {path} (mode 0600; `env_layers connect "
+                    f"{self.job_id}` names it)")
             return str(path), key
         return key_file, (read_api_key(key_file) if key_file else None)
 

@@ -9,6 +9,13 @@ for the scheduler, which starts an eligible job up to a minute or two late. The 
 stops after N successors. Once the successor's ``endpoint.json`` exists, this job drains for
 ``SUCCESSOR_DRAIN_S`` (a launch key, default 60) and ends on its own, reporting the handover.
 
+The successor keeps what the submission chose: the job script carries the ``#SBATCH`` recipe (nodes,
+GPUs per node, tasks, job name, output), and what Slurm says this job runs with is passed on the
+command line, since it may have come from ``sbatch`` options or ``SBATCH_*`` variables that the
+job script does not repeat: the partition, the account, the QOS, the reservation and the working
+directory. A per-job key (``SERVER_API_KEY_FILE=generate``) is inherited: the successor copies this
+job's ``api-key`` into its own run directory (``ENVLAYERS_CHAIN_KEY_FILE``), so clients keep their key.
+
 Each job records its place in the chain in its run directory: ``chain.json`` (``predecessor``,
 ``successor``, ``dependency``, ``left``), which ``status`` shows.
 """
@@ -63,8 +70,51 @@ def _limit(seconds: int) -> str:
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
 
-def sbatch_argv(script: Path, dep: str, time_limit_s: int) -> list[str]:
-    return ["sbatch", "--parsable", f"--dependency={dep}", f"--time={_limit(time_limit_s)}", str(script)]
+# scontrol's field -> the sbatch option that asks for it again
+KEPT_OPTIONS = (("Partition", "--partition"), ("Account", "--account"), ("QOS", "--qos"),
+                ("Reservation", "--reservation"), ("WorkDir", "--chdir"))
+
+
+def kept_options(fields: Mapping[str, str]) -> list[str]:
+    """The sbatch options that keep this job's partition, account, QOS, reservation and working
+    directory (from ``scontrol show job``'s fields; a field Slurm leaves unset is left out)."""
+    from ..slurm import _clean
+
+    return [f"{opt}={_clean(fields.get(name))}" for name, opt in KEPT_OPTIONS if _clean(fields.get(name))]
+
+
+def sbatch_argv(script: Path, dep: str, time_limit_s: int, options: list[str] | tuple[str, ...] = ()) -> list[str]:
+    return ["sbatch", "--parsable", f"--dependency={dep}", f"--time={_limit(time_limit_s)}", *options, str(script)]
+
+
+def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str], None]) -> tuple[str, str] | None:
+    """A successor's per-job key: the predecessor's (``ENVLAYERS_CHAIN_KEY_FILE``), copied 0600 to
+    ``run_dir/api-key``. ``None`` (with a warning when the file was named) when there is none to take."""
+    src = (environ.get("ENVLAYERS_CHAIN_KEY_FILE") or "").strip()
+    if not src:
+        return None
+    from ..apikey import GENERATED_NAME
+    from ..errors import EnvLayersError
+
+    try:
+        from ..apikey import read_key
+
+        key = read_key(src)
+    except EnvLayersError as err:
+        say(f"ENVLAYERS-WARN: cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
+            f"clients of job {environ.get('ENVLAYERS_PREDECESSOR') or '?'} must take it from `env_layers connect`")
+        return None
+    path = Path(run_dir) / GENERATED_NAME
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (key + "\n").encode())
+    finally:
+        os.close(fd)
+    say(f"ENVLAYERS-STAGE: the chain's API key (job {environ.get('ENVLAYERS_PREDECESSOR') or '?'}'s, {src}) "
+        f"copied to {path} (mode 0600): clients keep their key")
+    return str(path), key
 
 
 class Chain:
@@ -72,11 +122,11 @@ class Chain:
 
     def __init__(self, job_id: str, run_dir: Path, left: int, drain_s: int, *, say: Callable[[str], None],
                  environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
-                 run: Callable | None = None, limit_s: Callable[[str], int | None] | None = None):
+                 run: Callable | None = None, job_fields: Callable[[str], dict[str, str]] | None = None):
         self.job_id, self.run_dir, self.left, self.drain_s, self.say = job_id, run_dir, left, drain_s, say
         self.environ, self.clock = dict(environ), clock
         self.run = run or (lambda argv, env: subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env))
-        self.limit_s = limit_s or _slurm_limit
+        self.job_fields = job_fields or _slurm_fields
         self.record = {"predecessor": self.environ.get("ENVLAYERS_PREDECESSOR") or None, "successor": None,
                        "dependency": None, "left": left}
         self.drain_from: float | None = None
@@ -94,14 +144,20 @@ class Chain:
                 self.say(f"ENVLAYERS-STAGE: last job of the chain (after job {self.record['predecessor']}): "
                          "no successor")
             return
-        limit = self.limit_s(self.job_id)
+        fields = self.job_fields(self.job_id)
+        limit = _limit_s(fields.get("TimeLimit"))
         if not limit:
             self.say("ENVLAYERS-WARN: SUCCESSORS is set but the job has no time limit Slurm reports: no successor")
             return
         dep, minutes = dependency(self.job_id, limit, startup_s)
         env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
         env.update(ENVLAYERS_CHAIN_LEFT=str(self.left - 1), ENVLAYERS_PREDECESSOR=self.job_id)
-        argv = sbatch_argv(self.run_dir / "job.sh", dep, limit)
+        env.pop("ENVLAYERS_CHAIN_KEY_FILE", None)
+        from ..apikey import GENERATED_NAME
+
+        if (self.run_dir / GENERATED_NAME).is_file():  # a per-job key: the successor serves with the same one
+            env["ENVLAYERS_CHAIN_KEY_FILE"] = str(self.run_dir / GENERATED_NAME)
+        argv = sbatch_argv(self.run_dir / "job.sh", dep, limit, kept_options(fields))
         try:
             proc = self.run(argv, env)
         except (OSError, subprocess.SubprocessError) as err:
@@ -116,6 +172,10 @@ class Chain:
         self._write()
         self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
                  f"started, {self.left - 1} more after it); this job ends once it is live")
+        import shlex
+
+        self.say(f"ENVLAYERS-STAGE: successor job {succ}: {shlex.join(argv)}"
+                 + ("; it keeps this job's API key" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ""))
 
     def tick(self) -> None:
         """Raise HandedOver once the successor's endpoint is live and the drain time passed."""
@@ -137,11 +197,21 @@ class Chain:
             raise HandedOver(f"handed over to successor job {succ}")
 
 
-def _slurm_limit(job_id: str) -> int | None:
-    from ..slurm import job_info
+def _slurm_fields(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o``'s fields of this job (``{}`` when Slurm does not answer)."""
+    from .. import slurm
 
-    info = job_info(job_id)
-    return info.time_limit_s if info else None
+    try:
+        proc = slurm.run(["scontrol", "show", "job", "-o", job_id])
+    except slurm.SlurmError:
+        return {}
+    return slurm._split_keyvalues(proc.stdout) if proc.returncode == 0 else {}
+
+
+def _limit_s(text: str | None) -> int | None:
+    from ..durations import parse_duration
+
+    return parse_duration(text)
 
 
 def chain_of(run_dir: str | os.PathLike | None) -> dict | None:

@@ -202,11 +202,18 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "probes": probes,
         "earlier_runs": earlier_runs(job),
         "accounting": job_accounting(files, bool(info is not None and info.running)),
-        "chain": _chain(files.run_dir),
+        "chain": _chain(job.job_id, files.run_dir),
     }
 
 
-def _chain(run_dir) -> dict | None:
+def _chain(job_id: str, run_dir) -> dict | None:
+    """chain.json (launch.successor) and, under ``moved``, the newest successor that serves now
+    (access.chain: ``from``, ``to``, ``links``, ``state``, ``base_urls``; ``None`` while none does)."""
     from ..launch.successor import chain_of
 
-    return chain_of(run_dir)
+    chain = chain_of(run_dir)
+    if chain is None:
+        return None
+    from ..access.chain import newest_live
+
+    return {**chain, "moved": newest_live(job_id, run_dir)}

@@ -1,0 +1,216 @@
+"""A tunnel that follows a chain of successors: the gateway port stays where the client has it.
+
+``env_layers tunnel`` of a job whose successor is still to come (``chain.json`` names a successor, or
+successors are left) opens the tunnel with ssh as a control master and starts a follower, a small
+process on this host (``python -m envlayers.access.handover RUN_DIR``, its PID recorded in
+``tunnel.json`` under ``follower``). When the successor's endpoint is live (its ``endpoint.json``,
+and Slurm says it runs), the follower
+
+1. starts a tunnel step in the successor job on its API node that connects to the same gateway,
+   with no forward yet, and then asks for the gateway port every 20 ms;
+2. once that ssh is connected, cancels the old forward (a step in the old job: ``ssh -O cancel``);
+   connections already forwarded go on to the old server, which still drains;
+3. the successor's ask succeeds within one round trip of the cancel: the gateway port now leads to
+   the successor. The old record says ``handed-over``, the new one ``took_over_from``.
+
+The port is closed only between the cancel and the successor's next ask (tens of milliseconds; a
+client connecting then is refused and may retry). If the old job ended first (its tunnel ended with
+it), the successor's tunnel takes the free port as soon as it is connected. The follower ends when
+the chain does (a job ended with no successor), when the tunnel is released, or on SIGTERM
+(``release`` sends it, checked against the recorded command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .gateway import Gateway
+from .job import TUNNEL_FILE, JobAccess
+
+POLL_S = 0.25  # how often the follower looks at the chain's files
+SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still runs
+
+
+def follows(acc: JobAccess) -> bool:
+    """Whether ``acc``'s job hands over to a successor still to come (so its tunnel must follow)."""
+    from ..launch.successor import chain_of
+
+    chain = chain_of(acc.run_dir) or {}
+    return bool(chain.get("successor") or chain.get("left"))
+
+
+def start_follower(acc: JobAccess, record: dict) -> dict:
+    """Start the follower for the tunnel just opened; record it in tunnel.json; return its record."""
+    from .tunnel import _clean_env, write_record
+
+    run_dir = acc.run_dir
+    argv = [sys.executable, "-m", "envlayers.access.handover", str(run_dir)]
+    with open(run_dir / "tunnel.log", "a", encoding="utf-8") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=_clean_env(), cwd=str(run_dir))
+    follower = {"pid": proc.pid, "argv": argv, "host": socket.gethostname()}
+    record["follower"] = follower
+    write_record(run_dir, record)
+    return follower
+
+
+def stop_follower(record: dict | None) -> str | None:
+    """SIGTERM the recorded follower if it still runs the recorded command here; what was done, in words."""
+    from .tunnel import cmdline
+
+    follower = (record or {}).get("follower") or {}
+    pid, argv = int(follower.get("pid") or 0), follower.get("argv")
+    if not pid or follower.get("host") != socket.gethostname() or cmdline(pid) != argv:
+        return None
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    deadline = time.monotonic() + 10
+    while cmdline(pid) == argv and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"chain follower pid {pid} stopped"
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _say_to(run_dir: Path) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        try:
+            with open(run_dir / "tunnel.log", "a", encoding="utf-8") as fh:
+                fh.write(f"ENVLAYERS-TUNNEL: chain: {stamp} {line}\n")
+        except OSError:
+            pass
+    return say
+
+
+def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
+    """Move the gateway port from ``record``'s tunnel to a new one in job ``succ``; returns the new record.
+    Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up."""
+    from .job import open_job
+    from .tunnel import TunnelSpec, _clean_env, _now, api_target, open_tunnel, write_record
+
+    say_old, say_new = _say_to(cur_dir), _say_to(succ_dir)
+    acc = open_job(succ, run_dir=str(succ_dir))
+    node, port = api_target(acc, int(record.get("replica") or 0))
+    gateway = Gateway.from_dict(record["gateway"])
+    bind, rport = record["remote_bind"], int(record["remote_port"])
+    spec = TunnelSpec(succ, node, port, gateway, bind, rport, bool(record.get("keep_alive")),
+                      int(record.get("restarts") or 5), control=True, takeover=True)
+    old = TunnelSpec(str(record["job_id"]), record["node"], int(record["local_port"]), gateway, bind, rport)
+    times: dict[str, float] = {}
+
+    def cancel_old() -> None:
+        times["connected"] = time.time()
+        step = record.get("step_id")
+        if step:
+            proc = subprocess.run(old.cancel_argv(step), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=60, env=_clean_env())
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            say_old(f"forward {bind}:{rport} cancelled for the handover to job {succ} (exit {proc.returncode}"
+                    + (f": {said[-1]}" if said and proc.returncode else "") + ")")
+        times["cancelled"] = time.time()
+
+    say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
+    result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
+                         extra={"replica": record.get("replica") or 0, "took_over_from": str(record["job_id"]),
+                                "follower": record.get("follower")})
+    up = time.time()
+    new = result.record
+    closed = up - times.get("cancelled", up)
+    record.update(state="handed-over", successor=succ, handed_over_at=_now(), closed_s=round(closed, 3))
+    write_record(cur_dir, record)
+    new["port_closed_s"] = round(closed, 3)  # at most: the cancel's end to the moment this host saw the ask succeed
+    write_record(succ_dir, new)
+    line = (f"job {record['job_id']} -> job {succ}: {bind}:{rport} on {gateway.destination} now leads to {node} "
+            f"127.0.0.1:{port} (step {new['step_id']}); closed for at most {closed:.2f}s")
+    say_old(line)
+    say_new(line)
+    return new
+
+
+def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S) -> int:
+    """Carry the tunnel of ``run_dir``'s job along its chain until the chain ends or the tunnel is released."""
+    from ..errors import EnvLayersError
+    from ..launch.successor import chain_of
+
+    if job_info is None:
+        from .. import slurm
+
+        def job_info(jid: str):  # a SlurmError (the controller did not answer) is raised: not an ended job
+            return slurm.job_info(jid, run=slurm.run)
+
+    cur = Path(run_dir)
+    asked = 0.0
+    while True:
+        say = _say_to(cur)
+        record = _read(cur / TUNNEL_FILE)
+        if not record or record.get("state") != "open":
+            say(f"the tunnel of job {cur.name} is {(record or {}).get('state', 'gone')}: the follower ends")
+            return 0
+        chain = chain_of(cur) or {}
+        succ = str(chain.get("successor") or "")
+        sdir = cur.parent / succ if succ else None
+        try:
+            if sdir is not None and (sdir / "endpoint.json").is_file() and not (sdir / "launch-end.json").exists():
+                info = job_info(succ)
+                if info is not None and info.running and info.state != "COMPLETING":
+                    try:
+                        hand_over(cur, record, succ, sdir)
+                    except (EnvLayersError, OSError, subprocess.SubprocessError) as err:
+                        say(f"ERROR: the tunnel could not follow to job {succ}: {err}")
+                        return 1
+                    cur = sdir
+                    continue
+            if time.monotonic() - asked >= SLURM_EVERY_S:
+                asked = time.monotonic()
+                ended = _chain_ended(cur, record, chain, succ, job_info)
+                if ended is not None:
+                    say(ended[1])
+                    return ended[0]
+        except EnvLayersError as err:  # Slurm did not answer this time: ask again
+            say(f"Slurm did not answer ({err.message}); asking again")
+            time.sleep(SLURM_EVERY_S)
+        time.sleep(poll_s)
+
+
+def _chain_ended(cur: Path, record: dict, chain: dict, succ: str, job_info: Callable) -> tuple[int, str] | None:
+    """(exit code, why) once the current link ended and no successor will serve; ``None`` while one may."""
+    info = job_info(str(record.get("job_id") or cur.name))
+    if info is not None and not info.finished:
+        return None
+    if not succ and not chain.get("left"):
+        return 0, f"job {cur.name} ended, the last of its chain: the follower ends"
+    later = job_info(succ) if succ else None
+    if later is not None and not later.finished:
+        return None
+    return 1, (f"job {cur.name} ended and no successor will serve"
+               + (f" (job {succ}: {later.state if later else 'unknown to Slurm'})" if succ else "") + ": the follower ends")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m envlayers.access.handover RUN_DIR", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return follow(Path(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
