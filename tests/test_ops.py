@@ -603,6 +603,36 @@ def test_stop_of_an_ended_job_does_not_cancel(fake, tmp_path, monkeypatch):
     assert "already ended (FAILED)" in res.stdout and "never went live" in res.stdout
 
 
+def test_stop_of_a_job_in_a_chain_stops_its_successors_first_latest_first(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "610")
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("610", run_dir)))
+    (run_dir / "chain.json").write_text(json.dumps({"predecessor": None, "successor": "611"}))
+    (run_dir.parent / "611").mkdir()
+    (run_dir.parent / "611" / "chain.json").write_text(json.dumps({"predecessor": "610", "successor": "612"}))
+    fake.states.update({"610": ["RUNNING"], "611": ["PENDING"], "612": ["PENDING"]})
+    monkeypatch.setattr(readiness, "probe", _no_answer)
+    res = invoke("stop", "610")
+    assert res.exit_code == 0, res.output
+    # left pending, a successor would start once its predecessor ends and bring the endpoint back
+    assert fake.cancelled == ["612", "611", "610"]
+    assert res.stdout.splitlines()[0] == ("job 610: its chain goes on to job(s) 612, 611; stopping those first, "
+                                          "latest first, so none starts once this one ends")
+    assert res.stdout.splitlines()[-1] == "job 610: stopped"
+    res = invoke("stop", "610", "--json")
+    assert [r["job_id"] for r in json.loads(res.stdout)["successors"]] == ["612", "611"]
+
+
+def test_stop_fails_when_a_successor_does_not_end(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "620")
+    (run_dir / "chain.json").write_text(json.dumps({"predecessor": None, "successor": "621"}))
+    fake.states.update({"620": ["RUNNING"], "621": ["PENDING"]})
+    fake.after_cancel = "COMPLETING"
+    monkeypatch.setattr(readiness, "probe", _no_answer)
+    res = invoke("stop", "620", "--timeout", "0.3", "--json")
+    data = json.loads(res.stdout)
+    assert res.exit_code == 1 and not data["ok"] and not data["successors"][0]["ended"]
+
+
 def _fast_stop(real):
     def stop_job(*args, **kw):
         return real(*args, probe_window_s=0.2, poll_s=0.05, **kw)

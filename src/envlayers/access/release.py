@@ -85,7 +85,8 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     if later is not None:
         steps.append(later)
     # 3. the server and the allocation
-    stopped = ops.stop_job(acc.job_id, timeout_s=stop_timeout_s, run_dir=str(acc.run_dir) if acc.run_dir else None)
+    stopped = ops.stop_job(acc.job_id, timeout_s=stop_timeout_s, run_dir=str(acc.run_dir) if acc.run_dir else None,
+                           chain=False)  # its successors: step 2c
     lines = [f"endpoint {p['url']}: {'STILL ANSWERS' if p['answers'] else 'no longer answers'} ({p['detail']})"
              for p in stopped.probes]
     if not stopped.ok:
@@ -145,7 +146,7 @@ def _release_successors(acc: JobAccess, stop_timeout_s: float) -> Step | None:
             continue
         stop_follower(link.tunnel())
         how, detail = close_tunnel(link)
-        stopped = ops.stop_job(jid, timeout_s=stop_timeout_s, run_dir=str(folder))
+        stopped = ops.stop_job(jid, timeout_s=stop_timeout_s, run_dir=str(folder), chain=False)
         failed = failed or not stopped.ok
         ended = (f"{stopped.state_before} -> {stopped.state_after or 'gone from Slurm'}" if stopped.cancelled
                  else f"already ended ({stopped.state_before or 'forgotten by Slurm'})")

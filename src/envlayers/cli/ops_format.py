@@ -404,6 +404,12 @@ def describe_stop(result: "StopResult") -> list[tuple[str, bool]]:
     """``stop``'s lines as ``(text, to_stderr)``."""
     jid = result.job_id
     out: list[tuple[str, bool]] = []
+    if result.successors:
+        ids = ", ".join(r.job_id for r in result.successors)
+        out.append((f"job {jid}: its chain goes on to job(s) {ids}; stopping those first, latest first, so none "
+                    f"starts once this one ends", False))
+        for later in result.successors:
+            out += describe_stop(later)
     if result.cancelled:
         out.append((f"job {jid}: scancel sent ({result.state_before})", False))
     else:

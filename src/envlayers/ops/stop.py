@@ -1,8 +1,12 @@
-"""``stop``: scancel a job, wait until Slurm says it ended, then check that no endpoint URL still answers."""
+"""``stop``: scancel a job, wait until Slurm says it ended, then check that no endpoint URL still answers.
+
+A job of a chain of successors (``SUCCESSORS``) is stopped with the later jobs of its chain, latest first:
+left pending, a successor would start once this job ends (Slurm's ``after:`` counts a cancelled job as
+started) and bring the endpoint back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -21,6 +25,7 @@ class StopResult:
     state_after: str | None
     waited_s: float
     probes: list[dict]
+    successors: list["StopResult"] = field(default_factory=list)  # the chain's later jobs, latest first
 
     @property
     def still_answers(self) -> list[str]:
@@ -28,21 +33,29 @@ class StopResult:
 
     @property
     def ok(self) -> bool:
-        return self.ended and not self.still_answers
+        return self.ended and not self.still_answers and all(r.ok for r in self.successors)
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "state_before": self.state_before, "cancelled": self.cancelled,
                 "ended": self.ended, "state_after": self.state_after, "waited_s": round(self.waited_s, 2),
-                "probes": self.probes, "ok": self.ok}
+                "probes": self.probes, "successors": [r.to_dict() for r in self.successors], "ok": self.ok}
 
 
 def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, probe_window_s: float = 5.0,
              run_dir: str | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None,
-             clock: Clock | None = None) -> StopResult:
+             clock: Clock | None = None, chain: bool = True) -> StopResult:
     """scancel, wait until Slurm says the job ended, then check that no endpoint URL answers (the
-    endpoint of any run: a server of an earlier run outliving it is as bad)."""
+    endpoint of any run: a server of an earlier run outliving it is as bad). With ``chain``, the later
+    jobs of its chain of successors are stopped first, latest first."""
     clock = clock or Clock()
     job = find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
+    later: list[StopResult] = []
+    if chain and job.files.run_dir is not None:
+        from ..access.chain import chain_links
+
+        for jid, folder in reversed(chain_links(job.job_id, job.files.run_dir)[1:]):
+            later.append(stop_job(jid, timeout_s=timeout_s, poll_s=poll_s, probe_window_s=probe_window_s,
+                                  run_dir=str(folder), environ=environ, cwd=cwd, clock=clock, chain=False))
     before = job.state
     cancelled = False
     t0 = clock.monotonic()
@@ -71,4 +84,4 @@ def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, prob
                 break
             clock.sleep(poll_s)
     return StopResult(job.job_id, before, cancelled, ended, info.state if info else None,
-                      clock.monotonic() - t0, probes)
+                      clock.monotonic() - t0, probes, later)
