@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import json
+import shlex
 
 import pytest
 from click.testing import CliRunner
@@ -108,3 +109,22 @@ def test_ray_shapes_are_not_refused_at_submission(model, edf_dir):
     assert result.exit_code == 0, result.output
     blockers = json.loads(result.output)["blockers"]
     assert not [b for b in blockers if b.startswith("shape ")], blockers
+
+
+@pytest.mark.parametrize("model, then", [
+    ("llama405bray", "once all 2 node(s) joined: NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 vllm serve "),
+    ("llama405bgateway", "once all 4 node(s) joined: the Ray Serve gateway on port 8000 with 2 replica(s), each "
+                         "running this server on a free 127.0.0.1 port in place of --host/--port: "
+                         "NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 vllm serve "),
+])
+def test_dry_run_of_a_ray_shape_shows_the_head_node_zero_starts_first(model, then, edf_dir):
+    from envlayers import topology
+    from envlayers.engines.vllm import ray_head_command
+
+    data = json.loads(run("serve", "--model", model, "--dry-run", "--json").output)
+    keys = json.loads(run("render", f"experiment:{model}", "--format", "json").output)
+    head = shlex.join(ray_head_command(topology.plan(keys), keys))
+    assert head.startswith("ray start --head --port=29500 ") and head.endswith(" --block")
+    assert data["ranks"][0].startswith(f"{head} (the Ray head, kept running); {then}"), data["ranks"][0]
+    assert data["ranks"][1].startswith("NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 ray start "
+                                       '"--address=${ENVLAYERS_MASTER_ADDR}:29500" ')

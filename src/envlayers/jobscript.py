@@ -144,6 +144,8 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         warnings += _key_file_warnings(env, environ)
     commands = engines.build_commands(plan, build_env, MASTER_REF)
     rank_lines = [engines.shell_line(c) for c in commands]
+    if plan.backend == "ray":  # node 0 starts the Ray head first (launch/raynode.py)
+        rank_lines[0] = _ray_head_line(plan, build_env, rank_lines[0])
     podman = _podman(root, env, text, plan)  # -- CONTAINER_RUNTIME=podman (runtimes/podman.py)
     if podman is not None:
         rank_lines = _podman_lines(podman, text, plan, commands, rank_lines)
@@ -286,6 +288,19 @@ def _podman(root: Path, env: Env, text: Mapping[str, str], plan: Plan):
         role_image = src.remote_image
         role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
     return podman.settings(text, role_image, role_gpu, where)
+
+
+def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:
+    """Rank 0 of a Ray plan as the job runs it: the head, then (once every node joined) the server, or
+    the Ray Serve gateway whose replicas each run it."""
+    from .engines.vllm import ray_head_command
+
+    head = shlex.join(ray_head_command(plan, env))
+    then = f"{head} (the Ray head, kept running); once all {plan.nodes} node(s) joined: "
+    if plan.shape == "gateway":
+        then += (f"the Ray Serve gateway on port {plan.api_port} with {plan.replicas} replica(s), each running this "
+                 "server on a free 127.0.0.1 port in place of --host/--port: ")
+    return then + server
 
 
 def _podman_lines(s, text: Mapping[str, str], plan: Plan, commands, rank_lines: list[str]) -> list[str]:

@@ -335,6 +335,8 @@ def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_
     shown = env_layers(run, "status", first, "--no-probe").stdout
     assert f"  moved:       {moved}\n" in shown, shown
     assert json.loads(env_layers(run, "status", first, "--json", "--no-probe").stdout)["chain"]["moved"]["to"] == chain[2]
+    pinged = env_layers(run, "ping", first)  # the successor's key, from its run dir
+    assert pinged.returncode == 0 and pinged.stdout.startswith(f"moved: {moved}\n"), pinged.stdout + pinged.stderr
 
     # release from the first job's id: the follower, the last job and its tunnel; the port closes
     released = env_layers(run, "release", first)

@@ -52,7 +52,8 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     """Check an endpoint: GET /v1/models and a one-token chat completion, with latency.
 
     \b
-    TARGET is a job id (its endpoint, every replica) or a base URL (e.g. http://127.0.0.1:8001/v1).
+    TARGET is a job id (its endpoint, every replica; for a job of a chain of successors, the job of the
+    chain that serves now) or a base URL (e.g. http://127.0.0.1:8001/v1).
     Exit 0 when both answer, 1 when they do not, 2 when the check could not run."""
     from ..access.job import open_job, read_key
     from ..access.ping import EXIT_FAILED, EXIT_OK, format_ping, normalize_base_url, ping as do_ping
@@ -60,8 +61,16 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     key = read_key(api_key_file) if api_key_file else None
     from ..jobid import looks_like_job_id
 
+    moved = None
     if looks_like_job_id(target):
+        from ..access.chain import newest_live
+
         acc = open_job(target, run_dir=run_dir)
+        moved = newest_live(acc.job_id, acc.run_dir)  # a chain's successor serves now: ping that one
+        if moved:
+            info = acc.job.info
+            moved = {**moved, "from_state": info.state if info else None}
+            acc = open_job(moved["to"], run_dir=moved["run_dir"])
         acc.require_live("ping")
         if key is None and acc.key_required:
             if not acc.key_file:
@@ -75,8 +84,12 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
         urls, served = [normalize_base_url(target)], model
     results = [do_ping(url, served, key, timeout_s) for url in urls]
     if as_json:
-        _dump({"ok": all(r.ok for r in results), "results": [r.to_dict() for r in results]})
+        _dump({"ok": all(r.ok for r in results), "results": [r.to_dict() for r in results], "moved": moved})
     else:
+        if moved:
+            from ..access.chain import moved_line
+
+            click.echo(f"moved: {moved_line(moved, moved['from_state'])}")
         click.echo(format_ping(results), nl=False)
     ctx.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILED)
 
