@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import EdfError
 from .schema import _EDF_KEYS, FABRIC_HOOKS, SOURCE_DIR, TOPOLOGIES, VARIANTS, RoleSource, load_catalog, source
@@ -34,14 +34,15 @@ def edf_name(role: str, topology: str, root: Path) -> str:
     return source(role, root).edf_name(variant_for(topology))
 
 
-def render_edf(role: str, topology: str, root: Path) -> str:
-    """The TOML text ``install`` writes for ``role`` in ``topology``, header included."""
-    return _document(source(role, root), variant_for(topology))
+def render_edf(role: str, topology: str, root: Path, environ: Mapping[str, str] | None = None) -> str:
+    """The TOML text ``install`` writes for ``role`` in ``topology``, header included; with ``environ``,
+    bind sources and cache folders that go through a symbolic link are resolved (``runtimes.binds``)."""
+    return _document(source(role, root), variant_for(topology), environ)
 
 
-def edf_dict(role: str, topology: str, root: Path) -> dict[str, Any]:
+def edf_dict(role: str, topology: str, root: Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The EDF as data (what the TOML parses back to)."""
-    return _edf_data(source(role, root), variant_for(topology))
+    return _edf_data(source(role, root), variant_for(topology), environ)
 
 
 def variant_for(topology: str) -> str:
@@ -55,7 +56,7 @@ def variant_for(topology: str) -> str:
     )
 
 
-def _edf_data(src: RoleSource, variant: str) -> dict[str, Any]:
+def _edf_data(src: RoleSource, variant: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in _EDF_KEYS:
         if key in src.edf and key not in ("env", "annotations"):
@@ -77,6 +78,11 @@ def _edf_data(src: RoleSource, variant: str) -> dict[str, Any]:
         out["env"] = env
     if annotations:
         out["annotations"] = _nest(annotations)
+    if environ is not None:
+        # a cache relocated by a symbolic link would dangle inside the container: bind its real path
+        from ..runtimes.binds import resolve_edf
+
+        out = resolve_edf(out, environ)
     return out
 
 
@@ -98,12 +104,12 @@ def _nest(flat: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _document(src: RoleSource, variant: str) -> str:
+def _document(src: RoleSource, variant: str, environ: Mapping[str, str] | None = None) -> str:
     import hashlib
 
     import tomli_w
 
-    body = tomli_w.dumps(_edf_data(src, variant))
+    body = tomli_w.dumps(_edf_data(src, variant, environ))
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     header = (
         f"# {src.edf_name(variant)}: rendered by env_layers from {src.file} "
