@@ -84,3 +84,14 @@ def test_the_check_waits_for_every_rank(tmp_path):
     said: list[str] = []
     loop(tmp_path, lp, said).check_ranks()  # one of two: nothing to compare yet
     assert said == ["ENVLAYERS-STAGE: rank 0 up on n1"]
+
+
+def test_an_allocation_with_another_node_count_ends_the_launch_before_srun(tmp_path):
+    from test_launch import N1, N2, Node
+
+    with pytest.raises(LaunchFailure) as err:
+        prepare(PIPELINE, alloc(tmp_path, nodes=(N1, N2, Node("n3", "10.0.0.3", True))))
+    assert str(err.value) == ("allocation has 3 node(s), expected 2: an extra --nodes on the sbatch line? Slurm "
+                              "honours the last one")
+    with pytest.raises(LaunchFailure, match="allocation has 1 node"):
+        prepare(PIPELINE, alloc(tmp_path, nodes=(N1,)))

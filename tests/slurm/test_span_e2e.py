@@ -52,3 +52,20 @@ def test_a_server_step_on_one_node_ends_the_job_naming_the_idle_node(netns_lab, 
             f"report: rank 0 on {first}, rank 1 on {first})") in text
     assert BANNER not in text
     run.assert_nothing_left()
+
+
+def test_an_extra_nodes_on_the_sbatch_line_ends_the_job_before_srun(netns_lab, tmp_path):
+    # the dry run's own sbatch line, with a --nodes appended: Slurm honours the last one
+    run = Run(netns_lab, tmp_path, model="glm53", layer=TWO_NODES)
+    dry = run.sbatch(submit=False).stdout
+    line = next(x for x in dry.splitlines() if x.startswith("sbatch --parsable "))
+    argv = shlex.split(line.split(" <<'ENVLAYERS_JOB'")[0])
+    assert "--nodes=2" in argv
+    script = dry.split("<<'ENVLAYERS_JOB'\n", 1)[1].split("\nENVLAYERS_JOB\n", 1)[0] + "\n"
+    job_id = netns_lab.submit(script, *argv[2:], "--nodes=3", cwd=tmp_path, env=run.env)
+    run.job_id = job_id
+    assert netns_lab.wait_job(job_id, timeout_s=60) == "FAILED"
+    text = run.out.read_text()
+    assert ("ENVLAYERS-ERROR: allocation has 3 node(s), expected 2: an extra --nodes on the sbatch line? Slurm "
+            "honours the last one") in text
+    assert "up on" not in text  # nothing was started
