@@ -22,7 +22,8 @@ from labtools import unavailable
 
 @pytest.fixture(scope="session")
 def slurm_lab():
-    """A running lab with at least 3 nodes (n1..n3), shared by the whole session.
+    """A running lab with at least 4 nodes (n1..n4), shared by the whole session: the catalog's largest
+    models (glm53, kimi27sglang) plan 4 nodes, and a fourth node costs the lab a slurmd and no start time.
 
     Yields labtools.Lab: .env (SLURM_CONF, ENVLAYERS_LAB_DIR, PATH: merge into a subprocess env),
     .nodes ({'n1': '10.200.0.11', ...}), .mode ('netns' | 'nonetns'), .workdir, .lab_dir, .conf,
@@ -31,7 +32,7 @@ def slurm_lab():
     .job_output(jobid), .cancel(jobid), .track(jobid), .run(argv).
     """
     try:
-        lab = labtools.acquire_lab(nodes=3)
+        lab = labtools.acquire_lab(nodes=4)
     except labtools.LabUnavailable as exc:
         unavailable(str(exc))
     try:
