@@ -22,8 +22,7 @@ from labtools import unavailable
 
 @pytest.fixture(scope="session")
 def slurm_lab():
-    """A running lab with at least 4 nodes (n1..n4), shared by the whole session: the catalog's largest
-    models (glm53, kimi27sglang) plan 4 nodes, and a fourth node costs the lab a slurmd and no start time.
+    """A running lab with at least 3 nodes (n1..n3), shared by the whole session.
 
     Yields labtools.Lab: .env (SLURM_CONF, ENVLAYERS_LAB_DIR, PATH: merge into a subprocess env),
     .nodes ({'n1': '10.200.0.11', ...}), .mode ('netns' | 'nonetns'), .workdir, .lab_dir, .conf,
@@ -32,10 +31,28 @@ def slurm_lab():
     .job_output(jobid), .cancel(jobid), .track(jobid), .run(argv).
     """
     try:
-        lab = labtools.acquire_lab(nodes=4)
+        lab = labtools.acquire_lab(nodes=3)
     except labtools.LabUnavailable as exc:
         unavailable(str(exc))
     try:
+        yield lab
+    finally:
+        lab.cancel_all_submitted()
+        labtools.release_lab(lab)
+
+
+@pytest.fixture(scope="module")
+def lab4():
+    """A second lab with 4 nodes (n1..n4), for the catalog's 4-node models (glm53, kimi27sglang): its own
+    folder, subnet and ports beside the session lab, up only while the module that asks for it runs, so
+    the session lab and the tests that know its nodes stay as they are. Needs network namespaces."""
+    try:
+        lab = labtools.acquire_lab(nodes=4, lab_dir=labtools.default_lab_dir() / "four-nodes")
+    except labtools.LabUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        if lab.mode != "netns":
+            unavailable(f"the 4-node lab runs in {lab.mode} mode; its tests need network namespaces")
         yield lab
     finally:
         lab.cancel_all_submitted()
