@@ -16,25 +16,11 @@ import pytest
 from envlayers.errors import EnvLayersError
 from envlayers.jobscript import prepare
 from envlayers.weights import hub_id, snapshot_with_weights
+from hubcache import fake_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"
 QWEN = "Qwen/Qwen3.8-27B-FP8"
-
-
-def fake_snapshot(hub: Path, model: str, files=("model.safetensors",), rev: str = "0123abcd") -> Path:
-    """A snapshot as the hub client leaves it: the content in blobs/, the snapshot file a relative link."""
-    repo = hub / ("models--" + model.replace("/", "--"))
-    snap = repo / "snapshots" / rev
-    snap.mkdir(parents=True)
-    (repo / "blobs").mkdir(exist_ok=True)
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(rev)
-    for i, name in enumerate(files):
-        blob = repo / "blobs" / f"blob{i}"
-        blob.write_bytes(b"\0" * 16)
-        (snap / name).symlink_to(os.path.relpath(blob, snap))
-    return snap
 
 
 def job(tmp_path, layer: str, model: str = "qwen38", **environ: str):

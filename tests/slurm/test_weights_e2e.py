@@ -10,7 +10,9 @@ import subprocess
 import pytest
 
 from test_serve_e2e import BANNER, SBATCH, Run
-from test_weights import QWEN, fake_snapshot  # noqa: F401  (tests/ is on sys.path under pytest)
+from hubcache import fake_snapshot  # tests/hubcache.py (tests/ is on sys.path under pytest)
+
+QWEN = "Qwen/Qwen3.8-27B-FP8"  # qwen38's INFERENCE_MODEL
 
 pytestmark = pytest.mark.slurm
 
