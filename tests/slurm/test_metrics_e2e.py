@@ -11,8 +11,10 @@ nodes than the session lab has run on the 4-node lab (fixture ``lab4``).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,10 +23,11 @@ import pytest
 from envlayers import catalog
 from envlayers.jobscript import not_launched, prepare
 from envlayers.layers import load_env
-from test_serve_e2e import BANNER, Run
+from test_serve_e2e import BANNER, STANDIN, Run
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = sorted(catalog.load(REPO).models)
+RAY_SHAPES = ("ray", "gateway")  # a Ray cluster across the allocation (docs/topology.md)
 # one sample of the Prometheus text exposition format: name{labels} value [timestamp]
 SAMPLE_RE = re.compile(r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
                        r'(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*,?\})? '
@@ -72,10 +75,24 @@ def test_every_catalog_model_answers_prometheus_text_on_its_metrics_url(request,
     if planned.plan.nodes > len(lab.nodes):  # glm53, kimi27sglang: the 4-node lab
         lab = request.getfixturevalue("lab4")
     assert planned.plan.nodes <= len(lab.nodes), f"{model} plans {planned.plan.nodes} nodes"
-    run = Run(lab, tmp_path, model=model, SERVE_TIME="00:10:00")
+    layer, env = "", {}
+    if planned.plan.shape in RAY_SHAPES:  # real Ray across the lab's nodes, one CPU each; the stand-in checks
+        layer = "RAY_NUM_CPUS=1\n"       # that the cluster it joins has every node
+        env = {"STANDIN_RAY_NODES": str(planned.plan.nodes),
+               "PATH": os.pathsep.join([str(STANDIN / "bin"), str(Path(sys.executable).parent),
+                                        lab.env.get("PATH", os.environ["PATH"])])}
+    run = Run(lab, tmp_path, model=model, layer=layer, SERVE_TIME="00:10:00", **env)
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=120)
     url = re.search(r"^metrics: (http://(n\d+):\d+/metrics)$", text, re.M)
+    if url is None and planned.plan.shape == "gateway":
+        # the gateway spreads requests over its replicas and no engine's /metrics counts them all: its block
+        # prints no metrics URL and the job says why; a gap, shown as such until the gateway has one
+        assert "no one /metrics counts them all" in text, text
+        lab.cancel(run.job_id)
+        assert run.state() == "CANCELLED"
+        settled(lab)
+        pytest.xfail(f"{model}: the gateway serves no /metrics that counts every replica")
     assert url, text
     reachable = url.group(1).replace(f"http://{url.group(2)}:", f"http://{lab.nodes[url.group(2)]}:")
     got = subprocess.run(["curl", "-s", "-m", "10", "-D", "-", reachable], capture_output=True, text=True, timeout=20)
