@@ -160,6 +160,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if public:
         blockers.append(public)
     # -- end of the public-bind refusal
+    from .weights import check as check_weights  # a hub id must be in the job's HF cache (weights.py)
+
+    weights_warnings, weights_blockers = check_weights(root, env, text, environ)
+    warnings += weights_warnings
+    blockers += weights_blockers
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:

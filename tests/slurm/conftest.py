@@ -41,6 +41,24 @@ def slurm_lab():
         labtools.release_lab(lab)
 
 
+@pytest.fixture(scope="module")
+def lab4():
+    """A second lab with 4 nodes (n1..n4), for the catalog's 4-node models (glm53, kimi27sglang): its own
+    folder, subnet and ports beside the session lab, up only while the module that asks for it runs, so
+    the session lab and the tests that know its nodes stay as they are. Needs network namespaces."""
+    try:
+        lab = labtools.acquire_lab(nodes=4, lab_dir=labtools.default_lab_dir() / "four-nodes")
+    except labtools.LabUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        if lab.mode != "netns":
+            unavailable(f"the 4-node lab runs in {lab.mode} mode; its tests need network namespaces")
+        yield lab
+    finally:
+        lab.cancel_all_submitted()
+        labtools.release_lab(lab)
+
+
 @pytest.fixture
 def netns_lab(slurm_lab):
     """slurm_lab, for tests that need each node to have its own address and hostname."""

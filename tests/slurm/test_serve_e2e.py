@@ -152,7 +152,7 @@ def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
     run.assert_nothing_left()  # the worker rank has no port to probe: its pid must be gone
 
 
-def test_data_parallel_on_two_nodes_answers_on_node_zero_only(netns_lab, tmp_path):
+def test_data_parallel_on_two_nodes_answers_curl_and_the_openai_client_on_node_zero_only(netns_lab, tmp_path):
     # oss20bdp: 8 vLLM data-parallel instances of tp=1 on 2 nodes, one endpoint on node 0 (docs/topology.md)
     run = Run(netns_lab, tmp_path, model="oss20bdp",
               layer="SERVER_EXTRA_ARGS='--api-server-count 2 --enforce-eager'\n")
@@ -170,6 +170,17 @@ def test_data_parallel_on_two_nodes_answers_on_node_zero_only(netns_lab, tmp_pat
     reply = curl(f"http://{n1}:8000/v1/chat/completions", {"model": "hpcagent-bench-vllm",
                                                           "messages": [{"role": "user", "content": "hi"}]})
     assert reply.stdout.endswith("\n200"), reply.stdout
+    # the official client, on the base URL the block printed (lab node names do not resolve here)
+    import openai  # the test extra
+
+    base = re.search(r"^base URL: (\S+)$", text, re.M).group(1)
+    served = re.search(r"^served name: (\S+)", text, re.M).group(1)
+    client = openai.OpenAI(base_url=base.replace("http://n1:", f"http://{n1}:"), api_key="EMPTY", max_retries=0,
+                           timeout=20)
+    assert [m.id for m in client.models.list()] == [served] == ["hpcagent-bench-vllm"]
+    answer = client.chat.completions.create(model=served, max_tokens=32,
+                                            messages=[{"role": "user", "content": "Say hi."}])
+    assert answer.model == served and answer.choices[0].message.content
     assert curl(f"http://{n2}:8000/v1/models", timeout_s=2).stdout.endswith("\n000")  # headless: no server
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"

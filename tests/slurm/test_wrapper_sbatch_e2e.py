@@ -24,7 +24,13 @@ pytestmark = pytest.mark.slurm
 
 def operator_env(lab, tmp_path: Path, **env: str) -> dict[str, str]:
     """An operator's shell on the login node: the lab's Slurm, the stand-in engine, their own env file."""
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")  # the lab serves keyless: acknowledged (docs/keys.md)
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n"  # the lab serves keyless: acknowledged (docs/keys.md)
+                                       f"HF_HOME={tmp_path / 'hf'}\n")
+    if env.get("MODEL"):  # the model's weights are in the operator's cache, as the check before submission wants
+        from envlayers.layers import load_env
+        from hubcache import fake_snapshot
+
+        fake_snapshot(tmp_path / "hf" / "hub", load_env(REPO, f"experiment:{env['MODEL']}").text()["INFERENCE_MODEL"])
     out = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "SERVE_ENV_FILE": str(tmp_path / "mine.env"),
            "STANDIN_LOAD_SECONDS": "1", "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
            "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), **env}

@@ -92,7 +92,7 @@ def install(
     env = os.environ if environ is None else environ
     catalog = load_catalog(root)
     rendered = [
-        (src, variant, _document(src, variant)) for src in catalog.values() for variant in VARIANTS
+        (src, variant, _document(src, variant, env)) for src in catalog.values() for variant in VARIANTS
     ]
     dest = Path(dest)
     try:

@@ -17,7 +17,7 @@ from .schema import _EDF_KEYS, FABRIC_HOOKS, SOURCE_DIR, TOPOLOGIES, VARIANTS, R
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Mapping
 
 _HEADER_RE = re.compile(r"\A# [^\n]*\n# [^\n]*envlayers-sha256: ([0-9a-f]{64})\n\n")
 
@@ -37,14 +37,15 @@ def edf_name(role: str, topology: str, root: Path) -> str:
     return source(role, root).edf_name(variant_for(topology))
 
 
-def render_edf(role: str, topology: str, root: Path) -> str:
-    """The TOML text ``install`` writes for ``role`` in ``topology``, header included."""
-    return _document(source(role, root), variant_for(topology))
+def render_edf(role: str, topology: str, root: Path, environ: Mapping[str, str] | None = None) -> str:
+    """The TOML text ``install`` writes for ``role`` in ``topology``, header included; with ``environ``,
+    bind sources and cache folders that go through a symbolic link are resolved (``runtimes.binds``)."""
+    return _document(source(role, root), variant_for(topology), environ)
 
 
-def edf_dict(role: str, topology: str, root: Path) -> dict[str, Any]:
+def edf_dict(role: str, topology: str, root: Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The EDF as data (what the TOML parses back to)."""
-    return _edf_data(source(role, root), variant_for(topology))
+    return _edf_data(source(role, root), variant_for(topology), environ)
 
 
 def variant_for(topology: str) -> str:
@@ -58,7 +59,7 @@ def variant_for(topology: str) -> str:
     )
 
 
-def _edf_data(src: RoleSource, variant: str) -> dict[str, Any]:
+def _edf_data(src: RoleSource, variant: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in _EDF_KEYS:
         if key in src.edf and key not in ("env", "annotations"):
@@ -80,6 +81,11 @@ def _edf_data(src: RoleSource, variant: str) -> dict[str, Any]:
         out["env"] = env
     if annotations:
         out["annotations"] = _nest(annotations)
+    if environ is not None:
+        # a cache relocated by a symbolic link would dangle inside the container: bind its real path
+        from ..runtimes.binds import resolve_edf
+
+        out = resolve_edf(out, environ)
     return out
 
 
@@ -101,12 +107,12 @@ def _nest(flat: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _document(src: RoleSource, variant: str) -> str:
+def _document(src: RoleSource, variant: str, environ: Mapping[str, str] | None = None) -> str:
     import hashlib
 
     import tomli_w
 
-    body = tomli_w.dumps(_edf_data(src, variant))
+    body = tomli_w.dumps(_edf_data(src, variant, environ))
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     header = (
         f"# {src.edf_name(variant)}: rendered by env_layers from {src.file} "

@@ -1,6 +1,7 @@
 """The supervision loop: watch the ranks until the job ends, and end it at the first sign of trouble.
 
-Watches four things: each rank's first log line (started), each rank's exit file, the srun step,
+Watches four things: each rank's first log line (started, and on which node: once every rank
+started, the nodes they report must be the allocation's), each rank's exit file, the srun step,
 and the readiness probe. A rank that exits, the step dying, a rank that never starts within the
 rank-start budget, or a readiness budget spent raises :class:`LaunchFailure`, naming the rank to
 blame: the one that failed first, not one that srun stopped because of it. Once every readiness
@@ -45,6 +46,7 @@ class Supervisor:
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
         self.t0 = clock() if t0 is None else t0
         self.started: set[int] = set()
+        self.rank_nodes: dict[int, str] = {}  # the node each rank's first line reports (SLURMD_NODENAME)
         self.first_exit_at: float | None = None
         self.live = False
         self.ready: set[int] = set()
@@ -72,8 +74,10 @@ class Supervisor:
                 continue
             if first.startswith(RANK_UP.format(rank=rank)):
                 self.started.add(rank)
+                self.rank_nodes[rank] = first[len(RANK_UP.format(rank=rank)):].strip()
                 self.say(first.strip())
                 if len(self.started) == n:
+                    self.check_span()
                     self.say(f"ENVLAYERS-STAGE: all {n} ranks started")
         exits = []
         for rank in range(n):
@@ -102,6 +106,22 @@ class Supervisor:
         others = ", ".join(f"rank {r} code {c}" for _, _, r, c in sorted(exits, key=lambda e: e[2]) if r != rank)
         raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} exited with code {code} {when} the endpoint "
                             f"was live" + (f" (then: {others})" if others else ""), rank=rank)
+
+    def check_span(self) -> None:
+        """Every node of the allocation runs a rank: the nodes the ranks report are the allocation's
+        (``scontrol show hostnames $SLURM_JOB_NODELIST``). A node without a rank would sit idle for the
+        whole walltime while another one holds two ranks that fight over its GPUs."""
+        def short(name: str) -> str:
+            return name.split(".", 1)[0]
+
+        reported = {short(node) for node in self.rank_nodes.values()}
+        missing = [node.name for node in self.lp.nodes if short(node.name) not in reported]
+        if missing:
+            seen = ", ".join(f"rank {r} on {self.rank_nodes[r]}" for r in sorted(self.rank_nodes))
+            raise LaunchFailure(f"the server step does not span the allocation: no rank runs on "
+                                f"{', '.join(missing)} (the ranks report: {seen}); srun placed more than one rank "
+                                "on a node: look for SLURM_*/SRUN_* variables or site defaults that override "
+                                "--ntasks-per-node=1")
 
     def step_ended(self, code: int) -> None:
         deadline = self.clock() + EXIT_SETTLE_S + 0.5

@@ -10,6 +10,8 @@ when the node does not have it (:func:`load_line`: ``podman load -i``), then run
       --publish 127.0.0.1:<port>:<port> --device <gpu> ... -v <weights>:<weights>:ro
       --env NAME ... IMAGE <engine argv>
 
+A weights path that goes through a symbolic link is bound from its real path (runtimes/binds.py).
+
 The engine binds 0.0.0.0 inside the container (what the publish needs); the node publishes the port
 on 127.0.0.1 only, so the endpoint is reached on the node itself or through ``env_layers tunnel``.
 Values reach the container by name (``--env NAME``: podman reads them from its own environment), so
@@ -108,6 +110,14 @@ def mounts(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def volumes(env: Mapping[str, str]) -> list[str]:
+    """The ``-v`` values of :func:`mounts`: ``PATH:PATH:ro``, or ``REAL:PATH:ro`` when a symbolic link
+    lies on PATH (a relocated cache), so the container sees the real folder where the variable says."""
+    from .binds import real
+
+    return [f"{real(m) or m}:{m}:ro" for m in mounts(env)]
+
+
 def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable[str], env: Mapping[str, str]) -> list[str]:
     """``podman run ...`` up to and including the image; the engine's argv follows it."""
     argv = ["podman", "run", "--rm", "--replace", "--name", container_name(job_id, rank)]
@@ -116,8 +126,8 @@ def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable
     argv += ["--publish", f"127.0.0.1:{port}:{port}"]
     for d in s.devices:
         argv += ["--device", d]
-    for m in mounts(env):
-        argv += ["-v", f"{m}:{m}:ro"]
+    for v in volumes(env):
+        argv += ["-v", v]
     for name in sorted(set(env_names)):
         argv += ["--env", name]
     return argv + [s.image]
