@@ -98,3 +98,19 @@ def test_podman_binds_the_real_folder_at_the_path_the_variable_names(relocated):
     argv = podman.run_argv(s, "7", 0, 8000, ["HF_HOME"], {"HF_HOME": link, "CONTAINER_MOUNTS": str(scratch)})
     vols = [argv[i + 1] for i, w in enumerate(argv) if w == "-v"]
     assert vols == [f"{elsewhere}:{link}:ro", f"{scratch}:{scratch}:ro"]
+
+
+def test_edf_show_prints_what_install_edfs_writes(relocated, monkeypatch):
+    from click.testing import CliRunner
+
+    from envlayers.cli import cli
+
+    tmp_path, scratch, elsewhere = relocated
+    dest = tmp_path / "edfs"
+    monkeypatch.setenv("SCRATCH", str(scratch))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    edf.install(REPO, dest)
+    shown = CliRunner().invoke(cli, ["--root", str(REPO), "edf", "show", "sglang-mi300", "--topology", "pipeline"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output == (dest / "hpcagent-bench-sglang-mi300-latest.toml").read_text()
+    assert f"{elsewhere}:{elsewhere}" in shown.output

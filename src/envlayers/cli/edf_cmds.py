@@ -135,10 +135,13 @@ def edf() -> None:
 )
 @click.pass_context
 def show(ctx: click.Context, role: str, topology: str) -> None:
-    """Print the TOML that install-edfs writes for ROLE."""
+    """Print the TOML that install-edfs writes for ROLE (cache folders relocated by a symbolic link
+    named by their real path, as install-edfs writes them)."""
+    import os
+
     from .. import edf as lib
 
-    click.echo(lib.render_edf(role, topology, get_root(ctx)), nl=False)
+    click.echo(lib.render_edf(role, topology, get_root(ctx), os.environ), nl=False)
 
 
 @edf.command("list")
