@@ -64,3 +64,11 @@ def test_the_possible_finding_in_the_docs_is_as_printed():
                          cwd=REPO / "tests" / "data" / "logs", capture_output=True, text=True, timeout=30)
     assert out.returncode == 1
     assert f"$ env_layers diagnose sglang-lone-socket.log\n{out.stdout}" in fenced(REPO / "docs" / "diagnose.md")
+
+
+def test_the_catalog_listing_in_the_readme_is_as_printed():
+    # a new catalog model shows in the README's tour as it shows on the terminal
+    out = subprocess.run([sys.executable, "-m", "envlayers", "--root", str(REPO), "list"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert f"$ env_layers list\n{out.stdout}" in fenced(REPO / "README.md")
