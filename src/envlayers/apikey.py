@@ -84,10 +84,15 @@ def generate_key() -> str:
 
 
 def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
-    """Generate a key and write it to ``run_dir/api-key``, created with mode 0600 (never wider, whatever
-    the umask; an earlier file there is replaced). Returns (path, key)."""
-    path = Path(run_dir) / GENERATED_NAME
+    """Generate a key and write it to ``run_dir/api-key`` (:func:`write_key`). Returns (path, key)."""
     key = generate_key()
+    return write_key(run_dir, key), key
+
+
+def write_key(run_dir: "str | os.PathLike[str]", key: str) -> Path:
+    """Write ``key`` to ``run_dir/api-key``, created with mode 0600 (never wider, whatever the umask; an
+    earlier file there is replaced). Returns the path."""
+    path = Path(run_dir) / GENERATED_NAME
     try:
         path.unlink()
     except FileNotFoundError:
@@ -98,4 +103,4 @@ def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
         os.write(fd, (key + "\n").encode())
     finally:
         os.close(fd)
-    return path, key
+    return path

@@ -93,25 +93,17 @@ def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str]
     src = (environ.get("ENVLAYERS_CHAIN_KEY_FILE") or "").strip()
     if not src:
         return None
-    from ..apikey import GENERATED_NAME
     from ..errors import EnvLayersError
 
     try:
-        from ..apikey import read_key
+        from ..apikey import read_key, write_key
 
         key = read_key(src)
     except EnvLayersError as err:
         say(f"ENVLAYERS-WARN: cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
             f"clients of job {environ.get('ENVLAYERS_PREDECESSOR') or '?'} must take it from `env_layers connect`")
         return None
-    path = Path(run_dir) / GENERATED_NAME
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (key + "\n").encode())
-    finally:
-        os.close(fd)
+    path = write_key(run_dir, key)
     say(f"ENVLAYERS-STAGE: the chain's API key (job {environ.get('ENVLAYERS_PREDECESSOR') or '?'}'s, {src}) "
         f"copied to {path} (mode 0600): clients keep their key")
     return str(path), key
