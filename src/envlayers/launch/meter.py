@@ -141,7 +141,9 @@ class Meter:
             self.write(final=False)
 
     def sample(self) -> Counters | None:
-        """The request counters summed over every serving rank; None when one of them cannot be read."""
+        """The request counters summed over every serving rank; None when one of them cannot be read. The
+        gateway's /metrics holds every replica's samples, each with its ``replica`` label: the parse sums
+        a metric over its label sets, so one URL gives the whole endpoint's counters."""
         if not self.lp.metrics:
             return None
         total = None
@@ -158,9 +160,7 @@ class Meter:
         first = self.sample()
         self.tracker.feed(now, first)
         if first is None:
-            why = ("the gateway spreads requests over its replicas, and no one /metrics counts them all"
-                   if self.lp.plan.shape == "gateway" else
-                   "SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
+            why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
                    else f"no request counters at {', '.join(metrics_urls(self.lp))}")
             what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
             self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")
