@@ -37,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 APP = "envlayers"
@@ -243,7 +244,7 @@ class Replica:
         self.argv = with_host_port(argv, "127.0.0.1", self.port)
         self.proc = subprocess.Popen(self.argv, env=dict(os.environ, RAY_ADDRESS=address), start_new_session=True)
         self.session = None
-        self.index, self.registry, self.reported = None, None, False
+        self.index, self.registry, self.reported, self.closing = None, None, False, False
         self.node = socket.gethostname()
         deadline = time.monotonic() + ready_timeout_s
         url = f"http://127.0.0.1:{self.port}/v1/models"
@@ -266,6 +267,32 @@ class Replica:
         self._register()
         print(f"gateway replica {self.index}: vllm serve pid {self.proc.pid} answers on 127.0.0.1:{self.port}",
               flush=True)
+        threading.Thread(target=self._watch, name="envlayers-server-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """The server's exit, the moment it happens: reported, and this replica's actor ends at once, so
+        Serve's routers stop sending it requests and Serve starts a replacement (the health check would
+        notice too, up to a check period later)."""
+        code = self.proc.wait()
+        if self.closing:
+            return
+        self._report(code)
+        self.stop()
+        os._exit(1)
+
+    def _report(self, code: int) -> None:
+        if self.reported or self.registry is None:
+            return
+        self.reported = True  # once; Serve then stops this replica
+        line = (f"ENVLAYERS-ERROR: gateway: replica {self.index} on {self.node}: its vllm serve (pid {self.proc.pid}) "
+                f"{exit_words(code)}; Ray Serve replaces the replica, the others keep serving")
+        print(line, flush=True)
+        try:
+            import ray
+
+            ray.get(self.registry.died.remote(self.index, line), timeout=5)
+        except Exception:  # the gateway's main is gone (the job ends): nothing to tell
+            pass
 
     def _register(self) -> None:
         """A reader actor on this node, registered: the index this replica is labelled with in /metrics."""
@@ -287,7 +314,7 @@ class Replica:
 
     async def __call__(self, request):
         import aiohttp
-        from starlette.responses import StreamingResponse
+        from starlette.responses import JSONResponse, StreamingResponse
 
         if request.method == "GET" and request.url.path.rstrip("/") == "/metrics":
             return await self.metrics()
@@ -298,7 +325,12 @@ class Replica:
         if request.url.query:
             url += "?" + request.url.query
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        upstream = await self.session.request(request.method, url, headers=headers, data=await request.body())
+        try:
+            upstream = await self.session.request(request.method, url, headers=headers, data=await request.body())
+        except aiohttp.ClientConnectionError:  # this replica's server died under the request: the client retries
+            return JSONResponse({"error": {"message": "this gateway replica's server is gone; Ray Serve replaces it, "
+                                                      "retry", "type": "ServiceUnavailable", "code": 503}},
+                                status_code=503, headers={"retry-after": "1"})
 
         async def body():
             try:
@@ -312,16 +344,12 @@ class Replica:
 
     def check_health(self) -> None:
         code = self.proc.poll()
-        if code is None:
-            return
-        if not self.reported and self.registry is not None:  # once; Serve then stops this replica
-            self.reported = True
-            self.registry.died.remote(self.index, (
-                f"ENVLAYERS-ERROR: gateway: replica {self.index} on {self.node}: its vllm serve (pid {self.proc.pid}) "
-                f"{exit_words(code)}; Ray Serve replaces the replica, the others keep serving"))
-        raise RuntimeError(f"the replica's vllm serve {exit_words(code)}")
+        if code is not None and not self.closing:
+            self._report(code)
+            raise RuntimeError(f"the replica's vllm serve {exit_words(code)}")
 
     def stop(self) -> None:
+        self.closing = True
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
