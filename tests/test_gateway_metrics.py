@@ -144,3 +144,29 @@ def test_survival_counts_a_recovery_only_once_it_held():
     steady.feed(10, 2)
     steady.feed(10 + RECOVERED_AFTER_S, 2)  # held: a recovery
     assert steady.feed(70, 1) is None and steady.feed(70 + 61, 1) == 61
+
+
+def test_once_live_the_meter_says_the_gateways_replica_lines_from_rank_zeros_log(tmp_path):
+    from envlayers.launch.meter import Meter
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    lp = prepare(GATEWAY, alloc(tmp_path))
+    said = []
+    bodies = iter([VLLM % {"running": 0, "stop": 1}] * 10)
+    meter = Meter(lp, {}, said.append, clock=lambda: 0.0, wall=lambda: 1e9, fetch=lambda *a, **k: next(bodies))
+    log = tmp_path / "server-0.log"
+    log.write_text("ENVLAYERS-STAGE: gateway: deploying 2 replica(s)\n")  # before live: not repeated
+    meter.tick(0.0, 2, True)
+    with log.open("a") as fh:
+        fh.write("(ServeReplica pid=1) noise\nENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) "
+                 "was killed by SIGKILL (exit code 137); Ray Serve replaces the replica\nENVLAYERS-STAGE: gateway: "
+                 "replica 1 on n2 repl")
+    meter.tick(1.0, 2, True)
+    assert [s for s in said if "gateway" in s] == [
+        "ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) was killed by SIGKILL (exit code 137); "
+        "Ray Serve replaces the replica"]
+    with log.open("a") as fh:
+        fh.write("aced: its new vllm serve (pid 10) answers on 127.0.0.1:5\n")
+    meter.tick(2.0, 2, True)
+    assert said[-1] == "ENVLAYERS-STAGE: gateway: replica 1 on n2 replaced: its new vllm serve (pid 10) answers on 127.0.0.1:5"

@@ -258,6 +258,8 @@ def test_a_gateway_replica_that_keeps_dying_ends_the_job_below_min_replicas(netn
                      r"\d+; Ray Serve replaces the replica", log, re.M), log
     assert re.search(r"^ENVLAYERS-ERROR: gateway: [01] of 2 replica\(s\) healthy, fewer than MIN_REPLICAS=2 for "
                      r"\d+s \(longer than the 20s Serve had to replace them\): ending the job", log, re.M), log
+    assert re.search(r"^ENVLAYERS-ERROR: gateway: [01] of 2 replica\(s\) healthy, fewer than MIN_REPLICAS=2", text,
+                     re.M), text  # in the job output too
     assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
     assert_no_ray_left(run)
 
@@ -290,6 +292,10 @@ def test_a_gateway_replica_whose_engine_is_killed_is_replaced_while_the_other_ke
                      log, re.M)
     assert died and died.group(1) == replaced.search(log).group(1), log  # the replacement takes the dead one's label
     new_pid = int(replaced.search(log).group(2))
+    # the job output says it too, as it happens
+    out = run.wait_for(r"^ENVLAYERS-STAGE: gateway: replica [01] on n2 replaced: ", timeout_s=30)
+    assert re.search(rf"^ENVLAYERS-ERROR: gateway: replica [01] on n2: its vllm serve \(pid {victim['pid']}\) was "
+                     r"killed by SIGKILL", out, re.M), out
     assert [e["pid"] for e in ray_records(run) if e["hostname"] == "n2"] == [victim["pid"], new_pid]
     # the replacement serves: both replicas' samples are in the gateway's /metrics again, and the job lives on
     deadline = time.monotonic() + 30

@@ -5,7 +5,8 @@ pass of the supervision loop (``tick``). Before the endpoint is live it notes th
 which every rank had started and at which rank 0's log entered each startup phase. Once live it reads
 the engines' ``/metrics`` every ``SAMPLE_EVERY_S`` (a tenth of a shorter ``IDLE_STOP_AFTER_S``), feeds an :class:`~envlayers.launch.idle.IdleTracker`,
 prints the ``IDLE_WARN_AFTER_S`` warning and raises :class:`IdleStop` after ``IDLE_STOP_AFTER_S``
-without a request. It keeps ``accounting.json`` in the run directory up to date (atomically, every
+without a request. In the gateway shape it also says, once live, the gateway's own lines from rank 0's
+log (a replica died, was replaced, too few are healthy). It keeps ``accounting.json`` in the run directory up to date (atomically, every
 ``WRITE_EVERY_S`` and at the end) so ``status`` shows the split while the job runs.
 """
 
@@ -24,6 +25,7 @@ SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a li
 MIN_SAMPLE_EVERY_S = 0.5
 WRITE_EVERY_S = 10.0
 IDLE_KEYS = ("IDLE_STOP_AFTER_S", "IDLE_WARN_AFTER_S")
+GATEWAY_LINES = tuple(f"ENVLAYERS-{kind}: gateway: " for kind in ("ERROR", "WARN", "STAGE"))
 
 
 class IdleStop(Exception):
@@ -78,6 +80,7 @@ class Meter:
         self.next_write = 0.0
         self._phase_tracker = None
         self._log_pos = 0
+        self._partial = b""  # the gateway's log after live: an unfinished last line
         # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
@@ -122,6 +125,8 @@ class Meter:
             self.next_sample = now
             self._first_sample(now)
             return
+        if self.lp.plan.shape == "gateway":
+            self._relay_gateway()
         if now >= self.next_sample:
             self.next_sample = now + self.sample_every_s
             for decision in self.tracker.feed(now, self.sample()):
@@ -139,6 +144,22 @@ class Meter:
         if now >= self.next_write:
             self.next_write = now + WRITE_EVERY_S
             self.write(final=False)
+
+    def _relay_gateway(self) -> None:
+        """Once live, the gateway's own lines in rank 0's log (a replica died, was replaced; too few
+        healthy) are said in the job output too, as they come."""
+        try:
+            with open(self.lp.run_dir / "server-0.log", "rb") as fh:
+                fh.seek(self._log_pos)
+                chunk = fh.read(1 << 20)
+        except FileNotFoundError:
+            return
+        self._log_pos += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line.startswith(GATEWAY_LINES):
+                self.say(line)
 
     def sample(self) -> Counters | None:
         """The request counters summed over every serving rank; None when one of them cannot be read. The
