@@ -15,19 +15,15 @@ then proxies every request to it, streaming the answer back. Serve's HTTP proxy 
 command's ``--host``/``--port`` on the head node, so clients see one endpoint. The gateway adds no
 limit of its own: no request timeout, no cap on requests in flight or queued, no connection-pool limit.
 
-``GET /metrics`` is answered by the gateway itself, with every replica's metrics in one Prometheus text
-exposition (each sample labelled ``replica="<i>"``, :func:`merge_expositions`). A replica's server
-listens on its own node's loopback, which no other node can reach, so each replica starts a small
-reader actor pinned to its node and registers it with a named registry actor (:class:`MetricsRegistry`,
-made by ``main``); the replica that handles ``/metrics`` asks the registry, which reads every replica's
-server through its reader with a bounded timeout; a replica that did not answer is named in a comment line.
+``GET /metrics`` is answered by the gateway itself: every replica's metrics in one Prometheus text
+exposition, each sample labelled ``replica="<i>"`` (:func:`merge_expositions`). No node can reach
+another's loopback, so each replica starts a reader actor pinned to its node and registers it with the
+named :class:`MetricsRegistry` (made by ``main``), which reads them all with a bounded timeout.
 
-Replicas survive a peer: a replica whose server dies fails its Serve health check, is reported
-(``ENVLAYERS-ERROR: gateway: replica <i> on <node>: ...`` with the exit code) and replaced by Serve (a
-new replica, with a new server), while the others keep serving. The gateway exits non-zero (and so ends
-the job) only when fewer than ``--min-replicas`` replicas are healthy for longer than
-``--replace-timeout`` seconds (a recovery counts once it has held for ``RECOVERED_AFTER_S``), or when
-Serve gives up on the application (DEPLOY_FAILED).
+Replicas survive a peer: a replica whose server dies reports it (``ENVLAYERS-ERROR: gateway: replica
+<i> on <node>: ...``, with the exit code) and ends its actor, and Serve starts a new replica (a new
+server) while the others serve on. The job ends only when fewer than ``--min-replicas`` are healthy
+for longer than ``--replace-timeout`` seconds (:class:`Survival`), or when Serve gives up (DEPLOY_FAILED).
 """
 
 from __future__ import annotations
@@ -270,9 +266,7 @@ class Replica:
         threading.Thread(target=self._watch, name="envlayers-server-watch", daemon=True).start()
 
     def _watch(self) -> None:
-        """The server's exit, the moment it happens: reported, and this replica's actor ends at once, so
-        Serve's routers stop sending it requests and Serve starts a replacement (the health check would
-        notice too, up to a check period later)."""
+        """The server's exit: reported, and this actor ends at once, so Serve stops routing to it and replaces it."""
         code = self.proc.wait()
         if self.closing:
             return
@@ -451,7 +445,8 @@ def main(argv: list[str]) -> int:
         below = policy.feed(time.monotonic(), healthy)
         if below is not None:
             say(f"ENVLAYERS-ERROR: gateway: {healthy} of {replicas} replica(s) healthy, fewer than MIN_REPLICAS="
-                f"{minimum} for {below:.0f}s (longer than the {grace_s:.0f}s Serve had to replace them): ending the job")
+                f"{minimum} for {below:.0f}s, longer than the {grace_s:.0f}s Serve is given to replace them "
+                "(GATEWAY_REPLACE_TIMEOUT_S): ending the job")
             return 1
 
 

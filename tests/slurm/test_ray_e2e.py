@@ -257,7 +257,8 @@ def test_a_gateway_replica_that_keeps_dying_ends_the_job_below_min_replicas(netn
     assert re.search(r"^ENVLAYERS-ERROR: gateway: replica [01] on n2: its vllm serve \(pid \d+\) exited with code "
                      r"\d+; Ray Serve replaces the replica", log, re.M), log
     assert re.search(r"^ENVLAYERS-ERROR: gateway: [01] of 2 replica\(s\) healthy, fewer than MIN_REPLICAS=2 for "
-                     r"\d+s \(longer than the 20s Serve had to replace them\): ending the job", log, re.M), log
+                     r"\d+s, longer than the 20s Serve is given to replace them \(GATEWAY_REPLACE_TIMEOUT_S\): ending the job",
+                     log, re.M), log
     assert re.search(r"^ENVLAYERS-ERROR: gateway: [01] of 2 replica\(s\) healthy, fewer than MIN_REPLICAS=2", text,
                      re.M), text  # in the job output too
     assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
