@@ -170,3 +170,32 @@ def test_once_live_the_meter_says_the_gateways_replica_lines_from_rank_zeros_log
         fh.write("aced: its new vllm serve (pid 10) answers on 127.0.0.1:5\n")
     meter.tick(2.0, 2, True)
     assert said[-1] == "ENVLAYERS-STAGE: gateway: replica 1 on n2 replaced: its new vllm serve (pid 10) answers on 127.0.0.1:5"
+
+
+def test_the_meter_reads_the_gateway_per_replica_so_its_total_never_goes_back(tmp_path):
+    from envlayers.launch.meter import Meter
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    def v(running, stop):  # finished = stop + 1 (one "length" request each)
+        return VLLM % {"running": running, "stop": stop}
+
+    bodies = iter([
+        merge_expositions([("0", v(1, 4)), ("1", v(0, 6))]),  # 5 + 7
+        merge_expositions([("0", v(0, 5)), ("1", None)]),  # replica 1 did not answer: its 7 still count
+        merge_expositions([("0", v(2, 5)), ("1", v(0, 0))]),  # replica 1 replaced: a new server from 1
+        merge_expositions([("0", v(0, 5)), ("1", v(0, 3))]),
+    ])
+    meter = Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None, fetch=lambda *a, **k: next(bodies))
+    got = [meter.sample() for _ in range(4)]
+    assert [(c.finished, c.in_flight) for c in got] == [(12, 1), (13, 0), (14, 2), (17, 0)]
+
+
+def test_the_meter_reads_no_gateway_counters_from_a_text_without_them(tmp_path):
+    from envlayers.launch.meter import Meter
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    meter = Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None,
+                  fetch=lambda *a, **k: '# replica="0" did not answer: no metrics\n')
+    assert meter.sample() is None

@@ -13,6 +13,7 @@ log (a replica died, was replaced, too few are healthy). It keeps ``accounting.j
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from typing import Callable, Mapping
@@ -25,6 +26,7 @@ SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a li
 MIN_SAMPLE_EVERY_S = 0.5
 WRITE_EVERY_S = 10.0
 IDLE_KEYS = ("IDLE_STOP_AFTER_S", "IDLE_WARN_AFTER_S")
+_REPLICA_RE = re.compile(r'^[A-Za-z_:][A-Za-z0-9_:]*\{replica="([^"]*)"')  # the gateway's label, first
 GATEWAY_LINES = tuple(f"ENVLAYERS-{kind}: gateway: " for kind in ("ERROR", "WARN", "STAGE"))
 
 
@@ -81,6 +83,8 @@ class Meter:
         self._phase_tracker = None
         self._log_pos = 0
         self._partial = b""  # the gateway's log after live: an unfinished last line
+        self._replicas: dict[str, Counters] = {}  # the gateway: each replica's last counters
+        self._finished_before = 0.0  # the gateway: requests finished by replicas replaced since
         # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
@@ -163,19 +167,42 @@ class Meter:
 
     def sample(self) -> Counters | None:
         """The request counters summed over every serving rank; None when one of them cannot be read. The
-        gateway's /metrics holds every replica's samples, each with its ``replica`` label: the parse sums
-        a metric over its label sets, so one URL gives the whole endpoint's counters."""
+        gateway's one /metrics holds every replica's samples, each labelled ``replica``: see :meth:`_gateway`."""
         if not self.lp.metrics:
             return None
         total = None
         for url in metrics_urls(self.lp):
             text = self.fetch(url, self.api_key)
-            counters = read_counters(self.engine, text) if text is not None else None
+            if text is not None and self.lp.plan.shape == "gateway":
+                counters = self._gateway(text)
+            else:
+                counters = read_counters(self.engine, text) if text is not None else None
             if counters is None:
                 return None
             total = counters if total is None else Counters(total.finished + counters.finished,
                                                             total.in_flight + counters.in_flight)
         return total
+
+    def _gateway(self, text: str) -> Counters | None:
+        """The gateway's counters, read per replica so the total never goes back: a replica that did not
+        answer counts with what it last said, and one whose counter restarted (Serve replaced it, with a
+        new server) keeps what the old one had finished."""
+        per: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            m = _REPLICA_RE.match(line)
+            if m:
+                per.setdefault(m.group(1), []).append(line)
+        seen = {r: read_counters(self.engine, "\n".join(lines)) for r, lines in per.items()}
+        seen = {r: c for r, c in seen.items() if c is not None}
+        if not seen and not self._replicas:
+            return None
+        for r, c in seen.items():
+            before = self._replicas.get(r)
+            if before is not None and c.finished < before.finished:  # a new server behind this label
+                self._finished_before += before.finished
+            self._replicas[r] = c
+        finished = self._finished_before + sum(c.finished for c in self._replicas.values())
+        return Counters(finished, sum(c.in_flight for r, c in self._replicas.items() if r in seen))
 
     def _first_sample(self, now: float) -> None:
         first = self.sample()
