@@ -199,3 +199,38 @@ def test_the_meter_reads_no_gateway_counters_from_a_text_without_them(tmp_path):
     meter = Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None,
                   fetch=lambda *a, **k: '# replica="0" did not answer: no metrics\n')
     assert meter.sample() is None
+
+
+def test_a_request_whose_replica_server_is_gone_gets_503_with_retry_after():
+    # the proxy half of a replica against a loopback port nothing listens on (its server died): the
+    # client is told to retry, which the official clients do, and Serve routes the retry elsewhere
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("starlette")
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    from starlette.requests import Request
+
+    from envlayers.gateway_app import Replica, free_port
+
+    replica = object.__new__(Replica)
+    replica.port, replica.session, replica.registry = free_port(), None, None
+    replica.proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    replica.proc.wait()
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+             "headers": [(b"content-type", b"application/json")]}
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def ask():
+        try:
+            return await replica(Request(scope, receive))
+        finally:
+            await replica.session.close()
+
+    reply = asyncio.run(ask())
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    assert json.loads(reply.body)["error"]["code"] == 503
