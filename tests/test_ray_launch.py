@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -137,14 +138,33 @@ def test_gateway_plan_runs_the_serve_app_after_the_head_with_rank_zeros_vllm_com
     assert set(lp.files) == {"ranks.sh", "launch.json", "raynode.py", "gateway_app.py"}
     assert ("ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=1 (Ray Serve; each replica runs "
             "rank 0's vllm serve on a free loopback port and proxies to it)") in lp.lines
-    assert lp.metrics is False  # /metrics through the gateway is one replica's: no request counters from it
+    assert lp.metrics is True  # the gateway answers /metrics with every replica's samples
+    assert ("ENVLAYERS-TOPOLOGY: gateway survival: min_replicas=1 replace_timeout=600s (a replica whose server dies "
+            "is replaced by Serve; the job ends after replace_timeout with fewer than min_replicas healthy)") in lp.lines
     head = run_rank(tmp_path, lp.files["ranks.sh"], 0)
     second = head.index("--", head.index("--") + 1)
     app = head[second + 1:]
     assert app[:app.index("--")] == ["python3", str(tmp_path / "gateway_app.py"), "--address", "10.9.0.1:29500",
                                      "--replicas", "2", "--max-per-node", "1", "--served", "served",
-                                     "--ready-timeout", "600"]
+                                     "--ready-timeout", "600", "--min-replicas", "1", "--replace-timeout", "600"]
     assert app[app.index("--") + 1:] == list(lp.commands[0].argv)
+
+
+def test_gateway_survival_keys_reach_the_serve_app(tmp_path):
+    lp = prepare({**GATEWAY, "MIN_REPLICAS": "2", "GATEWAY_REPLACE_TIMEOUT_S": "45"}, alloc(tmp_path))
+    head = run_rank(tmp_path, lp.files["ranks.sh"], 0)
+    assert head[head.index("--min-replicas") + 1] == "2" and head[head.index("--replace-timeout") + 1] == "45"
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"MIN_REPLICAS": "3"}, "MIN_REPLICAS='3': must be a whole number from 1 to 2"),
+    ({"MIN_REPLICAS": "0"}, "MIN_REPLICAS='0'"),
+    ({"GATEWAY_REPLACE_TIMEOUT_S": "soon"}, "must be a positive number of seconds"),
+    ({"GATEWAY_REPLACE_TIMEOUT_S": ""}, "is empty"),
+])
+def test_a_bad_gateway_survival_key_stops_before_srun(tmp_path, keys, message):
+    with pytest.raises((LaunchFailure, EnvLayersError), match=re.escape(message)):
+        prepare({**GATEWAY, **keys}, alloc(tmp_path))
 
 
 def test_one_node_gateway_starts_its_own_ray(tmp_path):

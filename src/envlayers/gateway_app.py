@@ -5,7 +5,8 @@ the launcher copies this file into the run directory, so the ranks need Ray Serv
 Nothing imports it outside the job.
 
     python3 gateway_app.py --address HEAD:PORT --replicas N --max-per-node C --served NAME \\
-                           --ready-timeout S -- vllm serve MODEL ... --host H --port P ...
+                           --ready-timeout S [--min-replicas M] [--replace-timeout R] \\
+                           -- vllm serve MODEL ... --host H --port P ...
 
 One Serve deployment with N replicas, at most C on a node (the instances a node's GPUs fit). Each
 replica starts its own copy of the ``vllm serve`` command after ``--`` (the Ray executor joins the
@@ -13,7 +14,16 @@ same cluster through RAY_ADDRESS), on a free port of its node's loopback, waits 
 then proxies every request to it, streaming the answer back. Serve's HTTP proxy listens on the
 command's ``--host``/``--port`` on the head node, so clients see one endpoint. The gateway adds no
 limit of its own: no request timeout, no cap on requests in flight or queued, no connection-pool limit.
-It exits non-zero (and so ends the job) when the deployment fails or a replica's server dies.
+
+``GET /metrics`` is answered by the gateway itself: every replica's metrics in one Prometheus text
+exposition, each sample labelled ``replica="<i>"`` (:func:`merge_expositions`). No node can reach
+another's loopback, so each replica starts a reader actor pinned to its node and registers it with the
+named :class:`MetricsRegistry` (made by ``main``), which reads them all with a bounded timeout.
+
+Replicas survive a peer: a replica whose server dies reports it (``ENVLAYERS-ERROR: gateway: replica
+<i> on <node>: ...``, with the exit code) and ends its actor, and Serve starts a new replica (a new
+server) while the others serve on. The job ends only when fewer than ``--min-replicas`` are healthy
+for longer than ``--replace-timeout`` seconds (:class:`Survival`), or when Serve gives up (DEPLOY_FAILED).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 APP = "envlayers"
@@ -30,6 +41,13 @@ NO_LIMIT = 1_000_000  # Serve needs a number for requests in flight per replica;
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host", "upgrade",
        "proxy-connection", "te", "trailer"}
 CHECK_EVERY_S = 2.0
+REGISTRY = "envlayers-metrics"  # the named actor replicas register their metrics readers with
+NAMESPACE = "envlayers-gateway"
+READ_TIMEOUT_S = 3.0  # one replica's /metrics read, through its reader actor
+RECOVERED_AFTER_S = 30.0  # enough replicas healthy this long: a recovery, not a replacement about to die again
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
+_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gcount", "_gsum")
 
 
 def say(line: str) -> None:
@@ -68,6 +86,149 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _sample_name(line: str) -> str:
+    end = 0
+    while end < len(line) and line[end] in _NAME_CHARS:
+        end += 1
+    return line[:end]
+
+
+def _labelled(line: str, name: str, replica: str) -> str:
+    """A sample line with ``replica="<replica>"`` first in its label set (one is made when it has none)."""
+    rest = line[len(name):]
+    label = f'replica="{replica}"'
+    if rest.startswith("{"):
+        inner = rest[1:]
+        return f"{name}{{{label}{'' if inner.lstrip().startswith('}') else ','}{inner}"
+    return f"{name}{{{label}}}{rest}"
+
+
+def merge_expositions(texts: list[tuple[str, str | None]], why: dict[str, str] | None = None) -> str:
+    """Prometheus text expositions of several replicas -> one: every sample gets a ``replica`` label
+    (first in its label set), each family's HELP and TYPE lines appear once, families in first-seen
+    order with all their samples together. ``texts`` is ``(replica, text or None)``; a replica whose
+    text is None is named in a comment line (``why[replica]`` says what happened). Pure."""
+    families: dict[str, dict] = {}  # name -> {"help": line, "type": line, "samples": [...]}, insertion ordered
+    missing = []
+    for replica, text in texts:
+        if text is None:
+            missing.append(replica)
+            continue
+        current = None  # the family the last HELP/TYPE line named: its samples may carry suffixes
+        for raw in text.splitlines():
+            line = raw.rstrip()
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                words = line.split(None, 3)
+                if len(words) >= 3 and words[1] in ("HELP", "TYPE"):
+                    current = words[2]
+                    fam = families.setdefault(current, {"help": None, "type": None, "samples": []})
+                    key = words[1].lower()
+                    if fam[key] is None:
+                        fam[key] = line
+                continue  # other comments (and # EOF) are dropped
+            name = _sample_name(line)
+            if not name or name[0].isdigit():
+                continue  # not a sample line
+            if current is None or not (name == current or (name.startswith(current) and
+                                                           name[len(current):] in _SUFFIXES)):
+                current = name
+            fam = families.setdefault(current, {"help": None, "type": None, "samples": []})
+            fam["samples"].append(_labelled(line, name, replica))
+    out = [f'# replica="{r}" did not answer: {(why or {}).get(r) or "no metrics"}' for r in missing]
+    for fam in families.values():
+        out += [line for line in (fam["help"], fam["type"]) if line is not None]
+        out += fam["samples"]
+    return "\n".join(out) + "\n" if out else ""
+
+
+class MetricsReader:
+    """Made by a replica on its own node (Ray actor, node-pinned): reads that node's server's /metrics."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    def ping(self) -> bool:
+        return True
+
+    def read(self, timeout_s: float) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=timeout_s) as resp:
+            return resp.read(16 << 20).decode("utf-8", "replace")
+
+
+class MetricsRegistry:
+    """The named actor ``main`` makes: which replica holds which index and reader, and what happened to
+    the replicas (lines ``main`` prints). An index freed by a dead replica goes to its replacement."""
+
+    def __init__(self):
+        self.readers: dict[int, tuple] = {}  # index -> (reader actor, node)
+        self.seen: set[int] = set()
+        self.events: list[str] = []
+
+    def _prune(self) -> None:
+        import ray
+
+        refs = {i: reader.ping.remote() for i, (reader, _node) in self.readers.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5) if refs else ([], [])
+        for i, ref in refs.items():
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception:  # the reader died with the replica that made it
+                    self.readers.pop(i, None)
+
+    def register(self, reader, node: str, pid: int, port: int) -> int:
+        self._prune()
+        index = 0
+        while index in self.readers:
+            index += 1
+        self.readers[index] = (reader, node)
+        if index in self.seen:
+            self.events.append(f"ENVLAYERS-STAGE: gateway: replica {index} on {node} replaced: its new vllm serve "
+                               f"(pid {pid}) answers on 127.0.0.1:{port}")
+        self.seen.add(index)
+        return index
+
+    def died(self, index: int, line: str) -> None:
+        self.readers.pop(index, None)
+        self.events.append(line)
+
+    def take_events(self) -> list[str]:
+        out, self.events = self.events, []
+        return out
+
+    def gather(self, timeout_s: float) -> tuple[list[tuple[str, str | None]], dict[str, str]]:
+        """Every registered replica's /metrics text (None where it did not answer in time), and why not."""
+        import ray
+
+        refs = {i: reader.read.remote(timeout_s) for i, (reader, _node) in sorted(self.readers.items())}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s + 1) if refs else ([], [])
+        texts, why = [], {}
+        for i, ref in refs.items():
+            text = None
+            if ref not in ready:
+                why[str(i)] = f"no answer within {timeout_s + 1:.0f}s"
+            else:
+                try:
+                    text = ray.get(ref)
+                except Exception as err:
+                    why[str(i)] = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+            texts.append((str(i), text))
+        return texts, why
+
+
+def exit_words(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name} (exit code {128 - code})"
+        except ValueError:
+            return f"was killed by signal {-code} (exit code {128 - code})"
+    return f"exited with code {code}"
+
+
 class Replica:
     """One instance: its own ``vllm serve`` on this node's loopback, and the proxy in front of it."""
 
@@ -79,12 +240,13 @@ class Replica:
         self.argv = with_host_port(argv, "127.0.0.1", self.port)
         self.proc = subprocess.Popen(self.argv, env=dict(os.environ, RAY_ADDRESS=address), start_new_session=True)
         self.session = None
+        self.index, self.registry, self.reported, self.closing = None, None, False, False
+        self.node = socket.gethostname()
         deadline = time.monotonic() + ready_timeout_s
         url = f"http://127.0.0.1:{self.port}/v1/models"
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the replica's vllm serve exited with code {self.proc.returncode} before it "
-                                   "answered")
+                raise RuntimeError(f"the replica's vllm serve {exit_words(self.proc.returncode)} before it answered")
             try:
                 urllib.request.urlopen(url, timeout=2).close()
                 break
@@ -98,12 +260,58 @@ class Replica:
                 raise RuntimeError(f"the replica's vllm serve did not answer on port {self.port} within "
                                    f"{ready_timeout_s:.0f}s")
             time.sleep(0.5)
-        print(f"gateway replica: vllm serve pid {self.proc.pid} answers on 127.0.0.1:{self.port}", flush=True)
+        self._register()
+        print(f"gateway replica {self.index}: vllm serve pid {self.proc.pid} answers on 127.0.0.1:{self.port}",
+              flush=True)
+        threading.Thread(target=self._watch, name="envlayers-server-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """The server's exit: reported, and this actor ends at once, so Serve stops routing to it and replaces it."""
+        code = self.proc.wait()
+        if self.closing:
+            return
+        self._report(code)
+        self.stop()
+        os._exit(1)
+
+    def _report(self, code: int) -> None:
+        if self.reported or self.registry is None:
+            return
+        self.reported = True  # once; Serve then stops this replica
+        line = (f"ENVLAYERS-ERROR: gateway: replica {self.index} on {self.node}: its vllm serve (pid {self.proc.pid}) "
+                f"{exit_words(code)}; Ray Serve replaces the replica, the others keep serving")
+        print(line, flush=True)
+        try:
+            import ray
+
+            ray.get(self.registry.died.remote(self.index, line), timeout=5)
+        except Exception:  # the gateway's main is gone (the job ends): nothing to tell
+            pass
+
+    def _register(self) -> None:
+        """A reader actor on this node, registered: the index this replica is labelled with in /metrics."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node_id = ray.get_runtime_context().get_node_id()
+        self.reader = ray.remote(MetricsReader).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        ).remote(self.port)
+        self.registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+        self.index = ray.get(self.registry.register.remote(self.reader, self.node, self.proc.pid, self.port))
+
+    async def metrics(self):
+        from starlette.responses import Response
+
+        texts, why = await self.registry.gather.remote(READ_TIMEOUT_S)
+        return Response(merge_expositions(texts, why), status_code=200, headers={"content-type": PROMETHEUS})
 
     async def __call__(self, request):
         import aiohttp
-        from starlette.responses import StreamingResponse
+        from starlette.responses import JSONResponse, StreamingResponse
 
+        if request.method == "GET" and request.url.path.rstrip("/") == "/metrics":
+            return await self.metrics()
         if self.session is None:  # made in the replica's event loop; no pool limit, no timeout
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                                  timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
@@ -111,7 +319,12 @@ class Replica:
         if request.url.query:
             url += "?" + request.url.query
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        upstream = await self.session.request(request.method, url, headers=headers, data=await request.body())
+        try:
+            upstream = await self.session.request(request.method, url, headers=headers, data=await request.body())
+        except aiohttp.ClientConnectionError:  # this replica's server died under the request: the client retries
+            return JSONResponse({"error": {"message": "this gateway replica's server is gone; Ray Serve replaces it, "
+                                                      "retry", "type": "ServiceUnavailable", "code": 503}},
+                                status_code=503, headers={"retry-after": "1"})
 
         async def body():
             try:
@@ -124,10 +337,13 @@ class Replica:
         return StreamingResponse(body(), status_code=upstream.status, headers=out)
 
     def check_health(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the replica's vllm serve exited with code {self.proc.returncode}")
+        code = self.proc.poll()
+        if code is not None and not self.closing:
+            self._report(code)
+            raise RuntimeError(f"the replica's vllm serve {exit_words(code)}")
 
     def stop(self) -> None:
+        self.closing = True
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
@@ -149,6 +365,36 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, server
 
 
+def healthy_count(app) -> int:
+    """Replicas of the deployment Serve reports RUNNING (its health check passes)."""
+    dep = (getattr(app, "deployments", None) or {}).get("vllm")
+    states = getattr(dep, "replica_states", None) or {}
+    return sum(n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING")
+
+
+class Survival:
+    """The job's policy for dying replicas: end only after fewer than ``minimum`` replicas were healthy for
+    longer than ``grace_s``; a recovery resets that clock once it has held for ``RECOVERED_AFTER_S``. Pure."""
+
+    def __init__(self, minimum: int, grace_s: float):
+        self.minimum, self.grace_s = minimum, grace_s
+        self.below_since: float | None = None
+        self.enough_since: float | None = None
+
+    def feed(self, now: float, healthy: int) -> float | None:
+        """Seconds below ``minimum`` once that is past the grace (the job ends), else None."""
+        if healthy >= self.minimum:
+            if self.enough_since is None:
+                self.enough_since = now
+            if now - self.enough_since >= RECOVERED_AFTER_S:
+                self.below_since = None
+            return None
+        self.enough_since = None
+        if self.below_since is None:
+            self.below_since = now
+        return now - self.below_since if now - self.below_since > self.grace_s else None
+
+
 def main(argv: list[str]) -> int:
     opts, server = parse(argv)
     import ray
@@ -156,7 +402,10 @@ def main(argv: list[str]) -> int:
 
     host, port = flag_value(server, "--host", "0.0.0.0"), int(flag_value(server, "--port", "8000"))
     replicas, cap = int(opts["replicas"]), int(opts["max-per-node"])
-    ray.init(address=opts["address"], namespace="envlayers-gateway", logging_level="WARNING")
+    minimum = int(opts.get("min-replicas", "1"))
+    grace_s = float(opts.get("replace-timeout", opts["ready-timeout"]))
+    ray.init(address=opts["address"], namespace=NAMESPACE, logging_level="WARNING")
+    registry = ray.remote(MetricsRegistry).options(name=REGISTRY, namespace=NAMESPACE, num_cpus=0).remote()
     serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port, "request_timeout_s": None})
     deployment = serve.deployment(
         Replica, name="vllm", num_replicas=replicas, max_replicas_per_node=cap, max_ongoing_requests=NO_LIMIT,
@@ -171,15 +420,33 @@ def main(argv: list[str]) -> int:
         say(f"ENVLAYERS-ERROR: gateway: the Serve deployment failed: {str(err).splitlines()[0] if str(err) else err!r}")
         return 1
     say(f"ENVLAYERS-STAGE: gateway: {replicas} replica(s) ready after {time.monotonic() - t0:.1f}s; Serve listens "
-        f"on {host}:{port}")
+        f"on {host}:{port}; GET /metrics answers every replica's metrics; replicas survive a peer (the job ends "
+        f"after {grace_s:.0f}s with fewer than MIN_REPLICAS={minimum} healthy)")
+    policy, last = Survival(minimum, grace_s), replicas
     while True:
         time.sleep(CHECK_EVERY_S)
+        try:
+            for line in ray.get(registry.take_events.remote(), timeout=10):
+                say(line)
+        except Exception as err:  # the registry is the gateway's own actor: report, keep watching Serve
+            say(f"ENVLAYERS-WARN: gateway: the replica registry did not answer: {type(err).__name__}")
         app = serve.status().applications.get(APP)
         status = getattr(app, "status", "MISSING")
         status = str(getattr(status, "value", status))
-        if status != "RUNNING":
+        if status in ("DEPLOY_FAILED", "MISSING", "DELETING"):  # Serve gave up on the application
             message = getattr(app, "message", "") or ""
             say(f"ENVLAYERS-ERROR: gateway: the Serve application is {status}: {message.splitlines()[0] if message else ''}")
+            return 1
+        healthy = healthy_count(app)
+        if healthy != last:
+            say(f"ENVLAYERS-STAGE: gateway: {healthy} of {replicas} replica(s) healthy (Serve application "
+                f"{status}; the job ends after {grace_s:.0f}s below MIN_REPLICAS={minimum})")
+            last = healthy
+        below = policy.feed(time.monotonic(), healthy)
+        if below is not None:
+            say(f"ENVLAYERS-ERROR: gateway: {healthy} of {replicas} replica(s) healthy, fewer than MIN_REPLICAS="
+                f"{minimum} for {below:.0f}s, longer than the {grace_s:.0f}s Serve is given to replace them "
+                "(GATEWAY_REPLACE_TIMEOUT_S): ending the job")
             return 1
 
 

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -139,15 +140,16 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     key_file.chmod(0o600)
     run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
                   STANDIN_TTFT_S="4", layer=f"RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\n"
-                  f"USE_RAY_SERVE=true\nSERVER_API_KEY_FILE={key_file}\n")
+                  f"USE_RAY_SERVE=true\nSERVER_API_KEY_FILE={key_file}\nIDLE_WARN_AFTER_S=3600\n")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
     assert ("ENVLAYERS-TOPOLOGY: shape=gateway nodes=2 gpus_per_node=4 tp=4 pp=1 world=4 instances=2 "
             "max_instances_per_node=1 api_rank=0 port=8000") in text
     assert "ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=1 " in text
-    assert "base URL: http://n1:8000/v1\n" in text and "\nmetrics: " not in text
-    text = run.wait_for(r"^ENVLAYERS-WARN: cannot read the engine's request counters \(the gateway spreads requests "
-                        r"over its replicas, and no one /metrics counts them all\)", timeout_s=30)
+    assert "base URL: http://n1:8000/v1\n" in text and "\nmetrics: http://n1:8000/metrics\n" in text
+    # the gateway's /metrics counts every replica: idle release reads it
+    text = run.wait_for(r"^ENVLAYERS-STAGE: idle release: warn after 3600s without a request \(request counters "
+                        rf"from http://{re.escape(netns_lab.nodes['n1'])}:8000/metrics\)", timeout_s=30)
     served = openai_answers(netns_lab, text, api_key=key)
     base = f"http://{netns_lab.nodes['n1']}:8000/v1"
     with pytest.raises(openai.AuthenticationError):  # each replica's vLLM checks the key behind the gateway
@@ -178,6 +180,12 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     with ThreadPoolExecutor(16) as pool:
         waits = list(pool.map(first_token, range(16)))
     assert None not in waits and max(waits) < 7.5, waits  # STANDIN_TTFT_S=4 once; 8+ if queued behind others
+    # one /metrics for the whole endpoint: both replicas' samples, labelled, the 17 chat requests counted once
+    body = urllib.request.urlopen(f"http://{netns_lab.nodes['n1']}:8000/metrics", timeout=30).read().decode()
+    done = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^vllm:request_success_total\{replica="(\d)",[^}]*\} (\S+)$', body, re.M)}
+    assert set(done) == {"0", "1"} and sum(done.values()) == 17, body
+    assert body.count("# TYPE vllm:request_success_total counter\n") == 1, body
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
     assert_no_ray_left(run)
@@ -233,16 +241,79 @@ def test_a_killed_node_helper_ends_the_job_and_its_guard_stops_that_nodes_ray(ne
     assert_no_ray_left(run)
 
 
-def test_a_replica_whose_server_dies_after_live_ends_the_gateway_job(netns_lab, tmp_path):
+def test_a_gateway_replica_that_keeps_dying_ends_the_job_below_min_replicas(netns_lab, tmp_path):
+    # the replica on n2 (SLURM_PROCID 1) dies 6 s after it answers, and so does every replacement Serve puts
+    # there: with MIN_REPLICAS=2 the endpoint never recovers, and the job ends once the grace is over
     run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00",
-                  STANDIN_CRASH_AFTER_READY_SECONDS="6", STANDIN_RANKS="1",  # the replica on n2 (SLURM_PROCID 1)
+                  STANDIN_CRASH_AFTER_READY_SECONDS="6", STANDIN_RANKS="1",
+                  layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n"
+                        "MIN_REPLICAS=2\nGATEWAY_REPLACE_TIMEOUT_S=20\n")
+    run.submit()
+    text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=300)
+    assert BANNER in text  # it was live first
+    assert "ENVLAYERS-TOPOLOGY: gateway survival: min_replicas=2 replace_timeout=20s " in text
+    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 exited with code 1 after the endpoint was live", text, re.M), text
+    log = (run.run_dir / "server-0.log").read_text()
+    assert re.search(r"^ENVLAYERS-ERROR: gateway: replica [01] on n2: its vllm serve \(pid \d+\) exited with code "
+                     r"\d+; Ray Serve replaces the replica", log, re.M), log
+    assert re.search(r"^ENVLAYERS-ERROR: gateway: [01] of 2 replica\(s\) healthy, fewer than MIN_REPLICAS=2 for "
+                     r"\d+s, longer than the 20s Serve is given to replace them \(GATEWAY_REPLACE_TIMEOUT_S\): ending the job",
+                     log, re.M), log
+    assert re.search(r"^ENVLAYERS-ERROR: gateway: [01] of 2 replica\(s\) healthy, fewer than MIN_REPLICAS=2", text,
+                     re.M), text  # in the job output too
+    assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
+    assert_no_ray_left(run)
+
+
+def test_a_gateway_replica_whose_engine_is_killed_is_replaced_while_the_other_keeps_answering(netns_lab, tmp_path):
+    run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
                   layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n")
     run.submit()
-    text = run.wait_for(r"^ENVLAYERS-STAGE: ending job", timeout_s=240)
-    assert BANNER in text  # it was live first
-    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 exited with code 1 after the endpoint was live", text, re.M), text
-    assert "ENVLAYERS-ERROR: gateway: the Serve application is UNHEALTHY: The deployments ['vllm'] are UNHEALTHY" in text
-    assert run.state(timeout_s=60) in ("FAILED", "COMPLETED")
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
+    served = openai_answers(netns_lab, text)
+    (victim,) = [e for e in ray_records(run) if e["hostname"] == "n2"]
+    # the official client as users run it (its default retries), asked without a pause from the kill until
+    # the replacement answers; every request must be answered
+    client = openai.OpenAI(base_url=f"http://{netns_lab.nodes['n1']}:8000/v1", api_key="EMPTY", timeout=30)
+    os.kill(victim["pid"], signal.SIGKILL)
+    t0, asked, log = time.monotonic(), 0, ""
+    replaced = re.compile(r"^ENVLAYERS-STAGE: gateway: replica ([01]) on n2 replaced: its new vllm serve \(pid (\d+)\) "
+                          r"answers", re.M)
+    while time.monotonic() - t0 < 180:
+        reply = client.chat.completions.create(model=served, max_tokens=4,
+                                               messages=[{"role": "user", "content": f"Say {asked}."}])
+        assert reply.choices[0].message.content, reply
+        asked += 1
+        log = (run.run_dir / "server-0.log").read_text()
+        if replaced.search(log):
+            break
+    assert replaced.search(log), log
+    died = re.search(rf"^ENVLAYERS-ERROR: gateway: replica ([01]) on n2: its vllm serve \(pid {victim['pid']}\) was "
+                     r"killed by SIGKILL \(exit code 137\); Ray Serve replaces the replica, the others keep serving$",
+                     log, re.M)
+    assert died and died.group(1) == replaced.search(log).group(1), log  # the replacement takes the dead one's label
+    new_pid = int(replaced.search(log).group(2))
+    # the job output says it too, as it happens
+    out = run.wait_for(r"^ENVLAYERS-STAGE: gateway: replica [01] on n2 replaced: ", timeout_s=30)
+    assert re.search(rf"^ENVLAYERS-ERROR: gateway: replica [01] on n2: its vllm serve \(pid {victim['pid']}\) was "
+                     r"killed by SIGKILL", out, re.M), out
+    assert [e["pid"] for e in ray_records(run) if e["hostname"] == "n2"] == [victim["pid"], new_pid]
+    # the replacement serves: both replicas' samples are in the gateway's /metrics again, and the job lives on
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        body = urllib.request.urlopen(f"http://{netns_lab.nodes['n1']}:8000/metrics", timeout=30).read().decode()
+        if "did not answer" not in body and {"0", "1"} <= set(re.findall(r'replica="(\d)"', body)):
+            break
+        time.sleep(1)
+    assert "did not answer" not in body and {"0", "1"} <= set(re.findall(r'replica="(\d)"', body)), body
+    for i in range(4):
+        assert client.chat.completions.create(model=served, max_tokens=4,
+                                              messages=[{"role": "user", "content": f"Again {i}."}]).choices
+    assert netns_lab.job_info(run.job_id)["JobState"] == "RUNNING"
+    print(f"{asked} request(s) answered between the kill and the replacement, "
+          f"{time.monotonic() - t0:.1f}s")
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
     assert_no_ray_left(run)
 
 

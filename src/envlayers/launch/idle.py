@@ -28,7 +28,7 @@ METRIC_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sglang": (("sglang:num_requests_total",), ("sglang:num_running_reqs", "sglang:num_queue_reqs")),
 }
 
-_SAMPLE_RE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_SAMPLE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')  # "}" may be in a value
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

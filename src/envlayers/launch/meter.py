@@ -5,13 +5,15 @@ pass of the supervision loop (``tick``). Before the endpoint is live it notes th
 which every rank had started and at which rank 0's log entered each startup phase. Once live it reads
 the engines' ``/metrics`` every ``SAMPLE_EVERY_S`` (a tenth of a shorter ``IDLE_STOP_AFTER_S``), feeds an :class:`~envlayers.launch.idle.IdleTracker`,
 prints the ``IDLE_WARN_AFTER_S`` warning and raises :class:`IdleStop` after ``IDLE_STOP_AFTER_S``
-without a request. It keeps ``accounting.json`` in the run directory up to date (atomically, every
+without a request. In the gateway shape it also says, once live, the gateway's own lines from rank 0's
+log (a replica died, was replaced, too few are healthy). It keeps ``accounting.json`` in the run directory up to date (atomically, every
 ``WRITE_EVERY_S`` and at the end) so ``status`` shows the split while the job runs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from typing import Callable, Mapping
@@ -24,6 +26,8 @@ SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a li
 MIN_SAMPLE_EVERY_S = 0.5
 WRITE_EVERY_S = 10.0
 IDLE_KEYS = ("IDLE_STOP_AFTER_S", "IDLE_WARN_AFTER_S")
+_REPLICA_RE = re.compile(r'^[A-Za-z_:][A-Za-z0-9_:]*\{replica="([^"]*)"')  # the gateway's label, first
+GATEWAY_LINES = tuple(f"ENVLAYERS-{kind}: gateway: " for kind in ("ERROR", "WARN", "STAGE"))
 
 
 class IdleStop(Exception):
@@ -78,6 +82,9 @@ class Meter:
         self.next_write = 0.0
         self._phase_tracker = None
         self._log_pos = 0
+        self._partial = b""  # the gateway's log after live: an unfinished last line
+        self._replicas: dict[str, Counters] = {}  # the gateway: each replica's last counters
+        self._finished_before = 0.0  # the gateway: requests finished by replicas replaced since
         # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
@@ -122,6 +129,8 @@ class Meter:
             self.next_sample = now
             self._first_sample(now)
             return
+        if self.lp.plan.shape == "gateway":
+            self._relay_gateway()
         if now >= self.next_sample:
             self.next_sample = now + self.sample_every_s
             for decision in self.tracker.feed(now, self.sample()):
@@ -140,27 +149,66 @@ class Meter:
             self.next_write = now + WRITE_EVERY_S
             self.write(final=False)
 
+    def _relay_gateway(self) -> None:
+        """Once live, the gateway's own lines in rank 0's log (a replica died, was replaced; too few
+        healthy) are said in the job output too, as they come."""
+        try:
+            with open(self.lp.run_dir / "server-0.log", "rb") as fh:
+                fh.seek(self._log_pos)
+                chunk = fh.read(1 << 20)
+        except FileNotFoundError:
+            return
+        self._log_pos += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line.startswith(GATEWAY_LINES):
+                self.say(line)
+
     def sample(self) -> Counters | None:
-        """The request counters summed over every serving rank; None when one of them cannot be read."""
+        """The request counters summed over every serving rank; None when one of them cannot be read. The
+        gateway's one /metrics holds every replica's samples, each labelled ``replica``: see :meth:`_gateway`."""
         if not self.lp.metrics:
             return None
         total = None
         for url in metrics_urls(self.lp):
             text = self.fetch(url, self.api_key)
-            counters = read_counters(self.engine, text) if text is not None else None
+            if text is not None and self.lp.plan.shape == "gateway":
+                counters = self._gateway(text)
+            else:
+                counters = read_counters(self.engine, text) if text is not None else None
             if counters is None:
                 return None
             total = counters if total is None else Counters(total.finished + counters.finished,
                                                             total.in_flight + counters.in_flight)
         return total
 
+    def _gateway(self, text: str) -> Counters | None:
+        """The gateway's counters, read per replica so the total never goes back: a replica that did not
+        answer counts with what it last said, and one whose counter restarted (Serve replaced it, with a
+        new server) keeps what the old one had finished."""
+        per: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            m = _REPLICA_RE.match(line)
+            if m:
+                per.setdefault(m.group(1), []).append(line)
+        seen = {r: read_counters(self.engine, "\n".join(lines)) for r, lines in per.items()}
+        seen = {r: c for r, c in seen.items() if c is not None}
+        if not seen and not self._replicas:
+            return None
+        for r, c in seen.items():
+            before = self._replicas.get(r)
+            if before is not None and c.finished < before.finished:  # a new server behind this label
+                self._finished_before += before.finished
+            self._replicas[r] = c
+        finished = self._finished_before + sum(c.finished for c in self._replicas.values())
+        return Counters(finished, sum(c.in_flight for r, c in self._replicas.items() if r in seen))
+
     def _first_sample(self, now: float) -> None:
         first = self.sample()
         self.tracker.feed(now, first)
         if first is None:
-            why = ("the gateway spreads requests over its replicas, and no one /metrics counts them all"
-                   if self.lp.plan.shape == "gateway" else
-                   "SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
+            why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
                    else f"no request counters at {', '.join(metrics_urls(self.lp))}")
             what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
             self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")

@@ -227,5 +227,5 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
                       tuple(lines), files,
-                      # the gateway spreads requests over replicas: its /metrics is one replica's, not the total
-                      metrics=(sglang_metrics_enabled(keys) if engine == "sglang" else True) and plan.shape != "gateway")
+                      # the gateway answers /metrics itself, with every replica's samples (gateway_app.py)
+                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True)

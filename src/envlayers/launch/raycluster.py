@@ -9,7 +9,9 @@ and Ray but not envlayers.
 
 Launch keys (docs/keys.md): ``RAY_PORT_BASE`` (the fixed Ray ports, one block of 1000 from it),
 ``RAY_NUM_CPUS`` (``--num-cpus`` of every Ray node), ``RAY_JOIN_TIMEOUT_S`` (how long the head waits
-for every node). The head's own port is ``RDZV_PORT`` (the plan's rendezvous port, scanned upward for
+for every node), and for the gateway ``MIN_REPLICAS`` (the replicas that must stay healthy, default 1)
+and ``GATEWAY_REPLACE_TIMEOUT_S`` (how long fewer may be healthy while Serve replaces them; default the
+readiness budget). The head's own port is ``RDZV_PORT`` (the plan's rendezvous port, scanned upward for
 a free one on the head node).
 """
 
@@ -89,6 +91,12 @@ def join_timeout_s(env: Mapping[str, str]) -> int:
                   empty_ok=False)
 
 
+def replace_timeout_s(env: Mapping[str, str], budget_s: int) -> int:
+    """``GATEWAY_REPLACE_TIMEOUT_S``: seconds the gateway runs with fewer than MIN_REPLICAS healthy replicas
+    while Serve replaces them; absent -> the readiness budget (a new replica starts a new server)."""
+    return _whole(env, "GATEWAY_REPLACE_TIMEOUT_S", budget_s, "a positive number of seconds", empty_ok=False)
+
+
 def check_ports(env: Mapping[str, str], plan) -> None:
     """The plan's own ports (the service, the Ray head) must lie outside the Ray port block."""
     base = port_base(env)
@@ -150,6 +158,10 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     address = f"{head_ip}:{plan.rdzv_port}"
     timeout = join_timeout_s(env)
     node = str(run_dir / NODE_FILE)
+    if plan.shape == "gateway":
+        from .replicas import min_replicas
+
+        minimum, grace = min_replicas(env, plan.replicas), replace_timeout_s(env, budget_s)
     common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes)]
     out: list[tuple[str, list[str]]] = []
     for rank in range(plan.nodes):
@@ -159,7 +171,8 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
             if plan.shape == "gateway":
                 words += [PYTHON, str(run_dir / GATEWAY_FILE), "--address", address,
                           "--replicas", str(plan.replicas), "--max-per-node", str(gateway_cap(plan)),
-                          "--served", served, "--ready-timeout", str(budget_s), "--"]
+                          "--served", served, "--ready-timeout", str(budget_s), "--min-replicas", str(minimum),
+                          "--replace-timeout", str(grace), "--"]
         else:
             words.append("--")
         out.append(("# a Ray node (raynode.py): Ray first, then the command after its last --", words))
@@ -170,6 +183,9 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
         lines.append(f"ENVLAYERS-TOPOLOGY: gateway port={plan.api_port} replicas={plan.replicas} "
                      f"max_replicas_per_node={gateway_cap(plan)} (Ray Serve; each replica runs rank 0's vllm serve "
                      "on a free loopback port and proxies to it)")
+        lines.append(f"ENVLAYERS-TOPOLOGY: gateway survival: min_replicas={minimum} replace_timeout={grace}s "
+                     "(a replica whose server dies is replaced by Serve; the job ends after replace_timeout with "
+                     "fewer than min_replicas healthy)")
     return out, lines
 
 
