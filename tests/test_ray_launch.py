@@ -251,7 +251,9 @@ def test_every_process_the_node_started_is_recorded_and_stopped_by_pid(tmp_path,
         log = tmp_path / "server-3.log"
         while time.monotonic() < deadline and not (log.exists() and "its guard" in log.read_text()):
             time.sleep(0.1)
-        assert "ENVLAYERS-STAGE: ray: the node helper was killed; its guard stopped 3 process(es)" in log.read_text()
+        # bash may already be gone by then (the kernel ends the helper's direct child with it): 2 or 3
+        assert re.search(r"ENVLAYERS-STAGE: ray: the node helper was killed; its guard stopped [23] process\(es\)",
+                         log.read_text()), log.read_text()
     else:
         assert "ENVLAYERS-STAGE: ray node of rank 3 stopped: none of the 3 process(es) it started is left" in proc.stdout
 
