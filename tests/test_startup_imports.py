@@ -66,10 +66,13 @@ def env(tmp_path):
 
 @pytest.mark.parametrize("args", [
     pytest.param(["render", "experiment:glm53"], id="render"),
-    pytest.param(["serve", "--model", "glm53", "--dry-run"], id="dry-run"),
-    pytest.param(["serve", "--model", "qwen38", "--dry-run", "--json"], id="dry-run-json"),
+    pytest.param(["render", "experiment:glm53", "-o", "{tmp}/render.sh"], id="render-to-a-file"),
+    pytest.param(["serve", "--model", "glm53", "--dry-run"], id="dry-run-sglang-pipeline"),
+    pytest.param(["serve", "--model", "oss120b", "--dry-run", "--json"], id="dry-run-vllm-json"),
+    pytest.param(["serve", "--model", "oss20bdp", "--dry-run"], id="dry-run-vllm-data-parallel"),
 ])
-def test_a_warm_start_imports_none_of_the_heavy_modules(env, args):
+def test_a_warm_start_imports_none_of_the_heavy_modules(env, args, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     cold = heavy_imports(args, env)  # fills the parse caches
     assert any(c.startswith("yaml") for c in cold), cold  # the probe sees an import the command makes
     assert heavy_imports(args, env) == []
