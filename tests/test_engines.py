@@ -500,3 +500,13 @@ def test_every_catalog_render_builds_or_is_refused_with_a_reason(path):
         if cmd.argv[:2] == ("ray", "start"):  # a Ray worker rank (ray, gateway shapes) runs no server
             continue
         assert cmd.argv[cmd.argv.index("--port") + 1] == str(p.api_port)
+
+
+def test_a_rank_command_without_env_has_an_empty_dict_of_its_own():
+    from envlayers.engines import RankCommand
+
+    a, b = RankCommand(("vllm", "serve")), RankCommand(argv=("vllm", "serve"))
+    assert a == b and a.env == {} and a.env is not b.env
+    a.env["X"] = "1"
+    assert b.env == {}
+    assert a._replace(env={}, key_env=None) == RankCommand(("vllm", "serve"), {})

@@ -365,6 +365,12 @@ def test_job_submission_plan_is_the_topology_plan(edf_dir):
     assert type(job) is JobSubmission and isinstance(job.plan, Plan)
 
 
+def test_job_submissions_of_the_same_target_are_equal(edf_dir):
+    job, again = (prepare(REPO, "qwen38", python=PY, environ=edf_dir) for _ in range(2))
+    assert job == again and job is not again and job != prepare(REPO, "oss120b", python=PY, environ=edf_dir)
+    assert repr(job).startswith("JobSubmission(target='experiment:qwen38', sbatch_args=['--nodes=1'")
+
+
 # -- start-up: the dry run renders the job script without a template engine ---------------------------
 
 def test_the_dry_run_does_not_import_jinja2(tmp_path, edf_dir):

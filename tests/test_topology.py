@@ -409,3 +409,23 @@ def test_a_plan_uses_every_gpu_or_fits_its_node_or_is_refused(nodes, gpn, tp, pp
     else:
         assert p.shape == "single" and nodes == 1 and tp * pp <= gpn
     assert p.gpus_used <= nodes * gpn
+
+
+def test_a_plan_is_an_immutable_value_whatever_its_reason_says():
+    import pickle
+
+    p = plan(keys(nodes=2, gpn=4, tp=8))
+    assert p.reason and p.derived
+    said_otherwise = p._replace(reason="another reason", derived=())
+    assert said_otherwise == p and hash(said_otherwise) == hash(p) and said_otherwise.reason == "another reason"
+    moved = p._replace(rdzv_port=p.rdzv_port + 1)
+    assert moved != p and moved.rdzv_port == p.rdzv_port + 1 and moved.ranks == p.ranks
+    back = pickle.loads(pickle.dumps(p))
+    assert back == p and (back.reason, back.derived) == (p.reason, p.derived)
+    assert repr(p).startswith("Plan(shape='ray', nodes=2, gpus_per_node=4, tp=8, pp=1, replicas=1, ranks=(")
+    assert repr(p).endswith(f"reason={p.reason!r}, derived={p.derived!r})")
+    with pytest.raises(AttributeError):
+        p.tp = 4
+    with pytest.raises(TypeError):
+        p._replace(no_such_field=1)
+    assert p.tp == 8

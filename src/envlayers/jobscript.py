@@ -13,12 +13,10 @@ only shell text this module built from checked names), and a value placed withou
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
@@ -41,19 +39,39 @@ _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-@dataclass
 class JobSubmission:
-    target: str
-    sbatch_args: list[str]
-    script: str
-    plan: Plan
-    rank_lines: list[str]
-    topology: list[str]
-    edf: str
-    ready_timeout_s: int
-    warnings: list[str] = field(default_factory=list)
-    blockers: list[str] = field(default_factory=list)  # shown by a dry run, refuse a real submission
-    reasons: list[str] = field(default_factory=list)  # why the shape (topology.reason_lines)
+    """One prepared job: the sbatch arguments, the script, the plan, the rank lines and what to tell the user.
+
+    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the shape:
+    topology.reason_lines) are lists of their own when left out. Equal when every field is.
+    """
+
+    _FIELDS = ("target", "sbatch_args", "script", "plan", "rank_lines", "topology", "edf", "ready_timeout_s",
+                 "warnings", "blockers", "reasons")
+
+    def __init__(self, target: str, sbatch_args: list[str], script: str, plan: Plan, rank_lines: list[str],
+                 topology: list[str], edf: str, ready_timeout_s: int, warnings: list[str] | None = None,
+                 blockers: list[str] | None = None, reasons: list[str] | None = None) -> None:
+        self.target = target
+        self.sbatch_args = sbatch_args
+        self.script = script
+        self.plan = plan
+        self.rank_lines = rank_lines
+        self.topology = topology
+        self.edf = edf
+        self.ready_timeout_s = ready_timeout_s
+        self.warnings = [] if warnings is None else warnings
+        self.blockers = [] if blockers is None else blockers
+        self.reasons = [] if reasons is None else reasons
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self._FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return self._values() == other._values() if other.__class__ is self.__class__ else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"JobSubmission({', '.join(f'{name}={getattr(self, name)!r}' for name in self._FIELDS)})"
 
     def submit_command(self) -> str:
         return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
@@ -321,7 +339,7 @@ def _podman_lines(s, text: Mapping[str, str], plan: Plan, commands, rank_lines: 
         assigned = " ".join(f"{k}={engines.quote(v)}" for k, v in sorted(cmd.env.items()))
         if cmd.key_env:
             assigned += f" {cmd.key_env}='***'"
-        engine_only = engines.shell_line(dataclasses.replace(cmd, env={}, key_env=None))
+        engine_only = engines.shell_line(cmd._replace(env={}, key_env=None))
         out.append(" ".join(w for w in (assigned.strip(), " ".join(engines.quote(w) for w in words), engine_only) if w))
     return out
 

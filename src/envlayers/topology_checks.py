@@ -9,9 +9,9 @@ Pure; :mod:`envlayers.topology` decides the shape from what this module parses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from envlayers.errors import TopologyError
+from envlayers.records import NamedTuple
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
@@ -140,8 +140,7 @@ def use_ray_serve(env: Mapping[str, str]) -> bool:
 # --------------------------------------------------------------------------- derivation
 
 
-@dataclass(frozen=True)
-class Parallelism:
+class Parallelism(NamedTuple):
     """TP and PP per instance, and which of them the planner derived (``None``: the user's value)."""
 
     tp: int

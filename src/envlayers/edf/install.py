@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EdfError
+from ..records import NamedTuple
 from .images import _image_state, fetch_command
 from .render import _document, written_by_envlayers
 from .schema import VARIANTS, load_catalog
@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 _TMP_PREFIX = ".envlayers-tmp-"
 
 
-@dataclass(frozen=True)
-class InstallResult:
+class InstallResult(NamedTuple):
     """What ``install`` did with one EDF, and whether its image is on disk."""
 
     name: str

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
 
 from envlayers.errors import EnvLayersError
+from envlayers.records import NamedTuple
 from envlayers.topology import Plan, RankPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
@@ -41,20 +41,29 @@ class EngineError(EnvLayersError):
     """A launch key the engine command cannot be built from."""
 
 
-@dataclass(frozen=True)
-class RankCommand:
+class _RankCommandFields(NamedTuple):
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    key_env: str | None = None
+    key_flag: str | None = None
+
+
+class RankCommand(_RankCommandFields):
     """The server command of one rank: ``argv`` as exec'd, ``env`` assigned on the command.
 
     The API key itself is never part of it: ``key_env`` names the variable the engine reads
     the key from (vLLM: ``VLLM_API_KEY``), ``key_flag`` the flag it must be given on the
     command line instead (SGLang: ``--api-key``, appended after ``argv``). ranks.sh fills
     either in from the rank's ``SERVER_API_KEY`` at run time.
+
+    A named tuple (``_replace`` for a changed copy); ``env`` left out is a new empty dict of its own.
     """
 
-    argv: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    key_env: str | None = None
-    key_flag: str | None = None
+    __slots__ = ()
+
+    def __new__(cls, argv: tuple[str, ...], env: dict[str, str] | None = None, key_env: str | None = None,
+                key_flag: str | None = None) -> RankCommand:
+        return super().__new__(cls, argv, {} if env is None else env, key_env, key_flag)
 
 
 # --------------------------------------------------------------------------- key helpers

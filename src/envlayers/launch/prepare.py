@@ -128,8 +128,6 @@ def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
     """The first port from ``RDZV_PORT`` up (at most ``span`` ports) that is free on the head node and is
     neither the API port nor the data-parallel port; the plan carries it, and a line says so when it
     moved. Raises LaunchFailure when none of them is free."""
-    import dataclasses
-
     if plan.shape not in RDZV_SHAPES or plan.nodes < 2:
         return plan, []
     start = plan.rdzv_port
@@ -140,7 +138,7 @@ def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
                 return plan, []
             line = (f"ENVLAYERS-TOPOLOGY: rdzv_port={port} (RDZV_PORT={start} is in use on the head node; the first "
                     f"free port above it)")
-            return dataclasses.replace(plan, rdzv_port=port), [line]
+            return plan._replace(rdzv_port=port), [line]
     last = min(start + span, 65536) - 1
     raise LaunchFailure(f"no free rendezvous port on the head node in {start}-{last} (RDZV_PORT and the {span - 1} "
                         "ports above it are in use); set RDZV_PORT to a free range in your SERVE_ENV_FILE")
