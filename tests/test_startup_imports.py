@@ -70,6 +70,8 @@ def env(tmp_path):
     pytest.param(["serve", "--model", "glm53", "--dry-run"], id="dry-run-sglang-pipeline"),
     pytest.param(["serve", "--model", "oss120b", "--dry-run", "--json"], id="dry-run-vllm-json"),
     pytest.param(["serve", "--model", "oss20bdp", "--dry-run"], id="dry-run-vllm-data-parallel"),
+    pytest.param(["serve", "--model", "llama405bray", "--dry-run"], id="dry-run-vllm-ray"),
+    pytest.param(["serve", "--model", "llama405bgateway", "--dry-run"], id="dry-run-vllm-gateway"),
 ])
 def test_a_warm_start_imports_none_of_the_heavy_modules(env, args, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

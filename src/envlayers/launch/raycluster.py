@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from importlib import resources
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from ..errors import EnvLayersError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
 
 RAY_SHAPES = ("ray", "gateway")
 NODE_FILE = "raynode.py"
@@ -191,6 +193,8 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
 
 def files(shape: str) -> dict[str, str]:
     """The scripts the ranks run, by run-dir file name: the node helper, and the Serve app (gateway)."""
+    from importlib import resources  # in the job only: it imports typing
+
     pkg = resources.files("envlayers")
     out = {NODE_FILE: (pkg / "launch" / "raynode.py").read_text(encoding="utf-8")}
     if shape == "gateway":
