@@ -172,6 +172,46 @@ def test_once_live_the_meter_says_the_gateways_replica_lines_from_rank_zeros_log
     assert said[-1] == "ENVLAYERS-STAGE: gateway: replica 1 on n2 replaced: its new vllm serve (pid 10) answers on 127.0.0.1:5"
 
 
+def test_status_and_wait_show_the_gateways_healthy_replicas_and_their_last_events(tmp_path):
+    import json
+
+    from envlayers.cli.serving_format import replica_lines
+    from envlayers.launch.meter import Meter
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    lp = prepare(GATEWAY, alloc(tmp_path))
+    bodies = iter([VLLM % {"running": 0, "stop": 1}] * 10)
+    meter = Meter(lp, {}, lambda line: None, clock=lambda: 0.0, wall=lambda: 1e9, fetch=lambda *a, **k: next(bodies))
+    (tmp_path / "endpoint.json").write_text(json.dumps({"job_id": "7", "base_urls": ["http://n1:8000/v1"]}))
+    log = tmp_path / "server-0.log"
+    log.write_text("")
+    meter.tick(0.0, 2, True)
+    healthy = ("ENVLAYERS-STAGE: gateway: {} of 2 replica(s) healthy (Serve application {}; the job ends after "
+               "600s below MIN_REPLICAS=1)\n")
+    with log.open("a") as fh:
+        fh.write(healthy.format(2, "RUNNING") + "ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) "
+                 "was killed by SIGKILL (exit code 137); Ray Serve replaces the replica\n"
+                 + healthy.format(1, "UNHEALTHY"))
+    meter.tick(1.0, 2, True)
+    data = json.loads((tmp_path / "endpoint.json").read_text())
+    assert data["job_id"] == "7" and data["gateway"]["healthy"] == 1 and data["gateway"]["serve_status"] == "UNHEALTHY"
+    assert replica_lines(data) == [
+        ("replicas", "1 of 2 healthy behind the gateway (Ray Serve replaces one that dies); the job ends after 600s "
+                     "below MIN_REPLICAS=1"),
+        ("replica", "replica 1 on n2: its vllm serve (pid 9) was killed by SIGKILL (exit code 137); Ray Serve "
+                    "replaces the replica")]
+    events = [f"ENVLAYERS-STAGE: gateway: replica {i} on n1 replaced: its new vllm serve (pid {i}) answers\n"
+              for i in range(7)]
+    with log.open("a") as fh:
+        fh.write("".join(events) + healthy.format(2, "RUNNING"))
+    meter.tick(2.0, 2, True)
+    data = json.loads((tmp_path / "endpoint.json").read_text())
+    assert data["gateway"]["healthy"] == 2 and len(data["gateway"]["events"]) == 5  # the latest five
+    assert data["gateway"]["events"][-1] == "replica 6 on n1 replaced: its new vllm serve (pid 6) answers"
+    assert replica_lines({"base_urls": []}) == []  # no gateway record, no replicas: nothing to say
+
+
 def test_the_meter_reads_the_gateway_per_replica_so_its_total_never_goes_back(tmp_path):
     from envlayers.launch.meter import Meter
     from envlayers.launch.prepare import prepare

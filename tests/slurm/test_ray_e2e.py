@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from labtools import processes_mentioning
-from test_serve_e2e import BANNER, STANDIN, Run
+from test_serve_e2e import BANNER, REPO, STANDIN, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]'); the test command installs it")
@@ -310,6 +311,18 @@ def test_a_gateway_replica_whose_engine_is_killed_is_replaced_while_the_other_ke
         assert client.chat.completions.create(model=served, max_tokens=4,
                                               messages=[{"role": "user", "content": f"Again {i}."}]).choices
     assert netns_lab.job_info(run.job_id)["JobState"] == "RUNNING"
+    # status says it in words: how many replicas Serve reports healthy, and what happened to the one that died
+    deadline, shown = time.monotonic() + 30, ""
+    while time.monotonic() < deadline:
+        shown = subprocess.run([sys.executable, "-m", "envlayers", "status", run.job_id, "--no-probe"], cwd=run.dir,
+                               env=dict(run.env, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True,
+                               timeout=60).stdout
+        if "2 of 2 healthy behind the gateway" in shown:
+            break
+        time.sleep(1)
+    assert re.search(r"replicas: +2 of 2 healthy behind the gateway \(Ray Serve replaces one that dies\)", shown), shown
+    assert re.search(rf"replica: +replica [01] on n2: its vllm serve \(pid {victim['pid']}\) was killed by SIGKILL",
+                     shown), shown
     print(f"{asked} request(s) answered between the kill and the replacement, "
           f"{time.monotonic() - t0:.1f}s")
     netns_lab.cancel(run.job_id)

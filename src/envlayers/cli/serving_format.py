@@ -26,12 +26,14 @@ def gpu_hours_lines(acct: dict | None) -> list[str]:
 
 
 def replica_lines(ep: dict) -> list[tuple[str, str]]:
-    """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica."""
+    """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica;
+    for the gateway shape, how many Ray Serve reports healthy and the replicas' latest events."""
+    from ..launch.gatewaystate import gateway_lines
     from ..launch.replicas import replica_rows
 
     rows = replica_rows(ep)
     if not rows:
-        return []
+        return gateway_lines(ep)
     alive = [r for r in rows if r.get("alive")]
     out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
         f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "

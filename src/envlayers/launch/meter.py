@@ -19,6 +19,7 @@ import urllib.request
 from typing import Callable, Mapping
 
 from ..fsutil import atomic_write
+from .gatewaystate import GatewayState
 from .idle import Counters, IdleTracker, read_counters
 from .prepare import LaunchFailure, LaunchPlan
 
@@ -85,6 +86,7 @@ class Meter:
         self._partial = b""  # the gateway's log after live: an unfinished last line
         self._replicas: dict[str, Counters] = {}  # the gateway: each replica's last counters
         self._finished_before = 0.0  # the gateway: requests finished by replicas replaced since
+        self._gateway_state = GatewayState()  # the gateway: replicas healthy and their events, for status
         # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
@@ -160,10 +162,20 @@ class Meter:
             return
         self._log_pos += len(chunk)
         *lines, self._partial = (self._partial + chunk).split(b"\n")
+        changed = False
         for raw in lines:
             line = raw.decode("utf-8", "replace").rstrip()
             if line.startswith(GATEWAY_LINES):
                 self.say(line)
+                changed = self._gateway_state.feed(line) or changed
+        if changed:  # status and wait show it from endpoint.json, which the launcher wrote once live
+            path = self.lp.run_dir / "endpoint.json"
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return
+            data["gateway"] = self._gateway_state.record
+            atomic_write(path, json.dumps(data, indent=2) + "\n")
 
     def sample(self) -> Counters | None:
         """The request counters summed over every serving rank; None when one of them cannot be read. The
