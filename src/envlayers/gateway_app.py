@@ -1,8 +1,7 @@
 """The Ray Serve gateway of the ``gateway`` shape: one endpoint in front of NUMBER_OF_INSTANCES vLLM servers.
 
-Runs only inside a job, on node 0, after every node joined the Ray cluster (launch/raynode.py starts it);
-the launcher copies this file into the run directory, so the ranks need Ray Serve but not envlayers.
-Nothing imports it outside the job.
+Runs inside a job only, on node 0, once every node joined the Ray cluster (launch/raynode.py starts it),
+from the run directory: the ranks need Ray Serve, not envlayers.
 
     python3 gateway_app.py --address HEAD:PORT --replicas N --max-per-node C --served NAME \\
                            --ready-timeout S [--min-replicas M] [--replace-timeout R] \\
@@ -12,8 +11,8 @@ One Serve deployment with N replicas, at most C on a node (the instances a node'
 replica starts its own copy of the ``vllm serve`` command after ``--`` (the Ray executor joins the
 same cluster through RAY_ADDRESS), on a free port of its node's loopback, waits until it answers, and
 then proxies every request to it, streaming the answer back. Serve's HTTP proxy listens on the
-command's ``--host``/``--port`` on the head node, so clients see one endpoint. The gateway adds no
-limit of its own: no request timeout, no cap on requests in flight or queued, no connection-pool limit.
+command's ``--host``/``--port`` on the head node: one endpoint, with no limit of the gateway's own (no
+request timeout, no cap on requests in flight or queued, no connection-pool limit).
 
 ``GET /metrics`` is answered by the gateway itself: every replica's metrics in one Prometheus text
 exposition, each sample labelled ``replica="<i>"`` (:func:`merge_expositions`). No node can reach
