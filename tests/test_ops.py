@@ -633,6 +633,34 @@ def test_stop_fails_when_a_successor_does_not_end(fake, tmp_path, monkeypatch):
     assert res.exit_code == 1 and not data["ok"] and not data["successors"][0]["ended"]
 
 
+def test_stop_of_a_chain_goes_on_when_slurm_cannot_say_of_a_successor(fake, tmp_path, monkeypatch):
+    run_dir = make_job(tmp_path, "630")
+    # Slurm cannot say of 631; '../x' after it is not a job id: the walk ends there
+    (run_dir / "chain.json").write_text(json.dumps({"predecessor": None, "successor": "631"}))
+    (run_dir.parent / "631").mkdir()
+    (run_dir.parent / "631" / "chain.json").write_text(json.dumps({"successor": "../x"}))
+    fake.states.update({"630": ["RUNNING"]})
+    monkeypatch.setattr(readiness, "probe", _no_answer)
+    from envlayers.errors import EnvLayersError
+    from envlayers.ops import stop as stop_module
+
+    real_find = stop_module.find_job
+
+    def find_job(job_id, **kw):  # Slurm stops answering for the successor only
+        if job_id == "631":
+            raise EnvLayersError("scontrol show job 631: Unable to contact slurm controller")
+        return real_find(job_id, **kw)
+
+    monkeypatch.setattr(stop_module, "find_job", find_job)
+    res = invoke("stop", "630")
+    assert fake.cancelled == ["630"]  # the job asked for is stopped all the same
+    assert res.exit_code == 1 and "job 631: NOT stopped: " in res.stderr, res.output
+    assert res.stdout.splitlines()[-1] == "job 630: stopped"
+    from envlayers.access.chain import chain_links
+
+    assert [j for j, _ in chain_links("630", run_dir)] == ["630", "631"]
+
+
 def _fast_stop(real):
     def stop_job(*args, **kw):
         return real(*args, probe_window_s=0.2, poll_s=0.05, **kw)

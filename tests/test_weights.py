@@ -155,3 +155,17 @@ def test_serve_refuses_in_one_line_before_sbatch(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"`HF_HOME={tmp_path / 'hf'} hf download {QWEN}`" in proc.stderr
+
+
+def test_a_cache_that_cannot_be_read_is_a_warning_naming_the_setting(tmp_path):
+    # root reads any mode, so the unreadable folder here is a symbolic-link loop (ELOOP), an OSError all the same
+    hf = tmp_path / "hf"
+    repo = hf / "hub" / "models--Qwen--Qwen3.8-27B-FP8"
+    repo.mkdir(parents=True)
+    (repo / "snapshots").symlink_to(repo / "snapshots")
+    j = job(tmp_path, f"HF_HOME={hf}\n")
+    assert j.blockers == []
+    (warning,) = [w for w in j.warnings if "weights" in w]
+    assert warning.startswith(f"INFERENCE_MODEL (experiments/layers/model-qwen38.env:6): cannot look for the weights "
+                              f"of {QWEN} in HF_HOME={hf} ({tmp_path / 'mine.env'}:3): ")
+    assert warning.endswith("fix the permissions, or set CHECK_WEIGHTS=0 when the job reads them another way")

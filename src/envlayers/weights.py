@@ -66,11 +66,12 @@ def repo_folder(hub: Path, model: str) -> Path:
 
 def snapshot_with_weights(hub: Path, model: str) -> Path | None:
     """The first snapshot of ``model`` under the hub cache ``hub`` that holds a weight file (a link
-    that dangles, as an interrupted download leaves one, does not count); None when there is none."""
+    that dangles, as an interrupted download leaves one, does not count); None when there is none.
+    Raises OSError when a folder of it cannot be read."""
     snapshots = repo_folder(hub, model) / "snapshots"
     try:
         revisions = sorted(p for p in snapshots.iterdir() if p.is_dir())
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     for rev in revisions:
         for pattern in WEIGHT_PATTERNS:
@@ -126,8 +127,13 @@ def check(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, s
                 f"checked before submission; export it here, or {KEY}=0 when the weights come another way"], []
     path = Path(value).expanduser()
     hub = path if key == "HF_HUB_CACHE" else path / "hub"
-    if snapshot_with_weights(hub, model) is not None:
-        return [], []
+    try:
+        if snapshot_with_weights(hub, model) is not None:
+            return [], []
+    except OSError as err:  # a shared cache this user cannot read: the check cannot say, the job may
+        return [f"INFERENCE_MODEL ({model_b.origin}): cannot look for the weights of {model} in {key}={path} "
+                f"({where}): {err.strerror or err}; fix the permissions, or set {KEY}=0 when the job reads them "
+                "another way"], []
     download = f"{key}={shlex.quote(str(path))} hf download {shlex.quote(model)}"
     return [], [f"INFERENCE_MODEL ({model_b.origin}): the weights of {model} are not in the cache the job reads, "
                 f"{key}={path} ({where}): no weight file (*.safetensors, *.bin, *.index.json) under "

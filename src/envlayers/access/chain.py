@@ -27,7 +27,7 @@ def chain_links(job_id: str, run_dir: str | Path | None) -> list[tuple[str, Path
         except (OSError, ValueError):
             break
         succ = str(data.get("successor") or "") if isinstance(data, dict) else ""
-        if not succ or succ in seen:
+        if not succ.isdigit() or succ in seen:  # a job id, never a path (chain.json may be edited by hand)
             break
         seen.add(succ)
         links.append((succ, links[-1][1].parent / succ))

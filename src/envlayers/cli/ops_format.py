@@ -409,7 +409,8 @@ def describe_stop(result: "StopResult") -> list[tuple[str, bool]]:
         out.append((f"job {jid}: its chain goes on to job(s) {ids}; stopping those first, latest first, so none "
                     f"starts once this one ends", False))
         for later in result.successors:
-            out += describe_stop(later)
+            out += ([(f"job {later.job_id}: NOT stopped: {later.error}", True)] if later.error
+                    else describe_stop(later))
     if result.cancelled:
         out.append((f"job {jid}: scancel sent ({result.state_before})", False))
     else:

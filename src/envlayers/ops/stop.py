@@ -26,6 +26,7 @@ class StopResult:
     waited_s: float
     probes: list[dict]
     successors: list["StopResult"] = field(default_factory=list)  # the chain's later jobs, latest first
+    error: str | None = None  # why a later job of the chain could not be stopped
 
     @property
     def still_answers(self) -> list[str]:
@@ -38,7 +39,8 @@ class StopResult:
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "state_before": self.state_before, "cancelled": self.cancelled,
                 "ended": self.ended, "state_after": self.state_after, "waited_s": round(self.waited_s, 2),
-                "probes": self.probes, "successors": [r.to_dict() for r in self.successors], "ok": self.ok}
+                "probes": self.probes, "successors": [r.to_dict() for r in self.successors], "error": self.error,
+                "ok": self.ok}
 
 
 def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, probe_window_s: float = 5.0,
@@ -53,9 +55,14 @@ def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, prob
     if chain and job.files.run_dir is not None:
         from ..access.chain import chain_links
 
+        from ..errors import EnvLayersError
+
         for jid, folder in reversed(chain_links(job.job_id, job.files.run_dir)[1:]):
-            later.append(stop_job(jid, timeout_s=timeout_s, poll_s=poll_s, probe_window_s=probe_window_s,
-                                  run_dir=str(folder), environ=environ, cwd=cwd, clock=clock, chain=False))
+            try:
+                later.append(stop_job(jid, timeout_s=timeout_s, poll_s=poll_s, probe_window_s=probe_window_s,
+                                      run_dir=str(folder), environ=environ, cwd=cwd, clock=clock, chain=False))
+            except EnvLayersError as err:  # one link Slurm cannot say of: still stop the rest and this job
+                later.append(StopResult(jid, None, False, False, None, 0.0, [], error=err.message))
     before = job.state
     cancelled = False
     t0 = clock.monotonic()
