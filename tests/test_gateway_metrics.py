@@ -212,6 +212,44 @@ def test_status_and_wait_show_the_gateways_healthy_replicas_and_their_last_event
     assert replica_lines({"base_urls": []}) == []  # no gateway record, no replicas: nothing to say
 
 
+def test_the_healthy_count_starts_at_the_ready_line_before_live_and_follows_deaths_and_replacements(tmp_path):
+    # the gateway prints its own count only when its two-second look sees a change: a fast replacement can
+    # fall between two looks, and the ready line came before live
+    import json
+
+    from envlayers.cli.serving_format import replica_lines
+    from envlayers.launch.meter import Meter
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    lp = prepare(GATEWAY, alloc(tmp_path))
+    bodies = iter([VLLM % {"running": 0, "stop": 1}] * 10)
+    said = []
+    meter = Meter(lp, {}, said.append, clock=lambda: 0.0, wall=lambda: 1e9, fetch=lambda *a, **k: next(bodies))
+    (tmp_path / "endpoint.json").write_text(json.dumps({"job_id": "8"}))
+    log = tmp_path / "server-0.log"
+    log.write_text("ENVLAYERS-STAGE: gateway: 2 replica(s) ready after 6.2s; Serve listens on 0.0.0.0:8000; GET "
+                   "/metrics answers every replica's metrics; replicas survive a peer (the job ends after 540s with "
+                   "fewer than MIN_REPLICAS=1 healthy)\n")
+    meter.tick(0.0, 2, True)
+    meter.tick(1.0, 2, True)
+    assert replica_lines(json.loads((tmp_path / "endpoint.json").read_text()))[0] == (
+        "replicas", "2 of 2 healthy behind the gateway (Ray Serve replaces one that dies); the job ends after 540s "
+                    "below MIN_REPLICAS=1")
+    assert not [s for s in said if "ready after" in s]  # said before live in rank 0's log: not again
+    with log.open("a") as fh:
+        fh.write("ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) exited with code 1; Ray Serve "
+                 "replaces the replica, the others keep serving\n")
+    meter.tick(2.0, 2, True)
+    assert json.loads((tmp_path / "endpoint.json").read_text())["gateway"]["healthy"] == 1
+    with log.open("a") as fh:
+        fh.write("ENVLAYERS-STAGE: gateway: replica 1 on n2 replaced: its new vllm serve (pid 10) answers on "
+                 "127.0.0.1:5\n")
+    meter.tick(3.0, 2, True)
+    gw = json.loads((tmp_path / "endpoint.json").read_text())["gateway"]
+    assert gw["healthy"] == 2 and len(gw["events"]) == 2
+
+
 def test_the_meter_reads_the_gateway_per_replica_so_its_total_never_goes_back(tmp_path):
     from envlayers.launch.meter import Meter
     from envlayers.launch.prepare import prepare

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import re
 
+READY_RE = re.compile(r"^ENVLAYERS-STAGE: gateway: (\d+) replica\(s\) ready after .*the job ends after (\d+)s with "
+                      r"fewer than MIN_REPLICAS=(\d+) healthy\)")
+DIED_RE = re.compile(r"^ENVLAYERS-ERROR: gateway: replica \d+ on \S+: its vllm serve ")
+REPLACED_RE = re.compile(r"^ENVLAYERS-STAGE: gateway: replica \d+ on \S+ replaced: ")
 HEALTHY_RE = re.compile(r"^ENVLAYERS-STAGE: gateway: (\d+) of (\d+) replica\(s\) healthy \(Serve application "
                         r"(\w+); the job ends after (\d+)s below MIN_REPLICAS=(\d+)\)")
 REPLICA_RE = re.compile(r"^ENVLAYERS-(?:ERROR|STAGE): gateway: replica \d+ ")
@@ -25,7 +29,18 @@ class GatewayState:
                              "serve_status": None, "events": []}
 
     def feed(self, line: str) -> bool:
-        """Take one of the gateway's lines; True when the record changed."""
+        """Take one of the gateway's lines; True when the record changed. The count starts at the ready
+        line, follows each death and replacement, and is set outright by the gateway's own count (which
+        it prints only when its two-second look sees a change: a fast replacement can fall between)."""
+        m = READY_RE.match(line)
+        if m:
+            replicas, grace, minimum = map(int, m.groups())
+            self.record.update(healthy=replicas, replicas=replicas, grace_s=grace, min_replicas=minimum)
+            return True
+        rec = self.record
+        if rec["healthy"] is not None and (DIED_RE.match(line) or REPLACED_RE.match(line)):
+            step = -1 if DIED_RE.match(line) else 1
+            rec["healthy"] = max(0, min(rec["replicas"] or 0, rec["healthy"] + step))
         m = HEALTHY_RE.match(line)
         if m:
             healthy, replicas, status, grace, minimum = m.groups()

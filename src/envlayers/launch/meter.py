@@ -87,6 +87,7 @@ class Meter:
         self._replicas: dict[str, Counters] = {}  # the gateway: each replica's last counters
         self._finished_before = 0.0  # the gateway: requests finished by replicas replaced since
         self._gateway_state = GatewayState()  # the gateway: replicas healthy and their events, for status
+        self._gateway_scanned = False  # the gateway: the lines before live were read for that record
         # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
@@ -153,16 +154,21 @@ class Meter:
 
     def _relay_gateway(self) -> None:
         """Once live, the gateway's own lines in rank 0's log (a replica died, was replaced; too few
-        healthy) are said in the job output too, as they come."""
+        healthy) are said in the job output too, as they come. The record status shows starts from the
+        lines before live too (the ready line says how many replicas serve), which are not said again."""
+        changed = False
         try:
             with open(self.lp.run_dir / "server-0.log", "rb") as fh:
+                if not self._gateway_scanned:  # once: what was said before live
+                    self._gateway_scanned = True
+                    for raw in fh.read(self._log_pos).split(b"\n"):
+                        changed = self._gateway_state.feed(raw.decode("utf-8", "replace").rstrip()) or changed
                 fh.seek(self._log_pos)
                 chunk = fh.read(1 << 20)
         except FileNotFoundError:
             return
         self._log_pos += len(chunk)
         *lines, self._partial = (self._partial + chunk).split(b"\n")
-        changed = False
         for raw in lines:
             line = raw.decode("utf-8", "replace").rstrip()
             if line.startswith(GATEWAY_LINES):
