@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -485,6 +486,25 @@ def test_cli_labels_trend_evidence_as_peak_and_latest():
     assert lines[1].startswith(f"  peak:     {LOGS / 'sglang-kv-thrash.log'}:17: ")
     assert lines[2].startswith(f"  latest:   {LOGS / 'sglang-kv-thrash.log'}:35: ")
     assert lines[3].startswith("  detail:   fell from 71.5 ")
+
+
+def test_a_trend_from_token_counts_alone_when_the_engine_prints_no_hit_rate(tmp_path):
+    # SGLang versions that print only #new-token and #cached-token: the hit rate is cached / (cached + new)
+    lines = re.sub(r", cache hit rate: [\d.]+%", "", (LOGS / "sglang-kv-thrash.log").read_text()).splitlines()
+    assert len(lines) == 35 and "cache hit rate" not in "\n".join(lines)
+    stamp = "[2026-11-30 16:16:54 TP0] Prefill batch. #new-seq: 1, "
+    lines.append(stamp + "#new-token: 0, #cached-token: 0, token usage: 0.99, #running-req: 32, #queue-req: 8")  # no rate
+    lines.append(stamp + "#new-token: 1000, #cached-token: 1000, token usage: 0.99, #running-req: 32, #queue-req: 8")
+    log = tmp_path / "sglang-counts.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = run("diagnose", str(log))
+    assert result.exit_code == 1, result.output
+    out = result.output.splitlines()
+    assert out[1].startswith(f"  peak:     {log}:17: ")
+    assert out[2].startswith(f"  latest:   {log}:37: ")  # the 50% line; the 0/0 line before it carries no rate
+    # the last four rates: 810/9002, 712/8904, 616/8808 and 1000/2000, in percent
+    latest = (100 * 810 / 9002 + 100 * 712 / 8904 + 100 * 616 / 8808 + 50.0) / 4
+    assert out[3].startswith(f"  detail:   fell from 71.5 (peak mean of 4 consecutive lines) to {latest:.1f} "), out[3]
 
 
 @pytest.mark.parametrize("code, fires", [("137", True), ("1", True), ("0", False), ("143", False), ("130", False)],
