@@ -3,16 +3,13 @@
 Runs inside a job only, on node 0, once every node joined the Ray cluster (launch/raynode.py starts it),
 from the run directory: the ranks need Ray Serve, not envlayers.
 
-    python3 gateway_app.py --address HEAD:PORT --replicas N --max-per-node C --served NAME \\
-                           --ready-timeout S [--min-replicas M] [--replace-timeout R] \\
-                           -- vllm serve MODEL ... --host H --port P ...
+    python3 gateway_app.py --address HEAD:PORT --replicas N --max-per-node C --served NAME --ready-timeout S
+        [--min-replicas M] [--replace-timeout R] -- vllm serve MODEL ... --host H --port P ...
 
-One Serve deployment with N replicas, at most C on a node (the instances a node's GPUs fit). Each
-replica starts its own copy of the ``vllm serve`` command after ``--`` (the Ray executor joins the
-same cluster through RAY_ADDRESS), on a free port of its node's loopback, waits until it answers, and
-then proxies every request to it, streaming the answer back. Serve's HTTP proxy listens on the
-command's ``--host``/``--port`` on the head node: one endpoint, with no limit of the gateway's own (no
-request timeout, no cap on requests in flight or queued, no connection-pool limit).
+One Serve deployment with N replicas, at most C on a node. Each replica runs its own copy of the command
+after ``--`` (its Ray executor joins through RAY_ADDRESS) on a free loopback port of its node and streams
+every request to it. Serve listens on the command's ``--host``/``--port`` on the head node: one endpoint,
+with no limit of the gateway's own (no request timeout, no cap on requests in flight or queued, no pool limit).
 
 ``GET /metrics`` is answered by the gateway itself: every replica's metrics in one Prometheus text
 exposition, each sample labelled ``replica="<i>"`` (:func:`merge_expositions`). No node can reach
