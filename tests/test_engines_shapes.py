@@ -125,7 +125,8 @@ def test_symmetric_memory_all_reduce_is_off_on_multi_node_vllm(env, expected):
 def test_ray_workers_carry_the_same_command_environment():
     env = {**RAY, "NCCL_NET_GDR_LEVEL": "LOC"}
     head, worker = commands(env)
-    assert worker.env == head.env == {"NCCL_NET_GDR_LEVEL": "LOC", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+    assert worker.env == head.env == {"NCCL_NET_GDR_LEVEL": "LOC", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+                                      "VLLM_HOST_IP": "${ENVLAYERS_NODE_ADDR}"}
 
 
 def test_ray_head_listens_on_the_rendezvous_port():
@@ -139,7 +140,7 @@ def test_master_reference_stays_expandable_in_the_printed_line():
     line = shell_line(commands(DP, "${ENVLAYERS_MASTER_ADDR}")[1])
     assert '--data-parallel-address "${ENVLAYERS_MASTER_ADDR}"' in line
     ray_line = shell_line(commands(RAY, "${ENVLAYERS_MASTER_ADDR}")[1])
-    assert ray_line == ('VLLM_ALLREDUCE_USE_SYMM_MEM=0 ray start "--address=${ENVLAYERS_MASTER_ADDR}:29500" --num-gpus=8 '
+    assert ray_line == ('VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_HOST_IP="${ENVLAYERS_NODE_ADDR}" ray start "--address=${ENVLAYERS_MASTER_ADDR}:29500" --num-gpus=8 '
                         + " ".join(RAY_WORKER_PORTS) + " --block")
 
 

@@ -61,6 +61,24 @@ def test_prepare_substitutes_the_master_and_records_the_restart(tmp_path):
     assert [t.url for t in lp.targets] == ["http://n1:8000/v1"]
 
 
+@pytest.mark.parametrize("shape_keys", [
+    pytest.param({"INFERENCE_NODES": "2", "PIPELINE_PARALLEL_SIZE": "2"}, id="pipeline"),
+    pytest.param({"INFERENCE_NODES": "2", "NUMBER_OF_INSTANCES": "2"}, id="data-parallel"),
+])
+def test_every_multi_node_vllm_rank_announces_its_own_node_address(tmp_path, shape_keys):
+    # without VLLM_HOST_IP a rank on a node with no default route says "Failed to get the IP address,
+    # using 0.0.0.0 by default" and the ranks never meet
+    lp = prepare({**SINGLE_VLLM, **shape_keys}, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
+    assert [c.env["VLLM_HOST_IP"] for c in lp.commands] == ["10.0.0.1", "10.0.0.2"]
+    arms = lp.files["ranks.sh"].split("\n  1)\n", 1)
+    assert "export VLLM_HOST_IP=10.0.0.1\n" in arms[0] and "export VLLM_HOST_IP=10.0.0.2\n" in arms[1]
+
+
+def test_a_single_node_vllm_rank_gets_no_host_address(tmp_path):
+    lp = prepare(SINGLE_VLLM, alloc(tmp_path, nodes=(N1,)))
+    assert "VLLM_HOST_IP" not in lp.commands[0].env
+
+
 def test_a_node_name_that_does_not_resolve_is_reached_at_its_slurm_address(tmp_path):
     def resolve(name):
         if name == "n1":

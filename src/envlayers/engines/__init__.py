@@ -22,7 +22,7 @@ from envlayers.topology import Plan, RankPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
-    from typing import Iterable, Mapping
+    from typing import Iterable, Mapping, Sequence
 
 ENGINES: tuple[str, ...] = ("sglang", "vllm")
 """Valid values of ``INFERENCE_ENGINE``."""
@@ -169,24 +169,34 @@ def engine_name(env: Mapping[str, str]) -> str:
     return value
 
 
-def build_rank_command(plan: Plan, env: Mapping[str, str], rank: int, master_addr: str) -> RankCommand:
+NODE_ADDR_REF = "${ENVLAYERS_NODE_ADDR}"
+"""What the dry run shows for a rank's own node address (the launcher knows it only in the job)."""
+
+
+def build_rank_command(plan: Plan, env: Mapping[str, str], rank: int, master_addr: str,
+                       node_addr: str = NODE_ADDR_REF) -> RankCommand:
     """The server command of ``rank`` (an index into ``plan.ranks``).
 
     ``master_addr`` is the address of rank 0's node for the multi-node rendezvous; it may
     be a shell reference such as ``${ENVLAYERS_MASTER_ADDR}`` that the job fills in, and
-    is kept verbatim. Ignored for single and replicas plans.
+    is kept verbatim. Ignored for single and replicas plans. ``node_addr`` is the address of
+    the rank's own node (the engine announces it to its peers on a multi-node plan).
     """
     name = engine_name(env)
     if name == "sglang":
         from envlayers.engines import sglang as module
     else:
         from envlayers.engines import vllm as module
-    return module.build(plan, env, rank_plan(plan, rank), rendezvous_master(plan, master_addr))
+    return module.build(plan, env, rank_plan(plan, rank), rendezvous_master(plan, master_addr), node_addr)
 
 
-def build_commands(plan: Plan, env: Mapping[str, str], master_addr: str) -> tuple[RankCommand, ...]:
-    """``build_rank_command`` for every rank of the plan, in rank order."""
-    return tuple(build_rank_command(plan, env, r.rank, master_addr) for r in plan.ranks)
+def build_commands(plan: Plan, env: Mapping[str, str], master_addr: str,
+                   node_addrs: Sequence[str] | None = None) -> tuple[RankCommand, ...]:
+    """``build_rank_command`` for every rank of the plan, in rank order; ``node_addrs`` (one per node of
+    the plan) gives each rank its own node's address, else the dry run's ``${ENVLAYERS_NODE_ADDR}``."""
+    return tuple(build_rank_command(plan, env, r.rank, master_addr,
+                                    node_addrs[r.node_index] if node_addrs is not None else NODE_ADDR_REF)
+                 for r in plan.ranks)
 
 
 # --------------------------------------------------------------------------- printing

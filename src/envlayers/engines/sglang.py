@@ -38,7 +38,8 @@ DEFAULT_ATTENTION_BACKEND = "aiter"
 KEY_FLAG = "--api-key"
 
 
-def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) -> RankCommand:
+def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, node_addr: str = "") -> RankCommand:
+    # node_addr: not needed, SGLang's ranks meet at --dist-init-addr and take their address from it
     argv = [
         *COMMAND,
         "--model-path", required(env, "INFERENCE_MODEL", "the model path or Hugging Face id"),

@@ -19,6 +19,9 @@ The other shapes (docs/topology.md), each in its own function below:
   launch/raycluster.py). In the job, node 0 first starts the Ray head and waits for every node
   (launch/raynode.py); the gateway runs this ``vllm serve`` once per Ray Serve replica.
 
+Every multi-node rank gets ``VLLM_HOST_IP`` set to its own node's address, the same way in every
+shape (vLLM otherwise guesses it from the default route, and falls back to 0.0.0.0).
+
 Headless ranks also lose ``--data-parallel-hybrid-lb``, which vLLM rejects in headless mode.
 Every multi-node vLLM command gets ``VLLM_ALLREDUCE_USE_SYMM_MEM=0`` unless the key says
 otherwise (vLLM turns symmetric-memory all-reduce on by default, and it deadlocks across nodes
@@ -48,13 +51,14 @@ KEY_ENV = "VLLM_API_KEY"
 HEADLESS_REJECTS: tuple[str, ...] = ("--api-server-count", "--api_server_count", "-asc")
 HEADLESS_REJECTS_BARE: tuple[str, ...] = ("--data-parallel-hybrid-lb", "--data_parallel_hybrid_lb", "-dph")
 SYMM_MEM_KEY = "VLLM_ALLREDUCE_USE_SYMM_MEM"
+HOST_IP_KEY = "VLLM_HOST_IP"
 DEFAULT_SYMM_MEM = "0"
 RAY_WORKER: tuple[str, ...] = ("ray", "start")
 
 
-def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) -> RankCommand:
+def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, node_addr: str) -> RankCommand:
     if plan.backend == "ray" and rank.rank > 0:
-        return ray_worker_command(plan, env, master_addr)
+        return ray_worker_command(plan, env, master_addr, node_addr)
     headless = is_headless(plan, rank)
     argv = [
         *COMMAND,
@@ -77,7 +81,7 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str) 
     argv += extras
     # the key through the environment (vLLM reads VLLM_API_KEY when --api-key is absent), never
     # on the command line, which every user of the node can read in /proc/<pid>/cmdline
-    return RankCommand(argv=tuple(argv), env={**command_env(env), **multi_node_env(plan, env)},
+    return RankCommand(argv=tuple(argv), env={**command_env(env), **multi_node_env(plan, env, node_addr)},
                        key_env=KEY_ENV if has_key(env) else None)
 
 
@@ -120,14 +124,15 @@ def data_parallel_flags(plan: Plan, rank: RankPlan, master_addr: str) -> list[st
     ]
 
 
-def ray_worker_command(plan: Plan, env: Mapping[str, str], master_addr: str) -> RankCommand:
+def ray_worker_command(plan: Plan, env: Mapping[str, str], master_addr: str, node_addr: str) -> RankCommand:
     """A rank > 0 of a Ray plan: a Ray worker joining the head on node 0 (no vLLM of its own).
 
     The workers Ray starts on this node inherit this environment, so it carries the same
     variables as the head's server command."""
     from envlayers.launch.raycluster import worker_argv
 
-    return RankCommand(argv=worker_argv(env, plan, master_addr), env={**command_env(env), **multi_node_env(plan, env)})
+    return RankCommand(argv=worker_argv(env, plan, master_addr),
+                       env={**command_env(env), **multi_node_env(plan, env, node_addr)})
 
 
 def ray_head_command(plan: Plan, env: Mapping[str, str] | None = None, node_ip: str | None = None) -> tuple[str, ...]:
@@ -143,11 +148,17 @@ def drop_headless_rejects(args: list[str]) -> list[str]:
     return [a for a in kept if a not in HEADLESS_REJECTS_BARE]
 
 
-def multi_node_env(plan: Plan, env: Mapping[str, str]) -> dict[str, str]:
-    """``VLLM_ALLREDUCE_USE_SYMM_MEM`` on a multi-node command: absent -> 0, empty -> not set, a value -> it."""
+def multi_node_env(plan: Plan, env: Mapping[str, str], node_addr: str) -> dict[str, str]:
+    """The variables of a multi-node command: ``VLLM_HOST_IP``, the rank's own node address (vLLM announces
+    it to its peers; without it a node with no default route, or whose name does not resolve, says
+    `Failed to get the IP address, using 0.0.0.0 by default` and the ranks never meet), and
+    ``VLLM_ALLREDUCE_USE_SYMM_MEM``: absent -> 0, empty -> not set, a value -> it."""
     if not plan.multi_node:
         return {}
+    out = {HOST_IP_KEY: node_addr}
     value = env.get(SYMM_MEM_KEY)
     if value is None:
-        return {SYMM_MEM_KEY: DEFAULT_SYMM_MEM}
-    return {SYMM_MEM_KEY: value} if value != "" else {}
+        out[SYMM_MEM_KEY] = DEFAULT_SYMM_MEM
+    elif value != "":
+        out[SYMM_MEM_KEY] = value
+    return out

@@ -169,7 +169,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     if alloc.api_key:
         build_env["SERVER_API_KEY"] = "<from SERVER_API_KEY_FILE>"  # only its presence reaches the commands
     # the master address is known now: the commands carry it, ranks.sh expands nothing
-    commands = engines.build_commands(plan, build_env, nodes[0].url_host)
+    commands = engines.build_commands(plan, build_env, nodes[0].url_host, [n.address for n in nodes])
     engine = engines.engine_name(keys)
     for rank, cmd in enumerate(commands):
         lines.append(f"ENVLAYERS-STAGE: rank {rank} on {nodes[rank].name}: {engines.shell_line(cmd)}")

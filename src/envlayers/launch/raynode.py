@@ -121,7 +121,8 @@ class Node:
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
         # this node's address, for Ray and for vLLM's workers on it (vLLM wants a VLLM_HOST_IP per node)
         given = [a.split("=", 1)[1] for a in self.ray_argv if a.startswith("--node-ip-address=")]
-        ip = given[0] if given else local_ip_towards(self.address)
+        # the launcher gives every multi-node rank VLLM_HOST_IP, its node's address (engines/vllm.py)
+        ip = given[0] if given else (os.environ.get("VLLM_HOST_IP") or local_ip_towards(self.address))
         if ip:
             if not given:
                 self.ray_argv.insert(self.ray_argv.index("start") + 1 if "start" in self.ray_argv else 0,
