@@ -292,7 +292,8 @@ def exited(run_dir: Path, rank: int, code: int, mtime_s: float) -> None:
     os.utime(path, ns=(int(mtime_s * 1e9), int(mtime_s * 1e9)))
 
 
-def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100, rank_start=30, said=None, live=None):
+def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100, rank_start=30, said=None, live=None,
+               generate=None):
     keys = {**PIPELINE, "ENVLAYERS_READY_TIMEOUT_S": str(budget), "ENVLAYERS_RANK_START_TIMEOUT": str(rank_start)}
     lp = prepare(keys, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
     said = [] if said is None else said
@@ -304,7 +305,8 @@ def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100,
     def on_live(elapsed):
         (live if live is not None else []).append(elapsed)
 
-    return Supervisor(lp, step, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep)
+    return Supervisor(lp, step, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep,
+                      generate=generate, background=False)
 
 
 @pytest.mark.parametrize("exits, blamed, code", [
@@ -385,6 +387,61 @@ def test_the_readiness_budget_ends_the_launch_when_spent_not_before(tmp_path, bu
     assert budget < clock.t - 1000 <= budget + 0.5 + POLL_S
 
 
+def completions(*answers):
+    """A fake readiness.generates: the given (status, detail) answers in turn, the last one repeated."""
+    calls = []
+
+    def generate(url, served, key, timeout_s):
+        status, detail = answers[min(len(calls), len(answers) - 1)]
+        calls.append(timeout_s)
+        return Probe(url, status == 200, status, detail)
+
+    generate.calls = calls
+    return generate
+
+
+def test_a_server_that_lists_its_model_but_cannot_generate_ends_the_launch(tmp_path):
+    clock, step = Clock(), Step()
+    live: list[float] = []
+    generate = completions((500, "HTTP 500: EngineCore encountered an issue"))
+    sup = supervisor(tmp_path, clock, step, probe_ok=lambda url: True, live=live, generate=generate)
+    started(tmp_path, 0), started(tmp_path, 1)
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert str(err.value) == ("rank 0 on n1 lists 's' but cannot generate: a one-token completion answered "
+                              "HTTP 500: EngineCore encountered an issue")
+    assert err.value.rank == 0 and live == [] and not sup.live
+
+
+@pytest.mark.parametrize("first", [
+    pytest.param((None, "no answer: timed out"), id="no-answer-yet"),
+    pytest.param((503, "HTTP 503"), id="busy"),
+    pytest.param((429, "HTTP 429"), id="too-many-requests"),
+])
+def test_live_waits_for_a_completion_and_asks_again_after_no_answer(tmp_path, first):
+    clock, step = Clock(), Step()
+    live: list[float] = []
+    generate = completions(first, first, (200, "ok"))
+    sup = supervisor(tmp_path, clock, step, probe_ok=lambda url: True, live=live, generate=generate)
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(10, lambda: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        sup.run()
+    assert len(generate.calls) == 3 and len(live) == 1 and sup.live
+
+
+def test_a_completion_that_never_answers_ends_at_the_readiness_budget_saying_so(tmp_path):
+    clock, step = Clock(), Step()
+    generate = completions((None, "no answer: timed out"))
+    sup = supervisor(tmp_path, clock, step, probe_ok=lambda url: True, budget=6, generate=generate)
+    started(tmp_path, 0), started(tmp_path, 1)
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert str(err.value).startswith("endpoint not live after 6s (readiness budget): 0 of 1 answered; last probe of "
+                                     "rank 0: lists 's'; a one-token completion: no answer: timed out")
+    assert all(t <= 6 for t in generate.calls)  # each completion is bounded by the budget left
+
+
 def test_the_step_ending_before_the_ranks_started_is_named(tmp_path):
     clock, step = Clock(), Step()
     sup = supervisor(tmp_path, clock, step)
@@ -438,6 +495,24 @@ def test_a_failed_launch_records_the_reason_and_code(tmp_path):
     assert end == {"restart": 0, "code": 1, "reason": "rank 1 on n2 exited with code 137 before the endpoint was live",
                    "ended_at": end["ended_at"]}
     assert abs(end["ended_at"] - __import__("time").time()) < 60
+
+
+def test_a_failed_launch_quotes_each_ranks_root_cause_from_far_up_its_log(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cause = "ValueError: Unsupported CPU attention configuration: head_dim=16"
+    (run / "server-0.log").write_text("ENVLAYERS-STAGE: rank 0 up on n1\nINFO starting\n")
+    (run / "server-1.log").write_text("\n".join(
+        ["ENVLAYERS-STAGE: rank 1 up on n2", f"(EngineCore pid=7) ERROR 12-03 10:00:00 [core.py:1] {cause}",
+         *[f"  File \"x.py\", line {i}, in f" for i in range(90)],
+         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]) + "\n")
+    proc = run_main(tmp_path, "    self.lp = type('LaunchPlan', (), {'ranks': 2})()\n"
+                              "    raise LaunchFailure('rank 1 on n2 exited with code 1 before the endpoint was live', rank=1)")
+    out = proc.stdout
+    assert proc.returncode == 1
+    said = f"ENVLAYERS-ERROR: rank 1 engine said: {cause}\n"
+    assert said in out and out.index(said) < out.index("ENVLAYERS-ERROR: last 20 lines of")
+    assert "rank 0 engine said" not in out  # its log holds no error line
 
 
 def test_a_launcher_killed_by_sigkill_leaves_no_end_record(tmp_path):

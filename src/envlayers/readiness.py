@@ -1,7 +1,8 @@
 """Readiness: probing an endpoint, and the report printed once it answers.
 
 Every HTTP call has a timeout. A probe never declares failure: it says whether the endpoint
-answers now. Failure is the launcher's call, made from the server step's exit or a spent budget.
+answers now: :func:`probe` whether ``/v1/models`` lists the served name, :func:`generates` whether a
+one-token completion comes back (live means both). Failure is the launcher's call, made from the server step's exit or a spent budget.
 """
 
 from __future__ import annotations
@@ -48,6 +49,50 @@ def probe(base_url: str, served_name: str, api_key: str | None = None, timeout_s
     if served_name not in names:
         return Probe(url, False, status, f"serves {names}, not {served_name!r}")
     return Probe(url, True, status, "ok")
+
+
+def generates(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 60.0) -> Probe:
+    """POST a one-token completion to {base_url}/completions once: ``ok`` when the engine answered with a
+    choice. ``status`` is the HTTP status of a refusal (the engine's own message in ``detail``), None when
+    nothing answered within ``timeout_s``. A server can list its model and still fail here (an engine
+    that dies on its first forward pass)."""
+    import urllib.error
+    import urllib.request
+
+    url = base_url.rstrip("/") + "/completions"
+    body = json.dumps({"model": served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}).encode()
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            answer = resp.read(1 << 20)
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        return Probe(url, False, err.code, f"HTTP {err.code}{_engine_message(err)}")
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return Probe(url, False, None, f"no answer: {reason}")
+    try:
+        choices = json.loads(answer).get("choices")
+    except (ValueError, AttributeError):
+        choices = None
+    if not choices:
+        return Probe(url, False, status, "the answer holds no completion")
+    return Probe(url, True, status, "ok")
+
+
+def _engine_message(err) -> str:
+    """``: <message>`` from an OpenAI-style error body, or ``""``."""
+    try:
+        data = json.loads(err.read(1 << 16))
+    except (ValueError, OSError):
+        return ""
+    message = data.get("error", data.get("message")) if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return f": {' '.join(str(message).split())[:300]}" if message else ""
 
 
 @dataclass

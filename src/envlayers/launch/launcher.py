@@ -132,11 +132,16 @@ class Launcher:
         self.job_id = self.environ.get("SLURM_JOB_ID", "0")
         self.restart = restart_count(self.environ)
         self.proc: subprocess.Popen | None = None
+        self.lp: LaunchPlan | None = None
         self.supervisor = None
         self.meter = None
         self.survivors = None  # launch.replicas.Survivors (replicas shape)
         self.chain = None  # launch.successor.Chain (SUCCESSORS)
         self.t0 = time.monotonic()
+
+    def ranks(self) -> int:
+        """How many ranks this launch plans (0 before its plan was made)."""
+        return self.lp.ranks if self.lp is not None else 0
 
     @property
     def live(self) -> bool:
@@ -144,11 +149,11 @@ class Launcher:
 
     def run(self) -> None:
         from .supervise import Supervisor
-        from ..readiness import probe
+        from ..readiness import generates, probe
 
         alloc = allocation(self.run_dir, self.environ)
         key_file, api_key = self.api_key()
-        lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
+        lp = self.lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         from .health import health_settings
         from .replicas import min_replicas, survives
 
@@ -178,7 +183,8 @@ class Launcher:
             self.chain = Chain(lp.job_id, self.run_dir, left, drain, say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
-                                     health=health if health.enabled else None, successor=self.chain)
+                                     health=health if health.enabled else None, successor=self.chain,
+                                     generate=generates)
         self.supervisor.run()
 
     def api_key(self) -> tuple[str | None, str | None]:
@@ -290,6 +296,8 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         for line in err.lines:
             say(line)
         say(f"ENVLAYERS-ERROR: {err}")
+        for rank, cause in root_causes(run_dir, launch.ranks(), err.rank):
+            say(f"ENVLAYERS-ERROR: rank {rank} engine said: {cause}")
         if err.rank is not None:
             log = run_dir / f"server-{err.rank}.log"
             say(f"ENVLAYERS-ERROR: last {TAIL_LINES} lines of {log}:")
@@ -313,6 +321,29 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         launch.meter.write(final=True, end_wall=round(ended, 3), died_wall=died_at(run_dir, ended) if died else None,
                            how=reason.splitlines()[0] if reason else "")
     return code
+
+
+CAUSE_LINES = 4000  # how far up a rank's log the root cause is looked for
+MAX_CAUSES = 4
+
+
+def root_causes(run_dir: Path, ranks: int, blamed: int | None) -> list[tuple[int, str]]:
+    """Each rank's root-cause line (rootcause.py), the blamed rank first, the same line once, at most
+    MAX_CAUSES: the error the engine printed tens of lines above its log's last line."""
+    from ..rootcause import root_cause
+
+    order = ([blamed] if blamed is not None else []) + [r for r in range(ranks) if r != blamed]
+    found: list[tuple[int, str]] = []
+    for rank in order:
+        try:
+            cause = root_cause(_tail(run_dir / f"server-{rank}.log", CAUSE_LINES))
+        except OSError:
+            continue
+        if cause and cause not in (c for _, c in found):
+            found.append((rank, cause))
+        if len(found) == MAX_CAUSES:
+            break
+    return found
 
 
 def died_at(run_dir: Path, ended: float) -> float:

@@ -2,7 +2,8 @@
 
 Watches four things: each rank's first log line (started, and on which node: once every rank
 started, the nodes they report must be the allocation's), each rank's exit file, the srun step,
-and the readiness probe. A rank that exits, the step dying, a rank that never starts within the
+and the readiness probe: ``/v1/models`` lists the served name, then a one-token completion comes back (live
+means it generates). A rank that exits, the step dying, a rank that never starts within the
 rank-start budget, or a readiness budget spent raises :class:`LaunchFailure`, naming the rank to
 blame: the one that failed first, not one that srun stopped because of it. Once every readiness
 target answers, ``on_live`` is called once and the loop keeps watching until a signal ends it.
@@ -17,6 +18,7 @@ Slurm, root or real time.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Protocol
@@ -30,17 +32,47 @@ EXIT_SETTLE_S = 1.5
 # exits that are usually srun stopping a rank because another one failed (SIGINT, SIGTERM, a clean
 # stop); SIGKILL (137) is not among them: that is how the kernel's OOM killer ends a rank
 STOPPED_CODES = frozenset({"0", "130", "143"})
+GENERATE_TIMEOUT_S = 300.0  # one one-token completion before readiness (asked again while the budget lasts)
+NOT_YET = (429, 503)  # refusals that mean "busy, ask again", not "cannot generate"
 
 
 class Step(Protocol):
     def poll(self) -> int | None: ...
 
 
+class _Generation:
+    """One one-token completion, in a thread of its own (``background``) or inline (tests)."""
+
+    def __init__(self, call: Callable, started: float, background: bool = True):
+        self.started = started
+        self.result = None
+        self.done = False
+        if background:
+            threading.Thread(target=self._run, args=(call,), daemon=True, name="envlayers-generate").start()
+        else:
+            self._run(call)
+
+    def _run(self, call: Callable) -> None:
+        try:
+            self.result = call()
+        except Exception as err:  # a bug in the call must not read as a hang
+            from ..readiness import Probe
+
+            self.result = Probe("", False, None, f"no answer: {type(err).__name__}: {err}")
+        finally:
+            self.done = True
+
+    def retry(self) -> bool:
+        """Ended without an answer, or with one that says "not yet": ask again."""
+        return self.done and not self.result.ok and self.result.status in (None, *NOT_YET)
+
+
 class Supervisor:
     def __init__(self, lp: LaunchPlan, step: Step, *, probe: Callable, on_live: Callable[[float], None],
                  say: Callable[[str], None], api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 t0: float | None = None, meter=None, survivors=None, health=None, successor=None):
+                 t0: float | None = None, meter=None, survivors=None, health=None, successor=None,
+                 generate: Callable | None = None, background: bool = True):
         self.meter = meter  # launch.meter.Meter: phase times, request counters, idle release (None: off)
         self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
@@ -50,6 +82,10 @@ class Supervisor:
         self.first_exit_at: float | None = None
         self.live = False
         self.ready: set[int] = set()
+        self.listed: set[int] = set()  # /v1/models lists the served name
+        # readiness.generates (None: live once the name is listed); its calls, per rank
+        self.generate, self.background = generate, background
+        self.generations: dict[int, _Generation] = {}
         self.last_probe: dict[int, str] = {}
         # hooks for an endpoint that lasts: launch.replicas.Survivors (a replica may die alone once live) and
         # launch.health.HealthWatch (a serving rank that stops answering /health once live),
@@ -138,11 +174,18 @@ class Supervisor:
     def probe_once(self, elapsed: float) -> None:
         targets = self.lp.targets
         for t in targets:
-            if t.rank not in self.ready:
+            if t.rank in self.ready:
+                continue
+            if t.rank not in self.listed:
                 result = self.probe(t.probe_url, self.lp.served, self.api_key, timeout_s=2.0)
                 self.last_probe[t.rank] = result.detail
-                if result.ok:
-                    self.ready.add(t.rank)
+                if not result.ok:
+                    continue
+                self.listed.add(t.rank)
+            if self.generate is None:
+                self.ready.add(t.rank)
+            else:
+                self.check_generation(t, elapsed)
         if len(self.ready) == len(targets):
             self.live = True
             if self.health is not None:
@@ -153,6 +196,29 @@ class Supervisor:
             raise LaunchFailure(f"endpoint not live after {self.lp.budget_s}s (readiness budget): "
                                 f"{len(self.ready)} of {len(targets)} answered; last probe of rank "
                                 f"{waiting[0]}: {self.last_probe[waiting[0]]}", rank=waiting[0])
+
+    def check_generation(self, t, elapsed: float) -> None:
+        """Live means it generates: once ``t`` lists the served name, a one-token completion must come back.
+        An HTTP refusal (other than 429/503, which say "not yet") ends the launch; no answer yet (a first
+        forward pass that compiles kernels can take minutes) is asked again, within the readiness budget."""
+        check = self.generations.get(t.rank)
+        if check is None or check.retry():
+            timeout_s = max(1.0, min(GENERATE_TIMEOUT_S, self.lp.budget_s - elapsed))
+            check = self.generations[t.rank] = _Generation(
+                lambda: self.generate(t.probe_url, self.lp.served, self.api_key, timeout_s=timeout_s),
+                self.clock(), background=self.background)
+        if not check.done:
+            self.last_probe[t.rank] = (f"lists {self.lp.served!r}; a one-token completion has not answered for "
+                                       f"{self.clock() - check.started:.0f}s")
+            return
+        result = check.result
+        if result.ok:
+            self.ready.add(t.rank)
+            return
+        self.last_probe[t.rank] = f"lists {self.lp.served!r}; a one-token completion: {result.detail}"
+        if result.status is not None and result.status not in NOT_YET:
+            raise LaunchFailure(f"rank {t.rank} on {self.lp.nodes[t.rank].name} lists {self.lp.served!r} but cannot "
+                                f"generate: a one-token completion answered {result.detail}", rank=t.rank)
 
     def run(self) -> None:
         """Loop until a failure (raised) or a signal (raised by the launcher's handler)."""
