@@ -4,6 +4,7 @@ loop on fake exit files with a fake clock, the launcher's end records and the co
 from __future__ import annotations
 
 import json
+import re
 import os
 import shlex
 import subprocess
@@ -293,8 +294,9 @@ def exited(run_dir: Path, rank: int, code: int, mtime_s: float) -> None:
 
 
 def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100, rank_start=30, said=None, live=None,
-               generate=None):
-    keys = {**PIPELINE, "ENVLAYERS_READY_TIMEOUT_S": str(budget), "ENVLAYERS_RANK_START_TIMEOUT": str(rank_start)}
+               generate=None, **keys):
+    keys = {**PIPELINE, "ENVLAYERS_READY_TIMEOUT_S": str(budget), "ENVLAYERS_RANK_START_TIMEOUT": str(rank_start),
+            **keys}
     lp = prepare(keys, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
     said = [] if said is None else said
 
@@ -440,6 +442,51 @@ def test_a_completion_that_never_answers_ends_at_the_readiness_budget_saying_so(
     assert str(err.value).startswith("endpoint not live after 6s (readiness budget): 0 of 1 answered; last probe of "
                                      "rank 0: lists 's'; a one-token completion: no answer: timed out")
     assert all(t <= 6 for t in generate.calls)  # each completion is bounded by the budget left
+
+
+def grow(run_dir: Path, rank: int, line: str) -> None:
+    with open(run_dir / f"server-{rank}.log", "a") as fh:
+        fh.write(line + "\n")
+
+
+def test_a_startup_whose_logs_stop_growing_ends_at_the_stall_window_naming_each_ranks_phase(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, budget=3600, STARTUP_STALL_S="20")
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(5, lambda: grow(tmp_path, 0, "[2026-12-03 10:00:00 TP0] Load weight begin. avail mem=120.00 GB"))
+    clock.at(8, lambda: grow(tmp_path, 1, "rank 1 waits for its peers"))
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert str(err.value) == ("startup stalled: no rank's log grew for 20s (STARTUP_STALL_S) before the endpoint was "
+                              "live: rank 0 (loading weights): [2026-12-03 10:00:00 TP0] Load weight begin. avail "
+                              "mem=120.00 GB; rank 1 (started): rank 1 waits for its peers")
+    assert 28 <= clock.t - 1000 <= 28 + 2 * POLL_S  # 20 s after the last growth, not after the start
+
+
+def test_logs_that_keep_growing_are_no_stall(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, budget=3600, STARTUP_STALL_S="20")
+    started(tmp_path, 0), started(tmp_path, 1)
+    for t in range(10, 200, 15):
+        clock.at(t, lambda t=t: grow(tmp_path, t % 2, f"progress {t}"))
+    clock.at(200, lambda: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        sup.run()
+
+
+def test_stall_detector_off_with_zero(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, budget=3600, STARTUP_STALL_S="0")
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(1000, lambda: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        sup.run()
+
+
+@pytest.mark.parametrize("value", ["15m", "-1", "1.5"])
+def test_a_stall_window_that_is_not_whole_seconds_stops_the_launch_naming_the_key(tmp_path, value):
+    with pytest.raises(LaunchFailure, match=rf"STARTUP_STALL_S='{re.escape(value)}': not a whole number of seconds"):
+        prepare({**PIPELINE, "STARTUP_STALL_S": value}, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
 
 
 def test_the_step_ending_before_the_ranks_started_is_named(tmp_path):

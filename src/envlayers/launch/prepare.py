@@ -21,6 +21,7 @@ from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from .srun import srun_argv, srun_dry_line  # noqa: F401  (srun_dry_line: re-exported, the dry run's line)
 
 DEFAULT_RANK_START_TIMEOUT_S = 300
+DEFAULT_STARTUP_STALL_S = 900  # weight loading from a slow file system can be quiet for minutes
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
 JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S",
@@ -96,6 +97,7 @@ class LaunchPlan:
     lines: tuple[str, ...]  # printed before srun, in order
     files: Mapping[str, str]  # run-dir file name -> text
     metrics: bool = True  # the engine serves /metrics (vLLM always; SGLang unless SGLANG_ENABLE_METRICS is off)
+    stall_s: int = DEFAULT_STARTUP_STALL_S  # STARTUP_STALL_S: no rank's log grew for this long before live; 0: off
 
     @property
     def ranks(self) -> int:
@@ -116,6 +118,16 @@ def launch_keys(environ: Mapping[str, str]) -> dict[str, str]:
 def int_key(env: Mapping[str, str], key: str, default: int) -> int:
     value = env.get(key)
     return int(value) if value and value.strip().isdigit() else default
+
+
+def startup_stall_s(keys: Mapping[str, str]) -> int:
+    """``STARTUP_STALL_S``: absent or empty -> 900, ``0`` -> the stall detector is off, a whole number of
+    seconds -> it; anything else ends the launch before srun, naming the key."""
+    raw = (keys.get("STARTUP_STALL_S") or "").strip()
+    if raw and not raw.isdigit():
+        raise LaunchFailure(f"STARTUP_STALL_S={raw!r}: not a whole number of seconds (hint: "
+                            f"{DEFAULT_STARTUP_STALL_S}, the default, or 0 to turn the stall detector off)")
+    return int(raw) if raw else DEFAULT_STARTUP_STALL_S
 
 
 RDZV_SCAN_PORTS = 64
@@ -185,6 +197,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                      f"(90% of the {left}s left)")
         budget = clamped
     rank_start_s = int_key(keys, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
+    stall_s = startup_stall_s(keys)
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
     # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
@@ -226,4 +239,4 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
                       tuple(lines), files,
                       # the gateway answers /metrics itself, with every replica's samples (gateway_app.py)
-                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True)
+                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True, stall_s=stall_s)

@@ -4,7 +4,8 @@ Watches four things: each rank's first log line (started, and on which node: onc
 started, the nodes they report must be the allocation's), each rank's exit file, the srun step,
 and the readiness probe: ``/v1/models`` lists the served name, then a one-token completion comes back (live
 means it generates). A rank that exits, the step dying, a rank that never starts within the
-rank-start budget, or a readiness budget spent raises :class:`LaunchFailure`, naming the rank to
+rank-start budget, a startup whose logs stopped growing (``STARTUP_STALL_S``), or a readiness budget
+spent raises :class:`LaunchFailure`, naming the rank to
 blame: the one that failed first, not one that srun stopped because of it. Once every readiness
 target answers, ``on_live`` is called once and the loop keeps watching until a signal ends it.
 
@@ -33,7 +34,8 @@ EXIT_SETTLE_S = 1.5
 # stop); SIGKILL (137) is not among them: that is how the kernel's OOM killer ends a rank
 STOPPED_CODES = frozenset({"0", "130", "143"})
 GENERATE_TIMEOUT_S = 300.0  # one one-token completion before readiness (asked again while the budget lasts)
-NOT_YET = (429, 503)  # refusals that mean "busy, ask again", not "cannot generate"
+NOT_YET = (429, 503)
+STALL_TAIL_LINES = 400  # refusals that mean "busy, ask again", not "cannot generate"
 
 
 class Step(Protocol):
@@ -86,6 +88,8 @@ class Supervisor:
         # readiness.generates (None: live once the name is listed); its calls, per rank
         self.generate, self.background = generate, background
         self.generations: dict[int, _Generation] = {}
+        self.log_sizes: list[int] = []  # the ranks' log sizes at the last growth (the stall detector)
+        self.grew_at: float | None = None
         self.last_probe: dict[int, str] = {}
         # hooks for an endpoint that lasts: launch.replicas.Survivors (a replica may die alone once live) and
         # launch.health.HealthWatch (a serving rank that stops answering /health once live),
@@ -197,6 +201,40 @@ class Supervisor:
                                 f"{len(self.ready)} of {len(targets)} answered; last probe of rank "
                                 f"{waiting[0]}: {self.last_probe[waiting[0]]}", rank=waiting[0])
 
+    def check_stall(self, now: float) -> None:
+        """Before live, once every rank started: the ranks' logs must keep growing. When none grew for
+        STARTUP_STALL_S (a multi-node rendezvous that never completes, a rank waiting on a peer that
+        stopped), the launch ends naming each rank's phase and last line, instead of idling to the end
+        of the readiness budget."""
+        sizes = []
+        for rank in range(self.lp.ranks):
+            try:
+                sizes.append((self.run_dir / f"server-{rank}.log").stat().st_size)
+            except OSError:
+                sizes.append(-1)
+        if sizes != self.log_sizes or self.grew_at is None:
+            self.log_sizes, self.grew_at = sizes, now
+            return
+        if now - self.grew_at < self.lp.stall_s:
+            return
+        ranks = "; ".join(self.rank_state(rank) for rank in range(self.lp.ranks))
+        raise LaunchFailure(f"startup stalled: no rank's log grew for {self.lp.stall_s}s (STARTUP_STALL_S) before the "
+                            f"endpoint was live: {ranks}", rank=0)
+
+    def rank_state(self, rank: int) -> str:
+        """``rank R (phase): last line`` from the rank's log."""
+        from ..phases import parse_phases, strip_ansi
+        from ..rundir import tail_lines
+
+        try:
+            lines = tail_lines(self.run_dir / f"server-{rank}.log", STALL_TAIL_LINES)
+        except OSError:
+            return f"rank {rank}: no log"
+        last_phase = parse_phases(lines).last
+        last = next((strip_ansi(line).strip() for line in reversed(lines) if line.strip()), "")
+        last = last if len(last) <= 160 else last[:157] + "..."
+        return f"rank {rank} ({last_phase.label if last_phase else 'started'}): {last}"
+
     def check_generation(self, t, elapsed: float) -> None:
         """Live means it generates: once ``t`` lists the served name, a one-token completion must come back.
         An HTTP refusal (other than 429/503, which say "not yet") ends the launch; no answer yet (a first
@@ -236,6 +274,8 @@ class Supervisor:
                 raise LaunchFailure(f"only {len(self.started)} of {n} ranks started within "
                                     f"{self.lp.rank_start_s}s (missing: {', '.join(map(str, missing))}): Slurm did "
                                     "not place them, or the run directory is not shared between nodes")
+            if not self.live and len(self.started) == n and self.lp.stall_s:
+                self.check_stall(now)
             if not self.live and now >= next_probe:
                 next_probe = now + PROBE_EVERY_S
                 self.probe_once(elapsed)
