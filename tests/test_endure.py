@@ -297,6 +297,81 @@ def test_get_health_on_real_http_healthy_refused_and_silent():
     assert not ok and seen.startswith("no answer: ") and "refused" in seen
 
 
+class _StoppedEngine(BaseHTTPRequestHandler):
+    """vLLM with its engine core stopped: the API server answers /health 200, a completion never returns."""
+
+    completions = 0
+    release = threading.Event()
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        type(self).completions += 1
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if not self.release.wait(3):
+            return
+        body = json.dumps({"choices": [{"text": "x"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_health_probe_that_generates_sees_an_engine_whose_health_still_says_200():
+    from envlayers.launch.health import OwnRequests, generating_health
+    from envlayers.readiness import generates
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StoppedEngine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    own = OwnRequests()
+    get = generating_health(generates, "m", None, own)
+    url = f"http://127.0.0.1:{server.server_port}/health"
+    try:
+        ok, seen = get(url, 0.5)
+        assert not ok and seen.startswith("/health HTTP 200, but a one-token completion: no answer: ")
+        _StoppedEngine.release.set()
+        assert get(url, 5) == (True, "HTTP 200")
+        assert _StoppedEngine.completions == 2 and own.sent == 2 and own.in_flight == 0
+    finally:
+        _StoppedEngine.release.clear()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_launchers_own_completions_are_left_out_of_the_request_counters(tmp_path):
+    from envlayers.launch.health import OwnRequests
+    from envlayers.launch.meter import Meter
+
+    own = OwnRequests()
+    lp = prepare(SINGLE_VLLM, alloc(tmp_path, nodes=(Node("n1", "10.0.0.1", True),)))
+    readings = iter([(5, 0), (5, 1), (6, 0), (7, 0), (7, 0)])  # (finished, running) as the engine says
+
+    def fetch(url, key):
+        finished, running = next(readings)
+        return f'vllm:request_success_total{{finished_reason="stop"}} {finished}\nvllm:num_requests_running {running}\n'
+
+    meter = Meter(lp, {}, lambda line: None, fetch=fetch, own=own)
+
+    def sample():
+        c = meter.sample()
+        return c.finished, c.in_flight
+
+    assert sample() == (5, 0)
+    own.begin()  # a probe in flight: the engine counts it as running
+    assert sample() == (5, 0)
+    own.end()  # it finished: 6 finished, of which one is ours
+    assert sample() == (5, 0)
+    assert sample() == (6, 0)  # a client's request
+    own.begin()  # counted before the engine saw it: the reading may lag, never goes back
+    assert sample() == (6, 0)
+
+
 # --------------------------------------------------------------------------- status and wait
 
 

@@ -1,7 +1,9 @@
 """The health watch: once the endpoint is live, notice a serving rank that stopped answering ``/health``.
 
 A server can hang without exiting (a deadlocked collective, a stuck scheduler): its process lives,
-its port accepts, nothing answers. :class:`HealthWatch` probes ``GET /health`` on every serving rank
+its port accepts, nothing answers. :class:`HealthWatch` probes every serving rank (in the job,
+:func:`generating_health`: ``GET /health`` and a one-token completion, since vLLM's ``/health`` stays
+200 while its engine core is stopped)
 (vLLM: 200 when the engine is healthy; SGLang: rank 0 of a pipeline server, each replica in replicas
 mode) every ``interval_s``, each probe with its own generous timeout, and reports a rank that gave no
 healthy answer for ``fail_after_s`` (the launch key ``HEALTH_FAIL_AFTER_S``, docs/keys.md). What to do
@@ -70,6 +72,49 @@ def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
             return False, f"no answer within {timeout_s:g}s"
         return False, f"no answer: {reason}"
+
+
+class OwnRequests:
+    """The launcher's own requests to the engine (the health watch's one-token completions), counted so
+    that the request counters idle release and the GPU-hour accounting read can leave them out."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sent = 0  # counted before sending: a reading taken meanwhile never sees a request of ours as a client's
+        self.in_flight = 0
+
+    def begin(self) -> None:
+        with self.lock:
+            self.sent += 1
+            self.in_flight += 1
+
+    def end(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+
+def generating_health(generate: Callable, served: str, api_key: str | None,
+                      own: OwnRequests) -> Callable[[str, float], tuple[bool, str]]:
+    """A health probe that also asks for one token: ``GET /health``, then (when healthy) a one-token
+    completion at the same server's ``/v1``. vLLM answers ``/health`` from its API server, which stays
+    up while its engine core is stopped or stuck (``/health`` then still says 200), so only a
+    generation shows the engine can work. ``generate`` is ``readiness.generates``."""
+
+    def get(url: str, timeout_s: float) -> tuple[bool, str]:
+        ok, seen = get_health(url, timeout_s)
+        if not ok:
+            return ok, seen
+        root = url[: -len("/health")] if url.endswith("/health") else url.rstrip("/")
+        own.begin()
+        try:
+            result = generate(root + "/v1", served, api_key, timeout_s=timeout_s)
+        finally:
+            own.end()
+        if result.ok:
+            return True, seen
+        return False, f"/health {seen}, but a one-token completion: {result.detail}"
+
+    return get
 
 
 @dataclass

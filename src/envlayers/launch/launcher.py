@@ -163,15 +163,19 @@ class Launcher:
             say(line)
         from .meter import Meter, job_start_time
 
-        self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ))
+        from .health import OwnRequests
+
+        own = OwnRequests()  # the health watch's one-token completions, left out of the request counters
+        self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ), own=own)
         for name, text in lp.files.items():
             atomic_write(self.run_dir / name, text)
         self.start(lp, api_key)
         # replicas that survive a peer, and the /health watch once live
-        from .health import HealthWatch, health_url
+        from .health import HealthWatch, generating_health, health_url
         from .replicas import Survivors, release_node, survives
 
-        health = HealthWatch({t.rank: health_url(t.probe_url) for t in lp.targets}, self.health)
+        health = HealthWatch({t.rank: health_url(t.probe_url) for t in lp.targets}, self.health,
+                             get=generating_health(generates, lp.served, api_key, own))
         if survives(lp):
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir))

@@ -69,8 +69,10 @@ class Meter:
     def __init__(self, lp: LaunchPlan, keys: Mapping[str, str], say: Callable[[str], None], *,
                  api_key: str | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, fetch: Callable[..., str | None] = fetch_metrics,
-                 job_start: float | None = None):
+                 job_start: float | None = None, own=None):
         self.lp, self.say, self.api_key, self.clock, self.wall, self.fetch = lp, say, api_key, clock, wall, fetch
+        self.own = own  # launch.health.OwnRequests: the launcher's own requests, left out of the counters
+        self._finished_seen = 0.0  # the most finished requests of clients reported so far
         self.stop_after_s = idle_seconds(keys, "IDLE_STOP_AFTER_S")
         self.warn_after_s = idle_seconds(keys, "IDLE_WARN_AFTER_S")
         self.offset = wall() - clock()  # monotonic -> wall clock
@@ -199,7 +201,18 @@ class Meter:
                 return None
             total = counters if total is None else Counters(total.finished + counters.finished,
                                                             total.in_flight + counters.in_flight)
-        return total
+        return self._clients_only(total)
+
+    def _clients_only(self, total: Counters | None) -> Counters | None:
+        """``total`` without the launcher's own requests (the health watch's one-token completions). Ours are
+        counted before they are sent, so a reading taken while one is in flight shows fewer finished
+        requests than the last: the finished count reported never goes back (nor counts one of ours)."""
+        if total is None or self.own is None:
+            return total
+        with self.own.lock:
+            sent, in_flight = self.own.sent, self.own.in_flight
+        self._finished_seen = max(self._finished_seen, total.finished - sent)
+        return Counters(self._finished_seen, max(0.0, total.in_flight - in_flight))
 
     def _gateway(self, text: str) -> Counters | None:
         """The gateway's counters, read per replica so the total never goes back: a replica that did not
