@@ -1,7 +1,7 @@
 """``env_layers bench`` against real stand-in engines on 127.0.0.1 that stream at a configured pace
 (STANDIN_TTFT_S, STANDIN_TOKENS_PER_S): the measured TTFT, ITL, end-to-end latency and throughput
 match the configured rates (loose bounds: the machine is shared), errors are counted, the load is
-bounded in count and time, and the table, JSON and plot come out."""
+bounded in count and time, the prompt tokens are the engine's own count, and the table, JSON and plot come out."""
 
 from __future__ import annotations
 
@@ -182,6 +182,127 @@ def test_the_load_is_bounded(engines, what, settings, concurrency, most_s):
         assert all("timed out" in x.error or "no complete reply" in x.error for x in run.samples)
     else:
         assert run.cut_short and 2 <= len(run.samples) < 20 and all(x.ok for x in run.samples)
+
+
+# An engine whose tokenizer is not one word, one token: prompt_tokens = 3 x words + 7, plus one for an
+# odd request number (so the counts per request differ); USAGE=0 sends no usage chunk at all.
+TOKENIZING_ENGINE = """
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": "tok-model", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        words = req["messages"][-1]["content"].split()
+        prompt = 3 * len(words) + 7 + (int(words[0]) % 2 if words[0].isdigit() else 0)
+        n = req["max_tokens"]
+        if not req.get("stream"):  # the check before the load
+            body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "w"},
+                                            "finish_reason": "length"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        def send(obj):
+            self.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\\n\\n")
+            self.wfile.flush()
+        send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        for i in range(n):
+            time.sleep(0.002)
+            send({"choices": [{"index": 0, "delta": {"content": " w"}}]})
+        send({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if USAGE:
+            send({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": n,
+                                           "total_tokens": prompt + n}})
+        send(b"[DONE]")
+
+USAGE = sys.argv[2] == "1"
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.fixture
+def tokenizing_engine(tmp_path):
+    started = []
+
+    def start(usage: bool) -> str:
+        script = tmp_path / "tokenizing_engine.py"
+        script.write_text(TOKENIZING_ENGINE)
+        port = _free_port()
+        started.append(subprocess.Popen([sys.executable, str(script), str(port), "1" if usage else "0"]))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert started[-1].poll() is None
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1):
+                    return f"http://127.0.0.1:{port}/v1"
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("the tokenizing engine did not serve within 20 s")
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_prompt_tokens_are_the_engines_count_not_the_words(tokenizing_engine):
+    url = tokenizing_engine(usage=True)
+    code, data = bench(url, "--concurrency", "1,2", "--requests", "6", "--input-tokens", "10",
+                       "--output-tokens", "5")
+    assert code == 0
+    # 10 words: 37 tokens for the even request numbers 0, 2, 4 and 38 for the odd ones
+    assert data["prompt"] == {"words_asked": 10, "tokens_counted_p50": 37.5, "tokens_counted_min": 37,
+                              "tokens_counted_max": 38, "tokens_counted_reported": 12}
+    for lv in data["levels"]:
+        assert lv["prompt_tokens"] == {"p50": 37.5, "min": 37, "max": 38, "reported": 6}
+        assert lv["output_tokens"] == 6 * 5
+    result = CliRunner().invoke(cli, ["bench", url, "--concurrency", "1", "--requests", "3",
+                                      "--input-tokens", "10", "--output-tokens", "5"])
+    assert result.exit_code == 0, result.output
+    # requests 0, 1, 2: 37, 38, 37 tokens
+    assert ("prompt: 10 words asked (--input-tokens is a length in words), 37 tokens counted by the engine "
+            "(median per request, 37..38)") in result.stdout
+
+
+def test_no_usage_in_the_stream_leaves_the_prompt_count_unknown(tokenizing_engine):
+    url = tokenizing_engine(usage=False)
+    s = load.Settings(url, "tok-model", requests=4, input_tokens=10, output_tokens=5, timeout_s=10)
+    runs = [load.run_level(s, 2)]
+    assert all(x.ok and x.prompt_tokens is None and x.output_tokens == 5 for x in runs[0].samples)
+    data = report.report(s, runs, {"base_url": url, "model": "tok-model"})
+    assert data["levels"][0]["prompt_tokens"] == {"p50": None, "min": None, "max": None, "reported": 0}
+    assert data["prompt"]["tokens_counted_p50"] is None and data["prompt"]["words_asked"] == 10
+    assert "10 words asked (--input-tokens is a length in words); the engine reported no prompt token count" \
+        in report.format_table(data)
+
+
+@pytest.mark.parametrize("words", [1, 2, 37])
+def test_the_prompt_has_the_words_asked_for(engines, words):
+    """The stand-in counts one token per word: its count is the words the prompt had."""
+    e = engines({"STANDIN_TOKENS_PER_S": "500"})
+    code, data = bench(e.url, "--concurrency", "2", "--requests", "4", "--input-tokens", str(words),
+                       "--output-tokens", "3")
+    assert code == 0
+    assert data["levels"][0]["prompt_tokens"] == {"p50": words, "min": words, "max": words, "reported": 4}
+    assert len({load.prompt_for(n, words) for n in range(4)}) == 4  # distinct: no prefix cache serves one whole
 
 
 @pytest.mark.parametrize("values, p, expected", [

@@ -5,8 +5,10 @@ Standard library only (threads and ``http.client``): the maintained generators (
 which a cluster's compute network usually cannot reach (docs/operating.md, "Load report").
 
 Each request asks for ``output_tokens`` tokens with ``ignore_eos`` (vLLM and SGLang both accept it),
-streams the reply (``stream_options.include_usage`` for the engine's own token count) and records
-when each content chunk arrived. Requests go only to the one base URL given.
+streams the reply (``stream_options.include_usage`` for the engine's own token counts, prompt and
+completion) and records when each content chunk arrived. The prompt length is asked for in words: how
+many tokens they make is the engine's tokenizer's business, so the count reported is the engine's
+``usage.prompt_tokens``. Requests go only to the one base URL given.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Settings:
     requests: int = 32  # per level
     duration_s: float = 60.0  # per level: no request starts after this
     timeout_s: float = 60.0  # per request, from sending to the last byte
-    input_tokens: int = 128  # prompt length in words (about one token each)
+    input_tokens: int = 128  # prompt length in words; the tokens they make: Sample.prompt_tokens
     output_tokens: int = 64
     ignore_eos: bool = True
 
@@ -44,6 +46,7 @@ class Sample:
     ttft_s: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk, from sending
     output_tokens: int = 0  # the engine's usage count, else the content chunks
+    prompt_tokens: int | None = None  # the engine's usage.prompt_tokens; None when it sent no usage
     error: str | None = None
 
 
@@ -56,9 +59,15 @@ class LevelRun:
 
 
 def prompt_text(words: int) -> str:
-    """A prompt of ``words`` words; distinct per request so no prefix cache serves it whole."""
+    """``words`` words of filler ("" for none)."""
     base = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
-    return " ".join(base[i % len(base)] for i in range(max(1, words)))
+    return " ".join(base[i % len(base)] for i in range(max(0, words)))
+
+
+def prompt_for(number: int, words: int) -> str:
+    """Request ``number``'s prompt: ``words`` words (at least one), the first its number, so prompts
+    are distinct and no prefix cache serves one whole."""
+    return " ".join(filter(None, (str(number), prompt_text(words - 1))))
 
 
 def _connection(base_url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
@@ -86,14 +95,14 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
     sample = Sample(ok=False, start_s=t0 - level_t0)
     body = {"model": s.model, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": s.output_tokens, "temperature": 0.0,
-            "messages": [{"role": "user", "content": f"{number} {prompt_text(s.input_tokens - 1)}"}]}
+            "messages": [{"role": "user", "content": prompt_for(number, s.input_tokens)}]}
     if s.ignore_eos:
         body["ignore_eos"] = True
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if s.api_key:
         headers["Authorization"] = f"Bearer {s.api_key}"
     conn, path = _connection(s.base_url, s.timeout_s)
-    usage_tokens = None
+    usage_tokens = prompt_tokens = None
     end = None
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
@@ -121,6 +130,7 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
                 return sample
             if isinstance(event, dict) and isinstance(event.get("usage"), dict):
                 usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
+                prompt_tokens = event["usage"].get("prompt_tokens", prompt_tokens)
             if isinstance(event, dict) and event.get("error"):
                 sample.error = f"error in the stream: {str(event['error'])[:200]}"
                 return sample
@@ -139,6 +149,8 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
     sample.ttft_s = sample.chunk_times[0]
     sample.output_tokens = usage_tokens if isinstance(usage_tokens, int) and usage_tokens > 0 \
         else len(sample.chunk_times)
+    if isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and prompt_tokens > 0:
+        sample.prompt_tokens = prompt_tokens
     sample.ok = True
     return sample
 

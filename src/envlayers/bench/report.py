@@ -5,7 +5,9 @@ Definitions (docs/operating.md, "Load report"), per concurrency level:
 - TTFT: from sending a request to its first streamed content chunk;
 - ITL (inter-token latency): per request, (end-to-end - TTFT) / (output tokens - 1), the time per token
   after the first; it does not depend on how many tokens an engine puts in one chunk;
-- e2e: from sending a request to the end of its stream.
+- e2e: from sending a request to the end of its stream;
+- prompt tokens: the engine's ``usage.prompt_tokens`` per request (the prompt is asked for in words,
+  and how many tokens they make depends on the model's tokenizer and chat template).
 Percentiles are over the level's successful requests (linear interpolation between ranks).
 """
 
@@ -40,6 +42,13 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 5)
 
 
+def _prompt_tokens(samples) -> dict:
+    """The engine's prompt token counts of these samples: median, range, how many reported one."""
+    counts = [s.prompt_tokens for s in samples if s.ok and s.prompt_tokens is not None]
+    return {"p50": percentile(counts, 50), "min": min(counts, default=None), "max": max(counts, default=None),
+            "reported": len(counts)}
+
+
 def summarize(level: LevelRun) -> dict:
     ok = [s for s in level.samples if s.ok]
     failed = [s for s in level.samples if not s.ok]
@@ -63,6 +72,7 @@ def summarize(level: LevelRun) -> dict:
         "ttft_s": _dist([s.ttft_s for s in ok if s.ttft_s is not None]),
         "itl_s": _dist(itl),
         "e2e_s": _dist([s.e2e_s for s in ok if s.e2e_s is not None]),
+        "prompt_tokens": _prompt_tokens(level.samples),
     }
 
 
@@ -73,6 +83,9 @@ def report(settings: Settings, levels: list[LevelRun], target: dict) -> dict:
                      "timeout_s": settings.timeout_s, "input_tokens": settings.input_tokens,
                      "output_tokens": settings.output_tokens, "ignore_eos": settings.ignore_eos,
                      "concurrency": [lv.concurrency for lv in levels]},
+        "prompt": {"words_asked": settings.input_tokens,
+                   **{f"tokens_counted_{k}": v for k, v in
+                      _prompt_tokens([s for lv in levels for s in lv.samples]).items()}},
         "levels": [summarize(lv) for lv in levels],
     }
 
@@ -90,6 +103,7 @@ def format_table(data: dict) -> str:
     lines = [f"bench {t['base_url']} (model {t['model']}): {st['input_tokens']} prompt words, "
              f"{st['output_tokens']} output tokens, up to {st['requests_per_level']} requests and "
              f"{st['duration_s_per_level']:g} s per level",
+             _prompt_line(data.get("prompt")),
              "latencies in ms, p50/p90/p99"]
     head = ("conc", "ok", "err", "req/s", "out tok/s", "TTFT", "ITL", "e2e")
     rows = [head]
@@ -107,6 +121,17 @@ def format_table(data: dict) -> str:
         for e in lv["error_kinds"]:
             lines.append(f"concurrency {lv['concurrency']}: {e['count']} failed: {e['error']}")
     return "\n".join(lines) + "\n"
+
+
+def _prompt_line(prompt: dict | None) -> str:
+    if not prompt:
+        return "prompt: -"
+    words = f"prompt: {prompt['words_asked']} words asked (--input-tokens is a length in words)"
+    if not prompt["tokens_counted_reported"]:
+        return f"{words}; the engine reported no prompt token count (no usage in the stream)"
+    lo, hi = prompt["tokens_counted_min"], prompt["tokens_counted_max"]
+    spread = f", {lo}..{hi}" if lo != hi else ""
+    return f"{words}, {prompt['tokens_counted_p50']:g} tokens counted by the engine (median per request{spread})"
 
 
 def plot(data: dict, path: str) -> None:

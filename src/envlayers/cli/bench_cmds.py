@@ -85,7 +85,7 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
 @click.option("--timeout-s", "timeout_s", type=Seconds(zero_ok=False, minimum=1, maximum=600), default=60.0, show_default=True,
               metavar="S", help="Per request, from sending it to the end of its stream (1 to 600).")
 @click.option("--input-tokens", type=click.IntRange(min=1, max=100_000), default=128, show_default=True, metavar="N",
-              help="Prompt length in words (about one token each).")
+              help="Prompt length in words (the report shows the tokens the engine counted for them).")
 @click.option("--output-tokens", type=click.IntRange(min=1, max=100_000), default=64, show_default=True, metavar="N",
               help="Tokens asked for per request (max_tokens).")
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
