@@ -1,7 +1,8 @@
 """``env_layers bench`` against real stand-in engines on 127.0.0.1 that stream at a configured pace
 (STANDIN_TTFT_S, STANDIN_TOKENS_PER_S): the measured TTFT, ITL, end-to-end latency and throughput
 match the configured rates (loose bounds: the machine is shared), errors are counted, the load is
-bounded in count and time, the prompt tokens are the engine's own count, and the table, JSON and plot come out."""
+bounded in count and time, the prompt tokens are the engine's own count, the generator's CPU is its
+own process time, and the table, JSON and plot come out."""
 
 from __future__ import annotations
 
@@ -303,6 +304,38 @@ def test_the_prompt_has_the_words_asked_for(engines, words):
     assert code == 0
     assert data["levels"][0]["prompt_tokens"] == {"p50": words, "min": words, "max": words, "reported": 4}
     assert len({load.prompt_for(n, words) for n in range(4)}) == 4  # distinct: no prefix cache serves one whole
+
+
+def test_generator_cpu_is_its_own_process_time_not_the_wall(engines):
+    """Slow replies (0.4 s each) cost the generator little CPU; the wall time is not counted as CPU."""
+    e = engines({"STANDIN_TTFT_S": "0.4", "STANDIN_TOKENS_PER_S": "200"})
+    code, data = bench(e.url, "--concurrency", "2", "--requests", "4", "--output-tokens", "4")
+    assert code == 0
+    lv = data["levels"][0]
+    assert lv["wall_s"] >= 0.8
+    assert 0 < lv["generator_cpu_s"] < 0.5 * lv["wall_s"]
+    assert lv["generator_cpu_s_per_request"] == pytest.approx(lv["generator_cpu_s"] / 4, abs=1e-5)
+    assert lv["generator_cpu_cores"] == pytest.approx(lv["generator_cpu_s"] / lv["wall_s"], abs=1e-4)
+
+
+def test_generator_cpu_counts_the_work_done_in_the_generator(engines, monkeypatch):
+    """CPU the generator's threads burn during a level is in its count (60 ms of work per request)."""
+    e = engines({"STANDIN_TOKENS_PER_S": "500"})
+    real = load.one_request
+
+    def busy(s, number, level_t0):
+        t0 = time.thread_time()  # this thread's own 60 ms, whatever the other workers do
+        while time.thread_time() - t0 < 0.06:
+            pass
+        return real(s, number, level_t0)
+
+    monkeypatch.setattr(load, "one_request", busy)
+    s = load.Settings(e.url, SERVED, requests=4, output_tokens=3, timeout_s=10)
+    summary = report.summarize(load.run_level(s, 2))
+    assert summary["ok"] == 4
+    assert summary["generator_cpu_s_per_request"] >= 0.06
+    assert "gen CPU" in report.format_table(report.report(s, [load.run_level(s, 1)],
+                                                          {"base_url": e.url, "model": SERVED}))
 
 
 @pytest.mark.parametrize("values, p, expected", [

@@ -8,7 +8,9 @@ Each request asks for ``output_tokens`` tokens with ``ignore_eos`` (vLLM and SGL
 streams the reply (``stream_options.include_usage`` for the engine's own token counts, prompt and
 completion) and records when each content chunk arrived. The prompt length is asked for in words: how
 many tokens they make is the engine's tokenizer's business, so the count reported is the engine's
-``usage.prompt_tokens``. Requests go only to the one base URL given.
+``usage.prompt_tokens``. Each level also records the CPU time this process spent on it
+(``time.process_time``: user + system, all threads), the load generator's own cost, which on a host
+shared with the engine is CPU the engine did not get. Requests go only to the one base URL given.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class LevelRun:
     wall_s: float
     samples: list[Sample]
     cut_short: bool  # the duration ran out before every request was sent
+    cpu_s: float = 0.0  # CPU seconds (user + system) this process spent during the level
 
 
 def prompt_text(words: int) -> str:
@@ -176,6 +179,7 @@ def run_level(s: Settings, concurrency: int) -> LevelRun:
     counter = iter(range(s.requests))
     samples: list[Sample] = []
     cut = threading.Event()
+    cpu0 = time.process_time()
     t0 = time.monotonic()
 
     def worker() -> None:
@@ -197,7 +201,9 @@ def run_level(s: Settings, concurrency: int) -> LevelRun:
         t.start()
     for t in threads:
         t.join(s.duration_s + s.timeout_s + 30)  # a request past its timeout is cut by one_request
-    return LevelRun(concurrency, time.monotonic() - t0, sorted(samples, key=lambda x: x.start_s), cut.is_set())
+    wall = time.monotonic() - t0
+    return LevelRun(concurrency, wall, sorted(samples, key=lambda x: x.start_s), cut.is_set(),
+                    time.process_time() - cpu0)
 
 
 def run(s: Settings, levels: list[int], progress=None) -> list[LevelRun]:

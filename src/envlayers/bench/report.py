@@ -7,7 +7,9 @@ Definitions (docs/operating.md, "Load report"), per concurrency level:
   after the first; it does not depend on how many tokens an engine puts in one chunk;
 - e2e: from sending a request to the end of its stream;
 - prompt tokens: the engine's ``usage.prompt_tokens`` per request (the prompt is asked for in words,
-  and how many tokens they make depends on the model's tokenizer and chat template).
+  and how many tokens they make depends on the model's tokenizer and chat template);
+- generator CPU: CPU seconds (user + system) the load generator's own process spent during the level,
+  per request sent; on a host shared with the engine it is CPU the engine did not get.
 Percentiles are over the level's successful requests (linear interpolation between ranks).
 """
 
@@ -73,6 +75,9 @@ def summarize(level: LevelRun) -> dict:
         "itl_s": _dist(itl),
         "e2e_s": _dist([s.e2e_s for s in ok if s.e2e_s is not None]),
         "prompt_tokens": _prompt_tokens(level.samples),
+        "generator_cpu_s": _r(level.cpu_s),
+        "generator_cpu_s_per_request": _r(level.cpu_s / len(level.samples)) if level.samples else None,
+        "generator_cpu_cores": _r(level.cpu_s / wall) if wall else None,  # CPU s per wall s
     }
 
 
@@ -104,13 +109,14 @@ def format_table(data: dict) -> str:
              f"{st['output_tokens']} output tokens, up to {st['requests_per_level']} requests and "
              f"{st['duration_s_per_level']:g} s per level",
              _prompt_line(data.get("prompt")),
-             "latencies in ms, p50/p90/p99"]
-    head = ("conc", "ok", "err", "req/s", "out tok/s", "TTFT", "ITL", "e2e")
+             "latencies in ms, p50/p90/p99; gen CPU: the load generator's own CPU ms per request"]
+    head = ("conc", "ok", "err", "req/s", "out tok/s", "TTFT", "ITL", "e2e", "gen CPU")
     rows = [head]
     for lv in data["levels"]:
         rows.append((str(lv["concurrency"]), str(lv["ok"]), str(lv["errors"]), _num(lv["requests_per_s"]),
                      _num(lv["output_tokens_per_s"]),
-                     *("/".join(_ms(lv[m][f"p{p}"]) for p in PERCENTILES) for m, _ in METRICS)))
+                     *("/".join(_ms(lv[m][f"p{p}"]) for p in PERCENTILES) for m, _ in METRICS),
+                     _ms(lv.get("generator_cpu_s_per_request"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         lines.append("  ".join(cell.rjust(w) for cell, w in zip(r, widths)).rstrip())
