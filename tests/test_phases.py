@@ -13,7 +13,15 @@ LOGS = Path(__file__).parent / "data" / "logs"
 SG = "[2026-11-30 14:00:13 TP0] "
 VL = "(Worker_TP0 pid=40412) INFO 11-30 09:13:31 [gpu_model_runner.py:2653] "
 EC = "(EngineCore_DP0 pid=40388) INFO 11-30 09:14:23 [kv_cache_utils.py:1087] "
+# vLLM 0.32 on CPUs (the real engine's prefixes: one worker, one engine core, no DP/TP suffix)
+W32 = "(Worker pid=22605) INFO 12-03 16:54:20 [default_loader.py:501] "
+EC32 = "(EngineCore pid=22342) INFO 12-03 16:54:21 [kv_cache_utils.py:2327] "
 
+
+# a real vLLM 0.32 CPU startup, captured from the lab (tests/slurm/test_real_vllm_e2e.py): --enforce-eager, so no
+# graph capture; (phase, line) as the real log has them
+REAL_CPU_LOG = "healthy-vllm-0.32-cpu"
+REAL_CPU_PHASES = [("loading", 41), ("weights-loaded", 50), ("kv-cache", 53), ("ready", 105)]
 
 # (lines, expected last phase name, expected details of that phase)
 CASES = [
@@ -63,6 +71,25 @@ CASES = [
                  "graph-capture", {"elapsed_s": 12.0, "mem_usage_gib": 0.62}, id="vllm-graph-capture"),
     pytest.param([VL + "Starting to load model m...", "(APIServer pid=1) INFO:     Application startup complete."],
                  "ready", {}, id="vllm-startup-complete"),
+    pytest.param([VL + "Starting to load model openai/gpt-oss-120b...", VL + "Loading weights took 62.31 seconds",
+                  VL + "Model loading took 16.9012 GiB and 66.210331 seconds"], "weights-loaded",
+                 {"weights_elapsed_s": 62.31, "mem_usage_gib": 16.9012, "elapsed_s": 66.210331},
+                 id="vllm-loader-line-then-model-runner-line-one-phase"),
+    pytest.param([W32 + "Loading weights took 0.01 seconds"], "weights-loaded", {"weights_elapsed_s": 0.01},
+                 id="vllm-0.32-cpu-weights-loaded-without-model-loading-took"),
+    pytest.param(["(Worker pid=22605) INFO 12-03 16:54:21 [cpu_worker.py:260] Explicitly set (1.0/7.96) GiB for KV "
+                  "cache on node 0."], "kv-cache", {"kv_cache_gib": 1.0}, id="vllm-0.32-cpu-kv-cache-space-given"),
+    pytest.param(["(Worker pid=1) INFO 12-03 16:54:21 [cpu_worker.py:260] Auto set (3.25/7.96) GiB for KV cache on "
+                  "node 0, with 4.00 GiB requested memory for the worker. 0.75 GiB memory was consumed by non-kv "
+                  "usages."], "kv-cache", {"kv_cache_gib": 3.25}, id="vllm-0.32-cpu-kv-cache-sized-by-itself"),
+    pytest.param([EC32 + "CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 512 tokens per request: "
+                         "4096.00x"], "kv-cache",
+                 {"tokens": 2097152, "tokens_per_request": 512, "max_concurrency": 4096.0},
+                 id="vllm-0.32-cpu-kv-cache-size-and-concurrency-on-one-line"),
+    pytest.param([EC32 + "GPU KV cache size: 3,574,672 tokens, Maximum concurrency for 131,072 tokens per request: "
+                         "48.77x"], "kv-cache",
+                 {"tokens": 3574672, "tokens_per_request": 131072, "max_concurrency": 48.77},
+                 id="vllm-0.32-gpu-kv-cache-size-and-concurrency-on-one-line"),
     pytest.param(["\x1b[32m[2026-11-30 14:00:13 TP0] Load weight begin. avail mem=106.52 GB\x1b[0m"], "loading",
                  {"avail_mem_gb": 106.52}, id="ansi-codes-ignored"),
     pytest.param([SG + "Load weight begin. avail mem=106.52 GB", SG + "Load weight end. elapsed=14"], "weights-loaded",
@@ -94,8 +121,9 @@ def test_repeated_per_rank_lines_keep_the_first_values():
                  [("loading", 17), ("weights-loaded", 21), ("kv-cache", 22), ("graph-capture", 25), ("ready", 37)],
                  id="sglang-full-startup-in-order"),
     pytest.param("healthy-vllm/server-0.log", "vllm",
-                 [("loading", 12), ("weights-loaded", 17), ("kv-cache", 22), ("graph-capture", 25), ("ready", 31)],
+                 [("loading", 12), ("weights-loaded", 16), ("kv-cache", 22), ("graph-capture", 25), ("ready", 31)],
                  id="vllm-full-startup-in-order"),
+    pytest.param(f"{REAL_CPU_LOG}/server-0.log", "vllm", REAL_CPU_PHASES, id="vllm-0.32-cpu-real-startup-in-order"),
     pytest.param("sglang-host-oom/server-0.log", "sglang", [("loading", 6)], id="sglang-stopped-in-weight-load"),
 ])
 def test_real_logs(name, engine, expected):

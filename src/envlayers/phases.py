@@ -4,9 +4,13 @@ Pure: text in, phases out. Used by ``wait`` (live progress) and ``status`` (last
 
 SGLang, in order: ``Load weight begin`` -> ``Load weight end`` -> ``KV Cache is allocated`` /
 ``max_total_num_tokens=`` -> ``Capture cuda graph`` -> ``The server is fired up``.
-vLLM, in order: ``Starting to load model`` / ``Loading safetensors checkpoint shards`` -> ``Model loading took``
--> ``Available KV cache memory`` / ``GPU KV cache size`` -> ``Capturing CUDA graphs`` ->
-``Application startup complete``.
+vLLM, in order: ``Starting to load model`` / ``Loading safetensors checkpoint shards`` -> ``Loading weights took``
+/ ``Model loading took`` -> ``Available KV cache memory`` / ``GPU KV cache size`` (0.32 on CPUs: ``Explicitly
+set (1.0/7.96) GiB for KV cache``, ``CPU KV cache size``) -> ``Capturing CUDA graphs`` ->
+``Application startup complete``. 0.32's CPU build prints no ``Model loading took`` (its model runner has no
+such line): ``Loading weights took`` is its last line of the weight load. The vLLM lines a CPU build never
+prints are in :data:`VLLM_NOT_ON_CPU` with who prints them (tests/test_standin_vs_real.py holds every vLLM
+rule to a real 0.32 CPU log, or to that entry).
 
 Both map onto the same five phase names, in this order::
 
@@ -156,12 +160,20 @@ RULES: tuple[_Rule, ...] = (
        r"Model loading took (?P<m>[\d.]+)\s*GiB(?: memory)?(?: and (?P<e>[\d.]+)\s*s)?",
        {"m": "mem_usage_gib", "e": "elapsed_s"}),
     _r("vllm", "weights-loaded", r"Loading model weights took (?P<m>[\d.]+)\s*GB", {"m": "mem_usage_gb"}),
-    _r("vllm", "loading", r"Loading weights took (?P<e>[\d.]+)\s*s", {"e": "weights_elapsed_s"}),
+    # the loader's own line, before the model runner's "Model loading took" (which 0.32 on CPUs never prints)
+    _r("vllm", "weights-loaded", r"Loading weights took (?P<e>[\d.]+)\s*s", {"e": "weights_elapsed_s"}),
     _r("vllm", "loading", r"Starting to load model (?P<model>\S+?)(?:\.\.\.)?\s*$", {"model": "model"}),
     _r("vllm", "loading", r"Loading (?:safetensors|fastsafetensors|pt) checkpoint shards"),
     _r("vllm", "loading", r"Loading model from scratch"),
     _r("vllm", "kv-cache", r"Available KV cache memory:\s*(?P<g>[\d.]+)\s*GiB", {"g": "kv_cache_gib"}),
-    _r("vllm", "kv-cache", r"GPU KV cache size:\s*(?P<t>[\d,]+) tokens", {"t": "tokens"}),
+    # the CPU worker's line (VLLM_CPU_KVCACHE_SPACE given: "Explicitly", else "Auto")
+    _r("vllm", "kv-cache", r"(?:Explicitly|Auto) set \((?P<g>[\d.]+)/[\d.]+\) GiB for KV cache",
+       {"g": "kv_cache_gib"}),
+    # 0.28: "GPU KV cache size: N tokens" alone; 0.32: "<device> KV cache size: N tokens, Maximum concurrency ..."
+    _r("vllm", "kv-cache",
+       r"(?:GPU|CPU|XPU|TPU) KV cache size:\s*(?P<t>[\d,]+) tokens"
+       r"(?:, Maximum concurrency for (?P<c>[\d,]+) tokens per request:\s*(?P<x>[\d.]+)x)?",
+       {"t": "tokens", "c": "tokens_per_request", "x": "max_concurrency"}),
     _r("vllm", "kv-cache", r"Maximum concurrency for (?P<c>[\d,]+) tokens per request:\s*(?P<x>[\d.]+)x",
        {"c": "tokens_per_request", "x": "max_concurrency"}),
     _r("vllm", "kv-cache", r"# (?:GPU|cuda|CUDA) blocks:\s*(?P<b>\d+)", {"b": "gpu_blocks"}),
@@ -171,6 +183,29 @@ RULES: tuple[_Rule, ...] = (
     # SGLang's uvicorn also says this before its own warm-up; only vLLM counts it as ready (see _match)
     _r("vllm", "ready", r"Application startup complete"),
 )
+
+# The vLLM rules whose line a CPU build of vLLM never prints, with who prints it and where that is to be read
+# (a path under the engine's package, or a real log in tests/data/logs). Every other vLLM rule matches a line
+# of the real 0.32 CPU log (tests/test_standin_vs_real.py checks both, against the installed engine).
+VLLM_NOT_ON_CPU: dict[str, str] = {
+    r"Model loading took (?P<m>[\d.]+)\s*GiB(?: memory)?(?: and (?P<e>[\d.]+)\s*s)?":
+        "vLLM 0.28 and 0.32 on GPUs (CUDA, ROCm): vllm/v1/worker/gpu_model_runner.py; "
+        "tests/data/logs/healthy-vllm/server-0.log",
+    r"Loading model weights took (?P<m>[\d.]+)\s*GB":
+        "vLLM's V0 engine on GPUs (before 0.11): vllm/worker/model_runner.py, gone with V0",
+    r"Loading model from scratch":
+        "vLLM 0.32 on GPUs, model runner V2: vllm/v1/worker/gpu/model_runner.py",
+    r"Available KV cache memory:\s*(?P<g>[\d.]+)\s*GiB":
+        "vLLM 0.28 and 0.32 on GPUs: vllm/v1/worker/gpu_worker.py; tests/data/logs/healthy-vllm/server-0.log",
+    r"# (?:GPU|cuda|CUDA) blocks:\s*(?P<b>\d+)":
+        "vLLM's V0 engine (before 0.11): vllm/executor/gpu_executor.py, gone with V0",
+    r"Graph capturing finished in (?P<e>[\d.]+) secs?(?:, took (?P<m>[\d.]+)\s*GiB)?":
+        "vLLM 0.28 and 0.32 on GPUs without --enforce-eager: vllm/v1/worker/gpu_model_runner.py; "
+        "tests/data/logs/healthy-vllm/server-0.log",
+    r"(?i)Capturing (?:CUDA ?graphs|cudagraphs)":
+        "vLLM 0.28 and 0.32 on GPUs without --enforce-eager: vllm/v1/worker/gpu_model_runner.py; "
+        "tests/data/logs/healthy-vllm/server-0.log",
+}
 
 # Every RULES regex needs one of these words; a line without any is skipped with one search.
 _KEYWORDS = re.compile(r"Load weight|Loading|loading|to load|Cache is allocated|max_total_num_tokens|KV cache"
