@@ -124,7 +124,9 @@ def test_every_rule_has_a_positive_test(rules):
     assert tested == {rule.id for rule in rules if rule.seen_by is None}
 
 
-HEALTHY = ["healthy-sglang-pp4", "healthy-vllm", "healthy-sglang-single", "healthy-vllm-pp2"]
+# healthy-vllm-0.32-cpu: a real vLLM 0.32 CPU startup on the lab (tests/slurm/test_real_vllm_e2e.py), which
+# prints no "Model loading took"
+HEALTHY = ["healthy-sglang-pp4", "healthy-vllm", "healthy-sglang-single", "healthy-vllm-pp2", "healthy-vllm-0.32-cpu"]
 
 
 @pytest.mark.parametrize("fixture", HEALTHY)
@@ -137,6 +139,27 @@ def test_no_rule_fires_on_any_lone_healthy_log(rules, fixture):
     """Each healthy file alone (the context of the others missing) still gives no finding, possible or not."""
     for log in logs_of(fixture):
         assert diagnose([log], rules) == [], log.name
+
+
+def real_032_cut(after: str) -> list[LogText]:
+    """The real vLLM 0.32 CPU log cut after its first line containing ``after``, the rank then killed."""
+    lines = (LOGS / "healthy-vllm-0.32-cpu" / "server-0.log").read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if after in line) + 1
+    return [LogText("server-0.log", lines[:cut] + ["ENVLAYERS-STAGE: rank 0 exited with code 137"]),
+            LogText("serve-only-9.out", ["ENVLAYERS-STAGE: run_dir=/scratch/9",
+                                         "ENVLAYERS-ERROR: rank 0 on n1 exited with code 137 before the endpoint was "
+                                         "live"])]
+
+
+def test_host_oom_fires_on_a_real_032_cpu_log_killed_before_its_weights_were_in(rules):
+    findings = {f.rule_id: f for f in diagnose(real_032_cut("Loading safetensors checkpoint shards:   0%"), rules)}
+    assert set(findings) == {"host-oom-weight-load", "rank-exited"}
+    assert findings["host-oom-weight-load"].evidence[0].text.endswith("Starting to load model /tmp/rv/tiny...")
+
+
+def test_a_real_032_cpu_log_killed_after_its_loader_said_the_weights_are_in_is_no_weight_load_oom(rules):
+    # 0.32 on CPUs ends its weight load with the loader's "Loading weights took", never "Model loading took"
+    assert {f.rule_id for f in diagnose(real_032_cut("Loading weights took"), rules)} == {"rank-exited"}
 
 
 # a lone log: the signature matches, only the context that would confirm it is missing
