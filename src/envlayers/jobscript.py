@@ -142,6 +142,22 @@ def ready_timeout_s(env: Mapping[str, str]) -> int:
     return DEFAULT_READY_TIMEOUT_S
 
 
+def _vllm_choices(env, text: Mapping[str, str], commands, blockers: list[str], warnings: list[str]) -> None:
+    """A parser name or executor vLLM would refuse at argument parsing is a blocker naming its layer line;
+    a SERVER_EXTRA_ARGS flag its parser lacks, a warning (each said once for all ranks)."""
+    from .engines import extra_args
+    from .engines.choices import messages
+
+    where = {k: str(b.origin) for k, b in env.bindings.items()}
+    extra = extra_args(text)
+    for cmd in commands:
+        if cmd.argv[:2] != ("vllm", "serve"):
+            continue  # a Ray worker's `ray start`
+        found_blockers, found_warnings = messages(cmd.argv, extra, where)
+        blockers += [b for b in found_blockers if b not in blockers]
+        warnings += [w for w in found_warnings if w not in warnings]
+
+
 def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, time: str = DEFAULT_TIME,
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: Mapping[str, str] | None = None) -> JobSubmission:
@@ -172,6 +188,8 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
     blockers += not_launched(plan)
+    if engines.engine_name(text) == "vllm":  # vLLM's own choices for the flags that have them (engines/choices.py)
+        _vllm_choices(env, text, commands, blockers, warnings)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .exposure import public_keyless
 

@@ -1,0 +1,86 @@
+"""vLLM's own choices for the flags that have them, checked on the login node before submission.
+
+A parser name vLLM does not know (``--tool-call-parser qwen25``, SGLang's name for Qwen's format)
+makes ``vllm serve`` exit at argument parsing, after the allocation was granted and the image
+started. The choices come from a table generated from the real engine's argument parser by
+``scripts/gen-vllm-choices.py`` and kept as data (``data/vllm-choices.json``), with the engine
+version it came from; ``--options`` flags the table does not list are reported too, as warnings,
+since a newer or older engine may have them.
+
+Pure apart from reading that one file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping
+
+TABLE = Path(__file__).resolve().parent.parent / "data" / "vllm-choices.json"
+# the launch key behind a flag, to name where a bad value was set
+FLAG_KEYS = {"--tool-call-parser": "TOOL_CALL_PARSER", "--reasoning-parser": "REASONING_PARSER"}
+_cache: dict[str, dict] = {}
+
+
+def table(path: Path = TABLE) -> dict:
+    """The table ``{"version": ..., "choices": {flag: [names]}, "options": [flags]}`` (read once)."""
+    key = str(path)
+    if key not in _cache:
+        _cache[key] = json.loads(path.read_text(encoding="utf-8"))
+    return _cache[key]
+
+
+def flag_values(argv: Iterable[str]) -> list[tuple[str, str | None]]:
+    """``(flag, value)`` for every ``--flag value`` / ``--flag=value`` / bare ``--flag`` in ``argv``."""
+    words = list(argv)
+    out: list[tuple[str, str | None]] = []
+    for i, word in enumerate(words):
+        if not word.startswith("--"):
+            continue
+        name, eq, value = word.partition("=")
+        if eq:
+            out.append((name, value))
+        elif i + 1 < len(words) and not words[i + 1].startswith("-"):
+            out.append((name, words[i + 1]))
+        else:
+            out.append((name, None))
+    return out
+
+
+def check(argv: Iterable[str], data: Mapping | None = None) -> tuple[list[tuple[str, str, list[str]]], list[str]]:
+    """``(refused, unknown)`` for one ``vllm serve`` argv: the ``(flag, value, valid names)`` whose value
+    is not among vLLM's choices, and the ``--flags`` vLLM's parser does not have."""
+    data = table() if data is None else data
+    choices: Mapping[str, list[str]] = data.get("choices", {})
+    options = set(data.get("options", ()))
+    refused, unknown = [], []
+    for flag, value in flag_values(argv):
+        if flag in choices and value is not None and value not in choices[flag]:
+            refused.append((flag, value, sorted(choices[flag])))
+        if options and flag not in options and flag not in unknown:
+            unknown.append(flag)
+    return refused, unknown
+
+
+def messages(argv: Iterable[str], extra: Iterable[str], where: Mapping[str, str],
+             data: Mapping | None = None) -> tuple[list[str], list[str]]:
+    """``(blockers, warnings)`` as the dry run prints them, for one rank's ``vllm serve`` argv of which
+    ``extra`` came from ``SERVER_EXTRA_ARGS`` (only those can be flags vLLM lacks). ``where`` maps a
+    launch key to the file:line that set it."""
+    data = table() if data is None else data
+    version = data.get("version", "?")
+    refused, _ = check(argv, data)
+    _, unknown = check(extra, data)
+    blockers = []
+    for flag, value, valid in refused:
+        key = FLAG_KEYS.get(flag)
+        origin = where.get(key) if key else None
+        setting = f"{key} ({origin})" if origin else f"SERVER_EXTRA_ARGS ({where.get('SERVER_EXTRA_ARGS', '?')})"
+        blockers.append(f"{setting}: vLLM refuses {flag} {value!r} (vLLM {version} takes: {', '.join(valid)}); "
+                        "the engine would exit at argument parsing, after the allocation started")
+    warnings = [f"vLLM {version}'s argument parser has no {flag} (SERVER_EXTRA_ARGS "
+                f"({where.get('SERVER_EXTRA_ARGS', '?')})); check the flag against the image's vLLM" for flag in unknown]
+    return blockers, warnings

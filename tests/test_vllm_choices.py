@@ -1,0 +1,87 @@
+"""vLLM's own choices on the login node (engines/choices.py): a parser name vLLM would refuse at
+argument parsing is a blocker naming its layer line, before any allocation is spent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envlayers.engines.choices import TABLE, check, flag_values, messages, table
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = {"version": "9.9.9", "choices": {"--tool-call-parser": ["hermes", "openai"],
+                                        "--reasoning-parser": ["qwen3"],
+                                        "--distributed-executor-backend": ["mp", "ray"]},
+        "options": ["--tool-call-parser", "--reasoning-parser", "--distributed-executor-backend", "--port",
+                    "--enforce-eager", "--served-model-name"]}
+
+
+def test_flag_values_reads_both_spellings_and_bare_flags():
+    assert flag_values(["vllm", "serve", "m", "--port", "1", "--tool-call-parser=hermes", "--enforce-eager"]) == [
+        ("--port", "1"), ("--tool-call-parser", "hermes"), ("--enforce-eager", None)]
+
+
+@pytest.mark.parametrize("argv, refused", [
+    pytest.param(["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"], [], id="valid"),
+    pytest.param(["--tool-call-parser", "qwen25"], [("--tool-call-parser", "qwen25", ["hermes", "openai"])],
+                 id="sglangs-name"),
+    pytest.param(["--distributed-executor-backend=nope"], [("--distributed-executor-backend", "nope", ["mp", "ray"])],
+                 id="equals-form"),
+])
+def test_check_refuses_what_vllms_parser_would(argv, refused):
+    assert check(argv, DATA)[0] == refused
+
+
+def test_a_refusal_names_the_layer_line_and_the_valid_names():
+    blockers, warnings = messages(["vllm", "serve", "m", "--tool-call-parser", "qwen25", "--enable-auto-tool-choice"],
+                                  [], {"TOOL_CALL_PARSER": "experiments/layers/model-qwen38.env:9"}, DATA)
+    assert blockers == ["TOOL_CALL_PARSER (experiments/layers/model-qwen38.env:9): vLLM refuses --tool-call-parser "
+                        "'qwen25' (vLLM 9.9.9 takes: hermes, openai); the engine would exit at argument parsing, "
+                        "after the allocation started"]
+    assert warnings == []
+
+
+def test_an_extra_flag_the_parser_lacks_is_a_warning_naming_server_extra_args():
+    blockers, warnings = messages(["vllm", "serve", "m", "--no-such-flag"], ["--no-such-flag"],
+                                  {"SERVER_EXTRA_ARGS": "mine.env:2"}, DATA)
+    assert blockers == [] and warnings == [
+        "vLLM 9.9.9's argument parser has no --no-such-flag (SERVER_EXTRA_ARGS (mine.env:2)); check the flag "
+        "against the image's vLLM"]
+
+
+def test_the_committed_table_names_its_engine_version_and_the_flags_with_choices():
+    data = table()
+    assert data["engine"] == "vllm" and data["version"].startswith("0.")
+    assert {"--tool-call-parser", "--reasoning-parser", "--distributed-executor-backend"} <= set(data["choices"])
+    assert "qwen25" not in data["choices"]["--tool-call-parser"] and "hermes" in data["choices"]["--tool-call-parser"]
+    assert json.loads(TABLE.read_text()) == data
+
+
+def dry_run(tmp_path: Path, layer: str, model: str = "qwen38") -> dict:
+    (tmp_path / "mine.env").write_text(layer)
+    env = {**os.environ, "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "MODEL": model}
+    env.pop("ENVLAYERS_ROOT", None)
+    proc = subprocess.run([sys.executable, "-m", "envlayers", "--root", str(REPO), "serve", "--dry-run", "--json",
+                           "--model", model, "--env-file", str(tmp_path / "mine.env")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_sglangs_tool_call_parser_given_to_vllm_is_refused_before_submission(tmp_path):
+    # qwen38 is an SGLang model whose layer sets TOOL_CALL_PARSER=qwen25: switched to vLLM it keeps it
+    data = dry_run(tmp_path, "INFERENCE_ENGINE=vllm\n")
+    refusal = [b for b in data["blockers"] if "--tool-call-parser 'qwen25'" in b]
+    assert len(refusal) == 1 and refusal[0].startswith("TOOL_CALL_PARSER (experiments/layers/model-qwen38.env:")
+    assert "hermes" in refusal[0]
+
+
+def test_every_vllm_catalog_line_passes_the_check(tmp_path):
+    for model in ("oss120b", "oss20bdp", "llama405bray", "llama405bgateway", "qwen38mi200"):
+        data = dry_run(tmp_path, "", model)
+        assert not [b for b in data["blockers"] if "vLLM refuses" in b], (model, data["blockers"])
