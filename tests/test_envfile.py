@@ -157,3 +157,44 @@ def test_unreadable_layer_file_is_a_clear_error(tmp_path):
         locked.chmod(0)
         with pytest.raises(LayerSyntaxError, match="Permission denied"):
             parse_file(locked, "locked.env")
+
+
+# -- Slurm's own inputs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, why", [
+    pytest.param("SLURM_TASK_PROLOG", "SLURM_TASK_PROLOG and SLURM_TASK_EPILOG run a program", id="task-prolog"),
+    pytest.param("SLURM_TASK_EPILOG", "SLURM_TASK_PROLOG and SLURM_TASK_EPILOG run a program", id="task-epilog"),
+    pytest.param("SLURM_NTASKS", "srun reads SLURM_* variables as its options", id="slurm-option"),
+    pytest.param("SLURM_CONF", "srun reads SLURM_* variables as its options", id="slurm-conf"),
+    pytest.param("SLURM_JOB_ID", "Slurm sets the job's own SLURM_*", id="slurm-output-variable"),
+    pytest.param("SRUN_CPUS_PER_TASK", "srun reads SRUN_* variables", id="srun-option"),
+    pytest.param("SBATCH_TIMELIMIT", "sbatch reads SBATCH_* variables", id="sbatch-timelimit"),
+    pytest.param("SBATCH_ACCOUNT", "sbatch reads SBATCH_* variables", id="sbatch-account"),
+    pytest.param("SALLOC_PARTITION", "salloc reads SALLOC_* variables", id="salloc-option"),
+])
+def test_slurm_input_variables_are_refused_with_reason_and_alternative(key, why):
+    with pytest.raises(LayerSyntaxError) as err:
+        parse_text(f"A=1\n{key}=/tmp/x\n", "l.env")
+    text = str(err.value)
+    assert text.startswith(f"l.env:2: '{key}' is refused in a layer: ") and why in text and "; hint: " in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("text", ["SLURM_PARTITION=mi300\n", "SLURM_PARTITION=\n", "export SLURM_PARTITION=a,b\n",
+                                  "X=$SLURM_JOB_ID/${SLURM_CPUS_ON_NODE:-1}\n", "SLURMISH=1\n", "MY_SLURM_X=1\n"])
+def test_what_the_launcher_passes_on_and_references_to_slurm_variables_stay_allowed(text):
+    assert len(parse_text(text, "l.env")) == 1
+
+
+def test_every_slurm_name_the_layers_assign_is_allowed_by_name():
+    """The catalog's own layers assign SLURM_PARTITION and nothing else of Slurm's: the allow list holds
+    exactly what the launcher knowingly passes on."""
+    from pathlib import Path
+
+    from envlayers.envfile import ALLOWED_SLURM, REFUSED_PREFIXES, parse_file
+
+    layers = Path(__file__).resolve().parents[1] / "experiments" / "layers"
+    assigned = {a.key for f in sorted(layers.glob("*.env")) for a in parse_file(f)}
+    slurm_like = {k for k in assigned if k.startswith(tuple(REFUSED_PREFIXES))}
+    assert slurm_like == set(ALLOWED_SLURM) == {"SLURM_PARTITION"}
+

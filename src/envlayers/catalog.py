@@ -223,12 +223,15 @@ def _entry(doc, kind: str, name: str, nnode, node) -> Entry:
             layers.append((_scalar_str(doc, item, path + ("layers", i), False), _origin(doc, item)))
     env: list[Assignment] = []
     if "env" in fields:
-        from .envfile import _NAME, RESERVED
+        from .envfile import _NAME, refusal
 
         for key, (knode, vnode) in doc.mapping(fields["env"][1], path + ("env",)).items():
-            if not _NAME.fullmatch(key) or key in RESERVED:
+            if not _NAME.fullmatch(key):
                 doc.fail(path + ("env", key), "is not a valid variable name", node=knode,
                          hint="letters, digits and '_', not starting with a digit")
+            why = refusal(key)
+            if why:
+                doc.fail(path + ("env", key), why[0], why[1], node=knode)
             value = _scalar_str(doc, vnode, path + ("env", key), True)
             env.append(Assignment(key, (value,) if value else (), _origin(doc, knode), f"{key}: {vnode.value!r}"))
     model_layer = None

@@ -61,12 +61,47 @@ REFUSED: dict[str, tuple[str, str]] = {
                    "install conversion modules in the image instead"),
     "PYTHONSTARTUP": ("Python runs the file it names at every interactive start", "drop it: a launch is not interactive"),
 }
-RESERVED = frozenset(REFUSED)
+RESERVED = frozenset(REFUSED)  # the names REFUSED lists; refused() also knows the prefixes below
+_SLURM_INSTEAD = ("the launcher gives srun its options from the plan (the launch keys, docs/keys.md); an option of "
+                  "your own for the job goes on sbatch's command line or in the shell you submit from")
+# Prefixes a layer may not assign: Slurm's clients read variables of these names as their options, and every
+# name a layer assigns is exported to every srun, sbatch and salloc the job runs (SLURM_TASK_PROLOG and
+# SLURM_TASK_EPILOG make srun run a program on every node before and after each rank). Slurm sets the
+# SLURM_* of the job itself (SLURM_JOB_ID, SLURM_PROCID, ...), which the launcher reads.
+REFUSED_PREFIXES: dict[str, tuple[str, str]] = {
+    "SLURM_": ("srun reads SLURM_* variables as its options (SLURM_TASK_PROLOG and SLURM_TASK_EPILOG run a program "
+               "on every node around each rank) and Slurm sets the job's own SLURM_* (SLURM_JOB_ID, SLURM_PROCID): "
+               "a layer would change the job behind the plan's back", _SLURM_INSTEAD),
+    "SRUN_": ("srun reads SRUN_* variables as its options: a layer would change every step of the job behind the "
+              "plan's back", _SLURM_INSTEAD),
+    "SBATCH_": ("sbatch reads SBATCH_* variables as its options: a layer is sourced in the job, after your job was "
+                "submitted, and would change only the sbatch the job runs itself (a chain's successor)",
+                "export it in the shell you submit from (sbatch reads SBATCH_ACCOUNT, SBATCH_QOS, ... there), or "
+                "give the option to sbatch"),
+    "SALLOC_": ("salloc reads SALLOC_* variables as its options: a layer would change an allocation behind the "
+                "plan's back", "export it in the shell you run salloc from"),
+}
+# Names of those prefixes a layer may assign: what the launcher knowingly passes on (docs/layers.md).
+ALLOWED_SLURM = frozenset({
+    "SLURM_PARTITION",  # the job's --partition (docs/keys.md); srun in the job reads it too: the same partition
+})
 
 
 def refused(key: str) -> "tuple[str, str] | None":
     """(why, alternative) when a layer may not assign ``key``, else None."""
-    return REFUSED.get(key)
+    why = REFUSED.get(key)
+    if why is None and key not in ALLOWED_SLURM:
+        why = next((v for prefix, v in REFUSED_PREFIXES.items() if key.startswith(prefix)), None)
+    return why
+
+
+def refusal(key: str) -> "tuple[str, str] | None":
+    """(message, hint) of the error for a layer that assigns ``key``, else None; the message follows the key
+    (``'BASH_ENV' is refused in a layer: ...``): one wording for layer files and setups.yaml's ``env:``."""
+    why = refused(key)
+    if why is None:
+        return None
+    return (why[0] if why[0] == _SPECIAL else f"is refused in a layer: {why[0]}", why[1])
 
 
 class Ref(NamedTuple):
@@ -213,10 +248,9 @@ class _Parser:
                                  hint="assign it empty (KEY=) to make it present and empty")
             raise self.error(f"not an assignment: '{word}'")
         key = m.group(0)
-        why = refused(key)
+        why = refusal(key)
         if why:
-            text = why[0] if why[0] == _SPECIAL else f"is refused in a layer: {why[0]}"
-            raise self.error(f"'{key}' {text}", hint=why[1])
+            raise self.error(f"'{key}' {why[0]}", hint=why[1])
         self.i = m.end() + 1
         value = self.word()
         self.skip_blanks()
