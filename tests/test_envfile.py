@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from envlayers.envfile import Ref, parse_text
@@ -198,3 +200,37 @@ def test_every_slurm_name_the_layers_assign_is_allowed_by_name():
     slurm_like = {k for k in assigned if k.startswith(tuple(REFUSED_PREFIXES))}
     assert slurm_like == set(ALLOWED_SLURM) == {"SLURM_PARTITION"}
 
+
+# -- special files ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom", "/dev/null"])
+def test_a_device_is_not_a_layer(device):
+    from envlayers.envfile import parse_file
+
+    with pytest.raises(LayerSyntaxError) as err:
+        parse_file(Path(device), device)
+    assert str(err.value).startswith(f"{device}: is a character device, not a regular file; hint: ")
+
+
+def test_a_fifo_without_a_writer_is_refused_at_once(tmp_path):
+    import os
+
+    from envlayers.envfile import parse_file
+
+    fifo = tmp_path / "layer.env"
+    os.mkfifo(fifo)  # opening it for reading the ordinary way would wait for a writer for ever
+    with pytest.raises(LayerSyntaxError, match=r"layer.env: is a FIFO, not a regular file"):
+        parse_file(fifo, "layer.env")
+
+
+def test_a_layer_larger_than_the_setups_limit_is_refused(tmp_path):
+    from envlayers.envfile import parse_file
+    from envlayers.yamlpos import MAX_BYTES
+
+    big = tmp_path / "big.env"
+    big.write_text("A=" + "x" * MAX_BYTES + "\n")
+    with pytest.raises(LayerSyntaxError, match=rf"big.env: is {MAX_BYTES + 3} bytes, more than the {MAX_BYTES}"):
+        parse_file(big, "big.env")
+    at_limit = tmp_path / "ok.env"
+    at_limit.write_text("A=" + "x" * (MAX_BYTES - 3) + "\n")
+    assert len(parse_file(at_limit)[0].value[0]) == MAX_BYTES - 3

@@ -133,11 +133,16 @@ class Assignment(NamedTuple):
 
 def parse_file(path: Path, display: str | None = None) -> list[Assignment]:
     """Parse one layer file. ``display`` is the name used in messages (a relative path)."""
+    from .yamlpos import NOT_REGULAR_HINT, NotRegularFile, read_regular  # the one bounded read of a named file
+
     name = display or str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         raise LayerSyntaxError("layer file not found", where=name, hint="check the layer names in setups.yaml") from None
+    except NotRegularFile as err:
+        raise LayerSyntaxError(err.reason, where=name, hint="a layer is a few kilobytes of text; is it the right "
+                               "file?" if err.too_large else NOT_REGULAR_HINT) from None
     except OSError as err:
         raise LayerSyntaxError(f"cannot read the layer file: {err.strerror or err}", where=name,
                                hint="make it a readable file (check its permissions)") from None

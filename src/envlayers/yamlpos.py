@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 MAX_DEPTH = 64  # the project's files nest 6 deep at most
 MAX_MESSAGE = 600  # characters of one error message (and of its hint)
 MAX_VALUE = 80  # characters of a value quoted in a message
-MAX_BYTES = 4 << 20  # a file larger than this is not one of ours
+MAX_BYTES = 4 << 20  # a file larger than this is not one of ours (a YAML file or a layer: read_regular)
+NOT_REGULAR_HINT = "point it at a regular file: a FIFO or a device (/dev/zero) would block the read or never end"
 
 Path_ = tuple  # a key path: ("models", "glm53", "env", "PORT") or ("rules", 3, "trend")
 
@@ -260,31 +261,17 @@ def read_text(path: str | Path, file: str, error: type[EnvLayersError],
               missing_hint: str = "pass --root DIR, or create it") -> str:
     """The text of the YAML file ``path``, with :func:`read`'s checks (a regular, bounded, UTF-8 file),
     not yet parsed: a caller with a parse cache keyed by the text (the catalog's) starts here."""
-    import os
-    import stat
-
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        data = read_regular(path)
     except FileNotFoundError:
         raise error("file not found", where=file, hint=missing_hint) from None
+    except IsADirectoryError:
+        raise error("is a directory, not a YAML file", where=file, hint="point it at a regular file") from None
+    except NotRegularFile as err:
+        raise error(err.reason, where=file, hint="these files are a few kilobytes; is it the right file?"
+                    if err.too_large else NOT_REGULAR_HINT) from None
     except OSError as err:
         raise error(f"cannot read: {err.strerror or err}", where=file, hint="check the file's permissions") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a directory, a FIFO or a device would block or never end
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise error(f"is {kind}, not a YAML file", where=file, hint="point it at a regular file")
-        if st.st_size > MAX_BYTES:
-            raise error(f"is {st.st_size} bytes, more than the {MAX_BYTES} this reader takes", where=file,
-                        hint="these files are a few kilobytes; is it the right file?")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as err:
-        raise error(f"cannot read: {err.strerror or err}", where=file, hint="check the file's permissions") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise error(f"is more than {MAX_BYTES} bytes", where=file, hint="these files are a few kilobytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -295,3 +282,56 @@ def read_text(path: str | Path, file: str, error: type[EnvLayersError],
     if text.startswith("\ufeff"):
         text = text[1:]
     return text
+
+
+class NotRegularFile(OSError):
+    """What :func:`read_regular` refuses: ``reason`` is ``"is a FIFO, not a regular file"`` or ``"is N bytes,
+    more than the 4194304 this reader takes"``; ``too_large`` tells the two apart."""
+
+    def __init__(self, reason: str, too_large: bool = False):
+        super().__init__(reason)
+        self.reason, self.too_large = reason, too_large
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"  # (no other kind of file exists on Linux)
+
+
+def read_regular(path: str | Path, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of the regular file ``path``: the one read of a file an operator names (a YAML file here, a
+    layer in :mod:`envlayers.envfile`). It never blocks and never grows without bound: the file is opened
+    without waiting (a FIFO has no writer to wait for), anything but a regular file (a FIFO, ``/dev/zero``,
+    ``/dev/urandom``, a socket) is :class:`NotRegularFile`, and so is a file larger than ``limit`` bytes,
+    whether its size says so or the read finds more. A directory is ``IsADirectoryError``; the rest of
+    what ``open`` raises (``FileNotFoundError``, ``PermissionError``, ...) comes through as it is."""
+    import errno
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
+            raise NotRegularFile(f"is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise NotRegularFile(f"is {st.st_size} bytes, more than the {limit} this reader takes", True)
+        chunks, size = [], 0
+        while size <= limit:  # a file that grows while it is read still stops at the limit
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise NotRegularFile(f"is more than the {limit} bytes this reader takes", True)
+    return b"".join(chunks)

@@ -94,7 +94,7 @@ def test_a_catalog_file_that_is_not_a_regular_file(repo_copy, which, kind):
         needle = "is a directory, not a YAML file"
     else:
         os.mkfifo(path)  # reading it would block for ever
-        needle = "is not a regular file, not a YAML file"
+        needle = "is a FIFO, not a regular file"
     proc = run_cli(*_command(which, repo_copy), timeout_s=20)
     assert_clean_error(proc, f"{_shown(which, repo_copy)}: {needle}")
 
