@@ -11,6 +11,11 @@ cd "$(dirname "$0")/.."
 # for the ray and gateway shapes' lab tests (about 30 s, ~500 MB)
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench,ray]'
 
+# The real vLLM (its CPU build, pinned) for the tests marked real_vllm, in its own environment outside the
+# checkout (docs/testing.md, "The real engine"); reused once installed.
+ENVLAYERS_REAL_VLLM="$(scripts/real-vllm.sh | tail -n 1)"
+export ENVLAYERS_REAL_VLLM
+
 if [ "$(id -u)" = 0 ]; then
   # As root the Slurm tests can always run here, so a skipped one is a failure.
   export ENVLAYERS_REQUIRE_SLURM="${ENVLAYERS_REQUIRE_SLURM:-1}"
