@@ -56,7 +56,7 @@ def serve_parser():
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    top = FlexibleArgumentParser(description="vLLM CLI")
+    top = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     subparsers = top.add_subparsers(required=False, dest="subparser")
     return ServeSubcommand().subparser_init(subparsers)
 

@@ -91,6 +91,7 @@ import argparse
 import contextlib
 import fcntl
 import hmac
+import io
 import json
 import os
 import re
@@ -340,8 +341,8 @@ VLLM_FLAGS = [
     (("--cuda-graph-sizes",), "cuda_graph_sizes", "n", {}),
     (("--async-scheduling",), "async_scheduling", "b", {}),
     # parallel
-    (("--distributed-executor-backend",), "distributed_executor_backend", "v",
-     {"choices": ("ray", "mp", "uni", "external_launcher")}),
+    # no argparse choices in the real one either: vllm_refusal checks the name after parsing
+    (("--distributed-executor-backend",), "distributed_executor_backend", "v", {}),
     (("--tensor-parallel-size", "-tp"), "tensor_parallel_size", "i", {"default": 1}),
     (("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size", "i", {"default": 1}),
     (("--decode-context-parallel-size", "-dcp"), "decode_context_parallel_size", "i", {}),
@@ -432,6 +433,64 @@ def build_parser(engine: str) -> argparse.ArgumentParser:
             kw["type"] = human_int
         parser.add_argument(*names, **kw)
     return parser
+
+
+# The names vLLM checks after parsing (tool call and reasoning parsers, executor backends), from the table
+# scripts/gen-vllm-choices.py writes from the real engine's parser into the package. A copy of tests/standin
+# alone (the podman tests' image) has no table beside it: there every parser name is taken.
+VLLM_CHOICES_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
+                                  "src", "envlayers", "data", "vllm-choices.json")
+VLLM_EXECUTOR_BACKENDS = ("external_launcher", "mp", "ray", "uni")
+
+
+def vllm_choices() -> dict:
+    try:
+        with open(VLLM_CHOICES_TABLE, encoding="utf-8") as f:
+            return json.load(f)["choices"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def vllm_refusal(ns: argparse.Namespace, choices: dict | None = None) -> str | None:
+    """How the real vLLM ends, after parsing and before it reads the model, on arguments its parser took: the
+    last line(s) of its traceback (it exits 1), or None. In its order: ``validate_parsed_serve_args``, the
+    serve command's headless check, ``validate_api_server_args`` (API ranks), then the engine config's lookups
+    (the reasoning parser's registry; the executor backend's name, or else a dotted path to an Executor
+    class, which the stand-in cannot import and takes)."""
+    choices = vllm_choices() if choices is None else choices
+    if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+        return "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser"
+    if ns.headless and ns.api_server_count not in (None, 0):
+        return (f"ValueError: --api-server-count={ns.api_server_count} cannot be used with --headless (no API "
+                "servers are started in headless mode).")
+    tools = choices.get("--tool-call-parser")
+    if not ns.headless and ns.enable_auto_tool_choice and tools and ns.tool_call_parser not in tools:
+        return f"KeyError: 'invalid tool call parser: {ns.tool_call_parser} (chose from {{ {','.join(tools)} }})'"
+    reasoning = choices.get("--reasoning-parser")
+    if ns.reasoning_parser and reasoning and ns.reasoning_parser not in reasoning:
+        return (f"KeyError: \"Reasoning parser '{ns.reasoning_parser}' not found. Available parsers: "
+                f"{', '.join(reasoning)}\"")
+    backend = ns.distributed_executor_backend
+    if backend and backend not in choices.get("--distributed-executor-backend", VLLM_EXECUTOR_BACKENDS) \
+            and "." not in backend:
+        return ("pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+                "  Value error, not enough values to unpack (expected 2, got 1) [type=value_error, "
+                "input_value=ArgsKwargs(...), input_type=ArgsKwargs]")
+    return None
+
+
+def vllm_verdict(argv: list[str]) -> str | None:
+    """None when the stand-in's ``vllm`` would start on ``argv`` (the words after ``vllm``), else why not: the
+    argparse error line (exit 2) or ``vllm_refusal`` (exit 1). Starts nothing."""
+    if argv[:1] != ["serve"]:
+        return f"vllm: error: the envlayers stand-in implements only 'serve', not {argv[:1]!r}"
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            ns = build_parser("vllm").parse_args(normalize_vllm_args(argv[1:]))
+    except SystemExit as exc:
+        return None if exc.code in (0, None) else (err.getvalue().strip().splitlines() or ["(no message)"])[-1]
+    return vllm_refusal(ns)
 
 
 def human_int(value: str):
@@ -1679,12 +1738,11 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
         if dest not in given and any(a == n or a.startswith(n + "=") for a in args for n in names):
             given.append(dest)
 
-    if engine == "vllm" and ns.headless and ns.api_server_count not in (None, 0):
+    refusal = vllm_refusal(ns) if engine == "vllm" else None
+    if refusal:
         sys.stderr.write("Traceback (most recent call last):\n"
-                         '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/cli/serve.py", line 48, '
-                         "in cmd\n"
-                         f"ValueError: --api-server-count={ns.api_server_count} cannot be used with --headless (no API "
-                         "servers are started in headless mode).\n")
+                         '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/cli/main.py", line 75, '
+                         f"in main\n{refusal}\n")
         if knobs.record:
             _record(knobs.record, engine, entry, list(argv), _rank_guess(argv, env), True, env)
         return 1
