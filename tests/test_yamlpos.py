@@ -64,3 +64,55 @@ def test_fail_bounds_the_message_and_uses_the_nearest_line():
 ])
 def test_clip(value, shown):
     assert yamlpos.clip(value) == shown
+
+
+# -- the depth bound before any parser -------------------------------------------------------------------
+
+class _NoParser:
+    """A loader that fails the test if it is ever made: the depth bound must refuse the text before."""
+
+    def __init__(self, text):
+        raise AssertionError("the parser was given a document nested too deep")
+
+
+AUDIT_DEEP = "experiments: {}\nmodels: {}\ndescription: " + "[" * 50_000 + "]" * 50_000 + "\n"  # 100 KB
+
+
+@pytest.mark.parametrize("text, line", [
+    pytest.param(AUDIT_DEEP, 3, id="flow-50000-deep-100kb"),
+    pytest.param("a: " + "[" * 3000 + "]" * 3000 + "\n", 1, id="flow-3000-deep"),
+    pytest.param("a: " + "{k: " * 65 + "1" + "}" * 65 + "\n", 1, id="flow-mappings"),
+    pytest.param("a: " + "[" * 50_000 + "\n", 1, id="unclosed"),
+    pytest.param("a: 1\n" + "[\n" * 66 + "]\n" * 66, 66, id="one-bracket-a-line"),
+    pytest.param("a: 'it''s' # [[[\nb: " + "[" * 65 + "]" * 65, 2, id="after-quotes-and-comments"),
+])
+def test_deep_flow_nesting_is_refused_before_the_parser_sees_it(text, line):
+    with pytest.raises(CatalogError) as err:
+        yamlpos.parse(text, "f.yaml", CatalogError, loader=(_NoParser, Exception))
+    assert str(err.value) == f"f.yaml:{line}: nested more than 64 levels deep; hint: flatten the document"
+
+
+@pytest.mark.parametrize("libyaml", LOADERS)
+@pytest.mark.parametrize("text", [
+    pytest.param("a: '" + "[" * 100 + "'\n", id="single-quoted"),
+    pytest.param('a: "' + "{" * 100 + '\\" ["\n', id="double-quoted"),
+    pytest.param("# " + "[" * 100 + "\na: 1\n", id="comment"),
+    pytest.param("a: b" + "[" * 100 + "\n", id="inside-a-plain-word"),
+    pytest.param("a:\n" + "  - [x, {k: [v]}]\n" * 100, id="many-shallow"),
+    pytest.param("a: [" + "[1], " * 100 + "[2]]\n", id="many-in-one-list"),
+])
+def test_brackets_that_are_text_or_shallow_are_read(libyaml, text):
+    yamlpos.parse(text, "f.yaml", CatalogError, loader=yamlpos._compose_class(libyaml))
+
+
+def test_the_depth_bound_reads_a_file_of_the_limit_in_one_linear_pass():
+    """4 MiB of the worst shapes (every byte a bracket; every token a quoted scalar) are judged without
+    the parser, and every file of ours is passed over by a count alone."""
+    assert yamlpos.flow_depth_line("[" * yamlpos.MAX_BYTES) == 1
+    assert yamlpos.flow_depth_line("[]" * (yamlpos.MAX_BYTES // 2)) is None
+    assert yamlpos.flow_depth_line("['a'," * (yamlpos.MAX_BYTES // 5)) == 1
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in [root / "experiments" / "setups.yaml", *sorted((root / "containers" / "edfs").glob("*.yaml"))]:
+        assert yamlpos.flow_depth_line(path.read_text()) is None, path

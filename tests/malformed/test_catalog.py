@@ -124,3 +124,20 @@ def test_an_unreadable_catalog_file(repo_copy, which):
     finally:
         path.chmod(0o644)
     assert_clean_error(proc, f"{_shown(which, repo_copy)}: cannot read: Permission denied")
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(["list"], id="list"), pytest.param(["render", "experiment:qwen38"], id="render"),
+    pytest.param(["serve", "--model", "qwen38", "--dry-run"], id="serve-dry-run"),
+])
+def test_a_description_nested_50000_deep_fails_at_once_naming_its_line(repo_copy, args):
+    """100 KB of `description: [[[...]]]`: refused by the depth bound before a parser runs (the parser is
+    never given it: tests/test_yamlpos.py), so every command that reads the catalog ends with one line."""
+    setups = repo_copy / SETUPS
+    text = setups.read_text()
+    old = "    description: serve-only endpoint, one server (or one multi-node server) per job\n"
+    assert old in text
+    setups.write_text(text.replace(old, "    description: " + "[" * 50_000 + "]" * 50_000 + "\n"))
+    line = text[:text.index(old)].count("\n") + 1
+    proc = run_cli("--root", str(repo_copy), *args, env={"SERVE_ENV_FILE": "", "SERVE_BASE_ENV": ""})
+    assert_clean_error(proc, f"{SETUPS}:{line}: nested more than 64 levels deep; hint: flatten the document")

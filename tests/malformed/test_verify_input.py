@@ -23,7 +23,7 @@ def nobody() -> str:
 
 
 @pytest.mark.parametrize("text, needles", [
-    pytest.param("version: 1\ndefault: [\n", ["not valid YAML"], id="not-yaml"),
+    pytest.param("version: 1\ndefault: [\n", ["invalid YAML"], id="not-yaml"),
     pytest.param("- a\n- b\n", ["(top): expected a mapping"], id="top-is-a-list"),
     pytest.param(GOOD.replace("version: 1", "version: 2"), ["version: must be 1"], id="version-2"),
     pytest.param(GOOD + "extra: 1\n", ["extra: unknown key"], id="unknown-top-key"),
@@ -62,7 +62,7 @@ def test_bad_baselines_file(tmp_path, text, needles):
     pytest.param(["http://"], ["is not a URL with a host"], id="url-without-host"),
     pytest.param(["{url}", "--timeout-s", "0"], ["--timeout-s"], id="timeout-zero"),
     pytest.param(["{url}", "--check", "speed"], ["--check"], id="unknown-check"),
-    pytest.param(["{url}", "--baselines", "/nonexistent/b.yaml"], ["/nonexistent/b.yaml", "cannot read it"],
+    pytest.param(["{url}", "--baselines", "/nonexistent/b.yaml"], ["/nonexistent/b.yaml: file not found"],
                  id="baselines-missing"),
     pytest.param(["{url}", "--api-key-file", "{empty}"], ["is empty"], id="empty-key-file"),
     pytest.param(["{url}"], ["no answer from"], id="nothing-listens"),
@@ -73,3 +73,23 @@ def test_bad_arguments(tmp_path, args, needles):
     url = nobody()
     proc = run_cli("verify", *[a.format(url=url, empty=empty) for a in args])
     assert_clean_error(proc, *needles)
+
+
+@pytest.mark.parametrize("make, needle", [
+    pytest.param(lambda p: p.write_text("version: 1\ndefault: " + "[" * 50_000 + "]" * 50_000 + "\n"),
+                 ":2: nested more than 64 levels deep", id="deep-nesting"),
+    pytest.param(lambda p: p.write_text('version: 1\ndefault: &d {min_correct: 1, how: "x"}\nmodels: {q: *d}\n'),
+                 ":2: anchor &d is not allowed", id="anchor"),
+    pytest.param(lambda p: __import__("os").mkfifo(p), ": is a FIFO, not a regular file", id="fifo"),
+])
+def test_a_hostile_baselines_file_is_one_line(tmp_path, make, needle):
+    bad = tmp_path / "baselines.yaml"
+    make(bad)
+    proc = run_cli("verify", nobody(), "--baselines", str(bad), timeout_s=60)
+    assert_clean_error(proc, f"{bad}{needle}")
+    assert proc.stdout == ""
+
+
+def test_a_device_as_baselines_is_one_line():
+    proc = run_cli("verify", nobody(), "--baselines", "/dev/zero", timeout_s=60)
+    assert_clean_error(proc, "/dev/zero: is a character device, not a regular file")

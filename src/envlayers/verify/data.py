@@ -1,8 +1,9 @@
 """The accuracy gate's data: the fixed prompts, the per-model baselines, and how an answer is scored.
 
 ``data/accuracy-prompts.yaml`` and ``data/accuracy-baselines.yaml`` (format: their header comments and
-docs/verify.md) are read with ``yaml.safe_load`` and validated here; a bad file is one error naming
-``file:key.path`` and what is expected. Scoring is pure: text in, verdict out.
+docs/verify.md), or the files ``--baselines`` names, are read with the project's YAML reader (``yamlpos``)
+and validated here; a bad file is one error naming ``file:key.path`` and what is expected. Scoring is pure:
+text in, verdict out.
 """
 
 from __future__ import annotations
@@ -74,19 +75,12 @@ class Baselines:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml
+    """The file's data, read by the project's one YAML reader (yamlpos): a regular file of at most 4 MiB,
+    no anchors or aliases, nesting bounded before it is parsed; every error names the file and line."""
+    from .. import yamlpos
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise VerifyDataError(f"cannot read it: {err.strerror}", where=str(path),
-                              hint="pass a readable file, or leave the option out for the packaged one") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise VerifyDataError(f"not valid YAML: {getattr(err, 'problem', err)}", where=where) from None
+    return yamlpos.read(path, str(path), VerifyDataError,
+                        missing_hint="pass a readable file, or leave the option out for the packaged one").data()
 
 
 def _fail(path: Path, keypath: str, message: str, hint: str | None = None) -> VerifyDataError:
