@@ -116,6 +116,10 @@ PHASE_ALIASES = {
 PHASE_SHARE = {"start": 0.05, "init": 0.10, "weights": 0.40, "kv": 0.10, "graphs": 0.25, "listen": 0.10,
                "ready": 0.0}
 
+# the vLLM startup logs the stand-in prints (STANDIN_VLLM_LOG): 0.28 on GPUs (the catalog's images), 0.32 on
+# GPUs, 0.32's CPU build (what tests/test_standin_vs_real.py compares with the real engine)
+VLLM_LOGS = {"0.28": "0.28.0", "0.32": "0.32.0", "0.32-cpu": "0.32.0"}
+
 RECORD_ENV_PREFIXES = ("NCCL_", "RCCL_", "FI_", "SLURM_", "VLLM_", "SGLANG_", "HF_")
 RECORD_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "SLURMD_NODENAME",
                    "TRANSFORMERS_CACHE", "OMP_NUM_THREADS", "PYTHONPATH")
@@ -620,6 +624,11 @@ class Knobs:
         self.dummy_health = (env.get("STANDIN_SGLANG_DUMMY_HEALTH") or "0").strip().lower() in ("1", "true", "yes")
         self.print_args = (env.get("STANDIN_PRINT_ARGS") or "1").strip().lower() not in ("0", "false", "no")
         self.reply = env.get("STANDIN_REPLY")
+        flavour = (env.get("STANDIN_VLLM_LOG") or "0.28").strip().lower()
+        if flavour not in VLLM_LOGS:
+            raise KnobError(f"STANDIN_VLLM_LOG={flavour!r}: expected one of {', '.join(VLLM_LOGS)}")
+        self.vllm_log = flavour
+        self.cpu_kv_gib = _number("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE"), None)
         stream = (env.get("STANDIN_LOG_STREAM") or "").strip().lower()
         if stream not in ("", "stdout", "stderr"):
             raise KnobError(f"STANDIN_LOG_STREAM={stream!r}: expected stdout or stderr")
@@ -653,6 +662,7 @@ class Log:
         self.stream = sys.stderr if (stream_name or default) == "stderr" else sys.stdout
         self.lock = threading.RLock()
         self.pid = os.getpid()
+        self.bare_uvicorn = False  # vLLM 0.32: uvicorn's own lines carry no "(APIServer pid=N)" prefix
 
     def raw(self, text: str, stream=None) -> None:
         out = stream or self.stream
@@ -681,7 +691,11 @@ class Log:
         if self.engine == "sglang":
             self.sg(line)
         else:
-            self.raw(f"(APIServer pid={self.pid}) {line}")
+            self.uvicorn(line)
+
+    def uvicorn(self, line: str, stream=None) -> None:
+        """A line of vLLM's uvicorn: prefixed with the API server's process in 0.28, bare in 0.32."""
+        self.raw(line if self.bare_uvicorn else f"(APIServer pid={self.pid}) {line}", stream)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -939,27 +953,49 @@ class SGLangScript:
 
 
 class VLLMScript:
+    """vLLM's startup lines. ``STANDIN_VLLM_LOG`` picks whose: 0.28 on GPUs (default), 0.32 on GPUs, or 0.32's
+    CPU build, whose lines differ where the real ones do (tests/test_standin_vs_real.py compares them with the
+    real engine): 0.32 prints a banner instead of "vLLM API server version", "Starting vLLM server on" instead
+    of "Starting vLLM API server 0 on", the KV cache size and the maximum concurrency on one line, uvicorn's
+    lines bare, and names a lone engine core ``EngineCore`` and its worker ``Worker``; on CPUs it prints no
+    "Model loading took" (the loader's "Loading weights took" ends the weight load), sizes the KV cache from
+    VLLM_CPU_KVCACHE_SPACE ("Explicitly set (1.0/7.96) GiB for KV cache"), and captures no graphs."""
+
     def __init__(self, cfg: Config, log: Log, knobs: Knobs):
         self.cfg, self.log, self.knobs = cfg, log, knobs
         self.core_pid = log.pid + 57
         self.t_init = time.time()
+        self.flavour = knobs.vllm_log
+        self.version = VLLM_LOGS[self.flavour]
+        self.new = self.flavour != "0.28"  # 0.32's formats
+        self.cpu = self.flavour == "0.32-cpu"
+        log.bare_uvicorn = self.new
+        if self.cpu:
+            self.cpu_kv_gib = knobs.cpu_kv_gib if knobs.cpu_kv_gib is not None else 4.0
+            cfg.kv_tokens = knobs.kv_tokens or int(self.cpu_kv_gib * 2 ** 30 / 512)
 
     def worker(self, pp: int, tp: int) -> str:
         c = self.cfg
         if c.tp * c.pp == 1:
-            return "EngineCore_DP0"
+            return "Worker" if self.new else "EngineCore_DP0"
+        if self.new and c.pp > 1 and c.tp == 1:
+            return f"Worker_PP{pp}"  # 0.32 names only the dimensions it has
         return f"Worker_PP{pp}_TP{tp}" if c.pp > 1 else f"Worker_TP{tp}"
 
     def core(self) -> str:
         c = self.cfg
         if not c.serves_api and c.dp > 1 and c.ns.data_parallel_start_rank is not None:
             return f"EngineCore_DP{c.ns.data_parallel_start_rank}"
-        return "EngineCore_DP0"
+        return "EngineCore" if self.new and c.dp <= 1 else "EngineCore_DP0"
+
+    def worker_pid(self, i: int) -> int:
+        if self.cfg.tp * self.cfg.pp == 1:
+            return self.core_pid + 10 if self.new else self.core_pid
+        return self.core_pid + 10 + i
 
     def each(self, where: str, message_fn):
         for i, (pp, tp) in enumerate(self.cfg.local_ranks()):
-            pid = self.core_pid if self.cfg.tp * self.cfg.pp == 1 else self.core_pid + 10 + i
-            self.log.vl(self.worker(pp, tp), where, message_fn(pp, tp), pid=pid)
+            self.log.vl(self.worker(pp, tp), where, message_fn(pp, tp), pid=self.worker_pid(i))
 
     def core_line(self, where: str, message: str, level: str = "INFO", stream=None):
         self.log.vl(self.core(), where, message, level=level, pid=self.core_pid, stream=stream)
@@ -970,8 +1006,14 @@ class VLLMScript:
     def begin(self, phase: str) -> None:
         c, log, ns = self.cfg, self.log, self.cfg.ns
         if phase == "start":
-            if c.serves_api:
-                self.api("api_server.py:1354", f"vLLM API server version {VERSIONS['vllm']}")
+            if c.serves_api and self.new:
+                for line in ("", "       \u2588     \u2588     \u2588\u2584   \u2584\u2588",
+                             f" \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version {self.version}",
+                             f"  \u2588\u2584\u2588\u2580 \u2588     \u2588     \u2588     \u2588  model   {c.model}",
+                             "   \u2580\u2580  \u2580\u2580\u2580\u2580\u2580 \u2580\u2580\u2580\u2580\u2580 \u2580     \u2580", ""):
+                    self.api("api_utils.py:347", line)
+            elif c.serves_api:
+                self.api("api_server.py:1354", f"vLLM API server version {self.version}")
             elif ns.data_parallel_start_rank is not None and (c.nnodes <= 1 or c.node_rank == 0):
                 log.raw(f"INFO {time.strftime('%m-%d %H:%M:%S')} [serve.py:243] Launching "
                         f"{ns.data_parallel_size_local or 1} data parallel engine(s) in headless mode, with head "
@@ -979,7 +1021,7 @@ class VLLMScript:
                         f"{ns.data_parallel_rpc_port or 29550}.")
             else:
                 log.raw(f"INFO {time.strftime('%m-%d %H:%M:%S')} [serve.py:225] Launching vLLM "
-                        f"(v{VERSIONS['vllm']}) headless multiproc executor, with head node address "
+                        f"(v{self.version}) headless multiproc executor, with head node address "
                         f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29501} for torch.distributed "
                         f"process group.")
             if self.knobs.print_args:
@@ -991,33 +1033,55 @@ class VLLMScript:
                         args[dest] = getattr(ns, dest)
                 if ns.model_tag and "model" not in args:
                     args["model"] = ns.model_tag
-                self.api("utils.py:253", f"non-default args: {args!r}")
-            self.api("model.py:514", f"Resolved architecture: {c.arch}")
-            self.api("model.py:1661", f"Using max model len {c.max_len}")
-            self.core_line("core.py:93", f"Initializing a V1 LLM engine (v{VERSIONS['vllm']}) with config: "
+                self.api("api_utils.py:286" if self.new else "utils.py:253", f"non-default args: {args!r}")
+            self.api("model.py:733" if self.new else "model.py:514", f"Resolved architecture: {c.arch}")
+            self.api("model.py:2152" if self.new else "model.py:1661", f"Using max model len {c.max_len}")
+            self.core_line("core.py:133" if self.new else "core.py:93",
+                           f"Initializing a V1 LLM engine (v{self.version}) with config: "
                            f"model={c.model!r}, tokenizer={c.model!r}, trust_remote_code={bool(ns.trust_remote_code)}, "
                            f"dtype=torch.bfloat16, max_seq_len={c.max_len}, tensor_parallel_size={c.tp}, "
                            f"pipeline_parallel_size={c.pp}, data_parallel_size={c.dp}, "
                            f"kv_cache_dtype={ns.kv_cache_dtype or 'auto'}, enforce_eager={bool(ns.enforce_eager)}, "
-                           f"served_model_name={','.join(c.served)}")
+                           f"served_model_name={','.join(c.served)}"
+                           + (", device_config=cpu" if self.cpu else ""))
         elif phase == "init":
             addr = ns.master_addr or ns.data_parallel_address or "127.0.0.1"
             port = ns.master_port or 29501
             for i, (pp, tp) in enumerate(c.local_ranks()):
                 grank = c.node_rank * c.local_gpus + i if c.nnodes > 1 else i
-                pid = self.core_pid if c.tp * c.pp == 1 else self.core_pid + 10 + i
-                log.vl(self.worker(pp, tp), "parallel_state.py:1203",
+                log.vl(self.worker(pp, tp), "parallel_state.py:1906" if self.new else "parallel_state.py:1203",
                        f"world_size={c.tp * c.pp} rank={grank} local_rank={i} "
-                       f"distributed_init_method=tcp://{addr}:{port} backend=nccl", pid=pid)
+                       f"distributed_init_method=tcp://{addr}:{port} backend={'gloo' if self.cpu else 'nccl'}",
+                       pid=self.worker_pid(i))
             line = c.nccl_line(self.knobs, os.environ)
             if line:
                 log.raw(line)
         elif phase == "weights":
-            self.each("gpu_model_runner.py:3562", lambda pp, tp: f"Starting to load model {c.model}...")
+            where = "cpu_model_runner.py:68" if self.cpu else "gpu_model_runner.py:5040" if self.new else \
+                "gpu_model_runner.py:3562"
+            self.each(where, lambda pp, tp: f"Starting to load model {c.model}...")
         elif phase == "kv":
-            self.each("gpu_worker.py:375", lambda pp, tp: f"Available KV cache memory: {c.kv_gb:.2f} GiB")
+            if self.cpu:
+                self.each("cpu_worker.py:260", lambda pp, tp: f"Explicitly set ({self.cpu_kv_gib:.1f}/7.96) GiB for KV "
+                                                              f"cache on node 0." if self.knobs.cpu_kv_gib is not None
+                          else f"Auto set ({self.cpu_kv_gib:.1f}/7.96) GiB for KV cache on node 0, with 4.00 GiB "
+                               f"requested memory for the worker. 0.62 GiB memory was consumed by non-kv usages.")
+            else:
+                self.each("gpu_worker.py:760" if self.new else "gpu_worker.py:375",
+                          lambda pp, tp: f"Available KV cache memory: {c.kv_gb:.2f} GiB")
         elif phase == "graphs":
             pass
+        elif phase == "listen" and c.serves_api and self.new:
+            self.api("entry.py:136", "Supported tasks: ['generate']")
+            if c.auto_tool_choice:
+                self.api("parser_manager.py:38", '"auto" tool choice has been enabled.')
+            self.api("entry.py:140", f"Starting vLLM server on http://{c.display_host()}:{c.port}")
+            self.api("launcher.py:186", "Available routes are:")
+            for route, methods in (("/health", "GET"), ("/metrics", "GET"), ("/v1/models", "GET"), ("/ping", "GET"),
+                                   ("/ping", "POST"), ("/v1/chat/completions", "POST"), ("/v1/completions", "POST")):
+                self.api("launcher.py:195", f"Route: {route}, Methods: {methods}")
+            log.uvicorn(f"INFO:     Started server process [{log.pid}]")
+            log.uvicorn("INFO:     Waiting for application startup.")
         elif phase == "listen" and c.serves_api:
             self.api("api_server.py:1102", "Supported tasks: ['generate']")
             self.api("api_server.py:1428", f"Starting vLLM API server 0 on http://{c.display_host()}:{c.port}")
@@ -1026,8 +1090,8 @@ class VLLMScript:
                                    ("/version", "GET"), ("/v1/models", "GET"),
                                    ("/v1/chat/completions", "POST"), ("/v1/completions", "POST")):
                 self.api("launcher.py:46", f"Route: {route}, Methods: {methods}")
-            log.raw(f"(APIServer pid={log.pid}) INFO:     Started server process [{log.pid}]")
-            log.raw(f"(APIServer pid={log.pid}) INFO:     Waiting for application startup.")
+            log.uvicorn(f"INFO:     Started server process [{log.pid}]")
+            log.uvicorn("INFO:     Waiting for application startup.")
 
     def end(self, phase: str, elapsed: float) -> None:
         c, log = self.cfg, self.log
@@ -1036,26 +1100,37 @@ class VLLMScript:
             rate = shards / max(elapsed, 0.01)
             log.raw(f"Loading safetensors checkpoint shards: 100% Completed | {shards}/{shards} "
                     f"[00:{min(59, int(elapsed)):02d}<00:00, {rate:.2f}it/s]", sys.stderr)  # tqdm: stderr
-            self.each("default_loader.py:308", lambda pp, tp: f"Loading weights took {elapsed:.2f} seconds")
-            self.each("gpu_model_runner.py:3659", lambda pp, tp: f"Model loading took {c.weights_gb:.4f} GiB memory "
-                                                                 f"and {elapsed + 0.4:.6f} seconds")
+            self.each("default_loader.py:501" if self.new else "default_loader.py:308",
+                      lambda pp, tp: f"Loading weights took {elapsed:.2f} seconds")
+            if not self.cpu:  # the CPU model runner has no such line
+                self.each("gpu_model_runner.py:5150" if self.new else "gpu_model_runner.py:3659",
+                          lambda pp, tp: f"Model loading took {c.weights_gb:.4f} GiB {'memory ' if self.new else ''}"
+                                         f"and {elapsed + 0.4:.6f} seconds")
+        elif phase == "kv" and self.new:
+            self.core_line("kv_cache_utils.py:2327", f"{'CPU' if self.cpu else 'GPU'} KV cache size: {c.kv_tokens:,} "
+                           f"tokens, Maximum concurrency for {c.max_len:,} tokens per request: "
+                           f"{c.kv_tokens / c.max_len:.2f}x")
         elif phase == "kv":
             self.core_line("kv_cache_utils.py:1291", f"GPU KV cache size: {c.kv_tokens:,} tokens")
             self.core_line("kv_cache_utils.py:1296", f"Maximum concurrency for {c.max_len:,} tokens per request: "
                            f"{c.kv_tokens / c.max_len:.2f}x")
         elif phase == "graphs":
-            if c.graphs:
-                log.raw(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 51/51 "
+            if c.graphs and not self.cpu:
+                bar = "\u2588" * 10  # tqdm's bar, as it writes it to a file
+                log.raw(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|{bar}| 51/51 "
                         f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 10.66it/s]", sys.stderr)
-                log.raw(f"Capturing CUDA graphs (decode, FULL): 100%|##########| 35/35 "
-                        f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 13.21it/s]", sys.stderr)
+                if self.new:  # 0.28 on ROCm captures the piecewise graphs only (tests/data/logs/healthy-vllm)
+                    log.raw(f"Capturing CUDA graphs (decode, FULL): 100%|{bar}| 35/35 "
+                            f"[00:{min(59, int(elapsed / 2)):02d}<00:00, 13.21it/s]", sys.stderr)
                 self.each("gpu_model_runner.py:4587", lambda pp, tp: f"Graph capturing finished in "
                                                                      f"{max(1, round(elapsed))} secs, took 0.42 GiB")
-            self.core_line("core.py:259", f"init engine (profile, create kv cache, warmup model) took "
-                           f"{time.time() - self.t_init:.2f} seconds")
+            took = time.time() - self.t_init
+            self.core_line("core.py:402" if self.new else "core.py:259",
+                           f"init engine (profile, create kv cache, warmup model) took "
+                           + (f"{took:.2f} s" if self.new else f"{took:.2f} seconds"))
 
     def ready_line(self) -> None:
-        self.log.raw(f"(APIServer pid={self.log.pid}) INFO:     Application startup complete.")
+        self.log.uvicorn("INFO:     Application startup complete.")
 
     def crash(self, phase: str, message: str) -> None:
         c, log = self.cfg, self.log
