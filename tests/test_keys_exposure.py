@@ -33,7 +33,13 @@ PY = "/usr/bin/python3"
     pytest.param({"SERVER_HOST": "0.0.0.0", "SERVER_API_KEY_FILE": "/k"}, False, id="key-file"),
     pytest.param({"SERVER_API_KEY_FILE": "generate"}, False, id="generated-key"),
     pytest.param({"SERVER_HOST": "127.0.0.1"}, False, id="loopback"),
-    pytest.param({"SERVER_HOST": "10.0.0.5"}, False, id="one-address"),
+    pytest.param({"SERVER_HOST": "10.0.0.5"}, True, id="routable-address"),
+    pytest.param({"SERVER_HOST": "10.0.0.5", "SERVER_API_KEY_FILE": "generate"}, False, id="routable-with-a-key"),
+    pytest.param({"SERVER_HOST": "nid001234"}, True, id="host-name"),
+    pytest.param({"SERVER_HOST": "localhost"}, False, id="localhost"),
+    pytest.param({"SERVER_HOST": "::1"}, False, id="loopback-ipv6"),
+    pytest.param({"SERVER_HOST": "127.0.0.2"}, False, id="loopback-net"),
+    pytest.param({"SERVER_HOST": "${MY_ADDR}"}, True, id="decided-in-the-job"),
     pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "podman"}, False, id="podman-publishes-loopback"),
     pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "none"}, True, id="runtime-none"),
 ])
@@ -44,6 +50,73 @@ def test_public_keyless(env, refused):
         assert "SERVER_API_KEY_FILE=generate" in text and "ALLOW_PUBLIC_UNAUTHENTICATED=1" in text
     if env.get("ALLOW_PUBLIC_UNAUTHENTICATED") == "yes":
         assert "ALLOW_PUBLIC_UNAUTHENTICATED='yes' is not 1" in text
+
+
+EVERY_INTERFACE_SPELLINGS = ["0.0.0.0", "0", "0.0", "0.0.0", "0x0", "0X00", "00", "000.000.000.000", "0x0.0",
+                             "::", "::0", "0:0:0:0:0:0:0:0", "0000::", "::ffff:0.0.0.0", "::ffff:0:0"]
+
+
+@pytest.mark.parametrize("host", EVERY_INTERFACE_SPELLINGS)
+def test_every_spelling_of_the_unspecified_address_binds_every_interface(host):
+    from envlayers.exposure import EVERY_INTERFACE, reach
+
+    assert reach(host)[0] == EVERY_INTERFACE
+    text = public_keyless({"SERVER_HOST": host})
+    assert text and text.startswith(f"the server binds every interface (SERVER_HOST={host}")
+
+
+@pytest.mark.parametrize("host, kind", [
+    *[pytest.param(h, "every interface", id=f"unspecified-{h}") for h in EVERY_INTERFACE_SPELLINGS],
+    pytest.param("127.0.0.1", "loopback", id="loopback"), pytest.param("127.1", "loopback", id="loopback-short"),
+    pytest.param("0x7f.1", "loopback", id="loopback-hex"), pytest.param("2130706433", "loopback", id="loopback-number"),
+    pytest.param("::1", "loopback", id="loopback-ipv6"), pytest.param("::ffff:127.0.0.1", "loopback", id="mapped"),
+    pytest.param("10.0.0.5", "routable", id="private-net"), pytest.param("012.0.0.5", "routable", id="octal"),
+])
+def test_the_bind_reads_the_address_the_way_the_parse_does(host, kind):
+    """The engines bind with Python's socket (vLLM: socket.bind((host, port)); SGLang through uvicorn:
+    getaddrinfo(host, AI_PASSIVE)): the address the kernel was given is the one parse_host read."""
+    import ipaddress
+    import socket
+
+    from envlayers.exposure import parse_host, reach
+
+    address = parse_host(host)
+    assert reach(host)[0] == kind
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    got = {ipaddress.ip_address(info[4][0]) for info in
+           socket.getaddrinfo(host, 0, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)}
+    assert got == {address}
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError as err:  # an address this machine has not (10.0.0.5), or no IPv6 here
+            assert kind == "routable" or family == socket.AF_INET6, err
+            return
+        assert ipaddress.ip_address(sock.getsockname()[0]) == address
+
+
+@pytest.mark.parametrize("host, needle", [
+    pytest.param("[::]", "an address is written without brackets here; hint: write '::'", id="brackets"),
+    pytest.param("*", "is not an IP address or a host name", id="star"),
+    pytest.param("08", "is not an IPv4 address", id="bad-octal"),
+    pytest.param("0x", "is not an IPv4 address", id="hex-without-digits"),
+    pytest.param("1.2.3.4.5", "is not an IPv4 address", id="five-parts"),
+    pytest.param("256.1.1.1", "is not an IPv4 address", id="part-over-255"),
+    pytest.param("0.0.0.0 ", "holds a blank", id="trailing-blank"),
+    pytest.param("a b", "holds a blank", id="inner-blank"),
+    pytest.param("host\n", "holds a blank or a control character", id="newline"),
+    pytest.param("nid_01", "is not an IP address or a host name", id="underscore"),
+    pytest.param("-node", "is not an IP address or a host name", id="leading-dash"),
+    pytest.param("a" * 64 + ".x", "is not an IP address or a host name", id="label-too-long"),
+])
+def test_a_server_host_that_is_no_address_and_no_host_name_is_one_line(host, needle):
+    from envlayers.errors import EnvLayersError
+
+    with pytest.raises(EnvLayersError) as err:
+        public_keyless({"SERVER_HOST": host, "SERVER_API_KEY_FILE": "generate"})  # a key does not excuse it
+    text = str(err.value)
+    assert text.startswith("SERVER_HOST: ") and needle in text and "; hint: " in text and "\n" not in text
+    assert err.value.exit_code == 2
 
 
 # ------------------------------------------------------------------ the refusal on the login node
@@ -60,6 +133,9 @@ def _job(tmp_path, layer: str):
     pytest.param("ALLOW_PUBLIC_UNAUTHENTICATED=1\n", False, id="acknowledged"),
     pytest.param("SERVER_API_KEY_FILE=generate\n", False, id="per-job-key"),
     pytest.param("SERVER_HOST=127.0.0.1\n", False, id="loopback"),
+    pytest.param("SERVER_HOST=0\n", True, id="zero"),
+    pytest.param("SERVER_HOST=::ffff:0.0.0.0\n", True, id="mapped-unspecified"),
+    pytest.param("SERVER_HOST=10.1.2.3\n", True, id="routable"),
 ])
 def test_the_dry_run_shows_the_refusal_with_the_fix(tmp_path, layer, blocked):
     job = _job(tmp_path, layer)
