@@ -1,5 +1,5 @@
 """The real vLLM engine for tests: its CPU build in its own virtual environment (scripts/real-vllm.sh), the tiny
-seeded model it serves (tests/realengine/tiny_model.py), and one real ``vllm serve`` at a time.
+model it serves (tests/realengine/tiny_model.py), and one real ``vllm serve`` at a time.
 
     import realvllm                      # tests/ is on sys.path (tests/conftest.py sits there)
 
@@ -102,7 +102,7 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def model_dir() -> Path:
-    """The tiny seeded model, built once into the environment's ``envlayers-models/tiny-<hash>`` (the hash of
+    """The tiny model, built once into the environment's ``envlayers-models/tiny-<hash>`` (the hash of
     tiny_model.py and of the environment's marker, since torch and transformers write the files). Built into a
     temporary folder beside it and renamed into place, so a folder that exists is complete, and two pytest
     processes that build it at once both end with the same one."""
