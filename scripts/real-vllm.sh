@@ -42,6 +42,7 @@ site_packages() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_p
 build() {
   local fresh=$1 site
   if [ "$fresh" = 1 ]; then
+    command -v "$PYTHON" >/dev/null 2>&1 || die "no $PYTHON to make the environment with (set PYTHON=...)"
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
       || die "$PYTHON is older than Python 3.11, which $PIN needs (set PYTHON=...)"
     rm -rf "$VENV"
