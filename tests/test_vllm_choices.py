@@ -32,6 +32,7 @@ def test_flag_values_reads_both_spellings_and_bare_flags():
                  id="sglangs-name"),
     pytest.param(["--distributed-executor-backend=nope"], [("--distributed-executor-backend", "nope", ["mp", "ray"])],
                  id="equals-form"),
+    pytest.param(["--distributed-executor-backend", "my.pkg.Executor"], [], id="an-executor-class-path"),
 ])
 def test_check_refuses_what_vllms_parser_would(argv, refused):
     assert check(argv, DATA)[0] == refused
@@ -41,8 +42,8 @@ def test_a_refusal_names_the_layer_line_and_the_valid_names():
     blockers, warnings = messages(["vllm", "serve", "m", "--tool-call-parser", "qwen25", "--enable-auto-tool-choice"],
                                   [], {"TOOL_CALL_PARSER": "experiments/layers/model-qwen38.env:9"}, DATA)
     assert blockers == ["TOOL_CALL_PARSER (experiments/layers/model-qwen38.env:9): vLLM refuses --tool-call-parser "
-                        "'qwen25' (vLLM 9.9.9 takes: hermes, openai); the engine would exit at argument parsing, "
-                        "after the allocation started"]
+                        "'qwen25' (vLLM 9.9.9 takes: hermes, openai); the engine would refuse it as it starts, "
+                        "after the allocation was granted"]
     assert warnings == []
 
 

@@ -1,8 +1,8 @@
 """vLLM's own choices for the flags that have them, checked on the login node before submission.
 
 A parser name vLLM does not know (``--tool-call-parser qwen25``, SGLang's name for Qwen's format)
-makes ``vllm serve`` exit at argument parsing, after the allocation was granted and the image
-started. The choices come from a table generated from the real engine's argument parser by
+makes ``vllm serve`` refuse to start (vLLM checks the names after parsing its arguments), after the
+allocation was granted and the image started. The choices come from a table generated from the real engine's argument parser by
 ``scripts/gen-vllm-choices.py`` and kept as data (``data/vllm-choices.json``), with the engine
 version it came from; ``--options`` flags the table does not list are reported too, as warnings,
 since a newer or older engine may have them.
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 TABLE = Path(__file__).resolve().parent.parent / "data" / "vllm-choices.json"
 # the launch key behind a flag, to name where a bad value was set
 FLAG_KEYS = {"--tool-call-parser": "TOOL_CALL_PARSER", "--reasoning-parser": "REASONING_PARSER"}
+CLASS_PATH_FLAG = "--distributed-executor-backend"
 _cache: dict[str, dict] = {}
 
 
@@ -58,6 +59,8 @@ def check(argv: Iterable[str], data: Mapping | None = None) -> tuple[list[tuple[
     options = set(data.get("options", ()))
     refused, unknown = [], []
     for flag, value in flag_values(argv):
+        if flag == CLASS_PATH_FLAG and value is not None and "." in value:
+            continue  # vLLM also takes an Executor class by its dotted path
         if flag in choices and value is not None and value not in choices[flag]:
             refused.append((flag, value, sorted(choices[flag])))
         if options and flag not in options and flag not in unknown:
@@ -80,7 +83,7 @@ def messages(argv: Iterable[str], extra: Iterable[str], where: Mapping[str, str]
         origin = where.get(key) if key else None
         setting = f"{key} ({origin})" if origin else f"SERVER_EXTRA_ARGS ({where.get('SERVER_EXTRA_ARGS', '?')})"
         blockers.append(f"{setting}: vLLM refuses {flag} {value!r} (vLLM {version} takes: {', '.join(valid)}); "
-                        "the engine would exit at argument parsing, after the allocation started")
+                        "the engine would refuse it as it starts, after the allocation was granted")
     warnings = [f"vLLM {version}'s argument parser has no {flag} (SERVER_EXTRA_ARGS "
                 f"({where.get('SERVER_EXTRA_ARGS', '?')})); check the flag against the image's vLLM" for flag in unknown]
     return blockers, warnings
