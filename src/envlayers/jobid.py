@@ -4,7 +4,8 @@ the one error for a job that cannot be found.
 Accepted: the number ``sbatch`` printed (``1234``), and a step of it as ``scontrol``/``sacct``/``squeue -s``
 print one (``1234.0``, ``1234.batch``, ``1234.extern``), which means the job itself. Refused, with a hint:
 an array task (``1234_5``: an endpoint job is never an array; the task's own id is what the commands
-need), anything else. Surrounding blanks are ignored. Pure: no Slurm call.
+need), job 0 (Slurm numbers jobs from 1; ``scontrol show job 0`` lists them all), an empty id, anything else.
+Surrounding blanks and leading zeros are ignored. Pure: no Slurm call.
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ def looks_like_job_id(text: str) -> bool:
 
 
 def parse_job_id(text: str) -> str:
-    """The job id ``text`` names, as Slurm's plain number; an ``EnvLayersError`` (exit 2) otherwise."""
+    """The job id ``text`` names, as Slurm's plain number (without leading zeros); an ``EnvLayersError``
+    (exit 2) otherwise. ``0`` is no job: Slurm numbers jobs from 1, and ``scontrol show job 0`` lists every
+    job, so a command given 0 would act on whichever Slurm lists first."""
     raw = str(text)
     text = raw.strip()
+    if not text:
+        raise EnvLayersError(f"{_clip(raw)!r} is not a Slurm job id: it is empty", where=WHERE,
+                             hint=f"give {FORMS}, e.g. `env_layers wait 12345`")
     m = _STEP_RE.match(text)
-    if m and int(m.group(1)) <= MAX_JOB_ID:
-        return m.group(1)
+    if m and 0 < int(m.group(1)) <= MAX_JOB_ID:
+        return str(int(m.group(1)))
+    if m and int(m.group(1)) == 0:
+        raise EnvLayersError(f"{_clip(raw)!r} is not a Slurm job id: Slurm numbers jobs from 1 (asked for job 0, "
+                             "Slurm lists every job)", where=WHERE, hint=f"give {FORMS}")
     if m:
         raise EnvLayersError(f"{_clip(raw)!r} is not a Slurm job id: more than {MAX_JOB_ID}", where=WHERE,
                              hint=f"give {FORMS}")

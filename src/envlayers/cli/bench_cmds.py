@@ -56,9 +56,10 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
     """(base URL, served model or None, key or None, what it is) for a job id or a URL."""
     from ..access.job import open_job, read_key
     from ..access.ping import normalize_base_url
+    from ..jobid import looks_like_job_id
 
     key = read_key(api_key_file) if api_key_file else None
-    if not target.strip().isdigit():
+    if not looks_like_job_id(target):  # 1234, a step (1234.0, 1234.batch), 0 and arrays: the job-id parser says
         return normalize_base_url(target), model, key, "url"
     acc = open_job(target.strip(), run_dir=run_dir)
     acc.require_live("bench")

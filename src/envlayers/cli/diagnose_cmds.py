@@ -55,6 +55,11 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
     inputs = Inputs()
     paths = inputs.paths
     for target in targets:
+        if not target.strip():  # Path("") is the current directory: another job's files, read as this one's
+            raise EnvLayersError(f"{target!r} is empty: not a job id, a log file or a run directory",
+                                 where="JOBID|LOGFILE|RUNDIR",
+                                 hint="give the job id sbatch printed (`env_layers diagnose 12345`), or '.' for the "
+                                      "run directory you are in")
         p = Path(target)
         if p.is_dir():
             logs = _dir_logs(p)
