@@ -84,3 +84,49 @@ def test_status_recomputes_a_running_jobs_split_up_to_now(tmp_path):
     assert job_accounting(files, running=True, now=T0 + 3600)["split"]["allocated_s"] == 3600
     assert job_accounting(files, running=False, now=T0 + 3600)["split"]["allocated_s"] == 1000
     assert job_accounting(JobFiles("43", None, tmp_path / "none"), running=True) is None
+
+
+# -- records that cannot be summed ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, why", [
+    pytest.param({"job_start": float("nan")}, "job_start is nan, not a time in seconds", id="start-nan"),
+    pytest.param({"job_start": float("inf")}, "job_start is inf", id="start-inf"),
+    pytest.param({"job_start": None}, "job_start is None", id="start-null"),
+    pytest.param({"job_start": "1700000000"}, "job_start is '1700000000'", id="start-text"),
+    pytest.param({"job_start": -1.0}, "job_start is -1.0", id="start-negative"),
+    pytest.param({"ended_at": 10 ** 400}, "ended_at is 1000000", id="end-huge-int"),
+    pytest.param({"live_at": True}, "live_at is True", id="live-bool"),
+    pytest.param({"gpus": -4}, "gpus is -4, not a whole number from 0 to 1000000", id="gpus-negative"),
+    pytest.param({"gpus": 8.5}, "gpus is 8.5", id="gpus-fraction"),
+    pytest.param({"gpus": 10 ** 9}, "gpus is 1000000000", id="gpus-huge"),
+    pytest.param({"phases": {"loading": float("nan")}}, "phases.loading is nan", id="phase-nan"),
+    pytest.param({"phases": [1, 2]}, "phases is [1, 2], not an object", id="phases-list"),
+    pytest.param({"live": {"serving_s": -5, "counters_readable": True}}, "live.serving_s is -5", id="serving-negative"),
+    pytest.param({"live": "yes"}, "live is 'yes', not an object", id="live-text"),
+    pytest.param({"idle_stop_after_s": float("nan")}, "idle_stop_after_s is nan", id="idle-stop-nan"),
+    pytest.param({"extra": {"deep": [1.0, float("-inf")]}}, "extra.deep[1] is -inf", id="inf-anywhere"),
+])
+def test_a_record_that_would_make_a_total_nan_or_infinite_is_named(kw, why):
+    from envlayers.accounting import problem
+
+    tl = timeline(**kw)
+    assert why in problem(tl)
+    with pytest.raises(ValueError, match="is"):
+        split(tl, now=T0 + 99999)
+
+
+@pytest.mark.parametrize("value, why", [
+    pytest.param([1, 2, 3], "a JSON list, not an object", id="list"),
+    pytest.param(7, "a JSON int, not an object", id="number"),
+    pytest.param({"gpus": 8}, "no job_start", id="no-start"),
+])
+def test_what_is_not_an_object_with_a_start_is_not_a_record(value, why):
+    from envlayers.accounting import problem
+
+    assert problem(value) == why
+
+
+def test_a_good_record_has_no_problem():
+    from envlayers.accounting import problem
+
+    assert problem(timeline()) is None and problem(timeline(gpus=0, live=None, phases=None)) is None

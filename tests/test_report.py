@@ -106,3 +106,45 @@ def test_cli_report_json_and_chart(tmp_path):
     assert "Slurm accounting not available (not asked: --no-sacct)" in proc.stdout
     assert "glm53: 1 run(s), 8.00 GPU-hours allocated" in proc.stdout and f"chart: {chart}" in proc.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+BAD_RECORDS = {
+    "deep": ("[" * 100_000, "not JSON: nested too deep"),
+    "truncated": ('{"job_id": "9", "gpus": 8, "job_st', "not JSON: "),
+    "list": ("[1,2,3]", "a JSON list, not an object"),
+    "random": (bytes(range(256)) * 4, "not JSON: not UTF-8"),
+    "nan": (None, "job_start is nan, not a time in seconds"),
+    "negative-gpus": (None, "gpus is -4, not a whole number from 0 to 1000000"),
+}
+
+
+def test_every_bad_record_is_skipped_by_name_and_the_totals_stay_finite(tmp_path):
+    """Ten good runs and one of every bad kind: ten runs reported, each bad file named under skipped with its
+    reason, every total finite (a NaN start gave 'nan GPU-hours', gpus -4 gave '-inf', '['*100000 an internal
+    error, a truncated file, [1,2,3] and random bytes silently dropped a run)."""
+    import math
+
+    for i in range(10):
+        record(tmp_path, str(100 + i), NOW - 7200)
+    for name, (content, _) in BAD_RECORDS.items():
+        d = record(tmp_path, name, NOW - 7200)
+        f = d / "accounting.json"
+        if name == "nan":
+            f.write_text(f.read_text().replace(f'"job_start": {NOW - 7200}', '"job_start": NaN'))
+        elif name == "negative-gpus":
+            f.write_text(f.read_text().replace('"gpus": 8', '"gpus": -4'))
+        elif isinstance(content, bytes):
+            f.write_bytes(content)
+        else:
+            f.write_text(content)
+    rep = build_report([tmp_path], NOW - 86400, None, now=NOW, use_sacct=False)
+    assert sorted(j["job_id"] for j in rep.jobs) == [str(100 + i) for i in range(10)]
+    assert len(rep.skipped) == len(BAD_RECORDS)
+    for name, (_, why) in BAD_RECORDS.items():
+        line = next(s for s in rep.skipped if s.startswith(f"{tmp_path / name / 'accounting.json'}: "))
+        assert f"not an accounting record ({why}" in line, line
+    for g in rep.by_model + rep.by_shape:
+        assert all(math.isfinite(v) for v in [g["allocated_gpu_hours"], *g["gpu_hours"].values(),
+                                               *g["share"].values(), g["idle_stop_would_save"]])
+    assert rep.by_model[0]["allocated_gpu_hours"] == pytest.approx(10 * 8 * 3600 / 3600)
+    json.dumps(rep.to_dict(), allow_nan=False)  # strict JSON: no NaN, no Infinity

@@ -1,6 +1,6 @@
 """Where a job's GPU-hours went: one job's timeline -> its split; many jobs' splits -> totals and the largest waste.
 
-Pure: dicts in, dicts out. A job's timeline (written by the launcher as ``accounting.json``, see
+Pure: dicts in, dicts out; :func:`problem` says why a dict is not a record (every total stays finite). A job's timeline (written by the launcher as ``accounting.json``, see
 ``launch.meter``) holds wall-clock times: the job's start (pending time is free), every rank started,
 rank 0's startup phases, live, the last request seen, the server's death, the end; and the serving /
 idle seconds the idle tracker measured from the engine's request counters. Every segment is GPU-seconds
@@ -35,13 +35,88 @@ WASTE: tuple[str, ...] = ("idle_after_last_request", "after_server_died", "idle"
 _PHASE_AFTER_LOAD = ("weights-loaded", "kv-cache", "graph-capture", "ready")
 
 
+# What a record may hold, so that every sum stays finite: times are epoch seconds up to the year 5138, GPU
+# counts and seconds are bounded too (the launcher writes nothing near these)
+MAX_TIME_S = 1e11
+MAX_GPUS = 1_000_000
+_TIMES = ("job_start", "ranks_up_at", "live_at", "last_request_at", "died_at", "ended_at")
+_SECONDS = ("serving_s", "idle_s", "unobserved_s")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _seconds_ok(value) -> bool:
+    """A finite number of seconds (or epoch seconds) from 0 to MAX_TIME_S; never a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return 0 <= value <= MAX_TIME_S  # False for nan; a huge int is compared exactly, never made a float
+
+
+def problem(tl) -> str | None:
+    """Why ``tl`` (an ``accounting.json`` as parsed) is not an accounting record :func:`split` can sum, in a
+    few words; None when it is one. A NaN, a negative GPU count or a time in the year 10**300 would make a
+    total ``nan`` or infinite: such a record is named and left out, never summed."""
+    if not isinstance(tl, Mapping):
+        return f"a JSON {type(tl).__name__}, not an object"
+    if "job_start" not in tl:
+        return "no job_start"
+    for key in _TIMES:
+        value = tl.get(key)
+        if (value is not None or key == "job_start") and not _seconds_ok(value):
+            return f"{key} is {_shown(value)}, not a time in seconds"
+    for key, top in (("gpus", MAX_GPUS), ("nodes", MAX_GPUS), ("restart", MAX_GPUS)):
+        value = tl.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top):
+            return f"{key} is {_shown(value)}, not a whole number from 0 to {top}"
+    phases = tl.get("phases")
+    if phases is not None:
+        if not isinstance(phases, Mapping):
+            return f"phases is {_shown(phases)}, not an object"
+        for name, value in phases.items():
+            if value is not None and not _seconds_ok(value):
+                return f"phases.{_shown(name)[1:-1] if isinstance(name, str) else name} is {_shown(value)}, not a time"
+    live = tl.get("live")
+    if live is not None:
+        if not isinstance(live, Mapping):
+            return f"live is {_shown(live)}, not an object"
+        for key in _SECONDS:
+            value = live.get(key)
+            if value is not None and not _seconds_ok(value):
+                return f"live.{key} is {_shown(value)}, not a number of seconds"
+    stop = tl.get("idle_stop_after_s")
+    if stop is not None and not _seconds_ok(stop):
+        return f"idle_stop_after_s is {_shown(stop)}, not a number of seconds"
+    return _not_finite(tl)
+
+
+def _not_finite(tl: Mapping) -> str | None:
+    """Where ``tl`` holds a NaN or an infinity anywhere (the report prints the record as JSON too)."""
+    stack: list = [("", tl)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and value - value != 0:  # nan and inf, without importing math
+            return f"{where or 'the record'} is {value!r}"
+        if isinstance(value, Mapping):
+            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    return None
+
+
 def _clamp(t: float | None, lo: float, hi: float) -> float | None:
     return None if t is None else min(max(t, lo), hi)
 
 
 def split(tl: Mapping, now: float) -> dict:
     """A timeline -> ``{"gpus", "allocated_s", "seconds": {segment: s}, "gpu_hours": {segment: h},
-    "allocated_gpu_hours", "running"}``. ``now`` ends a timeline that has no end yet (a running job)."""
+    "allocated_gpu_hours", "running"}``. ``now`` ends a timeline that has no end yet (a running job).
+    A record :func:`problem` names is a ``ValueError`` saying why."""
+    why = problem(tl)
+    if why is not None:
+        raise ValueError(why)
     start = float(tl["job_start"])
     end = float(tl.get("ended_at") or now)
     end = max(end, start)

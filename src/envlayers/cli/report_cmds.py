@@ -15,6 +15,7 @@ import click
 from ..errors import EnvLayersError
 
 INSTALL_HINT = "pip install 'envlayers[report]' (matplotlib draws the chart)"
+SKIPPED_SHOWN = 10  # accounting.json files left out, named one a line; --json has them all
 
 
 @click.command()
@@ -76,8 +77,10 @@ def format_report(rep) -> str:
     else:
         lines.append(f"  Slurm accounting not available ({rep.slurm_accounting}): run directories only; jobs whose "
                      "launcher was killed or whose run directory is gone are missing")
-    for why in rep.skipped[:5]:
+    for why in rep.skipped[:SKIPPED_SHOWN]:
         lines.append(f"  skipped {why}")
+    if len(rep.skipped) > SKIPPED_SHOWN:
+        lines.append(f"  skipped {len(rep.skipped) - SKIPPED_SHOWN} more accounting.json file(s) (--json lists them all)")
     if not rep.jobs:
         lines.append(f"  no accounting.json under {', '.join(rep.roots)}")
         return "\n".join(lines) + "\n"

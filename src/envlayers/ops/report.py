@@ -101,27 +101,59 @@ def _owner(path: Path) -> str | None:
 
 
 def run_dir_timelines(roots: list[Path]) -> list[tuple[Path, dict]]:
-    """Every ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier runs, ``run-<n>/``)."""
-    import json
+    """Every good ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier runs, ``run-<n>/``)."""
+    return [(path, data) for path, data, why in run_dir_records(roots) if why is None]
 
-    found = []
+
+def run_dir_records(roots: list[Path]) -> list[tuple[Path, dict | None, str | None]]:
+    """``(run dir, record, None)`` for every ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier
+    runs, ``run-<n>/``) that is an accounting record, ``(run dir, None, why)`` for every other one: a file
+    that cannot be read (not a regular file, larger than 4 MiB), is not JSON (cut short, random bytes, nested
+    too deep for the parser) or holds no record (``[1,2,3]``, a NaN start, a negative GPU count)."""
+    from ..accounting import problem
+
+    found: list[tuple[Path, dict | None, str | None]] = []
     for root in roots:
         try:
             entries = sorted(os.scandir(root), key=lambda e: e.name)
         except OSError:
             continue
         for entry in entries:
-            if not entry.is_dir():
+            try:
+                if not entry.is_dir():
+                    continue
+            except OSError:
                 continue
             for path in [Path(entry.path)] + sorted(Path(entry.path).glob("run-*")):
                 f = path / "accounting.json"
-                try:
-                    data = json.loads(f.read_text())
-                except (OSError, ValueError):
+                if not os.path.lexists(f):
                     continue
-                if isinstance(data, dict) and "job_start" in data:
-                    found.append((path, data))
+                data, why = _read_record(f)
+                why = why or problem(data)
+                found.append((path, None if why else data, why))
     return found
+
+
+def _read_record(path: Path) -> tuple[object, str | None]:
+    """The JSON in ``path`` (bounded, a regular file only), or ``(None, why)``."""
+    import json
+
+    from ..yamlpos import MAX_BYTES, NotRegularFile, read_regular
+
+    try:
+        raw = read_regular(path, MAX_BYTES)
+    except NotRegularFile as err:
+        return None, f"not read: it {err.reason}"
+    except OSError as err:
+        return None, f"not read: {err.strerror or err}"
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except UnicodeDecodeError as err:
+        return None, f"not JSON: not UTF-8 (byte {err.start})"
+    except ValueError as err:
+        return None, f"not JSON: {str(err)[:120]}"
+    except RecursionError:
+        return None, "not JSON: nested too deep"
 
 
 @dataclass
@@ -136,7 +168,7 @@ class Report:
     missing: list[dict] = field(default_factory=list)  # jobs sacct knows and no run directory explains
     largest_waste: str | None = None
     suggest_stop_s: float = 1800.0
-    skipped: list[str] = field(default_factory=list)  # "path: why" of accounting.json files that do not parse
+    skipped: list[str] = field(default_factory=list)  # "path: why" of accounting.json files left out
 
     def to_dict(self) -> dict:
         return {"since": self.since, "until": self.until, "run_roots": self.roots,
@@ -156,8 +188,11 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
         sjobs, rep.slurm_accounting = None, "not asked: --no-sacct"
     by_id = {j.job_id: j for j in sjobs or []}
     seen = set()
-    for path, tl in run_dir_timelines(roots):
-        jid = str(tl.get("job_id"))
+    for path, tl, why in run_dir_records(roots):
+        if why is not None:
+            rep.skipped.append(f"{path / 'accounting.json'}: not an accounting record ({why})")
+            continue
+        jid = str(tl.get("job_id") if isinstance(tl.get("job_id"), (str, int)) else path.name)
         owner = by_id[jid].user if jid in by_id else _owner(path)
         try:
             sp = split(tl, now=now)
