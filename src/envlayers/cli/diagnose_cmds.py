@@ -10,6 +10,7 @@ import click
 
 from ..errors import EnvLayersError
 from ..jobid import looks_like_job_id, not_found, parse_job_id
+from .params import terminal_text
 
 LOG_GLOBS = ("*.log", "*.out", "serve.env")
 EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "with": "with:", "peak": "peak:",
@@ -165,21 +166,24 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
             "findings": [f.to_dict() for f in findings],
         }, indent=2))
     else:
+        # every field may quote what a rank printed (or a --rules file says): one line each, no control
+        # character reaches the terminal
+        t = terminal_text
         for run_dir, names in earlier.items():
-            click.echo(f"{run_dir}: the job was requeued; earlier runs in {', '.join(n + '/' for n in names)} "
+            click.echo(f"{t(run_dir)}: the job was requeued; earlier runs in {t(', '.join(n + '/' for n in names))} "
                        "are not read (pass one as RUNDIR to diagnose it)")
         for f in findings:
             mark = f", {POSSIBLE}" if f.possible else ""
-            click.echo(f"{f.rule_id} ({f.severity}{mark}): {f.title}")
+            click.echo(f"{t(f.rule_id)} ({t(f.severity)}{mark}): {t(f.title)}")
             for e in f.evidence:
-                click.echo(f"  {EVIDENCE_LABELS.get(e.role, 'evidence:'):<10}{e.where}: {e.text}")
+                click.echo(f"  {EVIDENCE_LABELS.get(e.role, 'evidence:'):<10}{t(e.where)}: {t(e.text)}")
             if f.detail:
-                click.echo(_wrap("detail:   ", f.detail))
+                click.echo(_wrap("detail:   ", t(f.detail)))
             if f.possible:
-                click.echo(_wrap("confirm:  ", f"holds only {f.confirm_if}"))
-            click.echo(_wrap("cause:    ", f.cause))
-            click.echo(_wrap("fix:      ", f.fix))
-            click.echo(f"  see:      {f.see}")
+                click.echo(_wrap("confirm:  ", f"holds only {t(f.confirm_if)}"))
+            click.echo(_wrap("cause:    ", t(f.cause)))
+            click.echo(_wrap("fix:      ", t(f.fix)))
+            click.echo(f"  see:      {t(f.see)}")
             click.echo("")
         lines = sum(len(log.lines) for log in logs)
         possible = sum(1 for f in findings if f.possible)

@@ -1,4 +1,5 @@
-"""Click parameter types shared by the commands: numbers that are refused with one line, never a crash.
+"""What the commands share: click parameter types that refuse a bad number with one line, never a crash,
+and :func:`terminal_text`, the one filter for text a remote end sent before it is printed.
 
 click's own ``FloatRange`` raises a bare ValueError on ``nan``; these say what is wrong with the option
 and exit 2 like every other bad input.
@@ -7,10 +8,38 @@ and exit 2 like every other bad input.
 from __future__ import annotations
 
 import math
+import re
 
 import click
 
 from ..errors import EnvLayersError
+
+# A terminal's escape sequences, each removed whole (so no "]0;title" is left to read): CSI (ESC [ or the
+# 8-bit 0x9b ... final byte), OSC (ESC ] or 0x9d ... BEL or ST: a window title, a hyperlink, the clipboard),
+# DCS, SOS, PM and APC strings (ESC P, X, ^, _ or 0x90, 0x98, 0x9e, 0x9f ... ST), and ESC with one more byte.
+_ESCAPE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+                     r"|(?:\x1b[\]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                     r"|\x1b[\x20-\x7e]?")
+# What is left that a terminal acts on or that hides text: C0 and C1 controls, DEL, the bidirectional
+# overrides and isolates (text shown in another order than it is), and the line and paragraph separators.
+_CONTROL_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def terminal_text(text: object, *, lines: bool = False) -> str:
+    """``text`` that a remote end sent (an HTTP body or error, a served model name, an engine's log line, what
+    ssh said), safe to print on a terminal: escape sequences removed whole (an OSC title, a colour, a cursor
+    move), every other control character removed. ``lines=False`` (one field of a one-line report) turns a
+    newline, a carriage return or a tab into a space, so the text cannot start a line of its own;
+    ``lines=True`` (a log shown as it is) keeps newlines and tabs and drops carriage returns. Every command
+    prints remote text through this one function."""
+    text = "" if text is None else str(text)
+    if text.isprintable() and (lines or "\t" not in text):
+        return text  # the common case: nothing to do
+    text = _ESCAPE.sub("", text)
+    if lines:
+        return _CONTROL_LINES.sub("", text.replace("\r\n", "\n"))
+    return _CONTROL.sub(lambda m: " " if m.group() in "\n\r\t" else "", text)
 
 
 class Seconds(click.ParamType):

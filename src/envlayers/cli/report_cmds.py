@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from ..errors import EnvLayersError
+from .params import terminal_text
 
 INSTALL_HINT = "pip install 'envlayers[report]' (matplotlib draws the chart)"
 SKIPPED_SHOWN = 10  # accounting.json files left out, named one a line; --json has them all
@@ -63,6 +64,7 @@ def format_report(rep) -> str:
     from ..accounting import fmt_h
     from .ops_format import fmt_duration
 
+    t = terminal_text  # model names, run directories and reasons come from other users' files too
     since = time_text(rep.since)
     lines = [f"GPU-hours of endpoint jobs since {since}: {len(rep.jobs)} job run(s) with an accounting record"]
     if rep.slurm_accounting == "sacct":
@@ -70,27 +72,27 @@ def format_report(rep) -> str:
             lost = sum(m["gpu_hours"] or 0 for m in rep.missing)
             lines.append(f"  Slurm accounting: {len(rep.missing)} more job(s) ran ({fmt_h(lost)} GPU-hours) with no "
                          "accounting record (launcher killed, or run directory gone): "
-                         + ", ".join(f"{m['job_id']} ({m['state']}, {fmt_duration(m['elapsed_s'])})"
+                         + ", ".join(f"{t(m['job_id'])} ({t(m['state'])}, {fmt_duration(m['elapsed_s'])})"
                                      for m in rep.missing[:8]))
         else:
             lines.append("  Slurm accounting: every endpoint job it lists has an accounting record here")
     else:
-        lines.append(f"  Slurm accounting not available ({rep.slurm_accounting}): run directories only; jobs whose "
+        lines.append(f"  Slurm accounting not available ({t(rep.slurm_accounting)}): run directories only; jobs whose "
                      "launcher was killed or whose run directory is gone are missing")
     for why in rep.skipped[:SKIPPED_SHOWN]:
-        lines.append(f"  skipped {why}")
+        lines.append(f"  skipped {t(why)}")
     if len(rep.skipped) > SKIPPED_SHOWN:
         lines.append(f"  skipped {len(rep.skipped) - SKIPPED_SHOWN} more accounting.json file(s) (--json lists them all)")
     if not rep.jobs:
-        lines.append(f"  no accounting.json under {', '.join(rep.roots)}")
+        lines.append(f"  no accounting.json under {t(', '.join(rep.roots))}")
         return "\n".join(lines) + "\n"
     for key, groups in (("model", rep.by_model), ("shape", rep.by_shape)):
         lines.append(f"by {key}:")
         for g in groups:
-            lines.append(f"  {g[key]}: {g['jobs']} run(s), {fmt_h(g['allocated_gpu_hours'])} GPU-hours allocated")
+            lines.append(f"  {t(g[key])}: {g['jobs']} run(s), {fmt_h(g['allocated_gpu_hours'])} GPU-hours allocated")
             lines.append("    " + split_text(g))
     if rep.largest_waste:
-        lines.append(f"largest waste: {rep.largest_waste}")
+        lines.append(f"largest waste: {t(rep.largest_waste)}")
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,8 @@ import json
 
 import click
 
-from .params import Seconds
+from ..errors import EnvLayersError
+from .params import Seconds, terminal_text
 
 CHECKS = ("tools", "reasoning", "accuracy", "metrics")
 
@@ -44,13 +45,44 @@ def verify(ctx: click.Context, spec: str, model: str | None, api_key_file: str |
     from .. import verify as gates
 
     checks = tuple(only) or gates.NAMES
-    data = gates.load_accuracy_data(baselines_file) if "accuracy" in checks else None  # bad data: exit 2 at once
-    root = (ctx.find_root().obj or {}).get("root")
-    target = gates.resolve(spec, model=model, api_key_file=api_key_file, timeout_s=timeout_s, run_dir=run_dir,
-                           root=root)
-    report = gates.run_gates(target, checks=checks, timeout_s=timeout_s, accuracy_data=data)
+    try:
+        data = gates.load_accuracy_data(baselines_file) if "accuracy" in checks else None  # bad data: exit 2 now
+        root = (ctx.find_root().obj or {}).get("root")
+        target = gates.resolve(spec, model=model, api_key_file=api_key_file, timeout_s=timeout_s, run_dir=run_dir,
+                               root=root)
+        report = gates.run_gates(target, checks=checks, timeout_s=timeout_s, accuracy_data=data)
+    except EnvLayersError as err:  # its message may quote what the endpoint answered
+        err.message, err.where, err.hint = (None if x is None else terminal_text(x)
+                                            for x in (err.message, err.where, err.hint))
+        raise
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))  # ensure_ascii: every control character escaped
     else:
-        click.echo(report.text(), nl=False)
+        click.echo(format_report(report), nl=False)
     ctx.exit(report.exit_code)
+
+
+def format_report(report) -> str:
+    """The verdict for a terminal: one line per check, its evidence and fix below it. Every field that can
+    hold what the endpoint sent (the served name, the model, bodies, error messages, tool calls) goes through
+    :func:`terminal_text` as one line, so a hostile endpoint can neither drive the terminal nor print a line
+    of its own."""
+    from ..verify import NAMES
+
+    t = report.target
+    what = ", ".join(terminal_text(x) for x in (t.catalog_model, t.engine, t.model) if x)
+    lines = [f"verify {terminal_text(t.label)}: model name {terminal_text(t.served)}" + (f" ({what})" if what else "")]
+    lines += [f"  note: {terminal_text(n)}" for n in t.notes]
+    several = len(t.base_urls) > 1
+    width = max(len(n) for n in NAMES)
+    for c in report.checks:
+        where = f" [{terminal_text(c.url)}]" if several and c.url else ""
+        lines.append(f"{c.status.upper():4}  {c.name:{width}}  {terminal_text(c.summary)}{where}")
+        for e in c.evidence:
+            lines.append(f"      evidence: {terminal_text(e)}")
+        if c.hint and c.status == "fail":
+            lines.append(f"      fix: {terminal_text(c.hint)}")
+    counts = {s: sum(c.status == s for c in report.checks) for s in ("pass", "fail", "skip")}
+    verdict = "FAILED" if report.failed else "passed"
+    lines.append(f"verdict: {verdict} ({counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped)")
+    return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """``env_layers verify``: gates against a live endpoint (tool calls, reasoning, accuracy, metrics).
 
 ``run_gates(target, ...)`` runs the chosen checks on every base URL of a :class:`Target` (from
-``target.resolve``) and returns a :class:`Report`: pass/fail/skip per check with its evidence.
+``target.resolve``) and returns a :class:`Report`: pass/fail/skip per check with its evidence, as data (the
+evidence is what the endpoint sent, as it sent it; ``cli.verify_cmds`` formats it for a terminal).
 Exit statuses: 0 every check passed or was skipped, 1 a check failed, 2 the gates could not run
 (``CannotVerify`` and the other ``EnvLayersError``s). docs/verify.md describes the gates.
 """
@@ -32,26 +33,6 @@ class Report:
     def to_dict(self) -> dict:
         return {"target": self.target.to_dict(), "ok": not self.failed, "exit_code": self.exit_code,
                 "checks": [c.to_dict() for c in self.checks]}
-
-    def text(self) -> str:
-        t = self.target
-        what = ", ".join(x for x in (t.catalog_model, t.engine, t.model) if x)
-        lines = [f"verify {t.label}: model name {t.served}" + (f" ({what})" if what else "")]
-        lines += [f"  note: {n}" for n in t.notes]
-        several = len(t.base_urls) > 1
-        width = max(len(n) for n in NAMES)
-        for c in self.checks:
-            where = f" [{c.url}]" if several and c.url else ""
-            lines.append(f"{c.status.upper():4}  {c.name:{width}}  {c.summary}{where}")
-            for e in c.evidence:
-                lines.append(f"      evidence: {e}")
-            if c.hint and c.status == "fail":
-                lines.append(f"      fix: {c.hint}")
-        counts = {s: sum(c.status == s for c in self.checks) for s in ("pass", "fail", "skip")}
-        verdict = "FAILED" if self.failed else "passed"
-        lines.append(f"verdict: {verdict} ({counts['pass']} passed, {counts['fail']} failed, "
-                     f"{counts['skip']} skipped)")
-        return "\n".join(lines) + "\n"
 
 
 def load_accuracy_data(baselines_file: str | None = None, prompts_file: str | None = None):
