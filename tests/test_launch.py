@@ -161,6 +161,14 @@ def run_rank(tmp_path: Path, cmds, rank=0, key: str | None = None, timeout=20) -
                           timeout=timeout, cwd=tmp_path)
 
 
+@pytest.mark.parametrize("key", [None, "k3y"], ids=["keyless", "masked"])
+def test_the_rank_exit_line_stands_on_its_own_line_after_output_without_a_newline(tmp_path, key):
+    cmd = engines.RankCommand(argv=("printf", "%s", "last words"), key_env="K" if key else None)
+    run_rank(tmp_path, [cmd], key=key)
+    lines = (tmp_path / "server-0.log").read_text().splitlines()
+    assert lines[-2:] == ["last words", "ENVLAYERS-STAGE: rank 0 exited with code 0"]
+
+
 def test_ranks_script_runs_the_rank_and_records_its_exit_code(tmp_path):
     fake = engines.RankCommand(argv=("bash", "-c", "echo serving; exit 7"), env={"X": "1"})
     proc = run_rank(tmp_path, [fake])

@@ -37,7 +37,7 @@ def test_a_pydantic_refusal_carries_the_reason_from_the_next_line():
                   "(EngineCore pid=9) ERROR 12-03 10:00:00 [core.py:1]     assert self.intermediate_tensors is not None",
                   "(EngineCore pid=9) ERROR 12-03 10:00:00 [core.py:1] AssertionError",
                   "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"],
-                 "AssertionError", id="bare-assertion-under-a-wrapper"),
+                 "AssertionError at: assert self.intermediate_tensors is not None", id="bare-assertion-under-a-wrapper"),
     pytest.param(["[2026-12-03 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
                   "[2026-12-03 10:00:00 TP0] torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB"],
                  "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", id="sglang-prefix"),

@@ -57,5 +57,8 @@ def root_cause(lines: Iterable[str]) -> str | None:
         if (_EXCEPTION_RE.match(text) or _ARGPARSE_RE.match(text)) and not _WRAPPER_RE.search(text):
             if _DETAIL_NEXT_RE.search(text) and i + 1 < len(cleaned) and cleaned[i + 1]:
                 text = f"{text}: {cleaned[i + 1]}"  # pydantic puts the reason on the next line
+            elif ":" not in text and i > start and cleaned[i - 1] and not cleaned[i - 1].startswith(
+                    ("File ", "Traceback")):
+                text = f"{text} at: {cleaned[i - 1]}"  # a bare `AssertionError`: the line that raised it
             return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3] + "..."
     return None
