@@ -101,6 +101,14 @@ def test_readiness_budget_precedence(env, want):
     assert ready_timeout_s(env) == want
 
 
+def test_a_server_host_that_is_no_address_names_its_layer_line(tmp_path, edf_dir):
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\nSERVER_HOST=nid_01\n")
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert str(err.value).startswith(f"{mine}:2: SERVER_HOST: 'nid_01' is not an IP address or a host name")
+
+
 def test_api_key_in_a_layer_is_refused(tmp_path, edf_dir):
     mine = tmp_path / "mine.env"
     mine.write_text("SERVER_API_KEY=s3cret\n")

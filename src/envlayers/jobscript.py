@@ -191,9 +191,15 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if engines.engine_name(text) == "vllm":  # vLLM's own choices for the flags that have them (engines/choices.py)
         _vllm_choices(env, text, commands, blockers, warnings)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
-    from .exposure import public_keyless
+    from .errors import EnvLayersError
+    from .exposure import KEY as HOST_KEY, public_keyless
 
-    public = public_keyless(text)
+    try:
+        public = public_keyless(text)
+    except EnvLayersError as err:  # a SERVER_HOST that is no address: name the layer line that set it
+        if err.where == HOST_KEY and HOST_KEY in env.bindings:
+            err.where = f"{env.bindings[HOST_KEY].origin}: {HOST_KEY}"
+        raise
     if public:
         blockers.append(public)
     # -- end of the public-bind refusal
