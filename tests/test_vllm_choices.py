@@ -1,5 +1,5 @@
-"""vLLM's own choices on the login node (engines/choices.py): a parser name vLLM would refuse at
-argument parsing is a blocker naming its layer line, before any allocation is spent."""
+"""The engines' own choices on the login node (engines/choices.py): a value vLLM or SGLang would refuse
+for a flag with fixed choices is a blocker naming its layer line, before any allocation is spent."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from envlayers.engines.choices import TABLE, check, flag_values, messages, table
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = {"version": "9.9.9", "choices": {"--tool-call-parser": ["hermes", "openai"],
+DATA = {"engine": "vllm", "version": "9.9.9", "choices": {"--tool-call-parser": ["hermes", "openai"],
                                         "--reasoning-parser": ["qwen3"],
                                         "--distributed-executor-backend": ["mp", "ray"]},
         "options": ["--tool-call-parser", "--reasoning-parser", "--distributed-executor-backend", "--port",
@@ -86,3 +86,22 @@ def test_every_vllm_catalog_line_passes_the_check(tmp_path):
     for model in ("oss120b", "oss20bdp", "llama405bray", "llama405bgateway", "qwen38mi200"):
         data = dry_run(tmp_path, "", model)
         assert not [b for b in data["blockers"] if "vLLM refuses" in b], (model, data["blockers"])
+
+
+def test_the_committed_sglang_table_names_its_version_and_the_attention_backends():
+    data = table(TABLE.parent / "sglang-choices.json")
+    assert data["engine"] == "sglang" and data["version"].startswith("0.")
+    assert "triton" in data["choices"]["--attention-backend"] and "qwen25" in data["choices"]["--tool-call-parser"]
+
+
+def test_an_attention_backend_sglang_lacks_is_refused_naming_the_layer_line(tmp_path):
+    data = dry_run(tmp_path, "SGLANG_ATTENTION_BACKEND=fast\n", "qwen38")
+    refusal = [b for b in data["blockers"] if "--attention-backend 'fast'" in b]
+    assert len(refusal) == 1 and refusal[0].startswith(f"SGLANG_ATTENTION_BACKEND ({tmp_path / 'mine.env'}:1): "
+                                                       "SGLang refuses --attention-backend 'fast' (SGLang 0.")
+
+
+def test_every_sglang_catalog_line_passes_the_check(tmp_path):
+    for model in ("glm53", "kimi27sglang", "qwen38"):
+        data = dry_run(tmp_path, "", model)
+        assert not [b for b in data["blockers"] if "refuses" in b], (model, data["blockers"])

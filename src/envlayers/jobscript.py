@@ -142,18 +142,21 @@ def ready_timeout_s(env: Mapping[str, str]) -> int:
     return DEFAULT_READY_TIMEOUT_S
 
 
-def _vllm_choices(env, text: Mapping[str, str], commands, blockers: list[str], warnings: list[str]) -> None:
-    """A parser name or executor vLLM would refuse at argument parsing is a blocker naming its layer line;
-    a SERVER_EXTRA_ARGS flag its parser lacks, a warning (each said once for all ranks)."""
-    from .engines import extra_args
-    from .engines.choices import messages
+def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str], warnings: list[str]) -> None:
+    """A value the engine would refuse for a flag with fixed choices (a parser name, an executor, an
+    attention backend) is a blocker naming its layer line; a SERVER_EXTRA_ARGS flag its parser lacks, a
+    warning (each said once for all ranks)."""
+    from .engines import engine_name, extra_args
+    from .engines.choices import DATA, messages, table
 
+    engine = engine_name(text)
+    data = table(DATA / f"{engine}-choices.json")
     where = {k: str(b.origin) for k, b in env.bindings.items()}
     extra = extra_args(text)
     for cmd in commands:
-        if cmd.argv[:2] != ("vllm", "serve"):
+        if "serve" not in cmd.argv[:2] and "sglang.launch_server" not in cmd.argv[:3]:
             continue  # a Ray worker's `ray start`
-        found_blockers, found_warnings = messages(cmd.argv, extra, where)
+        found_blockers, found_warnings = messages(cmd.argv, extra, where, data)
         blockers += [b for b in found_blockers if b not in blockers]
         warnings += [w for w in found_warnings if w not in warnings]
 
@@ -188,8 +191,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
     blockers += not_launched(plan)
-    if engines.engine_name(text) == "vllm":  # vLLM's own choices for the flags that have them (engines/choices.py)
-        _vllm_choices(env, text, commands, blockers, warnings)
+    _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
     from .exposure import KEY as HOST_KEY, public_keyless

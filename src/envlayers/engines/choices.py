@@ -19,15 +19,18 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry 
 if TYPE_CHECKING:
     from typing import Iterable, Mapping
 
-TABLE = Path(__file__).resolve().parent.parent / "data" / "vllm-choices.json"
+DATA = Path(__file__).resolve().parent.parent / "data"
+TABLE = DATA / "vllm-choices.json"
+LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 # the launch key behind a flag, to name where a bad value was set
-FLAG_KEYS = {"--tool-call-parser": "TOOL_CALL_PARSER", "--reasoning-parser": "REASONING_PARSER"}
+FLAG_KEYS = {"--tool-call-parser": "TOOL_CALL_PARSER", "--reasoning-parser": "REASONING_PARSER",
+             "--attention-backend": "SGLANG_ATTENTION_BACKEND"}
 CLASS_PATH_FLAG = "--distributed-executor-backend"
 _cache: dict[str, dict] = {}
 
 
 def table(path: Path = TABLE) -> dict:
-    """The table ``{"version": ..., "choices": {flag: [names]}, "options": [flags]}`` (read once)."""
+    """The table ``{"engine": ..., "version": ..., "choices": {flag: [names]}, "options": [flags]}`` (read once)."""
     key = str(path)
     if key not in _cache:
         _cache[key] = json.loads(path.read_text(encoding="utf-8"))
@@ -59,7 +62,7 @@ def check(argv: Iterable[str], data: Mapping | None = None) -> tuple[list[tuple[
     options = set(data.get("options", ()))
     refused, unknown = [], []
     for flag, value in flag_values(argv):
-        if flag == CLASS_PATH_FLAG and value is not None and "." in value:
+        if data.get("engine") == "vllm" and flag == CLASS_PATH_FLAG and value is not None and "." in value:
             continue  # vLLM also takes an Executor class by its dotted path
         if flag in choices and value is not None and value not in choices[flag]:
             refused.append((flag, value, sorted(choices[flag])))
@@ -74,6 +77,7 @@ def messages(argv: Iterable[str], extra: Iterable[str], where: Mapping[str, str]
     ``extra`` came from ``SERVER_EXTRA_ARGS`` (only those can be flags vLLM lacks). ``where`` maps a
     launch key to the file:line that set it."""
     data = table() if data is None else data
+    engine = LABELS.get(data.get("engine", "vllm"), data.get("engine"))
     version = data.get("version", "?")
     refused, _ = check(argv, data)
     _, unknown = check(extra, data)
@@ -82,8 +86,8 @@ def messages(argv: Iterable[str], extra: Iterable[str], where: Mapping[str, str]
         key = FLAG_KEYS.get(flag)
         origin = where.get(key) if key else None
         setting = f"{key} ({origin})" if origin else f"SERVER_EXTRA_ARGS ({where.get('SERVER_EXTRA_ARGS', '?')})"
-        blockers.append(f"{setting}: vLLM refuses {flag} {value!r} (vLLM {version} takes: {', '.join(valid)}); "
+        blockers.append(f"{setting}: {engine} refuses {flag} {value!r} ({engine} {version} takes: {', '.join(valid)}); "
                         "the engine would refuse it as it starts, after the allocation was granted")
-    warnings = [f"vLLM {version}'s argument parser has no {flag} (SERVER_EXTRA_ARGS "
+    warnings = [f"{engine} {version}'s argument parser has no {flag} (SERVER_EXTRA_ARGS "
                 f"({where.get('SERVER_EXTRA_ARGS', '?')})); check the flag against the image's vLLM" for flag in unknown]
     return blockers, warnings
