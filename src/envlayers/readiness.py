@@ -26,22 +26,13 @@ class Probe:
 
 def probe(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 2.0) -> Probe:
     """GET {base_url}/models once. ``base_url`` ends in /v1."""
-    import urllib.error
     import urllib.request
 
     url = base_url.rstrip("/") + "/models"
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = resp.read(1 << 20)
-            status = resp.status
-    except urllib.error.HTTPError as err:
-        return Probe(url, False, err.code, f"HTTP {err.code}")
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        return Probe(url, False, None, f"no answer: {reason}")
+    answer = _ask(urllib.request.Request(url, headers={"Accept": "application/json"}), api_key, timeout_s)
+    if isinstance(answer, Probe):
+        return answer
+    status, body = answer
     try:
         names = [m.get("id") for m in json.loads(body).get("data", [])]
     except (ValueError, AttributeError):
@@ -56,31 +47,40 @@ def generates(base_url: str, served_name: str, api_key: str | None = None, timeo
     choice. ``status`` is the HTTP status of a refusal (the engine's own message in ``detail``), None when
     nothing answered within ``timeout_s``. A server can list its model and still fail here (an engine
     that dies on its first forward pass)."""
-    import urllib.error
     import urllib.request
 
     url = base_url.rstrip("/") + "/completions"
     body = json.dumps({"model": served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}).encode()
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json", "Accept": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
+    answer = _ask(req, api_key, timeout_s, with_message=True)
+    if isinstance(answer, Probe):
+        return answer
+    status, text = answer
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            answer = resp.read(1 << 20)
-            status = resp.status
-    except urllib.error.HTTPError as err:
-        return Probe(url, False, err.code, f"HTTP {err.code}{_engine_message(err)}")
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        return Probe(url, False, None, f"no answer: {reason}")
-    try:
-        choices = json.loads(answer).get("choices")
+        choices = json.loads(text).get("choices")
     except (ValueError, AttributeError):
         choices = None
     if not choices:
         return Probe(url, False, status, "the answer holds no completion")
     return Probe(url, True, status, "ok")
+
+
+def _ask(req, api_key: str | None, timeout_s: float, with_message: bool = False):
+    """``(status, body)`` of one bounded request, or the not-ok Probe saying why there is none (the engine's
+    own message from an error body, ``with_message``)."""
+    import urllib.error
+    import urllib.request
+
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read(1 << 20)
+    except urllib.error.HTTPError as err:
+        return Probe(req.full_url, False, err.code, f"HTTP {err.code}{_engine_message(err) if with_message else ''}")
+    except (urllib.error.URLError, OSError) as err:
+        return Probe(req.full_url, False, None, f"no answer: {getattr(err, 'reason', err)}")
 
 
 def _engine_message(err) -> str:
