@@ -141,7 +141,9 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     key_file.chmod(0o600)
     run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
                   STANDIN_TTFT_S="4", layer=f"RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\n"
-                  f"USE_RAY_SERVE=true\nSERVER_API_KEY_FILE={key_file}\nIDLE_WARN_AFTER_S=3600\n")
+                  f"USE_RAY_SERVE=true\nSERVER_API_KEY_FILE={key_file}\nIDLE_WARN_AFTER_S=3600\n"
+                  # no health watch: its one-token completions would add to the counts asserted below
+                  "HEALTH_FAIL_AFTER_S=0\n")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
     assert ("ENVLAYERS-TOPOLOGY: shape=gateway nodes=2 gpus_per_node=4 tp=4 pp=1 world=4 instances=2 "
@@ -181,11 +183,12 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     with ThreadPoolExecutor(16) as pool:
         waits = list(pool.map(first_token, range(16)))
     assert None not in waits and max(waits) < 7.5, waits  # STANDIN_TTFT_S=4 once; 8+ if queued behind others
-    # one /metrics for the whole endpoint: both replicas' samples, labelled, the 17 chat requests counted once
+    # one /metrics for the whole endpoint: both replicas' samples, labelled, the 17 chat requests counted once,
+    # and the launcher's one-token completion that made the endpoint live
     body = urllib.request.urlopen(f"http://{netns_lab.nodes['n1']}:8000/metrics", timeout=30).read().decode()
     done = {m.group(1): float(m.group(2)) for m in re.finditer(
         r'^vllm:request_success_total\{replica="(\d)",[^}]*\} (\S+)$', body, re.M)}
-    assert set(done) == {"0", "1"} and sum(done.values()) == 17, body
+    assert set(done) == {"0", "1"} and sum(done.values()) == 17 + 1, body
     assert body.count("# TYPE vllm:request_success_total counter\n") == 1, body
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
