@@ -362,15 +362,16 @@ def test_a_rank_killed_by_sigkill_is_blamed_not_the_rank_srun_stopped(netns_lab,
 
 
 def test_a_hostile_value_reaches_the_engine_byte_exact_and_runs_nothing(netns_lab, tmp_path):
+    # free-text values only: a parser name is checked against the engine's own choices before submission
     hostile = "${HOME}-$(touch CANARY)-`touch CANARY`-${SERVER_API_KEY:-x}-\\-\"q\""
-    run = Run(netns_lab, tmp_path, layer=f"TOOL_CALL_PARSER='{hostile}'\nREASONING_PARSER='$(id -u)'\n")
+    run = Run(netns_lab, tmp_path, layer=f"INFERENCE_MODEL='{hostile}'\nSERVER_EXTRA_ARGS='--chat-template \"$(id -u)\"'\n")
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     netns_lab.cancel(run.job_id)
     run.state()
     argv = json.loads((tmp_path / "engines.jsonl").read_text().splitlines()[0])["argv"]
-    assert argv[argv.index("--tool-call-parser") + 1] == hostile
-    assert argv[argv.index("--reasoning-parser") + 1] == "$(id -u)"
+    assert argv[argv.index("--model-path") + 1] == hostile
+    assert argv[argv.index("--chat-template") + 1] == "$(id -u)"
     assert not list(tmp_path.rglob("CANARY")) and not list(Path.home().glob("CANARY"))
 
 
