@@ -377,4 +377,4 @@ def test_run_timeout_is_a_slurm_error():
 def test_public_names():
     assert sorted(slurm.__all__) == sorted([
         "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs", "parse_duration",
-        "parse_scontrol_job", "remaining_s", "run", "submit"])
+        "parse_scontrol_job", "remaining_s", "run", "submit", "unreachable"])
