@@ -30,7 +30,8 @@ from .errors import SlurmError, SlurmUnreachable
 
 __all__ = [
     "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs",
-    "parse_duration", "parse_scontrol_job", "remaining_s", "run", "submit", "unreachable",
+    "parse_duration", "parse_partitions", "parse_scontrol_job", "partition_max_times", "remaining_s", "run",
+    "submit", "unreachable",
 ]
 
 TERMINAL_STATES: frozenset[str] = frozenset({
@@ -376,6 +377,37 @@ def node_addrs(names: Sequence[str], run: _Runner = run) -> dict[str, str]:
         proc = run(["scontrol", "show", "node", "-o", name])
         if proc.returncode == 0:
             out.update({k: v for k, v in parse_node_addrs(proc.stdout).items() if k == name})
+    return out
+
+
+# --------------------------------------------------------------------------------- partitions
+
+def parse_partitions(text: str) -> list[tuple[str, bool, int | None]]:
+    """``scontrol show partition -o`` output -> ``(name, is_default, max_time_s)`` per partition, in order;
+    ``max_time_s`` is ``None`` for ``UNLIMITED``/``INFINITE`` (no limit)."""
+    out = []
+    for line in text.splitlines():
+        fields = _split_keyvalues(line)
+        name = _clean(fields.get("PartitionName"))
+        if name:
+            out.append((name, fields.get("Default") == "YES", parse_duration(fields.get("MaxTime"))))
+    return out
+
+
+def partition_max_times(names: Sequence[str], run: _Runner = run) -> dict[str, int | None]:
+    """The MaxTime (seconds; ``None``: no limit) Slurm has for each of ``names`` (``scontrol show partition
+    -o NAME``), or for its default partition when ``names`` is empty. A partition Slurm does not know is
+    left out (sbatch names it); a controller that does not answer is a ``SlurmUnreachable``."""
+    out: dict[str, int | None] = {}
+    for name in names or [None]:
+        proc = run(["scontrol", "show", "partition", "-o", *([name] if name else [])])
+        if proc.returncode != 0:
+            if unreachable(proc):
+                raise _failure(proc, f"scontrol could not show partition {name or '(default)'}: {_first_error(proc)}")
+            continue
+        for part, default, max_s in parse_partitions(proc.stdout):
+            if part == name or (name is None and default):
+                out[part] = max_s
     return out
 
 
