@@ -21,7 +21,6 @@ from ..jobid import not_found, parse_job_id
 EXIT_LIVE = 0
 EXIT_ENDED = 1  # the job ended (or was never going to be live)
 EXIT_TIMEOUT = 3  # the wait budget ran out; the job goes on
-EXIT_SLURM_SILENT = SlurmUnreachable.exit_code  # 75: Slurm did not answer for the whole outage window
 SLURM_OUTAGE_S = 300.0  # how long `wait` and `status` retry a controller that does not answer
 OUTAGE_ENV = "ENVLAYERS_SLURM_OUTAGE_S"  # the environment's say on it (docs/operating.md)
 OUTAGE_RETRY_S = 1.0  # pause between two asks while Slurm does not answer (each ask itself takes its time)
