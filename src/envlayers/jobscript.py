@@ -151,8 +151,8 @@ def _days(seconds: int) -> str:
 
 def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=None) -> None:
     """Refuse, before submitting, a time limit longer than the MaxTime Slurm says the job's partition has
-    (``scontrol show partition -o``): Slurm would otherwise take the job and leave it pending forever
-    (``PartitionTimeLimit``) or refuse it. The partition is ``--partition`` of the job, else the
+    (``scontrol show partition -o``): Slurm would otherwise refuse the job or take it and leave it pending
+    for ever (``PartitionTimeLimit``), as the site's EnforcePartLimits says. The partition is ``--partition`` of the job, else the
     submitting shell's SBATCH_PARTITION, else Slurm's default one. With a list of partitions the longest
     MaxTime bounds it (the job may run in that one). Nothing is checked when Slurm cannot be asked or says
     no MaxTime (``UNLIMITED``): sbatch then has the last word."""
