@@ -185,6 +185,80 @@ def test_the_load_is_bounded(engines, what, settings, concurrency, most_s):
         assert run.cut_short and 2 <= len(run.samples) < 20 and all(x.ok for x in run.samples)
 
 
+class StallingServer:
+    """A real HTTP server on 127.0.0.1 whose chat completion answers 200, streams ``chunks`` content chunks
+    and then goes silent, the connection open, until the test ends (``release``)."""
+
+    def __init__(self, chunks: int):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.release_event = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for i in range(chunks):
+                    event = {"choices": [{"index": 0, "delta": {"content": f"tok{i} "}}]}
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                    self.wfile.flush()
+                outer.release_event.wait(60)  # stalled mid-stream
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def release(self) -> None:
+        self.release_event.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stalling_server():
+    servers = []
+
+    def start(chunks: int) -> StallingServer:
+        servers.append(StallingServer(chunks))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.release()
+
+
+def test_a_stream_that_stalls_after_two_chunks_is_reported_as_stalled_mid_stream(stalling_server):
+    server = stalling_server(2)
+    s = load.Settings(server.url, SERVED, requests=2, output_tokens=16, timeout_s=1.0, duration_s=10)
+    run = load.run_level(s, 2)
+    assert len(run.samples) == 2 and not any(x.ok for x in run.samples)
+    for sample in run.samples:
+        assert len(sample.chunk_times) == 2
+        assert sample.error.startswith("stalled mid-stream: 2 chunks in "), sample.error
+        assert "TimeoutError" not in sample.error and "no answer" not in sample.error
+        silent_s = float(sample.error.rsplit("then nothing for ", 1)[1].rstrip("s"))
+        assert silent_s >= 0.9  # the read timeout (1 s) after the last chunk, give or take the rounding
+    table = report.format_table(report.report(s, [run], {"base_url": server.url, "model": SERVED}))
+    assert "failed: stalled mid-stream: 2 chunks in " in table
+
+
+def test_a_stream_that_answers_200_and_no_chunk_says_no_token_within_the_timeout(stalling_server):
+    server = stalling_server(0)
+    s = load.Settings(server.url, SERVED, requests=1, output_tokens=4, timeout_s=1.0, duration_s=10)
+    sample = load.run_level(s, 1).samples[0]
+    assert not sample.ok and sample.error.startswith("no token within 1."), sample.error
+    assert "HTTP 200" in sample.error
+
+
 # An engine whose tokenizer is not one word, one token: prompt_tokens = 3 x words + 7, plus one for an
 # odd request number (so the counts per request differ); USAGE=0 sends no usage chunk at all.
 TOKENIZING_ENGINE = """

@@ -143,6 +143,126 @@ def test_bad_time_is_refused(edf_dir):
     assert str(err.value).startswith("SERVE_TIME: time limit '4 hours' is not a Slurm time")
 
 
+@pytest.mark.parametrize("value", [
+    pytest.param("0", id="zero-minutes"),
+    pytest.param("00:00:00", id="zero-hms"),
+    pytest.param("0-0", id="zero-days-hours"),
+    pytest.param("0:00", id="zero-mm-ss"),
+])
+def test_a_zero_time_limit_is_refused_as_no_limit(edf_dir, value):
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", time=value, python=PY, environ=edf_dir)
+    text = str(err.value)
+    assert text.startswith(f"SERVE_TIME: time limit {value!r} is 0, which Slurm reads as no limit at all; hint: ")
+    assert "\n" not in text and "SERVE_TIME=08:00:00" in text
+
+
+@pytest.mark.parametrize("value, refused", [
+    pytest.param("99999999999", True, id="eleven-digit-minutes"),
+    pytest.param("366-00:00:00", True, id="a-year-and-a-day"),
+    pytest.param("525601", True, id="a-year-of-minutes-and-one"),
+    pytest.param("365-00:00:00", False, id="a-year"),
+    pytest.param("1", False, id="one-minute"),
+])
+def test_an_absurd_time_limit_is_refused_where_slurm_cannot_be_asked(edf_dir, value, refused):
+    if not refused:
+        job = prepare(REPO, "qwen38", time=value, python=PY, environ=edf_dir)
+        assert f"--time={value}" in job.sbatch_args
+        return
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", time=value, python=PY, environ=edf_dir)
+    assert str(err.value).startswith(f"SERVE_TIME: time limit {value!r} is ")
+    assert "more than the 365 days any endpoint job may ask for" in str(err.value)
+
+
+def test_the_dry_run_refuses_a_zero_time_with_one_line_and_exit_2(edf_dir):
+    res = CliRunner().invoke(cli, ["serve", "--model", "qwen38", "--dry-run"], env={**edf_dir, "SERVE_TIME": "0"})
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("env_layers: error: SERVE_TIME: time limit '0' is 0"), res.output
+
+
+PARTITIONS = (
+    "PartitionName=mi300 AllowGroups=ALL Default=YES QoS=N/A DefaultTime=NONE MaxNodes=UNLIMITED "
+    "MaxTime=1-00:00:00 MinNodes=0 Nodes=n[1-3] State=UP TotalCPUs=24\n"
+    "PartitionName=mi200 AllowGroups=ALL Default=NO QoS=N/A DefaultTime=NONE MaxNodes=UNLIMITED "
+    "MaxTime=2-12:00:00 MinNodes=0 Nodes=n[1-3] State=UP TotalCPUs=24\n"
+    "PartitionName=debug AllowGroups=ALL Default=NO MaxTime=UNLIMITED Nodes=n1 State=UP\n"
+)
+
+
+class Scontrol:
+    """``scontrol show partition -o [NAME]`` as Slurm answers it (the runner slurm.py takes)."""
+
+    def __init__(self, text: str = PARTITIONS, rc: int = 0, err: str = ""):
+        self.text, self.rc, self.err, self.calls = text, rc, err, []
+
+    def __call__(self, argv, **kw):
+        self.calls.append(list(argv))
+        if self.rc:
+            return subprocess.CompletedProcess(argv, self.rc, "", self.err)
+        assert argv[:4] == ["scontrol", "show", "partition", "-o"]
+        lines = self.text.splitlines(keepends=True)
+        if len(argv) > 4:
+            lines = [ln for ln in lines if ln.startswith(f"PartitionName={argv[4]} ")]
+            if not lines:
+                return subprocess.CompletedProcess(argv, 1, "", f"Partition {argv[4]} not found\n")
+        return subprocess.CompletedProcess(argv, 0, "".join(lines), "")
+
+
+def _job(edf_dir, time: str, partition: str | None):
+    from envlayers.jobscript import JobSubmission
+
+    job = prepare(REPO, "qwen38", time=time, python=PY, environ=edf_dir)
+    args = [a for a in job.sbatch_args if not a.startswith("--partition=")]
+    if partition:
+        args.append(f"--partition={partition}")
+    return JobSubmission(job.target, args, job.script, job.plan, job.rank_lines, job.topology, job.edf,
+                         job.ready_timeout_s)
+
+
+@pytest.mark.parametrize("time, partition, environ, refused", [
+    pytest.param("2-00:00:00", "mi300", {}, "partition mi300's MaxTime, 1-00:00:00", id="over-mi300"),
+    pytest.param("1-00:00:00", "mi300", {}, None, id="at-mi300s-maxtime"),
+    pytest.param("2-00:00:00", None, {}, "partition mi300's MaxTime, 1-00:00:00", id="default-partition"),
+    pytest.param("2-00:00:00", None, {"SBATCH_PARTITION": "mi200"}, None, id="sbatch-partition-of-the-shell"),
+    pytest.param("3-00:00:00", "mi300,mi200", {}, "the longest MaxTime of partitions mi200, mi300 (mi200), "
+                 "2-12:00:00", id="a-list-over-the-longest"),
+    pytest.param("2-00:00:00", "mi300,mi200", {}, None, id="a-list-within-the-longest"),
+    pytest.param("300-00:00:00", "debug", {}, None, id="unlimited"),
+    pytest.param("300-00:00:00", "nosuch", {}, None, id="unknown-partition-left-to-sbatch"),
+])
+def test_a_time_limit_past_the_partitions_maxtime_is_refused_before_submission(edf_dir, time, partition, environ,
+                                                                               refused):
+    from envlayers.jobscript import check_partition_time
+
+    job = _job(edf_dir, time, partition)
+    if refused is None:
+        check_partition_time(job, environ, run=Scontrol())
+        return
+    with pytest.raises(EnvLayersError) as err:
+        check_partition_time(job, environ, run=Scontrol())
+    text = str(err.value)
+    assert text.startswith(f"SERVE_TIME: time limit {time} is longer than {refused}; ")
+    assert "hint: ask for at most SERVE_TIME=" in text and "sinfo -o '%P %l'" in text
+
+
+@pytest.mark.parametrize("runner", [
+    pytest.param(Scontrol(rc=1, err="slurm_load_partitions: Unable to contact slurm controller (connect failure)\n"),
+                 id="controller-down"),
+    pytest.param("missing", id="no-scontrol-on-path"),
+])
+def test_the_partition_check_stands_aside_when_slurm_cannot_be_asked(edf_dir, runner, monkeypatch):
+    from envlayers import slurm
+    from envlayers.jobscript import check_partition_time
+
+    job = _job(edf_dir, "300-00:00:00", "mi300")
+    if runner == "missing":
+        monkeypatch.setenv("PATH", "/nonexistent")
+        runner = slurm.run
+    check_partition_time(job, {}, run=runner)  # sbatch has the last word
+
+
 def test_unknown_runtime_is_refused(tmp_path, edf_dir):
     mine = tmp_path / "mine.env"
     mine.write_text("CONTAINER_RUNTIME=docker\n")

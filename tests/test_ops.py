@@ -51,11 +51,16 @@ class FakeSlurm:
         self.squeue_out = ""
         self.cancelled: list[str] = []
         self.after_cancel = "CANCELLED"
+        self.down_until: float | None = None  # the controller is stopped until the fake clock reads this
+        self.clock: FakeClock | None = None
 
     def __call__(self, argv, *, input=None, timeout_s=30):
         argv = [str(a) for a in argv]
         self.calls.append(argv)
         done = lambda out, rc=0, err="": subprocess.CompletedProcess(argv, rc, out, err)  # noqa: E731
+        if self.down_until is not None and self.clock.now < self.down_until:
+            self.clock.now += 18.0  # what a stopped slurmctld costs a client command before it gives up
+            return done("", 1, f"{argv[0]}: error: Unable to contact slurm controller (connect failure)\n")
         if argv[:3] == ["scontrol", "show", "job"]:
             job = argv[-1]
             if self.on_poll:
@@ -98,7 +103,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fc = FakeClock()
-    for module in ("wait", "logs", "stop"):
+    for module in ("wait", "logs", "stop", "lookup"):
         monkeypatch.setattr(importlib.import_module(f"envlayers.ops.{module}"), "Clock", fc.clock)
     return fc
 
@@ -714,6 +719,131 @@ def test_watcher_rides_out_slurm_silence_then_gives_up(fake, tmp_path, clock, mo
     said = [s for s in silent if s]
     assert len(said) == 1 and "Socket timed out" in said[0]  # said once per outage
     assert 60.0 < clock.now - 1000.0 <= 80.0  # gave up once the outage passed outage_s
+
+
+# ------------------------------------------------------------------------------------------ a controller outage
+
+OUTAGE_TEXT = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+
+
+@pytest.mark.parametrize("stderr, unreachable", [
+    pytest.param(OUTAGE_TEXT, True, id="connect-failure"),
+    pytest.param("slurm_load_jobs error: Socket timed out on send/recv operation\n", True, id="socket-timeout"),
+    pytest.param("slurm_load_jobs error: Zero Bytes were transmitted or received\n", True, id="zero-bytes"),
+    pytest.param("slurm_load_jobs error: Access/permission denied\n", False, id="permission-denied"),
+])
+def test_a_controller_that_does_not_answer_is_unreachable_not_a_refusal(stderr, unreachable):
+    def run(argv, **kw):
+        return subprocess.CompletedProcess(argv, 1, "", stderr)
+
+    with pytest.raises(slurm.SlurmError) as caught:
+        slurm.job_info("1234", run=run)
+    assert isinstance(caught.value, slurm.SlurmUnreachable) is unreachable
+    assert caught.value.exit_code == (75 if unreachable else 2)
+
+
+def test_sbatch_that_cannot_reach_the_controller_is_unreachable():
+    def run(argv, **kw):
+        return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: Batch job submission failed: "
+                                                        "Unable to contact slurm controller (connect failure)\n")
+
+    with pytest.raises(slurm.SlurmUnreachable, match="could not reach Slurm.*connect failure"):
+        slurm.submit(["--nodes=1"], "#!/bin/bash\n", run=run)
+
+
+def test_a_client_command_that_hangs_is_unreachable(monkeypatch):
+    def hang(*args, **kw):
+        raise subprocess.TimeoutExpired(args[0], kw.get("timeout"))
+
+    monkeypatch.setattr(subprocess, "run", hang)
+    with pytest.raises(slurm.SlurmUnreachable, match="did not answer within 5s"):
+        slurm.run(["scontrol", "ping"], timeout_s=5)
+
+
+def test_wait_rides_out_an_outage_at_its_first_look_and_then_reports_live(fake, tmp_path, clock):
+    run_dir = make_job(tmp_path, "720", log_lines=VLLM_LOG)
+    (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("720", run_dir)))
+    fake.states["720"] = ["RUNNING"]
+    fake.down_until = clock.now + 100.0  # the first six asks fail, 18 s each
+    events = []
+    result = ops.wait_for("720", poll_s=1.0, on_event=events.append, outage_s=300.0)
+    assert result.outcome == "live"
+    silent = [e for e in events if e.kind == "slurm-silent"]
+    assert len(silent) == 1 and "connect failure" in silent[0].text and silent[0].job is None  # said once
+    failed = [c for c in fake.calls if c[:3] == ["scontrol", "show", "job"]]
+    assert len(failed) >= 7  # asked again until it answered
+
+
+def test_wait_gives_up_after_the_outage_window_with_exit_75_not_bad_input(fake, tmp_path, clock):
+    make_job(tmp_path, "721")
+    fake.states["721"] = ["RUNNING"]
+    fake.down_until = clock.now + 10_000.0
+    t0 = clock.now
+    res = invoke("wait", "721", "--slurm-outage", "60", "--progress", "plain")
+    assert res.exit_code == 75, res.output
+    assert "Slurm did not answer (" in res.stderr and "retrying" in res.stderr  # said while retrying
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("env_layers: error: Slurm did not answer for ") and "connect failure" in last
+    assert "bad input" not in res.stderr and "no such job" not in res.stderr
+    assert 60.0 <= clock.now - t0 <= 60.0 + 18.0 + 1.0  # one ask past the window at most
+
+
+def test_wait_outage_window_comes_from_the_environment(fake, tmp_path, clock, monkeypatch):
+    from envlayers.cli import ops_cmds
+    from envlayers.ops import lookup
+
+    assert ops_cmds.OUTAGE_ENV == lookup.OUTAGE_ENV
+    make_job(tmp_path, "722")
+    fake.states["722"] = ["RUNNING"]
+    fake.down_until = clock.now + 10_000.0
+    monkeypatch.setenv(lookup.OUTAGE_ENV, "30")
+    t0 = clock.now
+    res = invoke("wait", "722", "--progress", "none")
+    assert res.exit_code == 75, res.output
+    assert 30.0 <= clock.now - t0 <= 30.0 + 18.0 + 1.0
+
+
+def test_an_outage_mid_watch_past_the_window_ends_with_exit_75(fake, tmp_path, clock):
+    make_job(tmp_path, "723")
+    fake.states["723"] = ["RUNNING"]
+
+    def stop_the_controller(job, n):
+        if n == 3 and fake.down_until is None:
+            fake.down_until = clock.now + 10_000.0
+
+    fake.on_poll = stop_the_controller
+    res = invoke("wait", "723", "--slurm-outage", "45", "--progress", "plain")
+    assert res.exit_code == 75, res.output
+    assert "Slurm did not answer for " in res.stderr and "connect failure" in res.stderr
+
+
+def test_status_rides_out_an_outage_at_its_first_look(fake, tmp_path, clock):
+    make_job(tmp_path, "724")
+    fake.states["724"] = ["RUNNING"]
+    fake.down_until = clock.now + 50.0
+    res = invoke("status", "724", "--no-probe", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["state"] == "RUNNING"
+    assert res.stderr.count("Slurm did not answer (") == 1 and "retrying for up to 300s" in res.stderr
+
+
+@pytest.mark.parametrize("args", [pytest.param(["724"], id="one-job"), pytest.param([], id="the-list")])
+def test_status_gives_up_after_the_outage_window_with_exit_75(fake, tmp_path, clock, args):
+    make_job(tmp_path, "724")
+    fake.states["724"] = ["RUNNING"]
+    fake.down_until = clock.now + 10_000.0
+    res = invoke("status", *args, "--slurm-outage", "20")
+    assert res.exit_code == 75, res.output
+    assert "Slurm did not answer for " in res.stderr and "--slurm-outage" in res.stderr
+
+
+def test_commands_that_do_not_retry_still_call_an_outage_exit_75(fake, tmp_path, clock):
+    make_job(tmp_path, "725")
+    fake.states["725"] = ["RUNNING"]
+    fake.down_until = clock.now + 10_000.0
+    res = invoke("logs", "725")
+    assert res.exit_code == 75, res.output
+    assert "Unable to contact slurm controller" in res.stderr
 
 
 # ------------------------------------------------------------------------------------------ a rank that exited

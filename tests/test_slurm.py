@@ -377,4 +377,23 @@ def test_run_timeout_is_a_slurm_error():
 def test_public_names():
     assert sorted(slurm.__all__) == sorted([
         "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs", "parse_duration",
-        "parse_scontrol_job", "remaining_s", "run", "submit"])
+        "parse_partitions", "parse_scontrol_job", "partition_max_times", "remaining_s", "run", "submit",
+        "unreachable"])
+
+
+def test_parse_partitions_reads_name_default_and_maxtime():
+    text = ("PartitionName=mi300 AllowGroups=ALL Default=YES MaxTime=UNLIMITED Nodes=n[1-3] State=UP\n"
+            "PartitionName=mi200 AllowGroups=ALL Default=NO MaxTime=1-12:00:00 Nodes=n[1-3] State=UP\n"
+            "PartitionName=short Default=NO MaxTime=00:30:00 State=UP\n")
+    assert slurm.parse_partitions(text) == [("mi300", True, None), ("mi200", False, 129600), ("short", False, 1800)]
+
+
+@pytest.mark.parametrize("seconds, text", [
+    pytest.param(1800, "00:30:00", id="half-an-hour"),
+    pytest.param(86400, "1-00:00:00", id="a-day"),
+    pytest.param(129661, "1-12:01:01", id="a-day-and-a-half"),
+])
+def test_format_duration_is_what_parse_duration_reads(seconds, text):
+    from envlayers.durations import format_duration
+
+    assert format_duration(seconds) == text and slurm.parse_duration(text) == seconds

@@ -1,4 +1,5 @@
-"""Slurm's duration format: ``parse_duration`` (``D-HH:MM:SS``, ``MM:SS``, bare minutes, ``UNLIMITED``...).
+"""Slurm's duration format: ``parse_duration`` (``D-HH:MM:SS``, ``MM:SS``, bare minutes, ``UNLIMITED``...)
+and ``format_duration``, its inverse.
 
 Its own module so that a dry run, which only checks ``--time``, does not import :mod:`envlayers.slurm`
 (subprocess, the job records); ``envlayers.slurm.parse_duration`` is this function.
@@ -39,3 +40,11 @@ def parse_duration(text: str | None) -> int | None:
     if len(parts) == 2:
         return parts[0] * 60 + parts[1]
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def format_duration(seconds: int) -> str:
+    """Seconds as Slurm writes a time limit: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    text = f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

@@ -47,3 +47,10 @@ class TopologyError(EnvLayersError):
 
 class SlurmError(EnvLayersError):
     """Slurm refused or failed a request."""
+
+
+class SlurmUnreachable(SlurmError):
+    """Slurm's controller did not answer (stopped, restarting, overloaded). Not bad input: the same
+    command may work a minute later, so the exit status is 75 (sysexits' EX_TEMPFAIL), not 2."""
+
+    exit_code = 75

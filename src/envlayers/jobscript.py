@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
 MASTER_REF = "${ENVLAYERS_MASTER_ADDR}"
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+MAX_SERVE_TIME_S = 365 * 86400  # SERVE_TIME's bound where Slurm cannot be asked for the partition's MaxTime
 _SECONDS_RE = re.compile(r"[0-9]+\Z")
 # Slurm partition names, a comma-separated list of them allowed (sbatch -p a,b)
 _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
@@ -124,10 +125,62 @@ def _delimiter(text: str, base: str) -> str:
 
 
 def check_time(value: str) -> str:
+    """SERVE_TIME as sbatch's ``--time``: a Slurm time, not 0 (which Slurm reads as no limit at all) and at most
+    ``MAX_SERVE_TIME_S`` (a bound that holds where Slurm cannot be asked; the partition's own MaxTime is
+    checked before submission, :func:`check_partition_time`)."""
+    from .durations import parse_duration
+
     if not _TIME_RE.match(value.strip()):
         raise EnvLayersError(f"time limit {value!r} is not a Slurm time", where="SERVE_TIME",
                              hint="use HH:MM:SS, D-HH:MM:SS or minutes, e.g. SERVE_TIME=08:00:00")
+    limit_s = parse_duration(value.strip())
+    if not limit_s:
+        raise EnvLayersError(f"time limit {value!r} is 0, which Slurm reads as no limit at all", where="SERVE_TIME",
+                             hint="give the time the endpoint should serve, e.g. SERVE_TIME=08:00:00; the job "
+                                  "ends at its limit, `env_layers stop JOBID` ends it sooner")
+    if limit_s > MAX_SERVE_TIME_S:
+        raise EnvLayersError(f"time limit {value!r} is {_days(limit_s)}, more than the {_days(MAX_SERVE_TIME_S)} "
+                             "any endpoint job may ask for", where="SERVE_TIME",
+                             hint="a bare number is minutes; use HH:MM:SS or D-HH:MM:SS, e.g. SERVE_TIME=2-00:00:00")
     return value.strip()
+
+
+def _days(seconds: int) -> str:
+    return f"{seconds / 86400:,.0f} days" if seconds >= 86400 else f"{seconds // 3600} h"
+
+
+def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=None) -> None:
+    """Refuse, before submitting, a time limit longer than the MaxTime Slurm says the job's partition has
+    (``scontrol show partition -o``): Slurm would otherwise refuse the job or take it and leave it pending
+    for ever (``PartitionTimeLimit``), as the site's EnforcePartLimits says. The partition is ``--partition`` of the job, else the
+    submitting shell's SBATCH_PARTITION, else Slurm's default one. With a list of partitions the longest
+    MaxTime bounds it (the job may run in that one). Nothing is checked when Slurm cannot be asked or says
+    no MaxTime (``UNLIMITED``): sbatch then has the last word."""
+    from . import slurm
+    from .durations import format_duration, parse_duration
+
+    args = dict(a[2:].split("=", 1) for a in job.sbatch_args if a.startswith("--") and "=" in a)
+    time_text = args.get("time")
+    if time_text is None:
+        return
+    wanted = args.get("partition") or environ.get("SBATCH_PARTITION") or ""
+    try:
+        limits = slurm.partition_max_times([p for p in wanted.split(",") if p], run=run or slurm.run)
+    except slurm.SlurmError:
+        return  # Slurm cannot be asked: sbatch answers for itself
+    if not limits or any(limit is None for limit in limits.values()):
+        return
+    name, longest = max(limits.items(), key=lambda item: item[1])
+    limit_s = parse_duration(time_text)
+    if limit_s is None or limit_s <= longest:
+        return
+    allowed = format_duration(longest)
+    which = (f"partition {name}'s MaxTime" if len(limits) == 1
+             else f"the longest MaxTime of partitions {', '.join(sorted(limits))} ({name})")
+    raise EnvLayersError(f"time limit {time_text} is longer than {which}, {allowed}; Slurm would refuse the job "
+                         "or keep it pending (PartitionTimeLimit)", where="SERVE_TIME",
+                         hint=f"ask for at most SERVE_TIME={allowed}, or choose a partition that allows longer "
+                              "(`sinfo -o '%P %l'` lists each one's MaxTime)")
 
 
 def ready_timeout_s(env: Mapping[str, str]) -> int:

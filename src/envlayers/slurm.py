@@ -11,6 +11,10 @@ Slurm facts this module relies on (Slurm's sbatch, scontrol and squeue man pages
   plugin only, as in the local lab) still can.
 - ``sbatch --parsable`` prints ``jobid[;cluster]``.
 - ``squeue -h -j ID -o %L`` prints the time left (``UNLIMITED``/``NOT_SET`` when there is no limit).
+- A client command whose controller does not answer (slurmctld stopped, restarting or overloaded) exits
+  non-zero after its own retries (about 18 s for a stopped one) with words like ``Unable to contact slurm
+  controller (connect failure)`` or ``Socket timed out on send/recv operation``: that is a
+  ``SlurmUnreachable``, never a refusal of the request.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from .durations import parse_duration  # Slurm's duration format, a module of its own (start-up); slurm's API
-from .errors import SlurmError
+from .errors import SlurmError, SlurmUnreachable
 
 __all__ = [
-    "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs", "parse_duration",
-    "parse_scontrol_job", "remaining_s", "run", "submit",
+    "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs",
+    "parse_duration", "parse_partitions", "parse_scontrol_job", "partition_max_times", "remaining_s", "run",
+    "submit", "unreachable",
 ]
 
 TERMINAL_STATES: frozenset[str] = frozenset({
@@ -38,6 +43,12 @@ _Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 _CTLD_HINT = ("is slurmctld up and SLURM_CONF right? `scontrol ping` says "
               "(for the local lab: eval \"$(cluster/slurm-lab env)\")")
+# What Slurm's client commands say when the controller does not answer (slurm_strerror's words)
+_OUTAGE_RE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Zero Bytes were transmitted|"
+    r"Communication connection failure|Connection refused|connect failure|Connection timed out|"
+    r"Transport endpoint is not connected|backup controller in standby mode|slurmctld.*not responding|"
+    r"Unable to establish .*connection", re.I)
 _NO_TOOLS_HINT = ("run this on a Slurm login node, or put Slurm's client tools on PATH "
                   "(for the local lab: eval \"$(cluster/slurm-lab env)\")")
 
@@ -46,7 +57,7 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout_s: float = 30)
     """Run one Slurm client command: no shell, always a timeout, ``SLURM_TIME_FORMAT=standard``.
 
     Returns the CompletedProcess (text, captured) whatever the exit status; callers read it.
-    A missing binary or a command that does not answer in time is a ``SlurmError``.
+    A missing binary is a ``SlurmError``; a command that does not answer in time a ``SlurmUnreachable``.
     """
     argv = [str(a) for a in argv]
     env = dict(os.environ, SLURM_TIME_FORMAT="standard")
@@ -56,8 +67,21 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout_s: float = 30)
     except FileNotFoundError:
         raise SlurmError(f"`{argv[0]}` is not on PATH", hint=_NO_TOOLS_HINT) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{' '.join(argv)}` did not answer within {timeout_s:g}s",
-                         hint="slurmctld may be down or overloaded; `scontrol ping` says which") from None
+        raise SlurmUnreachable(f"`{' '.join(argv)}` did not answer within {timeout_s:g}s",
+                               hint="slurmctld may be down or overloaded; `scontrol ping` says which") from None
+
+
+def unreachable(proc: subprocess.CompletedProcess) -> bool:
+    """Whether a failed client command failed because the controller did not answer."""
+    return proc.returncode != 0 and bool(_OUTAGE_RE.search((proc.stderr or "") + (proc.stdout or "")))
+
+
+def _failure(proc: subprocess.CompletedProcess, message: str, hint: str | None = None) -> SlurmError:
+    """The error for a failed client command: ``SlurmUnreachable`` (with the controller hint) when the
+    controller did not answer, else a ``SlurmError`` with ``hint``."""
+    if unreachable(proc):
+        return SlurmUnreachable(message, hint=_CTLD_HINT)
+    return SlurmError(message, hint=hint)
 
 
 # --------------------------------------------------------------------------------- job records
@@ -247,15 +271,14 @@ def job_info(job_id: str, run: _Runner = run) -> JobInfo | None:
     """The job's record: from ``scontrol show job -o`` while Slurm holds it, else from ``sacct``
     (full accounting) or ``sacct -c`` (job completion log), else ``None`` (no such job).
 
-    A controller that does not answer is a ``SlurmError``, never "no such job".
+    A controller that does not answer is a ``SlurmUnreachable``, never "no such job".
     """
     job_id = str(job_id)
     proc = run(["scontrol", "show", "job", "-o", job_id])
     if proc.returncode == 0 and "JobId=" in proc.stdout:
         return parse_scontrol_job(proc.stdout)
     if proc.returncode != 0 and not _UNKNOWN_JOB_RE.search(proc.stderr + proc.stdout):
-        raise SlurmError(f"scontrol could not read job {job_id}: {_first_error(proc)}",
-                         hint=_CTLD_HINT)
+        raise _failure(proc, f"scontrol could not read job {job_id}: {_first_error(proc)}", hint=_CTLD_HINT)
     for completion in (False, True):
         acct = run(_sacct_argv(job_id, completion))
         if acct.returncode == 0:
@@ -310,7 +333,7 @@ def list_jobs(user: str | None = None, name: str | None = "serve-only", run: _Ru
     """Jobs Slurm still queues or runs, filtered by user (``None``: everyone) and job name."""
     proc = run(_list_jobs_argv(user, name))
     if proc.returncode != 0:
-        raise SlurmError(f"squeue failed: {_first_error(proc)}", hint=_CTLD_HINT)
+        raise _failure(proc, f"squeue failed: {_first_error(proc)}", hint=_CTLD_HINT)
     return _parse_squeue(proc.stdout)
 
 
@@ -330,7 +353,7 @@ def hostnames(nodelist: str | None, run: _Runner = run) -> list[str]:
         return []
     proc = run(["scontrol", "show", "hostnames", nodelist.strip()])
     if proc.returncode != 0:
-        raise SlurmError(f"cannot expand node list {nodelist!r}: {_first_error(proc)}")
+        raise _failure(proc, f"cannot expand node list {nodelist!r}: {_first_error(proc)}")
     return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
 
 
@@ -354,6 +377,37 @@ def node_addrs(names: Sequence[str], run: _Runner = run) -> dict[str, str]:
         proc = run(["scontrol", "show", "node", "-o", name])
         if proc.returncode == 0:
             out.update({k: v for k, v in parse_node_addrs(proc.stdout).items() if k == name})
+    return out
+
+
+# --------------------------------------------------------------------------------- partitions
+
+def parse_partitions(text: str) -> list[tuple[str, bool, int | None]]:
+    """``scontrol show partition -o`` output -> ``(name, is_default, max_time_s)`` per partition, in order;
+    ``max_time_s`` is ``None`` for ``UNLIMITED``/``INFINITE`` (no limit)."""
+    out = []
+    for line in text.splitlines():
+        fields = _split_keyvalues(line)
+        name = _clean(fields.get("PartitionName"))
+        if name:
+            out.append((name, fields.get("Default") == "YES", parse_duration(fields.get("MaxTime"))))
+    return out
+
+
+def partition_max_times(names: Sequence[str], run: _Runner = run) -> dict[str, int | None]:
+    """The MaxTime (seconds; ``None``: no limit) Slurm has for each of ``names`` (``scontrol show partition
+    -o NAME``), or for its default partition when ``names`` is empty. A partition Slurm does not know is
+    left out (sbatch names it); a controller that does not answer is a ``SlurmUnreachable``."""
+    out: dict[str, int | None] = {}
+    for name in names or [None]:
+        proc = run(["scontrol", "show", "partition", "-o", *([name] if name else [])])
+        if proc.returncode != 0:
+            if unreachable(proc):
+                raise _failure(proc, f"scontrol could not show partition {name or '(default)'}: {_first_error(proc)}")
+            continue
+        for part, default, max_s in parse_partitions(proc.stdout):
+            if part == name or (name is None and default):
+                out[part] = max_s
     return out
 
 
@@ -393,6 +447,10 @@ def submit(argv_extra: Sequence[str], script: str, run: _Runner = run) -> str:
     proc = run(argv, input=script)
     if proc.returncode != 0:
         message = _first_error(proc, prefer="submission failed")
+        if unreachable(proc):
+            raise SlurmUnreachable(f"sbatch could not reach Slurm: {message}",
+                                   hint="`scontrol ping` says whether slurmctld is up; before submitting again, "
+                                        "`squeue --me` shows whether a submission whose answer was lost went through")
         raise SlurmError(f"sbatch refused the job: {message}", hint=_sbatch_hint(message))
     job_id = _parse_parsable(proc.stdout)
     if job_id is None:
@@ -412,8 +470,8 @@ def cancel(job_id: str, run: _Runner = run, signal: str | None = None) -> None:
     argv.append(str(job_id))
     proc = run(argv)
     if proc.returncode != 0 and not _CANCEL_OK_RE.search(proc.stderr + proc.stdout):
-        raise SlurmError(f"scancel {job_id} failed: {_first_error(proc)}",
-                         hint="you can cancel only your own jobs; `squeue -j ID -o %u` shows the owner")
+        raise _failure(proc, f"scancel {job_id} failed: {_first_error(proc)}",
+                       hint="you can cancel only your own jobs; `squeue -j ID -o %u` shows the owner")
 
 
 def _first_error(proc: subprocess.CompletedProcess, prefer: str | None = None) -> str:

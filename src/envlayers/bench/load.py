@@ -107,12 +107,14 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
     conn, path = _connection(s.base_url, s.timeout_s)
     usage_tokens = prompt_tokens = None
     end = None
+    streaming = False  # the server said 200 and the stream began
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
         resp = conn.getresponse()
         if resp.status != 200:
             sample.error = _http_error(resp)
             return sample
+        streaming = True
         while True:
             if time.monotonic() - t0 > s.timeout_s:
                 sample.error = f"no complete reply within {s.timeout_s:g}s"
@@ -141,7 +143,13 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
                 sample.chunk_times.append(time.monotonic() - t0)
         end = time.monotonic()  # the stream ended ([DONE] or the server closed it)
     except (OSError, http.client.HTTPException) as err:
-        sample.error = f"no answer: {type(err).__name__}: {err}" if str(err) else f"no answer: {type(err).__name__}"
+        if streaming and isinstance(err, TimeoutError):
+            sample.error = stalled(sample.chunk_times, time.monotonic() - t0)
+        elif streaming:
+            sample.error = (f"the stream broke after {_chunks(len(sample.chunk_times))}: {type(err).__name__}"
+                            + (f": {err}" if str(err) else ""))
+        else:
+            sample.error = f"no answer: {type(err).__name__}: {err}" if str(err) else f"no answer: {type(err).__name__}"
         return sample
     finally:
         conn.close()
@@ -156,6 +164,20 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
         sample.prompt_tokens = prompt_tokens
     sample.ok = True
     return sample
+
+
+def _chunks(n: int) -> str:
+    return f"{n} chunk{'' if n == 1 else 's'}"
+
+
+def stalled(chunk_times: list[float], gave_up_s: float) -> str:
+    """Why a request that began streaming failed when the server went silent: how many content chunks
+    arrived (one token each, about) and when the last did, then how long nothing came."""
+    if not chunk_times:
+        return f"no token within {gave_up_s:.1f}s: the server answered HTTP 200, then the read timed out"
+    last = chunk_times[-1]
+    return (f"stalled mid-stream: {_chunks(len(chunk_times))} in {last:.1f}s, then nothing for "
+            f"{gave_up_s - last:.1f}s")
 
 
 def _http_error(resp: http.client.HTTPResponse) -> str:

@@ -3,7 +3,7 @@
 Thin click wrappers: ``envlayers.ops`` does the work and returns records (imported when a command runs),
 ``cli.ops_format`` turns them into lines. Exit statuses: 0 done (``wait``: live), 1 the job ended /
 could not be stopped cleanly, 2 bad input (no such job, no log yet, a number that is not one),
-3 ``wait`` ran out of time while the job goes on.
+3 ``wait`` ran out of time while the job goes on, 75 Slurm did not answer (never called bad input).
 """
 
 from __future__ import annotations
@@ -20,6 +20,25 @@ MAX_POLL_S = 600.0
 
 
 _TIMEOUT_HINT = "leave --timeout out to wait as long as the job lives"
+OUTAGE_ENV = "ENVLAYERS_SLURM_OUTAGE_S"  # = envlayers.ops.lookup.OUTAGE_ENV (a test holds them equal)
+_OUTAGE_HELP = ("How long Slurm may go without answering (slurmctld stopped or restarting) before giving up "
+                "with exit 75; 0: not at all. Default 300.")
+
+
+def _outage_default() -> str:
+    """The environment's ENVLAYERS_SLURM_OUTAGE_S, else the default window; a callable, so that it holds also
+    when another command invokes this one (``serve --wait``), where click reads no environment variable."""
+    import os
+
+    from ..ops.lookup import SLURM_OUTAGE_S
+
+    return os.environ.get(OUTAGE_ENV) or f"{SLURM_OUTAGE_S:g}"
+
+
+def _outage_option(f):
+    return click.option("--slurm-outage", "outage_s", type=Seconds(zero_ok=True, hint="e.g. --slurm-outage 600"),
+                        default=_outage_default, show_envvar=True, envvar=OUTAGE_ENV, metavar="S",
+                        help=_OUTAGE_HELP)(f)
 
 
 def _dump(data) -> None:
@@ -36,15 +55,17 @@ def _dump(data) -> None:
 @click.option("--progress", type=click.Choice(["auto", "tty", "plain", "none"]), default="auto", show_default=True,
               help="Progress on stderr: one live line (tty), timestamped lines (plain), or none.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
+@_outage_option
 @click.pass_context
 def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float, as_json: bool, progress: str,
-         run_dir: str | None) -> None:
+         run_dir: str | None, outage_s: float) -> None:
     """Wait until JOB_ID's endpoint is live, the job ends, or --timeout passes.
 
     \b
     Exit 0 with the endpoint block (or --json) once endpoint.json exists;
     1 when the job ended first (with its last ENVLAYERS-ERROR and a diagnosis);
-    3 when --timeout passed (the job goes on); 2 when there is no such job.
+    3 when --timeout passed (the job goes on); 2 when there is no such job;
+    75 when Slurm did not answer for --slurm-outage seconds (the job goes on).
     A downstream job can depend on it:  env_layers wait 1234 --timeout 3600 && run-bench
     """
     from .. import ops
@@ -52,7 +73,8 @@ def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float
 
     printer = fmt.Progress(mode=None if progress == "auto" else progress)
     try:
-        result = ops.wait_for(job_id, timeout_s=timeout_s, poll_s=poll_s, on_event=printer, run_dir=run_dir)
+        result = ops.wait_for(job_id, timeout_s=timeout_s, poll_s=poll_s, on_event=printer, run_dir=run_dir,
+                              outage_s=outage_s)
     finally:
         printer.close()
     if as_json:
@@ -74,19 +96,24 @@ def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--no-probe", is_flag=True, help="With JOB_ID: do not ask the endpoint whether it answers.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
-def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, run_dir: str | None) -> None:
+@_outage_option
+def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, run_dir: str | None,
+           outage_s: float) -> None:
     """Without JOB_ID: your endpoint jobs (id, state, nodes, time left, target, model id, served name,
     phase, URL). With JOB_ID: the full record (state, reason, nodes, target, model id, served name, run
     dir, how the launcher ended, the furthest startup phase of every rank, URLs, errors, earlier runs).
 
-    JOB_ID: 1234, or a step of it (1234.0, 1234.batch)."""
+    JOB_ID: 1234, or a step of it (1234.0, 1234.batch). Exit 75 when Slurm did not answer for
+    --slurm-outage seconds."""
     from .. import ops
     from . import ops_format as fmt
 
+    patience = {"outage_s": outage_s,
+                "on_silent": lambda text: click.echo(fmt.slurm_silent_line(text, outage_s), err=True)}
     if job_id is None:
         import getpass
 
-        rows = ops.list_rows(None if all_users else getpass.getuser())
+        rows = ops.list_rows(None if all_users else getpass.getuser(), **patience)
         if as_json:
             _dump(rows)
         elif rows:
@@ -94,7 +121,7 @@ def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, r
         else:
             click.echo("no endpoint jobs (job name serve-only) in the queue" + ("" if all_users else " for you"))
         return
-    job = ops.find_job(job_id, run_dir=run_dir)
+    job = ops.find_job(job_id, run_dir=run_dir, **patience)
     record = ops.job_record(job, probe_endpoint=not no_probe)
     if as_json:
         _dump(record)

@@ -99,6 +99,12 @@ def progress_text(event: "WaitEvent", details: bool = True) -> str:
     return ", ".join(parts)
 
 
+def slurm_silent_line(text: str, outage_s: float | None = None) -> str:
+    """The one line said when Slurm does not answer and the command asks again."""
+    within = f" for up to {outage_s:g}s" if outage_s else ""
+    return f"Slurm did not answer ({text}); retrying{within}"
+
+
 class Progress:
     """Shows a changing one-line state on stderr.
 
@@ -124,7 +130,7 @@ class Progress:
         if event.kind == "launcher":
             self.message(event.text or "")
         elif event.kind == "slurm-silent":
-            self.message(f"Slurm did not answer ({event.text}); retrying")
+            self.message(slurm_silent_line(event.text or ""))
         else:
             self.update(progress_text(event), event.elapsed_s, key=progress_text(event, details=False))
 

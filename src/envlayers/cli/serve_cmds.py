@@ -74,7 +74,9 @@ def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, ver
     if job.blockers:
         raise EnvLayersError(job.blockers[0], where=job.target, hint="SUBMIT=0 shows the job without submitting")
     from .. import slurm
+    from ..jobscript import check_partition_time
 
+    check_partition_time(job, os.environ)  # the partition's MaxTime, which only Slurm knows
     for w in job.warnings:
         click.echo(f"warning: {w}", err=True)
     job_id = slurm.submit(job.sbatch_args, job.script)

@@ -1,4 +1,5 @@
-"""From a job id to a ``TrackedJob``: Slurm's record and the files of the run Slurm runs now.
+"""From a job id to a ``TrackedJob``: Slurm's record and the files of the run Slurm runs now, asked
+patiently when the caller allows it (a controller that does not answer is retried for ``outage_s``).
 
 A requeued job's run directory may still hold the previous run's files at its top (until the new run
 starts and moves them into ``run-<n>/``); ``current_files`` hides them, so no operation shows an old
@@ -7,17 +8,63 @@ run's ranks, exits or endpoint as current.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
 from .. import rundir, slurm
+from ..errors import SlurmUnreachable
 from ..jobid import not_found, parse_job_id
 
 EXIT_LIVE = 0
 EXIT_ENDED = 1  # the job ended (or was never going to be live)
 EXIT_TIMEOUT = 3  # the wait budget ran out; the job goes on
+SLURM_OUTAGE_S = 300.0  # how long `wait` and `status` retry a controller that does not answer
+OUTAGE_ENV = "ENVLAYERS_SLURM_OUTAGE_S"  # the environment's say on it (docs/operating.md)
+OUTAGE_RETRY_S = 1.0  # pause between two asks while Slurm does not answer (each ask itself takes its time)
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class Clock:
+    """Time as the operations see it; tests pass a fake whose ``sleep`` advances ``monotonic``."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def outage_error(err: SlurmUnreachable, silent_s: float) -> SlurmUnreachable:
+    """The error that ends a command after Slurm did not answer for ``silent_s`` seconds."""
+    return SlurmUnreachable(
+        f"Slurm did not answer for {silent_s:.0f}s, giving up: {err.message}",
+        hint=f"`scontrol ping` says whether slurmctld is up; the job itself runs on without it: ask again once "
+             f"it answers (--slurm-outage S or {OUTAGE_ENV} sets how long to keep trying)")
+
+
+def patiently(ask: Callable[[], _T], *, outage_s: float, clock: Clock | None = None,
+              on_silent: Callable[[str], None] | None = None, retry_s: float = OUTAGE_RETRY_S) -> _T:
+    """``ask()``, asked again while Slurm does not answer (``SlurmUnreachable``), until it answers or it
+    has been silent for ``outage_s`` seconds. ``on_silent(why)`` is called once, at the first silence.
+    With ``outage_s`` 0 the first silence is the error as it is. Any other error ends it at once."""
+    clock = clock or Clock()
+    start = clock.monotonic()
+    said = False
+    while True:
+        try:
+            return ask()
+        except SlurmUnreachable as err:
+            if outage_s <= 0:
+                raise
+            silent_s = clock.monotonic() - start
+            if silent_s >= outage_s:
+                raise outage_error(err, silent_s) from None
+            if not said and on_silent is not None:
+                on_silent(err.message)
+                said = True
+            clock.sleep(min(retry_s, outage_s - silent_s))
 
 
 
@@ -72,10 +119,15 @@ def current_files(files: rundir.JobFiles, info: slurm.JobInfo | None) -> rundir.
 
 
 def find_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, str] | None = None,
-             cwd: Path | None = None) -> TrackedJob:
-    """Slurm's record and the files of ``job_id``; an ``EnvLayersError`` when neither exists."""
+             cwd: Path | None = None, outage_s: float = 0.0, clock: Clock | None = None,
+             on_silent: Callable[[str], None] | None = None) -> TrackedJob:
+    """Slurm's record and the files of ``job_id``; an ``EnvLayersError`` when neither exists.
+
+    A controller that does not answer is asked again for ``outage_s`` seconds (``patiently``); with the
+    default 0 it is a ``SlurmUnreachable`` at once (exit 75, never "no such job" or bad input)."""
     job_id = check_job_id(job_id)
-    info = slurm.job_info(job_id, run=slurm.run)
+    info = patiently(lambda: slurm.job_info(job_id, run=slurm.run), outage_s=outage_s, clock=clock,
+                     on_silent=on_silent)
     files = rundir.locate(job_id, info, environ=environ, cwd=cwd, run_dir=run_dir)
     if info is None and not (files.job_out and files.job_out.is_file()) and files.run_dir is None:
         raise not_found(job_id)

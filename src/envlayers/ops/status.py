@@ -4,10 +4,10 @@ job, how the launcher ended) and the list of endpoint jobs Slurm still queues or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .. import rundir, slurm
-from .lookup import TrackedJob, current_files
+from .lookup import Clock, TrackedJob, current_files, patiently
 from .probe import probe_all
 from .progress import RankProgress, read_run, run_total, serving_ranks
 
@@ -98,11 +98,16 @@ def run_progress(files: rundir.JobFiles, report: rundir.LauncherReport, nodes: i
     return read_run(files, total, serving_ranks((launch or {}).get("shape"), total or 1))
 
 
-def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> list[dict]:
+def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd: Path | None = None,
+              outage_s: float = 0.0, clock: Clock | None = None,
+              on_silent: Callable[[str], None] | None = None) -> list[dict]:
     """One row per endpoint job Slurm lists, in the shared words: job id, state, nodes, time left, target,
-    model id, served name, phase, url (``urls``: every replica's)."""
+    model id, served name, phase, url (``urls``: every replica's). A controller that does not answer is
+    asked again for ``outage_s`` seconds (``lookup.patiently``)."""
     rows = []
-    for info in slurm.list_jobs(user=user, run=slurm.run):
+    listed = patiently(lambda: slurm.list_jobs(user=user, run=slurm.run), outage_s=outage_s, clock=clock,
+                       on_silent=on_silent)
+    for info in listed:
         files = current_files(rundir.locate(info.job_id, info, environ=environ, cwd=cwd), info)
         data = files.endpoint_data() if info.running else None
         state = info.state or "?"

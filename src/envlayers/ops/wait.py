@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from .. import rundir
 from ..errors import EnvLayersError
-from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, TrackedJob, find_job, since
+from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, SLURM_OUTAGE_S, TrackedJob, find_job, since
 from .progress import RankProgress, RunPhases, run_total, serving_ranks
 from .watch import Clock, JobWatcher
 
@@ -24,10 +24,11 @@ FILE_STEP_S = 0.25  # files are looked at at least this often
 class WaitEvent:
     """Something ``wait`` saw. ``kind``: ``"state"`` (the job's state now; ``phase`` the run's furthest
     startup phase and how many ranks reached it), ``"live"`` (the endpoint answers), ``"launcher"`` (``text`` is an ``ENVLAYERS-WARN``/``ENVLAYERS-ERROR`` line of the current
-    run) or ``"slurm-silent"`` (``text`` is why Slurm did not answer; said once per outage)."""
+    run) or ``"slurm-silent"`` (``text`` is why Slurm did not answer; said once per outage; ``job`` is
+    ``None`` when Slurm was silent at the first look, before there was a job record)."""
 
     kind: str
-    job: TrackedJob
+    job: TrackedJob | None
     report: rundir.LauncherReport
     phase: RankProgress | None = None
     rank_exits: dict[int, int | None] = field(default_factory=dict)
@@ -164,14 +165,24 @@ class _RunReader:
 def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0,
              on_event: Callable[[WaitEvent], None] | None = None, run_dir: str | None = None,
              environ: Mapping[str, str] | None = None, cwd: Path | None = None,
-             clock: Clock | None = None) -> WaitResult:
+             clock: Clock | None = None, outage_s: float = SLURM_OUTAGE_S) -> WaitResult:
     """Poll until the current run's ``endpoint.json`` exists while the job runs and no rank has exited
     (live), Slurm says the job ended, or ``timeout_s`` passes. Files are looked at every
     ``min(poll_s, 0.25)`` s, Slurm every ``poll_s`` s. Every step of the startup is reported in order,
-    also those passed between two looks and those reached just before the end."""
+    also those passed between two looks and those reached just before the end.
+
+    Slurm not answering, from the first look on, is ridden out for ``outage_s`` seconds (said once per
+    outage as a ``slurm-silent`` event); longer, it ends the wait with a ``SlurmUnreachable`` (exit 75)."""
     emit = on_event or (lambda event: None)
-    job = find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
-    watcher = JobWatcher(job, poll_s=poll_s, step_s=min(poll_s, FILE_STEP_S), clock=clock or Clock(),
+    clock = clock or Clock()
+
+    def silent_at_first(text: str) -> None:
+        emit(WaitEvent("slurm-silent", None, rundir.LauncherReport(), text=text))
+
+    first_outage_s = outage_s if timeout_s is None else min(outage_s, timeout_s)  # the budget bounds it too
+    job = find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd, outage_s=first_outage_s, clock=clock,
+                   on_silent=silent_at_first)
+    watcher = JobWatcher(job, poll_s=poll_s, step_s=min(poll_s, FILE_STEP_S), clock=clock, outage_s=outage_s,
                          locate_kw={"environ": environ, "cwd": cwd, "run_dir": run_dir})
     reader = _RunReader(job, cwd)
 

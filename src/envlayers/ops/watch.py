@@ -7,23 +7,14 @@ test drives the loop without real time passing.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 from .. import rundir, slurm
-from ..errors import SlurmError
-from .lookup import TrackedJob
+from ..errors import SlurmError, SlurmUnreachable
+from .lookup import SLURM_OUTAGE_S, Clock, TrackedJob, outage_error
 
-SLURM_OUTAGE_S = 300.0  # Slurm not answering for this long ends the watch with its error
-
-
-@dataclass
-class Clock:
-    """Time as the watcher sees it; tests pass a fake whose ``sleep`` advances ``monotonic``."""
-
-    monotonic: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
+__all__ = ["SLURM_OUTAGE_S", "Clock", "JobWatcher", "Tick"]
 
 
 @dataclass
@@ -78,8 +69,9 @@ class JobWatcher:
                 if self._failing_since is None:
                     self._failing_since = now
                     tick.slurm_silent = err.message
-                if now - self._failing_since > self.outage_s:
-                    raise
+                silent_s = self.clock.monotonic() - self._failing_since
+                if silent_s > self.outage_s:
+                    raise outage_error(err, silent_s) if isinstance(err, SlurmUnreachable) else err
             else:
                 self._failing_since = None
                 tick.asked_slurm = True
