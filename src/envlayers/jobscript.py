@@ -165,16 +165,19 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: Mapping[str, str] | None = None) -> JobSubmission:
     from . import engines, topology
-    from .layers import LaunchSources, load_env
+    from .layers import LaunchSources, merge, refuse_secrets, stack_sources
     from .shell import render
     from .durations import parse_duration  # not .slurm: a dry run does not need subprocess
 
     environ = os.environ if environ is None else environ
     target = f"{experiment}:{model}"
-    env = load_env(root, target, launch=LaunchSources(base_env, env_file))
-    env_text = render(env, "sh", with_header=False)  # refuses SERVER_API_KEY in a layer
+    sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file))
+    env = merge(sources, target)
+    refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
+    plan = topology.plan(env.text(), topology.stacking(sources, env))
+    env = with_plan_parallelism(env, plan)  # a PP the plan derived is the job's PP too
+    env_text = render(env, "sh", with_header=False)
     text = env.text()
-    plan = topology.plan(text)
     build_env = dict(text)
     warnings = unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):
@@ -233,6 +236,19 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
                          budget, warnings, blockers, topology.reason_lines(plan))
+
+
+def with_plan_parallelism(env: Env, plan: Plan) -> Env:
+    """``env`` with ``PIPELINE_PARALLEL_SIZE`` set to the plan's when the plan derived it over a lower
+    layer's value (docs/topology.md): the job plans again from its environment and must find the same."""
+    b = env.bindings.get("PIPELINE_PARALLEL_SIZE")
+    if b is None or env.text()["PIPELINE_PARALLEL_SIZE"].strip() == str(plan.pp):
+        return env
+    from .layers import Env
+
+    bindings = dict(env.bindings)
+    bindings[b.key] = b._replace(value=(str(plan.pp),), overridden=(*b.overridden, (b.value, b.origin)))
+    return Env(env.target, env.sources, bindings)
 
 
 # Shapes the planner decides and the dry run shows, but the job does not start yet (docs/topology.md).
