@@ -42,8 +42,8 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 class JobSubmission:
     """One prepared job: the sbatch arguments, the script, the plan, the rank lines and what to tell the user.
 
-    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the shape:
-    topology.reason_lines) are lists of their own when left out. Equal when every field is.
+    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the shape,
+    topology.reason_lines, then whether the weights fit: weights.fit) are lists of their own when left out. Equal when every field is.
     """
 
     _FIELDS = ("target", "sbatch_args", "script", "plan", "rank_lines", "topology", "edf", "ready_timeout_s",
@@ -208,11 +208,12 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if public:
         blockers.append(public)
     # -- end of the public-bind refusal
-    from .weights import check as check_weights  # a hub id must be in the job's HF cache (weights.py)
+    from . import weights  # a hub id must be in the job's HF cache, and fit the GPUs' memory (weights.py)
 
-    weights_warnings, weights_blockers = check_weights(root, env, text, environ)
-    warnings += weights_warnings
-    blockers += weights_blockers
+    found = weights.locate(root, env, text, environ)
+    fit_lines, fit_warnings, fit_blockers = weights.fit(found, plan, env, text)
+    warnings += found.warnings + fit_warnings
+    blockers += found.blockers + fit_blockers
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
@@ -235,7 +236,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers, topology.reason_lines(plan))
+                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines)
 
 
 def with_plan_parallelism(env: Env, plan: Plan) -> Env:
