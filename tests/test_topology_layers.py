@@ -59,7 +59,8 @@ def test_pp_below_the_node_count_is_derived_for_one_instance(env, layered, shape
         (line,) = layered_lines
         assert line == (f"pp={pp} (INFERENCE_NODES={env['INFERENCE_NODES']} at mine.env:1 stands above "
                         f"PIPELINE_PARALLEL_SIZE={env['PIPELINE_PARALLEL_SIZE']} at experiments/layers/common.env:12: "
-                        f"INFERENCE_NODES x GPUS_PER_NODE / TENSOR_PARALLEL_SIZE = {env['INFERENCE_NODES']} x 4 / {tp})")
+                        "INFERENCE_NODES x GPUS_PER_NODE / TENSOR_PARALLEL_SIZE = "
+                        f"{env['INFERENCE_NODES']} x 4 / {tp})")
 
 
 @pytest.mark.parametrize("env, layered, message", [
@@ -150,7 +151,8 @@ def test_setups_yaml_inline_keys_are_placed_by_their_own_entry(tmp_path):
 def _refusals():
     values = {
         "INFERENCE_NODES": (None, "", "1", "2", "4"), "GPUS_PER_NODE": (None, "4", "8"),
-        "TENSOR_PARALLEL_SIZE": (None, "", "1", "3", "4", "8", "16"), "PIPELINE_PARALLEL_SIZE": (None, "", "1", "2", "4"),
+        "TENSOR_PARALLEL_SIZE": (None, "", "1", "3", "4", "8", "16"),
+        "PIPELINE_PARALLEL_SIZE": (None, "", "1", "2", "4"),
         "NUMBER_OF_INSTANCES": (None, "", "1", "2", "3", "8"),
         "INFERENCE_MODE": (None, "single", "pipeline", "replicas", "x"),
     }

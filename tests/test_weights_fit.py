@@ -307,3 +307,20 @@ def test_plan_prints_the_estimate(tmp_path, monkeypatch):
     assert result.output.splitlines()[1] == (
         "weights: 60.0 GiB (the safetensors index; config.json: bfloat16) in 512.0 GiB of GPU memory per instance: "
         "fits with the 1.3x headroom for the KV cache and activations")
+
+
+def test_serve_refuses_weights_that_do_not_fit_in_one_line_before_sbatch(tmp_path):
+    import sys
+
+    weights_of(tmp_path, 600)
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\nHF_HOME={tmp_path / 'hf'}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SERVE_"))}
+    env.update(PYTHONPATH=str(REPO / "src"), HOME=str(tmp_path), PATH="/usr/bin:/bin")  # no sbatch on PATH
+    proc = subprocess.run([sys.executable, "-m", "envlayers", "serve", "--model", "oss120b", "--env-file", str(mine)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("env_layers: error: experiment:oss120b: INFERENCE_MODEL "
+                           f"(experiments/layers/model-oss120b.env:6): the weights of {OSS} take 644,245,094,400 bytes")
+    assert "they need 7 GPU(s): 2 node(s) of 4; set INFERENCE_NODES=2" in line

@@ -42,8 +42,9 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 class JobSubmission:
     """One prepared job: the sbatch arguments, the script, the plan, the rank lines and what to tell the user.
 
-    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the shape,
-    topology.reason_lines, then whether the weights fit: weights.fit) are lists of their own when left out. Equal when every field is.
+    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the
+    shape, topology.reason_lines, then whether the weights fit: weights.fit) are lists of their own when
+    left out. Equal when every field is.
     """
 
     _FIELDS = ("target", "sbatch_args", "script", "plan", "rank_lines", "topology", "edf", "ready_timeout_s",

@@ -305,7 +305,8 @@ def _replicas(nodes, gpn, tp, pp, instances_set, ray_serve, backend, common) -> 
         raise chk.conflict(
             f"INFERENCE_MODE=replicas runs independent servers, one per node, but {asked} asks for Ray",
             where=f"INFERENCE_MODE, {asked.split('=')[0]}",
-            hint=f"set {'USE_RAY_SERVE=false' if ray_serve else 'DISTRIBUTED_BACKEND= (empty)'}, or INFERENCE_MODE= (empty)",
+            hint=f"set {'USE_RAY_SERVE=false' if ray_serve else 'DISTRIBUTED_BACKEND= (empty)'}, "
+            "or INFERENCE_MODE= (empty)",
         )
     world = tp * pp
     if world > gpn:

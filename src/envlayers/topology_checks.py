@@ -104,7 +104,8 @@ def mode(env: Mapping[str, str]) -> str | None:
         raise TopologyError(
             f"unknown mode {value!r}; valid modes: {', '.join(MODES)}",
             where="INFERENCE_MODE",
-            hint="set INFERENCE_MODE= (empty) to derive the mode from INFERENCE_NODES and TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE",
+            hint="set INFERENCE_MODE= (empty) to derive the mode from INFERENCE_NODES and "
+            "TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE",
         )
     return text
 

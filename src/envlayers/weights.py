@@ -274,8 +274,8 @@ def _index_total(snapshot: Path) -> tuple[int, Path | None] | None:
     """metadata.total_size of the safetensors index, and the first shard it names (None: no usable index)."""
     import json
 
-    indexes = sorted(snapshot.glob("*.safetensors.index.json"), key=lambda p: (p.name != "model.safetensors.index.json",
-                                                                              p.name))
+    indexes = sorted(snapshot.glob("*.safetensors.index.json"),
+                     key=lambda p: (p.name != "model.safetensors.index.json", p.name))
     for index in indexes:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
@@ -283,7 +283,8 @@ def _index_total(snapshot: Path) -> tuple[int, Path | None] | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if isinstance(total, int) and total > 0:
-            shards = sorted(set((data.get("weight_map") or {}).values())) if isinstance(data.get("weight_map"), dict) else []
+            weight_map = data.get("weight_map")
+            shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
             return total, (snapshot / shards[0]) if shards else None
     return None
 
@@ -338,8 +339,8 @@ def gpu_mem_gib(env: Env, text: Mapping[str, str]) -> float | None:
         value = -1.0
     if not value > 0 or value != value or value == float("inf"):
         b = env.bindings.get(MEM_KEY)
-        raise EnvLayersError(f"{MEM_KEY}={text.get(MEM_KEY)!r} is not a number of GiB", where=str(b.origin) if b else MEM_KEY,
-                             hint="the memory of one GPU in GiB, e.g. 128 for an MI300A, 64 for one MI250X GCD; "
+        raise EnvLayersError(f"{MEM_KEY}={text.get(MEM_KEY)!r} is not a number of GiB",
+                             where=str(b.origin) if b else MEM_KEY, hint="the memory of one GPU in GiB, e.g. 128 for an MI300A, 64 for one MI250X GCD; "
                                   "empty skips the fit check")
     return value
 
@@ -366,7 +367,7 @@ def fit(found: Located, plan: Plan, env: Env, text: Mapping[str, str]) -> tuple[
     b = env.bindings.get(MEM_KEY)
     mem_where = f"{MEM_KEY}={text.get(MEM_KEY, '').strip()} ({b.origin})" if b else MEM_KEY
     have = plan.world * mem_b
-    need_gpus = -(-int(est.size * HEADROOM) // int(mem_b))
+    need_gpus = int(-(-(est.size * HEADROOM) // mem_b))  # rounded up
     need_nodes = -(-need_gpus // plan.gpus_per_node)
     what = (f"the weights of {found.model} take {est.size:,} bytes ({_gib(est.size)}, from {est.how})")
     memory = (f"the {_gib(have)} of GPU memory one instance has (tp x pp = {plan.tp} x {plan.pp} GPU(s) x "

@@ -170,21 +170,22 @@ def check(ctx, update):
     import difflib
 
     from ..fsutil import atomic_write
-    from ..layers import load_env
+    from ..layers import merge, stack_sources
     from ..shell import render as render_env
 
     from .. import catalog
-    from ..topology import plan
+    from ..topology import plan, stacking
 
     root = get_root(ctx)
     cat = catalog.load(root)
     expected = {}
     notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]
     for exp, model in _all_targets(cat):
-        env = load_env(root, f"{exp}:{model}")
+        sources = stack_sources(root, f"{exp}:{model}")
+        env = merge(sources, f"{exp}:{model}")
         expected[_render_path(root, exp, model)] = render_env(env, "sh")
         try:
-            plan(env.text())
+            plan(env.text(), stacking(sources, env))  # as serve plans it (a PP derived over a lower layer's)
         except EnvLayersError as err:
             notes.append(f"note: {exp}:{model} renders but cannot launch: {err}")
     committed = set((root / RENDERS_DIR).glob(".env.*")) if (root / RENDERS_DIR).is_dir() else set()
