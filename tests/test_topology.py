@@ -100,7 +100,7 @@ def test_replicas_smaller_than_a_node_are_refused_on_several_nodes():
         "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE: TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE = 2 x 1 uses "
         "2 GPU(s) per replica, but INFERENCE_MODE=replicas runs one server on each of the 2 nodes of 4 GPU(s); "
         "the remaining 4 GPU(s) would be allocated and billed for the job's full walltime while sitting idle; "
-        "hint: set TENSOR_PARALLEL_SIZE=4 to use each node, or delete INFERENCE_MODE and set NUMBER_OF_INSTANCES=4 "
+        "hint: set TENSOR_PARALLEL_SIZE=4 to use each node, or set INFERENCE_MODE= (empty) and NUMBER_OF_INSTANCES=4 "
         "for 2 instance(s) per node behind one endpoint (vLLM)"
     )
 
@@ -261,7 +261,7 @@ def test_unknown_mode_lists_the_valid_ones():
         plan(keys(mode="pipline"))
     assert str(err.value) == (
         "INFERENCE_MODE: unknown mode 'pipline'; valid modes: single, pipeline, replicas; "
-        "hint: set it empty (or delete it) to derive the mode from INFERENCE_NODES and "
+        "hint: set INFERENCE_MODE= (empty) to derive the mode from INFERENCE_NODES and "
         "TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
     )
 
@@ -285,7 +285,7 @@ def test_non_integer_or_non_positive_count_names_the_key(key, value):
     [
         pytest.param("INFERENCE_NODES", "1", id="nodes"),
         pytest.param("GPUS_PER_NODE", "4", id="gpus-per-node"),
-        pytest.param("TENSOR_PARALLEL_SIZE", "GPUS_PER_NODE = 4", id="tp"),
+        pytest.param("TENSOR_PARALLEL_SIZE", "4", id="tp"),
         pytest.param("PIPELINE_PARALLEL_SIZE", "1", id="pp"),
     ],
 )
@@ -293,8 +293,8 @@ def test_empty_count_is_an_error_not_the_default(key, default):
     with pytest.raises(TopologyError) as err:
         plan({key: ""})
     assert str(err.value) == (
-        f"{key}: is empty; it must be a positive integer; hint: delete the line to use the default ({default}), "
-        "or set a value"
+        f"{key}: is empty; it must be a positive integer; hint: set {key}={default} (its value when no layer "
+        "assigns it), or another positive integer"
     )
 
 
@@ -302,9 +302,9 @@ def test_empty_count_is_an_error_not_the_default(key, default):
     "key, value, message",
     [
         pytest.param("SERVER_PORT", "", "is empty; it must be a TCP port (1-65535); "
-                     "hint: delete the line to use the default (8000), or set a port", id="empty-server-port"),
+                     "hint: set SERVER_PORT=8000 (its value when no layer assigns it), or another port", id="empty-server-port"),
         pytest.param("RDZV_PORT", "", "is empty; it must be a TCP port (1-65535); "
-                     "hint: delete the line to use the default (29500), or set a port", id="empty-rdzv-port"),
+                     "hint: set RDZV_PORT=29500 (its value when no layer assigns it), or another port", id="empty-rdzv-port"),
         pytest.param("SERVER_PORT", "0", "must be a TCP port (1-65535), got '0'", id="port-zero"),
         pytest.param("SERVER_PORT", "65536", "must be a TCP port (1-65535), got '65536'", id="port-too-big"),
         pytest.param("RDZV_PORT", "http", "must be a TCP port (1-65535), got 'http'", id="port-not-a-number"),
@@ -321,7 +321,7 @@ def test_rendezvous_port_equal_to_server_port_is_rejected_on_a_pipeline():
         plan(keys(nodes=2, pp=2, SERVER_PORT="29500"))
     assert str(err.value) == (
         "RDZV_PORT, SERVER_PORT: RDZV_PORT and SERVER_PORT are both 29500; rank 0 binds both on the same node; "
-        "hint: delete RDZV_PORT to use the default (29500), or pick another port"
+        "hint: set RDZV_PORT=29501, or another port"
     )
 
 

@@ -177,11 +177,11 @@ PRODUCT = "NUMBER_OF_INSTANCES x TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
         pytest.param(keys(nodes=2, gpn=8, tp=2, inst=8, backend="ray"),
                      "DISTRIBUTED_BACKEND, NUMBER_OF_INSTANCES: DISTRIBUTED_BACKEND=ray, but each of the 8 instances "
                      "fits one node, so no instance spans nodes; vLLM's own data parallelism coordinates the nodes; "
-                     "hint: delete DISTRIBUTED_BACKEND, or USE_RAY_SERVE=true for a Ray Serve gateway", id="dp-ray"),
+                     "hint: set DISTRIBUTED_BACKEND= (empty), or USE_RAY_SERVE=true for a Ray Serve gateway", id="dp-ray"),
         pytest.param(keys(nodes=2, gpn=8, tp=2, inst=8, DATA_PARALLEL_RPC_PORT=8000),
                      "DATA_PARALLEL_RPC_PORT, SERVER_PORT: DATA_PARALLEL_RPC_PORT and SERVER_PORT are both 8000; "
-                     "rank 0 binds both on the same node; hint: delete DATA_PARALLEL_RPC_PORT to use the default "
-                     "(13345), or pick another port", id="dp-port-clash"),
+                     "rank 0 binds both on the same node; hint: set DATA_PARALLEL_RPC_PORT=13345, or another "
+                     "port", id="dp-port-clash"),
         pytest.param(keys(nodes=4, gpn=8, tp=16, inst=3),
                      f"{WHERE3}: {PRODUCT} = 3 x 16 x 1 needs 48 GPU(s), but INFERENCE_NODES x GPUS_PER_NODE = 4 x 8 "
                      "= 32 GPU(s) are allocated; 16 GPU(s) are missing, so the servers would fail at start after the "
@@ -197,34 +197,34 @@ PRODUCT = "NUMBER_OF_INSTANCES x TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
         pytest.param(keys(nodes=4, gpn=8, tp=16, inst=2, backend="native"),
                      "DISTRIBUTED_BACKEND: DISTRIBUTED_BACKEND=native, but the plan is a Ray Serve gateway (2 "
                      "instances that each span nodes: tp x pp = 16 > 8 GPU(s) per node), whose instances run on Ray; "
-                     "hint: delete DISTRIBUTED_BACKEND", id="gateway-native"),
+                     "hint: set DISTRIBUTED_BACKEND= (empty) or ray", id="gateway-native"),
         pytest.param(keys(nodes=2, mode="replicas", inst=4),
                      "INFERENCE_MODE, NUMBER_OF_INSTANCES: INFERENCE_MODE=replicas runs one server per node (2), but "
-                     "NUMBER_OF_INSTANCES = 4; hint: delete NUMBER_OF_INSTANCES, or delete INFERENCE_MODE for "
+                     "NUMBER_OF_INSTANCES = 4; hint: set NUMBER_OF_INSTANCES=2, or INFERENCE_MODE= (empty) for "
                      "instances behind one endpoint", id="replicas-instances"),
         pytest.param(keys(nodes=2, mode="replicas", ray_serve="true"),
                      "INFERENCE_MODE, USE_RAY_SERVE: INFERENCE_MODE=replicas runs independent servers, one per node, "
-                     "but USE_RAY_SERVE=true asks for Ray; hint: delete USE_RAY_SERVE, or delete INFERENCE_MODE",
+                     "but USE_RAY_SERVE=true asks for Ray; hint: set USE_RAY_SERVE=false, or INFERENCE_MODE= (empty)",
                      id="replicas-ray-serve"),
         pytest.param(keys(nodes=2, mode="replicas", backend="ray"),
                      "INFERENCE_MODE, DISTRIBUTED_BACKEND: INFERENCE_MODE=replicas runs independent servers, one per "
-                     "node, but DISTRIBUTED_BACKEND=ray asks for Ray; hint: delete DISTRIBUTED_BACKEND, or delete "
-                     "INFERENCE_MODE", id="replicas-ray-backend"),
+                     "node, but DISTRIBUTED_BACKEND=ray asks for Ray; hint: set DISTRIBUTED_BACKEND= (empty), or "
+                     "INFERENCE_MODE= (empty)", id="replicas-ray-backend"),
         pytest.param(keys(nodes=1, mode="single", inst=2),
                      "INFERENCE_MODE, NUMBER_OF_INSTANCES: INFERENCE_MODE=single serves one instance without a "
-                     "gateway, but NUMBER_OF_INSTANCES=2 asks for another shape; hint: delete INFERENCE_MODE (or set "
-                     "it empty) and the planner derives the shape from the numbers", id="single-mode-instances"),
+                     "gateway, but NUMBER_OF_INSTANCES=2 asks for another shape; hint: set INFERENCE_MODE= (empty) "
+                     "and the planner derives the shape from the numbers", id="single-mode-instances"),
         pytest.param(keys(nodes=2, mode="pipeline", ray_serve="true"),
                      "INFERENCE_MODE, USE_RAY_SERVE: INFERENCE_MODE=pipeline serves one instance without a gateway, "
-                     "but USE_RAY_SERVE=true asks for another shape; hint: delete INFERENCE_MODE (or set it empty) "
+                     "but USE_RAY_SERVE=true asks for another shape; hint: set INFERENCE_MODE= (empty) "
                      "and the planner derives the shape from the numbers", id="pipeline-mode-ray-serve"),
         pytest.param(keys(nodes=1, backend="ray"),
                      "DISTRIBUTED_BACKEND, INFERENCE_NODES: DISTRIBUTED_BACKEND=ray, but the plan is one server on "
-                     "one node, which needs no executor across nodes; hint: delete DISTRIBUTED_BACKEND, or "
+                     "one node, which needs no executor across nodes; hint: set DISTRIBUTED_BACKEND= (empty), or "
                      "USE_RAY_SERVE=true for a Ray Serve gateway on the node", id="ray-on-one-node"),
         pytest.param(keys(nodes=2, gpn=8, tp=16, SERVER_PORT=29500),
                      "RDZV_PORT, SERVER_PORT: RDZV_PORT and SERVER_PORT are both 29500; rank 0 binds both on the "
-                     "same node; hint: delete RDZV_PORT to use the default (29500), or pick another port",
+                     "same node; hint: set RDZV_PORT=29501, or another port",
                      id="ray-port-clash"),
         pytest.param(keys(nodes=2, gpn=4, tp=4, pp=1, backend="ray"),
                      "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE: TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE = "
@@ -233,18 +233,18 @@ PRODUCT = "NUMBER_OF_INSTANCES x TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
                      "PIPELINE_PARALLEL_SIZE=2, or INFERENCE_MODE=replicas for independent servers", id="ray-idle-gpus"),
         pytest.param(keys(inst=0), "NUMBER_OF_INSTANCES: must be a positive integer, got '0'", id="instances-zero"),
         pytest.param({"NUMBER_OF_INSTANCES": ""},
-                     "NUMBER_OF_INSTANCES: is empty; it must be a positive integer; hint: delete the line to use the "
-                     "default (1), or set a value", id="instances-empty"),
+                     "NUMBER_OF_INSTANCES: is empty; it must be a positive integer; hint: set NUMBER_OF_INSTANCES=1 "
+                     "(its value when no layer assigns it), or another positive integer", id="instances-empty"),
         pytest.param(keys(ray_serve="yes"),
                      "USE_RAY_SERVE: must be true or false, got 'yes'; hint: true forces the Ray Serve gateway; "
-                     "delete the line for the default, false", id="ray-serve-not-a-boolean"),
+                     "false, the default, leaves the shape to the numbers", id="ray-serve-not-a-boolean"),
         pytest.param(keys(backend="mpi"),
-                     "DISTRIBUTED_BACKEND: unknown backend 'mpi'; valid backends: native, ray; hint: delete it (or "
-                     "set it empty) to let the planner choose: native unless tensor parallelism is larger than one "
+                     "DISTRIBUTED_BACKEND: unknown backend 'mpi'; valid backends: native, ray; hint: set "
+                     "DISTRIBUTED_BACKEND= (empty) to let the planner choose: native unless tensor parallelism is larger than one "
                      "node's GPUs", id="backend-unknown"),
         pytest.param({"DATA_PARALLEL_RPC_PORT": ""},
-                     "DATA_PARALLEL_RPC_PORT: is empty; it must be a TCP port (1-65535); hint: delete the line to use "
-                     "the default (13345), or set a port", id="dp-port-empty"),
+                     "DATA_PARALLEL_RPC_PORT: is empty; it must be a TCP port (1-65535); hint: set "
+                     "DATA_PARALLEL_RPC_PORT=13345 (its value when no layer assigns it), or another port", id="dp-port-empty"),
         pytest.param({"DATA_PARALLEL_RPC_PORT": "70000"},
                      "DATA_PARALLEL_RPC_PORT: must be a TCP port (1-65535), got '70000'", id="dp-port-too-big"),
     ],
@@ -265,8 +265,8 @@ def test_refusal_names_the_cost_and_the_fix(env, message):
                      "(an endpoint each), or INFERENCE_ENGINE=vllm", id="sglang-data-parallel"),
         pytest.param(keys(nodes=2, gpn=8, tp=16, backend="ray", engine="sglang"),
                      "INFERENCE_ENGINE: the plan is ray (DISTRIBUTED_BACKEND=ray), but SGLang has no Ray executor: it "
-                     "spans nodes with its own rendezvous (--nnodes, --dist-init-addr); hint: delete "
-                     "DISTRIBUTED_BACKEND (SGLang then uses its own rendezvous)", id="sglang-ray"),
+                     "spans nodes with its own rendezvous (--nnodes, --dist-init-addr); hint: set "
+                     "DISTRIBUTED_BACKEND= (empty): SGLang then uses its own rendezvous", id="sglang-ray"),
         pytest.param(keys(nodes=4, gpn=8, tp=16, inst=2, engine="sglang"),
                      "INFERENCE_ENGINE: the plan is gateway (2 instances that each span nodes: tp x pp = 16 > 8 "
                      "GPU(s) per node), but the Ray Serve gateway starts a vllm serve with the Ray executor for each "

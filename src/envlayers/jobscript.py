@@ -43,8 +43,9 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 class JobSubmission:
     """One prepared job: the sbatch arguments, the script, the plan, the rank lines and what to tell the user.
 
-    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the shape:
-    topology.reason_lines) are lists of their own when left out. Equal when every field is.
+    ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the
+    shape, topology.reason_lines, then whether the weights fit: weights.fit) are lists of their own when
+    left out. Equal when every field is.
     """
 
     _FIELDS = ("target", "sbatch_args", "script", "plan", "rank_lines", "topology", "edf", "ready_timeout_s",
@@ -218,16 +219,19 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: Mapping[str, str] | None = None) -> JobSubmission:
     from . import engines, topology
-    from .layers import LaunchSources, load_env
+    from .layers import LaunchSources, merge, refuse_secrets, stack_sources
     from .shell import render
     from .durations import parse_duration  # not .slurm: a dry run does not need subprocess
 
     environ = os.environ if environ is None else environ
     target = f"{experiment}:{model}"
-    env = load_env(root, target, launch=LaunchSources(base_env, env_file))
-    env_text = render(env, "sh", with_header=False)  # refuses SERVER_API_KEY in a layer
+    sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file))
+    env = merge(sources, target)
+    refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
+    plan = topology.plan(env.text(), topology.stacking(sources, env))
+    env = with_plan_parallelism(env, plan)  # a PP the plan derived is the job's PP too
+    env_text = render(env, "sh", with_header=False)
     text = env.text()
-    plan = topology.plan(text)
     build_env = dict(text)
     warnings = unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):
@@ -258,11 +262,12 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if public:
         blockers.append(public)
     # -- end of the public-bind refusal
-    from .weights import check as check_weights  # a hub id must be in the job's HF cache (weights.py)
+    from . import weights  # a hub id must be in the job's HF cache, and fit the GPUs' memory (weights.py)
 
-    weights_warnings, weights_blockers = check_weights(root, env, text, environ)
-    warnings += weights_warnings
-    blockers += weights_blockers
+    found = weights.locate(root, env, text, environ)
+    fit_lines, fit_warnings, fit_blockers = weights.fit(found, plan, env, text)
+    warnings += found.warnings + fit_warnings
+    blockers += found.blockers + fit_blockers
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
@@ -285,7 +290,20 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers, topology.reason_lines(plan))
+                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines)
+
+
+def with_plan_parallelism(env: Env, plan: Plan) -> Env:
+    """``env`` with ``PIPELINE_PARALLEL_SIZE`` set to the plan's when the plan derived it over a lower
+    layer's value (docs/topology.md): the job plans again from its environment and must find the same."""
+    b = env.bindings.get("PIPELINE_PARALLEL_SIZE")
+    if b is None or env.text()["PIPELINE_PARALLEL_SIZE"].strip() == str(plan.pp):
+        return env
+    from .layers import Env
+
+    bindings = dict(env.bindings)
+    bindings[b.key] = b._replace(value=(str(plan.pp),), overridden=(*b.overridden, (b.value, b.origin)))
+    return Env(env.target, env.sources, bindings)
 
 
 # Shapes the planner decides and the dry run shows, but the job does not start yet (docs/topology.md).

@@ -177,8 +177,7 @@ def _tp_pp(env: Mapping[str, str], nodes: int, gpn: int, instances: int) -> chk.
             return None
 
     guess = chk.derive(nodes, gpn, instances, given("TENSOR_PARALLEL_SIZE"), given("PIPELINE_PARALLEL_SIZE"))
-    tp_text = f"GPUS_PER_NODE = {gpn}" if guess.tp_derived == f"GPUS_PER_NODE = {gpn}" else str(guess.tp)
-    tp = chk.count(env, "TENSOR_PARALLEL_SIZE", None, default_text=tp_text)
+    tp = chk.count(env, "TENSOR_PARALLEL_SIZE", None, default_text=str(guess.tp))
     pp = chk.count(env, "PIPELINE_PARALLEL_SIZE", None, default_text=str(guess.pp))
     return chk.derive(nodes, gpn, instances, tp, pp)
 
@@ -191,8 +190,35 @@ def _ranks(nodes: int, api_port: int, every_rank_serves: bool = False) -> tuple[
     )
 
 
-def plan(env: Mapping[str, str]) -> Plan:
+class Stacking(NamedTuple):
+    """Where the layers set ``INFERENCE_NODES`` and ``PIPELINE_PARALLEL_SIZE`` (``file:line``), and whether
+    the first comes from a layer of higher precedence than the second (``nodes_above``)."""
+
+    nodes_origin: str
+    pp_origin: str
+    nodes_above: bool
+
+
+def stacking(sources, env) -> Stacking | None:
+    """The :class:`Stacking` of a merged stack: ``sources`` are its layers lowest first (``layers.Source``,
+    each with its assignments), ``env`` the merge of them. The precedence of a key's value is the position of
+    the layer holding the line that set it, as ``env_layers explain`` names it. ``None`` when a layer leaves
+    either key absent."""
+    nodes_b = env.bindings.get("INFERENCE_NODES")
+    pp_b = env.bindings.get("PIPELINE_PARALLEL_SIZE")
+    if nodes_b is None or pp_b is None:
+        return None
+    position = {a.origin: i for i, source in enumerate(sources) for a in source.assignments}
+    above = position.get(nodes_b.origin, -1) > position.get(pp_b.origin, -1)
+    return Stacking(str(nodes_b.origin), str(pp_b.origin), above)
+
+
+def plan(env: Mapping[str, str], layered: Stacking | None = None) -> Plan:
     """Decide the deployment shape for the merged launch keys ``env``.
+
+    With ``layered`` (where the layers set the node count and PP), a PP from a layer below the one that
+    set ``INFERENCE_NODES`` is derived for one instance across the allocation (docs/topology.md,
+    "Parallelism from the allocation"); the plan says so in ``derived``.
 
     Raises ``TopologyError`` for a value that is not a positive integer, a port or a known
     word, contradicting keys, a shape the engine (``INFERENCE_ENGINE``, when present) cannot
@@ -214,6 +240,14 @@ def plan(env: Mapping[str, str]) -> Plan:
     engine = (env.get("INFERENCE_ENGINE") or "").strip() or None
     derived = tuple(f"{name}={value} ({why})" for name, value, why in
                     (("tp", tp, par.tp_derived), ("pp", pp, par.pp_derived)) if why)
+    if (layered is not None and layered.nodes_above and par.pp_derived is None and mode != "replicas"
+            and instances == 1 and not ray_serve):  # one instance: its nodes are the allocation's
+        wanted = chk.pp_for_allocation(nodes, gpn, tp, pp)
+        if wanted is not None:
+            derived += (f"pp={wanted} (INFERENCE_NODES={nodes} at {layered.nodes_origin} stands above "
+                        f"PIPELINE_PARALLEL_SIZE={pp} at {layered.pp_origin}: INFERENCE_NODES x GPUS_PER_NODE / "
+                        f"TENSOR_PARALLEL_SIZE = {nodes} x {gpn} / {tp})",)
+            pp = wanted
     world, total = tp * pp, nodes * gpn
     common = dict(api_port=api_port, rdzv_port=rdzv_port, dp_rpc_port=dp_port, derived=derived)
 
@@ -224,7 +258,7 @@ def plan(env: Mapping[str, str]) -> Plan:
         raise chk.conflict(
             f"INFERENCE_MODE={mode} serves one instance without a gateway, but {asked} asks for another shape",
             where=f"INFERENCE_MODE, {asked.split('=')[0]}",
-            hint="delete INFERENCE_MODE (or set it empty) and the planner derives the shape from the numbers",
+            hint="set INFERENCE_MODE= (empty) and the planner derives the shape from the numbers",
         )
 
     if ray_serve or (instances > 1 and nodes > 1 and world > gpn):
@@ -240,7 +274,7 @@ def plan(env: Mapping[str, str]) -> Plan:
         raise chk.conflict(
             "DISTRIBUTED_BACKEND=ray, but the plan is one server on one node, which needs no executor across nodes",
             where="DISTRIBUTED_BACKEND, INFERENCE_NODES",
-            hint="delete DISTRIBUTED_BACKEND, or USE_RAY_SERVE=true for a Ray Serve gateway on the node",
+            hint="set DISTRIBUTED_BACKEND= (empty), or USE_RAY_SERVE=true for a Ray Serve gateway on the node",
         )
     if nodes == 1:
         if world > total:
@@ -264,14 +298,15 @@ def _replicas(nodes, gpn, tp, pp, instances_set, ray_serve, backend, common) -> 
         raise chk.conflict(
             f"INFERENCE_MODE=replicas runs one server per node ({nodes}), but NUMBER_OF_INSTANCES = {instances_set}",
             where="INFERENCE_MODE, NUMBER_OF_INSTANCES",
-            hint="delete NUMBER_OF_INSTANCES, or delete INFERENCE_MODE for instances behind one endpoint",
+            hint=f"set NUMBER_OF_INSTANCES={nodes}, or INFERENCE_MODE= (empty) for instances behind one endpoint",
         )
     if ray_serve or backend == "ray":
         asked = "USE_RAY_SERVE=true" if ray_serve else "DISTRIBUTED_BACKEND=ray"
         raise chk.conflict(
             f"INFERENCE_MODE=replicas runs independent servers, one per node, but {asked} asks for Ray",
             where=f"INFERENCE_MODE, {asked.split('=')[0]}",
-            hint=f"delete {asked.split('=')[0]}, or delete INFERENCE_MODE",
+            hint=f"set {'USE_RAY_SERVE=false' if ray_serve else 'DISTRIBUTED_BACKEND= (empty)'}, "
+            "or INFERENCE_MODE= (empty)",
         )
     world = tp * pp
     if world > gpn:
@@ -322,7 +357,7 @@ def _data_parallel(nodes, gpn, tp, pp, instances, backend, why, common) -> Plan:
             f"DISTRIBUTED_BACKEND=ray, but each of the {instances} instances fits one node, so no instance spans "
             "nodes; vLLM's own data parallelism coordinates the nodes",
             where="DISTRIBUTED_BACKEND, NUMBER_OF_INSTANCES",
-            hint="delete DISTRIBUTED_BACKEND, or USE_RAY_SERVE=true for a Ray Serve gateway",
+            hint="set DISTRIBUTED_BACKEND= (empty), or USE_RAY_SERVE=true for a Ray Serve gateway",
         )
     if instances % nodes != 0:
         lower = instances // nodes * nodes
@@ -372,7 +407,7 @@ def _gateway(nodes, gpn, tp, pp, instances, backend, why, common) -> Plan:
     if backend == "native":
         raise chk.conflict(
             f"DISTRIBUTED_BACKEND=native, but the plan is a Ray Serve gateway ({why}), whose instances run on Ray",
-            where="DISTRIBUTED_BACKEND", hint="delete DISTRIBUTED_BACKEND",
+            where="DISTRIBUTED_BACKEND", hint="set DISTRIBUTED_BACKEND= (empty) or ray",
         )
     if used > total:
         fit = total // world

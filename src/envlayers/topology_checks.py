@@ -1,7 +1,9 @@
 """The planner's inputs and refusals: launch keys parsed by the absent-vs-empty rule, the
 parallelism derived from the allocation when the layers leave it absent, and every
 ``TopologyError`` a shape can end in, each naming what the mistake would cost, including which
-shapes each engine can serve (``ENGINE_SHAPES``) and why not the others.
+shapes each engine can serve (``ENGINE_SHAPES``) and why not the others. Every hint asks for what a
+layer can do (set a value, or empty where empty means "derive it"), never to delete a line: a layer
+cannot unset what a lower one sets.
 
 Pure; :mod:`envlayers.topology` decides the shape from what this module parses.
 """
@@ -42,7 +44,7 @@ _SGLANG_WHY = {
                       "INFERENCE_MODE=replicas for one SGLang server per node (an endpoint each), "
                       "or INFERENCE_ENGINE=vllm"),
     "ray": ("SGLang has no Ray executor: it spans nodes with its own rendezvous (--nnodes, --dist-init-addr)",
-            "delete DISTRIBUTED_BACKEND (SGLang then uses its own rendezvous)"),
+            "set DISTRIBUTED_BACKEND= (empty): SGLang then uses its own rendezvous"),
     "gateway": ("the Ray Serve gateway starts a vllm serve with the Ray executor for each instance; SGLang has "
                 "no Ray executor", "INFERENCE_ENGINE=vllm, or NUMBER_OF_INSTANCES=1 and USE_RAY_SERVE=false"),
 }
@@ -70,7 +72,7 @@ def count(env: Mapping[str, str], key: str, default: int | None, *, default_text
         raise TopologyError(
             "is empty; it must be a positive integer",
             where=key,
-            hint=f"delete the line to use the default ({shown}), or set a value",
+            hint=f"set {key}={shown} (its value when no layer assigns it), or another positive integer",
         )
     if not _INT_RE.fullmatch(text) or int(text) <= 0:
         raise TopologyError(f"must be a positive integer, got {value!r}", where=key)
@@ -86,7 +88,7 @@ def port(env: Mapping[str, str], key: str, default: int) -> int:
         raise TopologyError(
             "is empty; it must be a TCP port (1-65535)",
             where=key,
-            hint=f"delete the line to use the default ({default}), or set a port",
+            hint=f"set {key}={default} (its value when no layer assigns it), or another port",
         )
     if not _INT_RE.fullmatch(text) or not 1 <= int(text) <= 65535:
         raise TopologyError(f"must be a TCP port (1-65535), got {value!r}", where=key)
@@ -102,7 +104,8 @@ def mode(env: Mapping[str, str]) -> str | None:
         raise TopologyError(
             f"unknown mode {value!r}; valid modes: {', '.join(MODES)}",
             where="INFERENCE_MODE",
-            hint="set it empty (or delete it) to derive the mode from INFERENCE_NODES and TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE",
+            hint="set INFERENCE_MODE= (empty) to derive the mode from INFERENCE_NODES and "
+            "TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE",
         )
     return text
 
@@ -117,7 +120,7 @@ def backend(env: Mapping[str, str]) -> str | None:
         raise TopologyError(
             f"unknown backend {value!r}; valid backends: {', '.join(BACKENDS)}",
             where="DISTRIBUTED_BACKEND",
-            hint="delete it (or set it empty) to let the planner choose: native unless tensor parallelism is "
+            hint="set DISTRIBUTED_BACKEND= (empty) to let the planner choose: native unless tensor parallelism is "
             "larger than one node's GPUs",
         )
     return text
@@ -134,7 +137,7 @@ def use_ray_serve(env: Mapping[str, str]) -> bool:
     if word in FALSE_WORDS:
         return False
     raise TopologyError(f"must be true or false, got {value!r}", where="USE_RAY_SERVE",
-                        hint="true forces the Ray Serve gateway; delete the line for the default, false")
+                        hint="true forces the Ray Serve gateway; false, the default, leaves the shape to the numbers")
 
 
 # --------------------------------------------------------------------------- derivation
@@ -178,6 +181,19 @@ def derive(nodes: int, gpn: int, instances: int, tp: int | None, pp: int | None)
         else:
             pp_why = f"one instance spans {per_instance} node(s)"
     return Parallelism(tp, pp, tp_why, pp_why)
+
+
+def pp_for_allocation(nodes: int, gpn: int, tp: int, pp: int) -> int | None:
+    """The PP that makes one instance of ``tp`` cover every GPU of the allocation, when a higher layer
+    set ``INFERENCE_NODES`` over a lower layer's PP; ``None`` when ``pp`` stays (it already covers the
+    allocation, the GPUs do not divide by tp, or it fits one node, where fewer GPUs are allowed) and the
+    usual checks judge it."""
+    total = nodes * gpn
+    if total % tp != 0 or total // tp == pp:
+        return None
+    if nodes == 1 and tp * pp <= gpn:
+        return None
+    return total // tp
 
 
 # --------------------------------------------------------------------------- errors
@@ -260,8 +276,8 @@ def replicas_idle_error(nodes: int, gpn: int, tp: int, pp: int) -> TopologyError
         f"{TP_PP} = {tp} x {pp} uses {used} GPU(s) per replica, but INFERENCE_MODE=replicas runs one server "
         f"on each of the {nodes} nodes of {gpn} GPU(s); the remaining {(gpn - used) * nodes} GPU(s) {IDLE_COST}",
         where=WHERE_TP_PP,
-        hint=f"set TENSOR_PARALLEL_SIZE={gpn // pp if gpn % pp == 0 else gpn} to use each node, or delete "
-        f"INFERENCE_MODE and set NUMBER_OF_INSTANCES={per_node * nodes} for {per_node} instance(s) per node "
+        hint=f"set TENSOR_PARALLEL_SIZE={gpn // pp if gpn % pp == 0 else gpn} to use each node, or set "
+        f"INFERENCE_MODE= (empty) and NUMBER_OF_INSTANCES={per_node * nodes} for {per_node} instance(s) per node "
         "behind one endpoint (vLLM)",
     )
 
@@ -302,5 +318,5 @@ def check_ports(a_key: str, a: int, b_key: str, b: int, default: int) -> None:
         raise TopologyError(
             f"{a_key} and {b_key} are both {a}; rank 0 binds both on the same node",
             where=f"{a_key}, {b_key}",
-            hint=f"delete {a_key} to use the default ({default}), or pick another port",
+            hint=f"set {a_key}={default if default != b else default + 1}, or another port",
         )

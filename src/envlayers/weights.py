@@ -14,7 +14,14 @@ otherwise the merged layers' value (the job exports it; podman hands it to the c
 A value the login node cannot expand, or none at all, is a warning: nothing can be checked here.
 ``CHECK_WEIGHTS=0`` turns the check off, for weights that reach the nodes another way.
 
-Reads the file system (a few ``stat`` calls), nothing else.
+Their fit: :func:`estimate` sizes the weights in a snapshot (the safetensors index's
+``metadata.total_size``, else the safetensors headers' tensor shapes and dtypes, else the files' sizes;
+config.json's dtype as a cross-check), and :func:`fit` holds that against the GPU memory one instance of
+the plan has (``GPU_MEM_GB`` per GPU): weights alone larger than it are a blocker, weights that fit
+without :data:`HEADROOM` for the KV cache and activations a warning, each naming the node count that fits.
+
+Reads the file system (a few ``stat`` calls, the index, config.json and the safetensors headers: a few
+kilobytes per file, never the tensors), nothing else.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ import re
 import shlex
 from pathlib import Path
 from .errors import EnvLayersError
+from .records import NamedTuple
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
     from typing import Mapping
 
     from .layers import Env
+    from .topology import Plan
 
 KEY = "CHECK_WEIGHTS"
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -106,40 +115,61 @@ def _cache_setting(env: Env, text: Mapping[str, str], root: Path) -> tuple[str |
     return None, None, "not set in the layers" + (" nor in the EDF" if src else "")
 
 
+class Located(NamedTuple):
+    """What the login node found of the weights: the warnings and blockers of :func:`check`, and the
+    snapshot that holds them (``None`` when nothing was found or nothing was looked for)."""
+
+    warnings: list
+    blockers: list
+    snapshot: "Path | None" = None
+    model: "str | None" = None
+    where: str = ""  # INFERENCE_MODEL's file:line
+
+
 def check(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, str],
           cwd: Path | None = None) -> tuple[list[str], list[str]]:
     """(warnings, blockers) about the weights of ``INFERENCE_MODEL`` in the cache the job will read."""
+    found = locate(root, env, text, environ, cwd)
+    return found.warnings, found.blockers
+
+
+def locate(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, str],
+           cwd: Path | None = None) -> Located:
+    """:func:`check`'s findings, with the snapshot the job's cache holds."""
     b = env.bindings.get(KEY)
     if not enabled(text, str(b.origin) if b else KEY):
-        return [], []
+        return Located([], [])
     model_b = env.bindings.get("INFERENCE_MODEL")
     model = hub_id(text.get("INFERENCE_MODEL"), cwd)
     if model is None or model_b is None:
-        return [], []  # a local path, or a reference: the engine reports a missing folder itself
+        return Located([], [])  # a local path, or a reference: the engine reports a missing folder itself
     key, edf_value, where = _cache_setting(env, text, root)
     if key is None:
-        return [f"HF_HOME is {where}: the weights of {model} cannot be checked before submission (the job reads "
-                f"its environment's HF_HOME, else ~/.cache/huggingface); set HF_HOME in a layer, or {KEY}=0 "
-                "when the weights come another way"], []
+        return Located([f"HF_HOME is {where}: the weights of {model} cannot be checked before submission (the job "
+                        f"reads its environment's HF_HOME, else ~/.cache/huggingface); set HF_HOME in a layer, or "
+                        f"{KEY}=0 when the weights come another way"], [])
     value = _expanded(env, key, edf_value, environ)
     if value is None:
-        return [f"{key} ({where}) reads a variable this shell does not set: the weights of {model} cannot be "
-                f"checked before submission; export it here, or {KEY}=0 when the weights come another way"], []
+        return Located([f"{key} ({where}) reads a variable this shell does not set: the weights of {model} cannot "
+                        f"be checked before submission; export it here, or {KEY}=0 when the weights come another "
+                        "way"], [])
     path = Path(value).expanduser()
     hub = path if key == "HF_HUB_CACHE" else path / "hub"
     try:
-        if snapshot_with_weights(hub, model) is not None:
-            return [], []
+        snapshot = snapshot_with_weights(hub, model)
+        if snapshot is not None:
+            return Located([], [], snapshot, model, str(model_b.origin))
     except OSError as err:  # a shared cache this user cannot read: the check cannot say, the job may
-        return [f"INFERENCE_MODEL ({model_b.origin}): cannot look for the weights of {model} in {key}={path} "
-                f"({where}): {err.strerror or err}; fix the permissions, or set {KEY}=0 when the job reads them "
-                "another way"], []
+        return Located([f"INFERENCE_MODEL ({model_b.origin}): cannot look for the weights of {model} in "
+                        f"{key}={path} ({where}): {err.strerror or err}; fix the permissions, or set {KEY}=0 when "
+                        "the job reads them another way"], [])
     download = f"{key}={shlex.quote(str(path))} hf download {shlex.quote(model)}"
-    return [], [f"INFERENCE_MODEL ({model_b.origin}): the weights of {model} are not in the cache the job reads, "
-                f"{key}={path} ({where}): no weight file (*.safetensors, *.bin, *.index.json) under "
-                f"{repo_folder(hub, model)}/snapshots/; a download inside the job would keep every allocated GPU "
-                f"idle. Download them first: `{download}` (older clients: `{key}={shlex.quote(str(path))} "
-                f"huggingface-cli download {shlex.quote(model)}`), or set {KEY}=0 when they come another way"]
+    return Located([], [
+        f"INFERENCE_MODEL ({model_b.origin}): the weights of {model} are not in the cache the job reads, "
+        f"{key}={path} ({where}): no weight file (*.safetensors, *.bin, *.index.json) under "
+        f"{repo_folder(hub, model)}/snapshots/; a download inside the job would keep every allocated GPU "
+        f"idle. Download them first: `{download}` (older clients: `{key}={shlex.quote(str(path))} "
+        f"huggingface-cli download {shlex.quote(model)}`), or set {KEY}=0 when they come another way"])
 
 
 def _expanded(env: Env, key: str, edf_value: str | None, environ: Mapping[str, str]) -> str | None:
@@ -153,3 +183,219 @@ def _expanded(env: Env, key: str, edf_value: str | None, environ: Mapping[str, s
     from .layers import expand
 
     return expand(env.bindings[key].value, environ)
+
+
+# --------------------------------------------------------------------------- the weights' size and their fit
+
+MEM_KEY = "GPU_MEM_GB"
+GIB = 1 << 30
+HEADROOM = 1.3
+"""GPU memory the weights need, as a multiple of their size: the KV cache, activations and graphs need
+the rest. The rule of thumb is 1.2-1.4x; 1.3 is its middle: under vLLM's default GPU_MEMORY_UTILIZATION
+of 0.90 it leaves about a seventh of the engine's share of memory for the KV cache (at 1.2 a few long
+requests fill it; 1.4 would turn away shapes that serve well)."""
+_MAX_HEADER = 100 << 20  # a safetensors header is kilobytes to a few megabytes; anything larger is not one
+# bytes per element of each safetensors dtype; a dtype not listed is sized by its data_offsets
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+               "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+# config.json's dtype names -> bytes per parameter the engine loads them at
+CONFIG_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+class Estimate(NamedTuple):
+    """The weights' size in bytes and how it was found (``how``: words for a message)."""
+
+    size: int
+    how: str
+
+
+def safetensors_header(path: Path) -> dict | None:
+    """The JSON header of a safetensors file (8-byte little-endian length, then that much JSON); None when the
+    file is not one (too short, a length past the bound, JSON that is not an object)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                return None
+            n = int.from_bytes(raw, "little")
+            if not 0 < n <= _MAX_HEADER:
+                return None
+            data = f.read(n)
+    except OSError:
+        return None
+    if len(data) < n:
+        return None
+    try:
+        header = json.loads(data)
+    except ValueError:
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _tensor_bytes(header: dict) -> dict[str, int] | None:
+    """Bytes per dtype of the tensors a safetensors header lists; None when an entry is malformed."""
+    out: dict[str, int] = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(t, dict):
+            return None
+        dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            return None
+        if dtype in DTYPE_BYTES:
+            n = DTYPE_BYTES[dtype]
+            for d in shape:
+                n *= d
+        elif isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
+            n = offsets[1] - offsets[0]
+        else:
+            return None
+        out[dtype] = out.get(dtype, 0) + n
+    return out
+
+
+def _config_dtype(snapshot: Path) -> str | None:
+    import json
+
+    try:
+        config = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    dtype = config.get("torch_dtype") or config.get("dtype")  # transformers wrote torch_dtype, newer ones dtype
+    return dtype if isinstance(dtype, str) else None
+
+
+def _index_total(snapshot: Path) -> tuple[int, Path | None] | None:
+    """metadata.total_size of the safetensors index, and the first shard it names (None: no usable index)."""
+    import json
+
+    indexes = sorted(snapshot.glob("*.safetensors.index.json"),
+                     key=lambda p: (p.name != "model.safetensors.index.json", p.name))
+    for index in indexes:
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+            total = data["metadata"]["total_size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(total, int) and total > 0:
+            weight_map = data.get("weight_map")
+            shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+            return total, (snapshot / shards[0]) if shards else None
+    return None
+
+
+def estimate(snapshot: Path) -> Estimate | None:
+    """The bytes the weights in ``snapshot`` take once loaded, or None when nothing there says.
+
+    The safetensors index's ``metadata.total_size`` first, then the sum over the safetensors headers'
+    tensors (shape x dtype), then the weight files' sizes (safetensors, else ``*.bin``). config.json's
+    dtype cross-checks: 32-bit float weights of a model whose config says a 16-bit dtype are loaded at
+    16 bits (the engines' ``--dtype auto``), so they count half."""
+    config = _config_dtype(snapshot)
+    width = CONFIG_DTYPE_BYTES.get((config or "").lower())
+    shown = f"; config.json: {config}" if config else ""
+    indexed = _index_total(snapshot)
+    if indexed is not None:
+        total, shard = indexed
+        by_dtype = _tensor_bytes(safetensors_header(shard) or {}) if shard is not None else None
+        if width == 2 and by_dtype and max(by_dtype, key=by_dtype.get) == "F32":
+            return Estimate(total // 2, f"the safetensors index, F32 on disk loaded as {config}")
+        return Estimate(total, f"the safetensors index{shown}")
+    files = sorted(p for p in snapshot.glob("*.safetensors") if p.is_file())
+    sizes: dict[str, int] = {}
+    for f in files:
+        header = safetensors_header(f)
+        by_dtype = _tensor_bytes(header) if header is not None else None
+        if by_dtype is None:
+            sizes = {}
+            break
+        for dtype, n in by_dtype.items():
+            sizes[dtype] = sizes.get(dtype, 0) + n
+    if files and sizes:
+        if width == 2 and "F32" in sizes:
+            sizes["F32"] //= 2
+            return Estimate(sum(sizes.values()), f"the safetensors headers, F32 loaded as {config}")
+        return Estimate(sum(sizes.values()), f"the safetensors headers{shown}")
+    for pattern in ("*.safetensors", "*.bin"):
+        found = [p for p in snapshot.glob(pattern) if p.is_file()]
+        if found:
+            return Estimate(sum(p.stat().st_size for p in found), f"the sizes of the {pattern} files{shown}")
+    return None
+
+
+def gpu_mem_gib(env: Env, text: Mapping[str, str]) -> float | None:
+    """``GPU_MEM_GB``: GiB of memory per GPU; absent or empty -> None (no fit check); else a positive number."""
+    raw = (text.get(MEM_KEY) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        b = env.bindings.get(MEM_KEY)
+        raise EnvLayersError(f"{MEM_KEY}={text.get(MEM_KEY)!r} is not a number of GiB",
+                             where=str(b.origin) if b else MEM_KEY, hint="the memory of one GPU in GiB, e.g. 128 for an MI300A, 64 for one MI250X GCD; "
+                                  "empty skips the fit check")
+    return value
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def fit(found: Located, plan: Plan, env: Env, text: Mapping[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """(lines, warnings, blockers) of the weights against the GPU memory one instance of ``plan`` has.
+
+    ``lines``: one ``weights: ...`` line for the plan and the dry run (the estimate and the verdict), or
+    nothing when there is nothing to hold the weights against (no snapshot: :func:`locate` said why once;
+    ``GPU_MEM_GB`` absent or empty)."""
+    mem = gpu_mem_gib(env, text)
+    if found.snapshot is None or mem is None:
+        return [], [], []
+    est = estimate(found.snapshot)
+    if est is None:
+        return [], [f"INFERENCE_MODEL ({found.where}): nothing in {found.snapshot} says how large the weights of "
+                     f"{found.model} are (no safetensors index, header or weight file size): their fit to the GPUs' "
+                     "memory is not checked"], []
+    mem_b = mem * GIB
+    b = env.bindings.get(MEM_KEY)
+    mem_where = f"{MEM_KEY}={text.get(MEM_KEY, '').strip()} ({b.origin})" if b else MEM_KEY
+    have = plan.world * mem_b
+    need_gpus = int(-(-(est.size * HEADROOM) // mem_b))  # rounded up
+    need_nodes = -(-need_gpus // plan.gpus_per_node)
+    what = (f"the weights of {found.model} take {est.size:,} bytes ({_gib(est.size)}, from {est.how})")
+    memory = (f"the {_gib(have)} of GPU memory one instance has (tp x pp = {plan.tp} x {plan.pp} GPU(s) x "
+              f"{mem_where})")
+    if est.size * HEADROOM <= have:
+        return [f"weights: {_gib(est.size)} ({est.how}) in {_gib(have)} of GPU memory per instance: fits with the "
+                f"{HEADROOM}x headroom for the KV cache and activations"], [], []
+    fix = _fix(plan, need_gpus, need_nodes)
+    headroom = (f"with the {HEADROOM}x headroom for the KV cache and activations they need {need_gpus} GPU(s): "
+                f"{need_nodes} node(s) of {plan.gpus_per_node}")
+    if est.size <= have:
+        return ([f"weights: {_gib(est.size)} ({est.how}) in {_gib(have)} of GPU memory per instance: fits, but "
+                 f"without the {HEADROOM}x headroom"],
+                [f"INFERENCE_MODEL ({found.where}): {what} fit {memory}, but not with room for the KV cache and "
+                 f"activations: the server may not start, or serve few requests at once; {headroom}; {fix}"], [])
+    return ([f"weights: {_gib(est.size)} ({est.how}) exceed the {_gib(have)} of GPU memory per instance"], [],
+            [f"INFERENCE_MODEL ({found.where}): {what}, more than {memory}; the server would fail loading them after "
+             f"the job waited in the queue; {headroom}; {fix}"])
+
+
+def _fix(plan: Plan, gpus: int, nodes: int) -> str:
+    if plan.shape in ("single", "pipeline", "ray"):
+        if nodes == 1:
+            return f"set TENSOR_PARALLEL_SIZE={plan.gpus_per_node} to use every GPU of the node"
+        return (f"set INFERENCE_NODES={nodes} (in SERVE_ENV_FILE, pipeline parallelism follows: docs/topology.md)")
+    if plan.shape == "replicas":
+        return (f"a replica has one node: set INFERENCE_MODE= (empty) and INFERENCE_NODES={nodes} for one instance "
+                f"across {nodes} nodes" if nodes > 1 else
+                f"set TENSOR_PARALLEL_SIZE={plan.gpus_per_node} to use every GPU of the node")
+    return (f"give each instance at least {gpus} GPU(s) (TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE), with fewer "
+            "instances (NUMBER_OF_INSTANCES) or more nodes")

@@ -85,8 +85,12 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
         env_file = env_file or (os.environ.get("SERVE_ENV_FILE") if launcher else None) or None
         base_env = base_env or (os.environ.get("SERVE_BASE_ENV") if launcher else None) or None
         launch = LaunchSources(Path(base_env) if base_env else None, Path(env_file) if env_file else None)
-    _, env = _target_env(ctx, target, extra, launch=launch)
+    from ..layers import merge, stack_sources
+
+    sources = stack_sources(get_root(ctx), target, tuple(Path(p) for p in extra), launch)
+    env = merge(sources, target)
     wanted = list(keys) or list(env.bindings)
+    plan_pp = _derived_pp(sources, env) if "PIPELINE_PARALLEL_SIZE" in wanted else None
     records = []
     for key in wanted:
         b = env.bindings.get(key)
@@ -100,6 +104,8 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
             "origin": str(b.origin),
             "overridden": [{"value": value_text(v), "origin": str(o)} for v, o in b.overridden],
         })
+        if key == "PIPELINE_PARALLEL_SIZE" and plan_pp:
+            records[-1]["derived"] = plan_pp  # what the plan uses instead, and from what
     if as_json:
         click.echo(json.dumps({"target": target, "sources": list(env.sources), "keys": records}, indent=2))
     else:
@@ -110,10 +116,28 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
             b = env.bindings[key]
             note = "  (present, empty)" if r["empty"] else ""
             click.echo(f"{key}={bash_value(b.value)}  {r['origin']}{note}")
+            if r.get("derived"):
+                click.echo(f"    derived for the plan: {r['derived']}")
             for v, o in reversed(b.overridden):
                 click.echo(f"    overrode {bash_value(v)}  {o}")
     if any(not r["present"] for r in records):
         sys.exit(1)
+
+
+def _derived_pp(sources, env) -> str | None:
+    """The plan's ``pp=N (...)`` when it derives PIPELINE_PARALLEL_SIZE over the layers' value, because a
+    higher layer set INFERENCE_NODES (docs/topology.md); None otherwise, or when the stack cannot be planned."""
+    from .. import topology
+
+    layered = topology.stacking(sources, env)
+    if layered is None or not layered.nodes_above:
+        return None
+    try:
+        p = topology.plan(env.text(), layered)
+    except EnvLayersError:
+        return None  # explain explains the layers; `env_layers plan` says what is wrong with the plan
+    # PP is present, so the planner's only pp= entry is the one derived over it
+    return next((d for d in p.derived if d.startswith("pp=")), None)
 
 
 def _render_path(root: Path, experiment: str, model: str) -> Path:
@@ -146,21 +170,22 @@ def check(ctx, update):
     import difflib
 
     from ..fsutil import atomic_write
-    from ..layers import load_env
+    from ..layers import merge, stack_sources
     from ..shell import render as render_env
 
     from .. import catalog
-    from ..topology import plan
+    from ..topology import plan, stacking
 
     root = get_root(ctx)
     cat = catalog.load(root)
     expected = {}
     notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]
     for exp, model in _all_targets(cat):
-        env = load_env(root, f"{exp}:{model}")
+        sources = stack_sources(root, f"{exp}:{model}")
+        env = merge(sources, f"{exp}:{model}")
         expected[_render_path(root, exp, model)] = render_env(env, "sh")
         try:
-            plan(env.text())
+            plan(env.text(), stacking(sources, env))  # as serve plans it (a PP derived over a lower layer's)
         except EnvLayersError as err:
             notes.append(f"note: {exp}:{model} renders but cannot launch: {err}")
     committed = set((root / RENDERS_DIR).glob(".env.*")) if (root / RENDERS_DIR).is_dir() else set()
