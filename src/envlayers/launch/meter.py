@@ -163,7 +163,10 @@ class Meter:
             with open(self.lp.run_dir / "server-0.log", "rb") as fh:
                 if not self._gateway_scanned:  # once: what was said before live
                     self._gateway_scanned = True
-                    for raw in fh.read(self._log_pos).split(b"\n"):
+                    # the hand-over from the phase reader: it may have stopped inside a line, whose start is
+                    # kept as the unfinished line, so the line is said whole once its end comes
+                    *before, self._partial = fh.read(self._log_pos).split(b"\n")
+                    for raw in before:
                         changed = self._gateway_state.feed(raw.decode("utf-8", "replace").rstrip()) or changed
                 fh.seek(self._log_pos)
                 chunk = fh.read(1 << 20)
