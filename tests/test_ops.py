@@ -964,3 +964,56 @@ def test_wait_on_a_restarted_job_ignores_the_previous_runs_endpoint(fake, tmp_pa
     data = json.loads(res.stdout)
     assert data["live"] is False and data["endpoint"] is None and data["requeued"] and data["phase"] is None
     assert "job 726: RUNNING on n2, restart 1, waiting for the launcher of the new run" in res.stderr
+
+
+def test_a_launcher_that_could_not_write_its_end_is_told_from_one_that_died(fake, tmp_path, capsys):
+    # the launcher's own writer meets a write the OS refuses (launch-end.json is a folder here: "Is a
+    # directory"), says its end in the job output, and status reads it back from there
+    from datetime import datetime
+
+    from envlayers.launch.launcher import write_end
+
+    run_dir = make_job(tmp_path, "733", launch={"engine": "vllm", "restart": 0})
+    (run_dir / "launch-end.json").mkdir()
+    (run_dir / "launch-end.json" / "x").write_text("")
+    write_end(run_dir, 0, 143, "live then signal 15")
+    said = capsys.readouterr().out
+    assert said == (f"ENVLAYERS-ERROR: the launcher ended with code 143 but could not record it in "
+                    f"{run_dir}/launch-end.json (Is a directory): live then signal 15\n")
+    with (tmp_path / "serve-only-733.out").open("a") as fh:
+        fh.write(said)
+    # the meter's last record before the disk filled: not final, so counted up to Slurm's end time
+    start = datetime.fromisoformat("2026-12-02T09:00:01").timestamp()
+    (run_dir / "accounting.json").write_text(json.dumps(
+        {"job_start": start, "gpus": 8, "nodes": 1, "live_at": start + 60, "final": False, "ended_at": None,
+         "split": {"gpus": 8, "allocated_s": 120.0, "running": True, "allocated_gpu_hours": 0.27,
+                   "seconds": {"rank_start": 120.0}, "gpu_hours": {"rank_start": 0.27}}}))
+    fake.states["733"] = ["CANCELLED"]
+    fake.extra["733"] = {"exit_code": "0:15"}
+    data = json.loads(invoke("status", "733", "--json", "--no-probe").stdout)
+    end = data["launcher_end"]
+    assert end["launcher"] == "unrecorded" and end["code"] == 143 and end["write_error"] == "Is a directory"
+    assert end["reason"] == "live then signal 15" and end["path"] == f"{run_dir}/launch-end.json"
+    assert data["accounting"]["end_from"] == "slurm" and data["accounting"]["split"]["allocated_s"] == 4 * 3600
+    out = invoke("status", "733", "--no-probe").stdout
+    assert ("  launcher:    the launcher ended (code 143: live then signal 15) but could not write its records: "
+            "Is a directory\n") in out, out
+    assert "died without reporting" not in out
+    assert "allocated (8 GPUs x 4h" in out and "so far" not in out, out
+    assert "(the launcher's final record is missing: counted up to Slurm's end time)" in out
+
+
+def test_the_launchers_record_writer_says_a_refused_write_once_and_goes_on(tmp_path):
+    said = []
+    writer = rundir.RecordWriter(said.append)
+    blocked = tmp_path / "accounting.json"
+    blocked.mkdir()
+    (blocked / "x").write_text("")
+    assert writer.write(blocked, "{}") is False and writer.write(blocked, "{}") is False
+    assert said == [f"ENVLAYERS-WARN: cannot write {blocked}: Is a directory; the job goes on without this record "
+                    "(free space there, or point SCRATCH or RUN_ROOT at a writable file system next time)"]
+    assert [p.name for p in tmp_path.iterdir()] == ["accounting.json"]  # no temp file left
+    (blocked / "x").unlink()
+    blocked.rmdir()
+    assert writer.write(blocked, "{}") is True and blocked.read_text() == "{}"
+    assert len(said) == 1

@@ -196,6 +196,9 @@ def launcher_line(end: dict) -> str | None:
         return LAUNCHER_DIED.format(state=end["slurm_state"], code=end["slurm_exit"] or "-")
     if end["launcher"] == "idle stop":
         return f"ended on purpose, not a failure: {end.get('reason')} (code 0)"
+    if end["launcher"] == "unrecorded":
+        return (f"the launcher ended (code {end.get('code')}: {end.get('reason') or 'no reason given'}) but could "
+                f"not write its records: {end.get('write_error')}")
     if end["launcher"] == "reported":
         code = f" (code {end['code']})" if end.get("code") is not None else ""
         return f"the launcher reported: {end.get('reason') or 'no reason given'}{code}"
