@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -1017,3 +1018,25 @@ def test_the_launchers_record_writer_says_a_refused_write_once_and_goes_on(tmp_p
     blocked.rmdir()
     assert writer.write(blocked, "{}") is True and blocked.read_text() == "{}"
     assert len(said) == 1
+
+
+def test_status_of_a_job_that_could_not_create_its_run_directory_names_it_and_why(fake, tmp_path):
+    # the job output is what the real job script's block prints (real bash) for a run folder through a file
+    from test_launch import run_dir_block
+
+    (tmp_path / "file").write_text("")
+    block = run_dir_block(tmp_path)
+    env = {"PATH": os.environ["PATH"], "RUN_ROOT": str(tmp_path / "file" / "runs"), "SLURM_JOB_ID": "734",
+           "ENVLAYERS_SERVE_ENV": "X=1\n"}
+    said = subprocess.run(["bash", str(block)], capture_output=True, text=True, timeout=10, env=env).stdout
+    (tmp_path / "serve-only-734.out").write_text("ENVLAYERS-STAGE: job 734 started on n1 with nodes n1\n" + said)
+    fake.states["734"] = ["FAILED"]
+    fake.extra["734"] = {"exit_code": "1:0"}
+    out = invoke("status", "734", "--no-probe").stdout
+    run_dir = tmp_path / "file" / "runs" / "734"
+    assert f"  run dir:     {run_dir} (not writable: Not a directory)\n" in out, out
+    assert f"  error:       cannot write the run directory {run_dir}: Not a directory (creating it); " in out
+    assert "not created yet" not in out
+    data = json.loads(invoke("status", "734", "--json", "--no-probe").stdout)
+    assert data["launcher"]["run_dir_error"] == {"path": str(run_dir), "error": "Not a directory",
+                                                 "doing": "creating it"}

@@ -51,6 +51,7 @@ _SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
 _RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
 _RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
 LAUNCH_END = "launch-end.json"
+_UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); the job ends before any rank")
 _UNRECORDED_END_RE = re.compile(r"^the launcher ended with code (-?\d+) but could not record it in (.+) \(([^()]*)\): (.*)$")
 
 
@@ -73,6 +74,8 @@ class LauncherReport:
     endpoint_block: str | None = None
     # the launcher's end when it could not write launch-end.json: {"code", "reason", "path", "write_error"}
     unrecorded_end: dict | None = None
+    # the run directory could not be written before any rank started: {"path", "error", "doing"}
+    run_dir_error: dict | None = None
     _in_block: bool = field(default=False, repr=False)
 
     @property
@@ -110,6 +113,8 @@ class LauncherReport:
                 self.warnings.append(text)
             elif kind == "ERROR":
                 self.errors.append(text)
+                if mm := _UNWRITABLE_RE.match(text):
+                    self.run_dir_error = {"path": mm.group(1), "error": mm.group(2), "doing": mm.group(3)}
                 if mm := _UNRECORDED_END_RE.match(text):
                     self.unrecorded_end = {"code": int(mm.group(1)), "path": mm.group(2),
                                            "write_error": mm.group(3), "reason": mm.group(4)}
@@ -132,7 +137,7 @@ class LauncherReport:
     def _new_run(self) -> None:
         fresh = LauncherReport()
         for name in ("topology", "stages", "warnings", "errors", "ranks_up", "ranks_started", "live_after_s",
-                     "endpoint_block", "unrecorded_end", "_in_block"):
+                     "endpoint_block", "unrecorded_end", "run_dir_error", "_in_block"):
             setattr(self, name, getattr(fresh, name))
 
     def to_dict(self) -> dict:
@@ -140,7 +145,7 @@ class LauncherReport:
                 "warnings": self.warnings, "errors": self.errors,
                 "ranks_up": {str(k): v for k, v in sorted(self.ranks_up.items())},
                 "ranks_started": self.ranks_started, "live_after_s": self.live_after_s, "live": self.live,
-                "unrecorded_end": self.unrecorded_end}
+                "unrecorded_end": self.unrecorded_end, "run_dir_error": self.run_dir_error}
 
 
 def unrecorded_end_line(code: int, path: Path, why: str, reason: str) -> str:

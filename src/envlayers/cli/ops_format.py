@@ -337,7 +337,11 @@ def format_record(rec: dict) -> str:
         lines.append(_label("model id") + (rec.get("model_id") or "-") + f" ({rec.get('engine') or '?'})")
         lines.append(_label("served name") + (rec.get("served_name") or "-"))
     lines.append(_label("job output") + f"{rec['job_output'] or '-'}")
-    lines.append(_label("run dir") + f"{rec['run_dir'] or '- (not created yet)'}")
+    unwritable = rec["launcher"].get("run_dir_error")
+    if unwritable:  # the job ended before any rank started: it could not write there
+        lines.append(_label("run dir") + f"{rec['run_dir'] or unwritable['path']} (not writable: {unwritable['error']})")
+    else:
+        lines.append(_label("run dir") + f"{rec['run_dir'] or '- (not created yet)'}")
     said = launcher_line(rec["launcher_end"])
     if said:
         lines.append(_label("launcher") + f"{said}")
