@@ -79,7 +79,8 @@ class NodeMounts:
         self.run("mount", "-o", "remount,ro,bind", str(where))
 
     def cli(self, job: Job, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.prefix, sys.executable, "-m", "envlayers", *args], cwd=job.dir, env=job.env,
+        wd = [*self.prefix[:-1], f"--wd={job.dir}", "--"] if self.prefix else []  # setns would move it to /
+        return subprocess.run([*wd, sys.executable, "-m", "envlayers", *args], cwd=job.dir, env=job.env,
                               capture_output=True, text=True, timeout=120)
 
     def undo(self) -> None:
@@ -119,6 +120,7 @@ def test_a_run_directory_that_cannot_be_written_ends_the_job_before_srun_naming_
     job = Job(netns_lab, tmp_path)
     assert ended(netns_lab, job) == "FAILED"
     text = job_output(job, netns_lab)
+    assert f"ENVLAYERS-STAGE: job {job.job_id} started on n1 " in text, text  # the node with the mount
     errors = [line for line in text.splitlines() if line.startswith("ENVLAYERS-ERROR:")]
     assert len(errors) == 1, text
     run_dir = scratch / "inference-server" / job.job_id
