@@ -51,8 +51,11 @@ _SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
 _RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
 _RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
 LAUNCH_END = "launch-end.json"
-_UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); the job ends before any rank")
-_UNRECORDED_END_RE = re.compile(r"^the launcher ended with code (-?\d+) but could not record it in (.+) \(([^()]*)\): (.*)$")
+# the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
+_UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); "
+                            r"the job ends before any rank")
+_UNRECORDED_END_RE = re.compile(r"^the launcher ended with code (-?\d+) but could not record it in (.+) "
+                                r"\(([^()]*)\): (.*)$")
 
 
 @dataclass

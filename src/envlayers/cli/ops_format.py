@@ -339,7 +339,8 @@ def format_record(rec: dict) -> str:
     lines.append(_label("job output") + f"{rec['job_output'] or '-'}")
     unwritable = rec["launcher"].get("run_dir_error")
     if unwritable:  # the job ended before any rank started: it could not write there
-        lines.append(_label("run dir") + f"{rec['run_dir'] or unwritable['path']} (not writable: {unwritable['error']})")
+        where = rec["run_dir"] or unwritable["path"]
+        lines.append(_label("run dir") + f"{where} (not writable: {unwritable['error']})")
     else:
         lines.append(_label("run dir") + f"{rec['run_dir'] or '- (not created yet)'}")
     said = launcher_line(rec["launcher_end"])
