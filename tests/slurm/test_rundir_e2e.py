@@ -155,7 +155,10 @@ def test_a_run_directory_that_fills_up_after_live_keeps_serving_and_status_says_
     end = record["launcher_end"]
     assert end["launcher"] == "unrecorded" and end["code"] == 143, end
     assert "No space left on device" in end["write_error"], end
+    acct = record["accounting"]  # the meter's last record before the disk filled, counted to Slurm's end
+    assert acct["end_from"] == "slurm" and acct["split"]["running"] is False, acct
     status = mounts.cli(job, "status", job.job_id, "--no-probe").stdout
     assert "died without reporting" not in status, status
     assert ("launcher:    the launcher ended (code 143: live then signal 15) but could not write its records: "
             "No space left on device") in status, status
+    assert "(the launcher's final record is missing: counted up to Slurm's end time)" in status, status
