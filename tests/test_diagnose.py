@@ -92,8 +92,8 @@ POSITIVE = [
                  {"container-fs-freeze"}, id="container-fs-freeze-unkillable-step"),
     pytest.param("vllm-fs-enotconn.log", "container-fs-freeze", "vllm-fs-enotconn.log:8",
                  {"container-fs-freeze"}, id="container-fs-freeze-mount-gone"),
-    pytest.param("launcher-run-dir-full.out", "run-dir-unwritable", "launcher-run-dir-full.out:2", {"run-dir-unwritable"},
-                 id="run-dir-unwritable"),
+    pytest.param("launcher-run-dir-full.out", "run-dir-unwritable", "launcher-run-dir-full.out:2",
+                 {"run-dir-unwritable"}, id="run-dir-unwritable"),
 ]
 
 

@@ -716,3 +716,24 @@ def test_a_writable_run_folder_gets_serve_env_and_job_sh_whole(tmp_path):
     assert sorted(p.name for p in run_dir.iterdir()) == ["job.sh", "serve.env"]
     assert (run_dir / "serve.env").read_text() == "X=1\n" * 2000
     assert (run_dir / "job.sh").read_text() == block.read_text()
+
+
+@pytest.mark.parametrize("blocked", ["ranks.sh", "launch.json", "api-key"])
+def test_a_file_the_launcher_cannot_write_before_srun_ends_the_launch_naming_it(tmp_path, monkeypatch, blocked):
+    # the OS refuses the write for real: the file's name is taken by a folder that is not empty
+    from envlayers.launch import launcher
+
+    (tmp_path / blocked).mkdir()
+    (tmp_path / blocked / "x").write_text("")
+    started = []
+    monkeypatch.setattr(launcher, "allocation", lambda run_dir, environ: alloc(run_dir, nodes=(N1,)))
+    monkeypatch.setattr(launcher.Launcher, "start", lambda self, lp, key: started.append(lp))
+    keys = {**SINGLE_VLLM, "SERVER_API_KEY_FILE": "generate"}
+    launch = launcher.Launcher(tmp_path, {**keys, "ENVLAYERS_KEYS": " ".join(keys), "SLURM_JOB_ID": "42"})
+    with pytest.raises(LaunchFailure) as err:
+        launch.run()
+    assert str(err.value) == (f"cannot write the run directory {tmp_path}: Is a directory (writing {blocked}); the "
+                              "job ends before any rank starts: free space there, or point SCRATCH (or RUN_ROOT) at "
+                              "a writable file system")
+    assert started == []  # no srun
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
