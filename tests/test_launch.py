@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envlayers import engines, topology
+from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
 from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
                                       srun_dry_line)
@@ -737,3 +737,20 @@ def test_a_file_the_launcher_cannot_write_before_srun_ends_the_launch_naming_it(
                               "a writable file system")
     assert started == []  # no srun
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_endpoint_record_the_os_refuses_at_live_is_said_and_the_endpoint_is_still_announced(tmp_path, capsys):
+    # a full file system at the moment of live must not end a serving job: the block still goes to the job
+    # output (wait and status read it there), and the refused write is said once
+    from envlayers.launch import launcher
+
+    (tmp_path / "endpoint.json").mkdir()
+    (tmp_path / "endpoint.json" / "x").write_text("")
+    lp = prepare(SINGLE_VLLM, alloc(tmp_path, nodes=(N1,)))
+    launch = launcher.Launcher(tmp_path, {})
+    launch.on_live(lp, 3.0)
+    out = capsys.readouterr().out
+    assert out.startswith(f"ENVLAYERS-WARN: cannot write {tmp_path}/endpoint.json: Is a directory; the job goes on "
+                          "without this record")
+    assert "ENVLAYERS-STAGE: endpoint live after 3.0s\n===== endpoint is live =====\n" in out
+    assert rundir.parse_job_output(out).live
