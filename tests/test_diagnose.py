@@ -92,6 +92,8 @@ POSITIVE = [
                  {"container-fs-freeze"}, id="container-fs-freeze-unkillable-step"),
     pytest.param("vllm-fs-enotconn.log", "container-fs-freeze", "vllm-fs-enotconn.log:8",
                  {"container-fs-freeze"}, id="container-fs-freeze-mount-gone"),
+    pytest.param("launcher-run-dir-full.out", "run-dir-unwritable", "launcher-run-dir-full.out:2",
+                 {"run-dir-unwritable"}, id="run-dir-unwritable"),
 ]
 
 
@@ -106,6 +108,15 @@ POSITIVE = [
                  id="no-fabric-ipv4-wording"),
     pytest.param("ENVLAYERS-ERROR: endpoint not live after 7200s", "readiness-budget-spent",
                  id="budget-spent-short-wording"),
+    pytest.param("ENVLAYERS-ERROR: cannot write the run directory /s/inference-server/7: Read-only file system "
+                 "(creating it); the job ends before any rank starts: free space there, or point SCRATCH (or "
+                 "RUN_ROOT) at a writable file system", "run-dir-unwritable", id="run-dir-read-only-before-start"),
+    pytest.param("ENVLAYERS-ERROR: the launcher ended with code 143 but could not record it in "
+                 "/s/inference-server/7/launch-end.json (No space left on device): live then signal 15",
+                 "run-dir-unwritable", id="run-dir-full-at-the-end"),
+    pytest.param("ENVLAYERS-WARN: cannot write /s/inference-server/7/accounting.json: No space left on device; the "
+                 "job goes on without this record (free space there, or point SCRATCH or RUN_ROOT at a writable "
+                 "file system next time)", "run-dir-unwritable", id="run-dir-full-while-live"),
 ])
 def test_launcher_wording_variants(rules, line, rule_id):
     assert [f.rule_id for f in diagnose([LogText("job.out", [line])], rules)] == [rule_id]
@@ -680,3 +691,16 @@ def test_a_requeued_job_is_diagnosed_from_its_current_run_only(tmp_path):
 def test_cli_usage_errors(args, needle):
     result = run("diagnose", *args)
     assert result.exit_code == 2 and needle in result.stderr
+
+
+def test_a_launcher_that_said_its_end_in_the_job_output_did_not_die(tmp_path):
+    # launch-end.json could not be written (a full file system): the job output holds the end, so diagnose
+    # names the full run directory, not a killed launcher
+    run_dir = _job_run_dir(tmp_path, "9003")
+    out = tmp_path / "serve-only-9003.out"
+    out.write_text(f"ENVLAYERS-STAGE: run_dir={run_dir}\nENVLAYERS-ERROR: the launcher ended with code 143 but "
+                   f"could not record it in {run_dir}/launch-end.json (No space left on device): live then signal 15\n")
+    env = _fake_slurm(tmp_path, "9003", "CANCELLED", "0:15", out)
+    env["SCRATCH"] = str(tmp_path / "scratch")
+    data = json.loads(run("diagnose", "--json", "--root", str(tmp_path), "9003", env=env).output)
+    assert [f["id"] for f in data["findings"]] == ["run-dir-unwritable"], data

@@ -172,6 +172,37 @@ def test_once_live_the_meter_says_the_gateways_replica_lines_from_rank_zeros_log
     assert said[-1] == "ENVLAYERS-STAGE: gateway: replica 1 on n2 replaced: its new vllm serve (pid 10) answers on 127.0.0.1:5"
 
 
+def test_a_gateway_line_split_where_the_meter_takes_over_from_the_phase_reader_is_said_whole_once(tmp_path):
+    # before live the phase reader reads rank 0's log; from live on the relay does, from where it stopped,
+    # which can be the middle of a gateway line
+    import json
+
+    from envlayers.launch.meter import Meter
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    lp = prepare(GATEWAY, alloc(tmp_path))
+    said = []
+    bodies = iter([VLLM % {"running": 0, "stop": 1}] * 10)
+    meter = Meter(lp, {}, said.append, clock=lambda: 0.0, wall=lambda: 1e9, fetch=lambda *a, **k: next(bodies))
+    (tmp_path / "endpoint.json").write_text(json.dumps({"job_id": "9"}))
+    log = tmp_path / "server-0.log"
+    line = ("ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) was killed by SIGKILL (exit code 137); "
+            "Ray Serve replaces the replica")
+    cut = line.index("killed")
+    log.write_text("ENVLAYERS-STAGE: gateway: deploying 2 replica(s)\n" + line[:cut])
+    meter.tick(0.0, 2, False)  # the phase reader stops in the middle of the line
+    meter.tick(1.0, 2, True)  # live: the relay takes over from here
+    assert meter._log_pos == log.stat().st_size
+    with log.open("a") as fh:
+        fh.write(line[cut:] + "\n(ServeReplica pid=1) noise\n")
+    meter.tick(2.0, 2, True)
+    meter.tick(3.0, 2, True)
+    assert [s for s in said if "gateway" in s] == [line]
+    events = json.loads((tmp_path / "endpoint.json").read_text())["gateway"]["events"]
+    assert events == [line.split("gateway: ", 1)[1]]
+
+
 def test_status_and_wait_show_the_gateways_healthy_replicas_and_their_last_events(tmp_path):
     import json
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envlayers import engines, topology
+from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
 from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
                                       srun_dry_line)
@@ -615,7 +615,7 @@ def requeue_block(tmp_path: Path) -> str:
     mine.write_text("CONTAINER_RUNTIME=none\n")
     script = prepare_job(Path(__file__).resolve().parents[1], "qwen38", env_file=mine, python="python3").script
     last = "unset ENVLAYERS_PREV ENVLAYERS_F ENVLAYERS_N\n"
-    start = script.index('mkdir -p "$RUN_DIR"\n')
+    start = script.index("envlayers_unwritable() {\n")
     return "set -euo pipefail\n" + script[start:script.index(last) + len(last)]
 
 
@@ -666,3 +666,91 @@ def test_the_dry_run_prints_the_srun_line_the_job_runs(tmp_path):
     lines = job.dry_run_text().splitlines()
     assert lines[-1] == ('#   srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "--cpus-per-task=${SLURM_CPUS_ON_NODE}" '
                          '--kill-on-bad-exit=1 bash "${RUN_DIR}/ranks.sh"')
+
+
+# --------------------------------------------------------------------------- a run folder the job cannot write
+
+
+def run_dir_block(tmp_path: Path) -> Path:
+    """The job script from RUN_DIR= to the run_dir= line, cut from a real rendered job, as a script file."""
+    from envlayers.jobscript import prepare as prepare_job
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\n")
+    script = prepare_job(Path(__file__).resolve().parents[1], "qwen38", env_file=mine, python="python3").script
+    last = 'echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"\n'
+    block = tmp_path / "block.sh"
+    block.write_text("set -euo pipefail\ntrap '' XFSZ\n[ -z \"${LIMIT_KB:-}\" ] || ulimit -f \"$LIMIT_KB\"\n"
+                     + script[script.index('RUN_DIR="${RUN_ROOT'):script.index(last) + len(last)])
+    return block
+
+
+@pytest.mark.parametrize("root, limit_kb, said, doing", [
+    pytest.param("file/under", "", "Not a directory", "creating it", id="cannot-create-the-folder"),
+    pytest.param("runs", "1", "File too large", "writing serve.env", id="a-write-the-os-refuses"),
+])
+def test_a_run_folder_the_job_cannot_write_ends_it_in_one_line_with_no_half_written_file(tmp_path, root, limit_kb,
+                                                                                          said, doing):
+    # the OS refuses for real: a path through a regular file, or a file-size limit (ulimit -f, SIGXFSZ
+    # ignored) that a write of serve.env passes; a full or read-only file system is the lab test's
+    (tmp_path / "file").write_text("")
+    block = run_dir_block(tmp_path)
+    env = {"PATH": os.environ["PATH"], "RUN_ROOT": str(tmp_path / root), "SLURM_JOB_ID": "7", "LIMIT_KB": limit_kb,
+           "ENVLAYERS_SERVE_ENV": "X=1\n" * 2000}
+    proc = subprocess.run(["bash", str(block)], capture_output=True, text=True, timeout=10, env=env)
+    run_dir = tmp_path / root / "7"
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    assert proc.stdout == (f"ENVLAYERS-ERROR: cannot write the run directory {run_dir}: {said} ({doing}); the job "
+                           "ends before any rank starts: free space there, or point SCRATCH (or RUN_ROOT) at a "
+                           "writable file system\n")
+    assert not run_dir.is_dir() or list(run_dir.iterdir()) == []  # no empty serve.env, no temp file
+
+
+def test_a_writable_run_folder_gets_serve_env_and_job_sh_whole(tmp_path):
+    block = run_dir_block(tmp_path)
+    env = {"PATH": os.environ["PATH"], "RUN_ROOT": str(tmp_path / "runs"), "SLURM_JOB_ID": "7",
+           "ENVLAYERS_SERVE_ENV": "X=1\n" * 2000}
+    proc = subprocess.run(["bash", str(block)], capture_output=True, text=True, timeout=10, env=env)
+    run_dir = tmp_path / "runs" / "7"
+    assert proc.returncode == 0 and proc.stdout == f"ENVLAYERS-STAGE: run_dir={run_dir}\n", proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["job.sh", "serve.env"]
+    assert (run_dir / "serve.env").read_text() == "X=1\n" * 2000
+    assert (run_dir / "job.sh").read_text() == block.read_text()
+
+
+@pytest.mark.parametrize("blocked", ["ranks.sh", "launch.json", "api-key"])
+def test_a_file_the_launcher_cannot_write_before_srun_ends_the_launch_naming_it(tmp_path, monkeypatch, blocked):
+    # the OS refuses the write for real: the file's name is taken by a folder that is not empty
+    from envlayers.launch import launcher
+
+    (tmp_path / blocked).mkdir()
+    (tmp_path / blocked / "x").write_text("")
+    started = []
+    monkeypatch.setattr(launcher, "allocation", lambda run_dir, environ: alloc(run_dir, nodes=(N1,)))
+    monkeypatch.setattr(launcher.Launcher, "start", lambda self, lp, key: started.append(lp))
+    keys = {**SINGLE_VLLM, "SERVER_API_KEY_FILE": "generate"}
+    launch = launcher.Launcher(tmp_path, {**keys, "ENVLAYERS_KEYS": " ".join(keys), "SLURM_JOB_ID": "42"})
+    with pytest.raises(LaunchFailure) as err:
+        launch.run()
+    assert str(err.value) == (f"cannot write the run directory {tmp_path}: Is a directory (writing {blocked}); the "
+                              "job ends before any rank starts: free space there, or point SCRATCH (or RUN_ROOT) at "
+                              "a writable file system")
+    assert started == []  # no srun
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_endpoint_record_the_os_refuses_at_live_is_said_and_the_endpoint_is_still_announced(tmp_path, capsys):
+    # a full file system at the moment of live must not end a serving job: the block still goes to the job
+    # output (wait and status read it there), and the refused write is said once
+    from envlayers.launch import launcher
+
+    (tmp_path / "endpoint.json").mkdir()
+    (tmp_path / "endpoint.json" / "x").write_text("")
+    lp = prepare(SINGLE_VLLM, alloc(tmp_path, nodes=(N1,)))
+    launch = launcher.Launcher(tmp_path, {})
+    launch.on_live(lp, 3.0)
+    out = capsys.readouterr().out
+    assert out.startswith(f"ENVLAYERS-WARN: cannot write {tmp_path}/endpoint.json: Is a directory; the job goes on "
+                          "without this record")
+    assert "ENVLAYERS-STAGE: endpoint live after 3.0s\n===== endpoint is live =====\n" in out
+    assert rundir.parse_job_output(out).live

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -1094,3 +1095,78 @@ def test_wait_on_a_restarted_job_ignores_the_previous_runs_endpoint(fake, tmp_pa
     data = json.loads(res.stdout)
     assert data["live"] is False and data["endpoint"] is None and data["requeued"] and data["phase"] is None
     assert "job 726: RUNNING on n2, restart 1, waiting for the launcher of the new run" in res.stderr
+
+
+def test_a_launcher_that_could_not_write_its_end_is_told_from_one_that_died(fake, tmp_path, capsys):
+    # the launcher's own writer meets a write the OS refuses (launch-end.json is a folder here: "Is a
+    # directory"), says its end in the job output, and status reads it back from there
+    from datetime import datetime
+
+    from envlayers.launch.launcher import write_end
+
+    run_dir = make_job(tmp_path, "733", launch={"engine": "vllm", "restart": 0})
+    (run_dir / "launch-end.json").mkdir()
+    (run_dir / "launch-end.json" / "x").write_text("")
+    write_end(run_dir, 0, 143, "live then signal 15")
+    said = capsys.readouterr().out
+    assert said == (f"ENVLAYERS-ERROR: the launcher ended with code 143 but could not record it in "
+                    f"{run_dir}/launch-end.json (Is a directory): live then signal 15\n")
+    with (tmp_path / "serve-only-733.out").open("a") as fh:
+        fh.write(said)
+    # the meter's last record before the disk filled: not final, so counted up to Slurm's end time
+    start = datetime.fromisoformat("2026-12-02T09:00:01").timestamp()
+    (run_dir / "accounting.json").write_text(json.dumps(
+        {"job_start": start, "gpus": 8, "nodes": 1, "live_at": start + 60, "final": False, "ended_at": None,
+         "split": {"gpus": 8, "allocated_s": 120.0, "running": True, "allocated_gpu_hours": 0.27,
+                   "seconds": {"rank_start": 120.0}, "gpu_hours": {"rank_start": 0.27}}}))
+    fake.states["733"] = ["CANCELLED"]
+    fake.extra["733"] = {"exit_code": "0:15"}
+    data = json.loads(invoke("status", "733", "--json", "--no-probe").stdout)
+    end = data["launcher_end"]
+    assert end["launcher"] == "unrecorded" and end["code"] == 143 and end["write_error"] == "Is a directory"
+    assert end["reason"] == "live then signal 15" and end["path"] == f"{run_dir}/launch-end.json"
+    assert data["accounting"]["end_from"] == "slurm" and data["accounting"]["split"]["allocated_s"] == 4 * 3600
+    out = invoke("status", "733", "--no-probe").stdout
+    assert ("  launcher:    the launcher ended (code 143: live then signal 15) but could not write its records: "
+            "Is a directory\n") in out, out
+    assert "died without reporting" not in out
+    assert "allocated (8 GPUs x 4h" in out and "so far" not in out, out
+    assert "(the launcher's final record is missing: counted up to Slurm's end time)" in out
+
+
+def test_the_launchers_record_writer_says_a_refused_write_once_and_goes_on(tmp_path):
+    said = []
+    writer = rundir.RecordWriter(said.append)
+    blocked = tmp_path / "accounting.json"
+    blocked.mkdir()
+    (blocked / "x").write_text("")
+    assert writer.write(blocked, "{}") is False and writer.write(blocked, "{}") is False
+    assert said == [f"ENVLAYERS-WARN: cannot write {blocked}: Is a directory; the job goes on without this record "
+                    "(free space there, or point SCRATCH or RUN_ROOT at a writable file system next time)"]
+    assert [p.name for p in tmp_path.iterdir()] == ["accounting.json"]  # no temp file left
+    (blocked / "x").unlink()
+    blocked.rmdir()
+    assert writer.write(blocked, "{}") is True and blocked.read_text() == "{}"
+    assert len(said) == 1
+
+
+def test_status_of_a_job_that_could_not_create_its_run_directory_names_it_and_why(fake, tmp_path):
+    # the job output is what the real job script's block prints (real bash) for a run folder through a file
+    from test_launch import run_dir_block
+
+    (tmp_path / "file").write_text("")
+    block = run_dir_block(tmp_path)
+    env = {"PATH": os.environ["PATH"], "RUN_ROOT": str(tmp_path / "file" / "runs"), "SLURM_JOB_ID": "734",
+           "ENVLAYERS_SERVE_ENV": "X=1\n"}
+    said = subprocess.run(["bash", str(block)], capture_output=True, text=True, timeout=10, env=env).stdout
+    (tmp_path / "serve-only-734.out").write_text("ENVLAYERS-STAGE: job 734 started on n1 with nodes n1\n" + said)
+    fake.states["734"] = ["FAILED"]
+    fake.extra["734"] = {"exit_code": "1:0"}
+    out = invoke("status", "734", "--no-probe").stdout
+    run_dir = tmp_path / "file" / "runs" / "734"
+    assert f"  run dir:     {run_dir} (not writable: Not a directory)\n" in out, out
+    assert f"  error:       cannot write the run directory {run_dir}: Not a directory (creating it); " in out
+    assert "not created yet" not in out
+    data = json.loads(invoke("status", "734", "--json", "--no-probe").stdout)
+    assert data["launcher"]["run_dir_error"] == {"path": str(run_dir), "error": "Not a directory",
+                                                 "doing": "creating it"}

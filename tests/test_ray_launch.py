@@ -282,3 +282,44 @@ def test_the_gateway_and_launcher_modules_do_not_import_ray():
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(Path(raynode.__file__).resolve().parents[2])})
     assert json.loads(out.stdout) == [], out.stderr
+
+
+@pytest.mark.parametrize("rank, sig", [
+    pytest.param(0, "SIGTERM", id="head-waiting-for-nodes-SIGTERM"),
+    pytest.param(0, "SIGINT", id="head-waiting-for-nodes-SIGINT"),
+    pytest.param(0, "SIGHUP", id="head-waiting-for-nodes-SIGHUP"),
+    pytest.param(1, "SIGTERM", id="worker-SIGTERM"),
+])
+def test_a_signalled_node_helper_exits_128_plus_the_signal_even_before_the_nodes_joined(tmp_path, rank, sig):
+    import signal
+    import socket
+
+    # `ray start` stands in as a process that blocks; the head's node count waits on an address where no Ray
+    # head answers, so the signal comes while the nodes have not joined
+    shim = tmp_path / "ray"
+    shim.write_text("#!/bin/bash\nexec sleep 300\n")
+    shim.chmod(0o755)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, raynode.__file__, "--rank", str(rank), "--run-dir", str(tmp_path), "--job", "31",
+            "--address", f"127.0.0.1:{port}", "--nodes", "2", "--join-timeout", "120", "--", str(shim), "start",
+            "--block"] + (["--", "sleep", "300"] if rank == 0 else [])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline()  # said after the signal handlers are in place
+        assert first.startswith(f"ENVLAYERS-STAGE: ray {'head' if rank == 0 else 'worker'} node of rank {rank} "
+                                "starting"), first
+        pids = tmp_path / f"ray-pids-{rank}.txt"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(recorded(pids)) < (2 if rank == 0 else 1):
+            time.sleep(0.05)  # the head's counter has started too: it is waiting for the nodes
+        proc.send_signal(getattr(signal, sig))
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "joined the cluster" not in rest and "starting the server" not in rest, rest
+    assert proc.returncode == 128 + getattr(signal, sig), first + rest
+    assert f"ray node of rank {rank} stopped: none of the" in rest, rest

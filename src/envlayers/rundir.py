@@ -11,6 +11,10 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
   holds ``server-<rank>.log``, ``rank-<rank>.exit``, ``endpoint.json`` (written when live), ``launch.json``,
   ``launch-end.json`` (written by the launcher on every orderly end: ``restart``, ``code``, ``reason``,
   ``ended_at``), ``serve.env``, ``job.sh``, ``ranks.sh``;
+- a record the launcher cannot write once ranks run (a full or read-only file system) is said in the job
+  output instead (:class:`RecordWriter`): ``ENVLAYERS-WARN: cannot write <path>: <what the OS said>; ...``
+  once per file, and for ``launch-end.json`` the end itself (:func:`unrecorded_end_line`), so ``status``
+  tells a launcher that could not write from one that was killed;
 - a requeued job keeps the current run's files at the top of that folder: when it starts again, every
   top-level entry except the ``run-<n>/`` folders moves into ``run-<n>/`` (``n`` the first free number
   from 0); ``launch.json`` and ``endpoint.json`` carry ``"restart"`` (Slurm's ``SLURM_RESTART_COUNT``,
@@ -47,6 +51,11 @@ _SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
 _RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
 _RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
 LAUNCH_END = "launch-end.json"
+# the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
+_UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); "
+                            r"the job ends before any rank")
+_UNRECORDED_END_RE = re.compile(r"^the launcher ended with code (-?\d+) but could not record it in (.+) "
+                                r"\(([^()]*)\): (.*)$")
 
 
 @dataclass
@@ -66,6 +75,10 @@ class LauncherReport:
     ranks_started: int | None = None  # N of "all N ranks started"
     live_after_s: float | None = None
     endpoint_block: str | None = None
+    # the launcher's end when it could not write launch-end.json: {"code", "reason", "path", "write_error"}
+    unrecorded_end: dict | None = None
+    # the run directory could not be written before any rank started: {"path", "error", "doing"}
+    run_dir_error: dict | None = None
     _in_block: bool = field(default=False, repr=False)
 
     @property
@@ -103,6 +116,11 @@ class LauncherReport:
                 self.warnings.append(text)
             elif kind == "ERROR":
                 self.errors.append(text)
+                if mm := _UNWRITABLE_RE.match(text):
+                    self.run_dir_error = {"path": mm.group(1), "error": mm.group(2), "doing": mm.group(3)}
+                if mm := _UNRECORDED_END_RE.match(text):
+                    self.unrecorded_end = {"code": int(mm.group(1)), "path": mm.group(2),
+                                           "write_error": mm.group(3), "reason": mm.group(4)}
             elif kind == "STAGE":
                 self.stages.append(text)
                 if mm := _RUN_DIR_RE.match(text):
@@ -122,14 +140,47 @@ class LauncherReport:
     def _new_run(self) -> None:
         fresh = LauncherReport()
         for name in ("topology", "stages", "warnings", "errors", "ranks_up", "ranks_started", "live_after_s",
-                     "endpoint_block", "_in_block"):
+                     "endpoint_block", "unrecorded_end", "run_dir_error", "_in_block"):
             setattr(self, name, getattr(fresh, name))
 
     def to_dict(self) -> dict:
         return {"run_dir": self.run_dir, "topology": self.topology, "stages": self.stages,
                 "warnings": self.warnings, "errors": self.errors,
                 "ranks_up": {str(k): v for k, v in sorted(self.ranks_up.items())},
-                "ranks_started": self.ranks_started, "live_after_s": self.live_after_s, "live": self.live}
+                "ranks_started": self.ranks_started, "live_after_s": self.live_after_s, "live": self.live,
+                "unrecorded_end": self.unrecorded_end, "run_dir_error": self.run_dir_error}
+
+
+def unrecorded_end_line(code: int, path: Path, why: str, reason: str) -> str:
+    """The job output's line for an end the launcher could not write to ``launch-end.json`` (``why``: what
+    the OS said); :class:`LauncherReport` reads it back as ``unrecorded_end``."""
+    return f"ENVLAYERS-ERROR: the launcher ended with code {code} but could not record it in {path} ({why}): {reason}"
+
+
+class RecordWriter:
+    """The launcher's writer of run-directory records once it runs: each file replaced atomically, and a
+    write the OS refuses (a full or read-only file system) said in the job output, once per file until a
+    write of it succeeds again, instead of ending the job: a live endpoint keeps serving."""
+
+    def __init__(self, say):
+        self.say = say
+        self.failing: dict[str, str] = {}  # path -> what the OS said, while its writes fail
+
+    def write(self, path: Path, text: str) -> bool:
+        """Write ``path``; False (said once) when the OS refused."""
+        from .fsutil import atomic_write
+
+        try:
+            atomic_write(path, text)
+        except OSError as err:
+            why = err.strerror or str(err)
+            if self.failing.get(str(path)) != why:
+                self.say(f"ENVLAYERS-WARN: cannot write {path}: {why}; the job goes on without this record "
+                         "(free space there, or point SCRATCH or RUN_ROOT at a writable file system next time)")
+            self.failing[str(path)] = why
+            return False
+        self.failing.pop(str(path), None)
+        return True
 
 
 def parse_job_output(text: str) -> LauncherReport:

@@ -202,6 +202,9 @@ def launcher_line(end: dict) -> str | None:
         return LAUNCHER_DIED.format(state=end["slurm_state"], code=end["slurm_exit"] or "-")
     if end["launcher"] == "idle stop":
         return f"ended on purpose, not a failure: {end.get('reason')} (code 0)"
+    if end["launcher"] == "unrecorded":
+        return (f"the launcher ended (code {end.get('code')}: {end.get('reason') or 'no reason given'}) but could "
+                f"not write its records: {end.get('write_error')}")
     if end["launcher"] == "reported":
         code = f" (code {end['code']})" if end.get("code") is not None else ""
         return f"the launcher reported: {end.get('reason') or 'no reason given'}{code}"
@@ -340,7 +343,12 @@ def format_record(rec: dict) -> str:
         lines.append(_label("model id") + (rec.get("model_id") or "-") + f" ({rec.get('engine') or '?'})")
         lines.append(_label("served name") + (rec.get("served_name") or "-"))
     lines.append(_label("job output") + f"{rec['job_output'] or '-'}")
-    lines.append(_label("run dir") + f"{rec['run_dir'] or '- (not created yet)'}")
+    unwritable = rec["launcher"].get("run_dir_error")
+    if unwritable:  # the job ended before any rank started: it could not write there
+        where = rec["run_dir"] or unwritable["path"]
+        lines.append(_label("run dir") + f"{where} (not writable: {unwritable['error']})")
+    else:
+        lines.append(_label("run dir") + f"{rec['run_dir'] or '- (not created yet)'}")
     said = launcher_line(rec["launcher_end"])
     if said:
         lines.append(_label("launcher") + f"{said}")

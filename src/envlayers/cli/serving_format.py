@@ -17,6 +17,8 @@ def gpu_hours_lines(acct: dict | None) -> list[str]:
     so_far = " so far" if sp.get("running") else ""
     lines = [_label("GPU-hours") + f"{fmt_h(sp['allocated_gpu_hours'])} allocated{so_far} ({sp['gpus']} GPUs x "
              f"{fmt_duration(sp['allocated_s'])})"]
+    if acct.get("end_from") == "slurm":
+        lines.append("    (the launcher's final record is missing: counted up to Slurm's end time)")
     for seg, hours in sp["gpu_hours"].items():
         if sp["seconds"][seg] > 0:
             share = hours / sp["allocated_gpu_hours"] * 100 if sp["allocated_gpu_hours"] else 0.0

@@ -50,13 +50,26 @@ def _exit_text(exit_code: str | None) -> str:
     return exit_code
 
 
+def _said_its_end(job_id: str, info: Any) -> bool:
+    """Whether the job output says the launcher's end because it could not write launch-end.json (a full or
+    read-only file system): it did not die, and the rule run-dir-unwritable names why."""
+    from ..rundir import job_output_path, parse_job_output
+
+    try:
+        text = job_output_path(str(job_id), info, Path.cwd()).read_text(errors="replace")
+    except OSError:
+        return False
+    return parse_job_output(text).unrecorded_end is not None
+
+
 def launcher_end_finding(run_dir: Path | None, info: Any, job_id: str) -> Finding | None:
     """A finding when the job has ended (by Slurm's record ``info``, a ``slurm.JobInfo``) and its run
-    directory holds no ``launch-end.json``; ``None`` when the launcher reported its end, when the job has
+    directory holds no ``launch-end.json``; ``None`` when the launcher reported its end (in that file, or in the
+    job output when it could not write the file), when the job has
     not ended, or when Slurm's record or the run directory is not available (nothing can be said)."""
     if info is None or not getattr(info, "finished", False) or run_dir is None or not Path(run_dir).is_dir():
         return None
-    if (Path(run_dir) / LAUNCH_END).exists():
+    if (Path(run_dir) / LAUNCH_END).exists() or _said_its_end(job_id, info):
         return None
     state = info.state or "unknown"
     slurm_said = f"Slurm: State={state}, ExitCode={_exit_text(info.exit_code)}"

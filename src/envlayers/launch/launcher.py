@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..fsutil import atomic_write
+from ..rundir import RecordWriter, unrecorded_end_line
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
 
@@ -137,6 +138,7 @@ class Launcher:
         self.meter = None
         self.survivors = None  # launch.replicas.Survivors (replicas shape)
         self.chain = None  # launch.successor.Chain (SUCCESSORS)
+        self.records = RecordWriter(say)  # the records written once the ranks run: a refused write is said
         self.t0 = time.monotonic()
 
     def ranks(self) -> int:
@@ -152,7 +154,10 @@ class Launcher:
         from ..readiness import generates, probe
 
         alloc = allocation(self.run_dir, self.environ)
-        key_file, api_key = self.api_key()
+        try:
+            key_file, api_key = self.api_key()
+        except OSError as err:
+            raise self.unwritable(err, "api-key") from None
         lp = self.lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         from .health import health_settings
         from .replicas import min_replicas, survives
@@ -168,7 +173,10 @@ class Launcher:
         own = OwnRequests()  # the health watch's one-token completions, left out of the request counters
         self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ), own=own)
         for name, text in lp.files.items():
-            atomic_write(self.run_dir / name, text)
+            try:
+                atomic_write(self.run_dir / name, text)
+            except OSError as err:
+                raise self.unwritable(err, name) from None
         self.start(lp, api_key)
         # replicas that survive a peer, and the /health watch once live
         from .health import HealthWatch, generating_health, health_url
@@ -178,7 +186,8 @@ class Launcher:
                              get=generating_health(generates, lp.served, api_key, own))
         if survives(lp):
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
-                                       release=lambda keep: release_node(lp.job_id, keep, self.run_dir))
+                                       release=lambda keep: release_node(lp.job_id, keep, self.run_dir),
+                                       write=self.records.write)
         from .successor import DEFAULT_DRAIN_S, Chain, _whole, chain_left
 
         left = chain_left(self.keys, self.environ)
@@ -190,6 +199,13 @@ class Launcher:
                                      health=health if health.enabled else None, successor=self.chain,
                                      generate=generates)
         self.supervisor.run()
+
+    def unwritable(self, err: OSError, name: str) -> LaunchFailure:
+        """A file the launcher must write before any rank starts, refused by the OS: the job ends, saying
+        so in the words of the job script's own check."""
+        return LaunchFailure(f"cannot write the run directory {self.run_dir}: {err.strerror or err} (writing "
+                             f"{name}); the job ends before any rank starts: free space there, or point SCRATCH "
+                             "(or RUN_ROOT) at a writable file system")
 
     def api_key(self) -> tuple[str | None, str | None]:
         """(key file, key): SERVER_API_KEY_FILE read, or with ``generate`` a per-job key written 0600 to
@@ -231,7 +247,7 @@ class Launcher:
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
-        atomic_write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")
+        self.records.write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
             from .raycluster import joined_line
 
@@ -266,8 +282,8 @@ def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable
     data = {"restart": restart, "code": code, "reason": reason, "ended_at": round(now(), 3)}
     try:
         atomic_write(run_dir / "launch-end.json", json.dumps(data, indent=2) + "\n")
-    except OSError as err:
-        say(f"ENVLAYERS-WARN: cannot write {run_dir / 'launch-end.json'}: {err.strerror}")
+    except OSError as err:  # a full or read-only file system: the end goes to the job output, for status
+        say(unrecorded_end_line(code, run_dir / "launch-end.json", err.strerror or str(err), reason))
 
 
 def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Callable, Mapping
 
-from ..fsutil import atomic_write
+from ..rundir import RecordWriter
 from .gatewaystate import GatewayState
 from .idle import Counters, IdleTracker, read_counters
 from .prepare import LaunchFailure, LaunchPlan
@@ -93,6 +93,7 @@ class Meter:
         # a tenth of a short IDLE_STOP_AFTER_S, so that the stop is never late by more than that
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
         self.engine = lp.engine  # an engine idle.METRIC_NAMES does not know reads as "counters unreadable"
+        self.records = RecordWriter(say)  # a write the OS refuses is said once, and the job goes on
 
     @property
     def gpus(self) -> int:
@@ -163,7 +164,10 @@ class Meter:
             with open(self.lp.run_dir / "server-0.log", "rb") as fh:
                 if not self._gateway_scanned:  # once: what was said before live
                     self._gateway_scanned = True
-                    for raw in fh.read(self._log_pos).split(b"\n"):
+                    # the hand-over from the phase reader: it may have stopped inside a line, whose start is
+                    # kept as the unfinished line, so the line is said whole once its end comes
+                    *before, self._partial = fh.read(self._log_pos).split(b"\n")
+                    for raw in before:
                         changed = self._gateway_state.feed(raw.decode("utf-8", "replace").rstrip()) or changed
                 fh.seek(self._log_pos)
                 chunk = fh.read(1 << 20)
@@ -183,7 +187,7 @@ class Meter:
             except (OSError, ValueError):
                 return
             data["gateway"] = self._gateway_state.record
-            atomic_write(path, json.dumps(data, indent=2) + "\n")
+            self.records.write(path, json.dumps(data, indent=2) + "\n")
 
     def sample(self) -> Counters | None:
         """The request counters summed over every serving rank; None when one of them cannot be read. The
@@ -270,10 +274,7 @@ class Meter:
         tl["final"] = final
         tl["how"] = how
         tl["split"] = split(tl, now=self.wall())
-        try:
-            atomic_write(self.lp.run_dir / "accounting.json", json.dumps(tl, indent=2) + "\n")
-        except OSError as err:
-            self.say(f"ENVLAYERS-WARN: cannot write accounting.json: {err.strerror}")
+        self.records.write(self.lp.run_dir / "accounting.json", json.dumps(tl, indent=2) + "\n")
 
 
 def job_start_time(environ: Mapping[str, str]) -> float | None:

@@ -10,9 +10,10 @@ It starts ``ray start ... --block`` in a process group of its own (with ``--temp
 one per job and rank), and records every process it started, and theirs, in ``ray-pids-<R>.txt``
 (``PID STARTTIME NAME``). Rank 0 then waits, at most ``--join-timeout`` seconds, until the Ray head
 reports ``N`` live nodes (``ENVLAYERS-ERROR`` naming the missing count when it does not), and starts
-the server with ``RAY_ADDRESS`` set. It ends when Ray or the server ends, or on SIGTERM/SIGINT/SIGHUP,
-and then stops what it started by those PIDs (SIGTERM, then SIGKILL after a grace period): never with
-``ray stop``, which would end every Ray process on the machine.
+the server with ``RAY_ADDRESS`` set. It ends when Ray or the server ends, or on SIGTERM/SIGINT/SIGHUP
+(then with the shell's code 128+N, also before every node joined), and then stops what it started by those
+PIDs (SIGTERM, then SIGKILL after a grace period): never with ``ray stop``, which would end every Ray
+process on the machine.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class Node:
             if self.server_argv:
                 code = self.wait_for_nodes()
                 if code or self.stopping.is_set():
-                    return code
+                    return code or self.signalled()
                 self.server = self.spawn(self.server_argv, dict(self.env, RAY_ADDRESS=self.address), signal.SIGTERM)
             return self.supervise()
         finally:
@@ -215,7 +216,11 @@ class Node:
                 say(f"ENVLAYERS-ERROR: ray: `ray start` of rank {self.rank} exited with code {self.ray.returncode}"
                     " (its node left the cluster)")
                 return self.ray.returncode if self.ray.returncode > 0 else 1
-        return 0
+        return self.signalled()
+
+    def signalled(self) -> int:
+        """The exit code of a node stopped by a signal: the shell's 128+N (0 when no signal came)."""
+        return 128 + self.signum if self.signum else 0
 
     def stop(self) -> None:
         """The server first (SIGTERM, SIGKILL after GRACE_S), then Ray at once with SIGKILL: its process

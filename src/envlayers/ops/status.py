@@ -14,9 +14,14 @@ from .progress import RankProgress, read_run, run_total, serving_ranks
 IDLE_STOP_REASON = "idle stop"  # how launch.meter.IdleStop's reason begins
 
 
-def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = None) -> dict | None:
+def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = None,
+                   slurm_end: float | None = None) -> dict | None:
     """The run's ``accounting.json`` with its split recomputed up to ``now`` while the job runs (the
-    launcher rewrites the file every few seconds); ``None`` before the launcher wrote one."""
+    launcher rewrites the file every few seconds); ``None`` before the launcher wrote one.
+
+    A job that ended without the launcher's final record (it could not write it: a full or read-only file
+    system; or it was killed) is counted up to Slurm's end time ``slurm_end`` when Slurm says it, and
+    marked ``"end_from": "slurm"``: the record's last rewrite would leave out everything after it."""
     import time
 
     from ..accounting import split
@@ -24,9 +29,28 @@ def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = No
     data = files.accounting()
     if not data or "job_start" not in data:
         return None
-    if running and not data.get("ended_at"):
-        data["split"] = split(data, now=time.time() if now is None else now)
+    try:
+        if running and not data.get("ended_at"):
+            data["split"] = split(data, now=time.time() if now is None else now)
+        elif not running and not data.get("ended_at") and slurm_end is not None:
+            data["ended_at"] = slurm_end
+            data["end_from"] = "slurm"
+            data["split"] = split(data, now=slurm_end)
+    except ValueError:  # not a record split can sum (accounting.problem): shown as it was written
+        pass
     return data
+
+
+def slurm_end_time(info) -> float | None:
+    """Slurm's EndTime of an ended job as epoch seconds (``None`` when it does not say)."""
+    from datetime import datetime
+
+    if info is None or not info.finished or not info.end_time:
+        return None
+    try:
+        return datetime.fromisoformat(info.end_time).timestamp()
+    except ValueError:
+        return None
 
 
 def identity(files: rundir.JobFiles) -> dict:
@@ -132,6 +156,8 @@ def launcher_end(job: TrackedJob) -> dict:
     - ``"running"``: the job has not ended (nothing to say yet);
     - ``"reported"``: the launcher wrote ``launch-end.json`` (its ``code``, ``reason``, ``ended_at``);
     - ``"idle stop"``: reported, and the reason is IDLE_STOP_AFTER_S (no request for that long; exit 0);
+    - ``"unrecorded"``: the launcher ended but could not write launch-end.json (a full or read-only file
+      system) and said its end in the job output instead (``code``, ``reason``, ``path``, ``write_error``);
     - ``"died"``: the job ended, the launcher had started (launch.json) but wrote no launch-end.json:
       it was killed (SIGKILL, the node went away) or crashed;
     - ``"never started"``: the job ended before the current run's launcher wrote launch.json.
@@ -147,6 +173,8 @@ def launcher_end(job: TrackedJob) -> dict:
         out.update(launcher="reported", code=end.get("code"), reason=end.get("reason"), ended_at=end.get("ended_at"))
         if end.get("code") == 0 and str(end.get("reason") or "").startswith(IDLE_STOP_REASON):
             out["launcher"] = "idle stop"  # IDLE_STOP_AFTER_S: its own state, not a failure
+    elif (unrecorded := job.files.read_job_output().unrecorded_end) is not None:
+        out.update(launcher="unrecorded", **unrecorded)
     elif job.files.launch() is not None:
         out["launcher"] = "died"
     else:
@@ -206,7 +234,7 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "endpoint": data,
         "probes": probes,
         "earlier_runs": earlier_runs(job),
-        "accounting": job_accounting(files, bool(info is not None and info.running)),
+        "accounting": job_accounting(files, bool(info is not None and info.running), slurm_end=slurm_end_time(info)),
         "chain": _chain(job.job_id, files.run_dir),
     }
 

@@ -64,7 +64,23 @@ export ENVLAYERS_TARGET=experiment:glm53
 export ENVLAYERS_EDF=hpcagent-bench-sglang-mi300-latest
 export ENVLAYERS_READY_TIMEOUT_S=10800
 RUN_DIR="${RUN_ROOT:?RUN_ROOT is not set: experiments/serve-only.env sets it}/${SLURM_JOB_ID}"
-mkdir -p "$RUN_DIR"
+# A run folder the job cannot write (a full or read-only file system) ends the job here, before any rank
+# starts, in one line: the folder, what the OS said, what to do. A file is written whole or not at all.
+envlayers_unwritable() {
+  local said="${2%$'\n'}"
+  said="${said##*$'\n'}"
+  echo "ENVLAYERS-ERROR: cannot write the run directory $RUN_DIR: ${said##*: } ($1); the job ends before any rank starts: free space there, or point SCRATCH (or RUN_ROOT) at a writable file system"
+  exit 1
+}
+envlayers_try() { local err; err=$("${@:2}" 2>&1) || envlayers_unwritable "$1" "$err"; }
+envlayers_write() {
+  local err
+  if ! err=$("${@:3}" 2>&1 > "$RUN_DIR/$1.tmp") || ! err=$(mv -f -- "$RUN_DIR/$1.tmp" "$RUN_DIR/$1" 2>&1); then
+    rm -f -- "$RUN_DIR/$1.tmp"
+    envlayers_unwritable "$2" "$err"
+  fi
+}
+envlayers_try "creating it" mkdir -p -- "$RUN_DIR"
 # A job Slurm requeued (a node failed) reuses this folder: move the earlier run's files into run-<n>/
 # (n: the first free number from 0) so this run starts clean (docs/operating.md).
 shopt -s nullglob dotglob
@@ -76,13 +92,13 @@ shopt -u nullglob dotglob
 if [ -n "${ENVLAYERS_PREV[*]-}" ]; then
   ENVLAYERS_N=0
   while [ -e "$RUN_DIR/run-$ENVLAYERS_N" ]; do ENVLAYERS_N=$((ENVLAYERS_N + 1)); done
-  mkdir "$RUN_DIR/run-$ENVLAYERS_N"
-  mv -- "${ENVLAYERS_PREV[@]}" "$RUN_DIR/run-$ENVLAYERS_N/"
+  envlayers_try "moving the previous run's files" mkdir -- "$RUN_DIR/run-$ENVLAYERS_N"
+  envlayers_try "moving the previous run's files" mv -- "${ENVLAYERS_PREV[@]}" "$RUN_DIR/run-$ENVLAYERS_N/"
   echo "ENVLAYERS-STAGE: restart ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID} (requeued by Slurm); the previous run's files are in $RUN_DIR/run-$ENVLAYERS_N"
 fi
 unset ENVLAYERS_PREV ENVLAYERS_F ENVLAYERS_N
-printf '%s' "$ENVLAYERS_SERVE_ENV" > "$RUN_DIR/serve.env"
-cat "$0" > "$RUN_DIR/job.sh"
+envlayers_write serve.env "writing serve.env" printf '%s' "$ENVLAYERS_SERVE_ENV"
+envlayers_write job.sh "writing job.sh" cat "$0"
 echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"
 
 # Starts one rank per node (srun), waits for readiness, prints the endpoint, and ends the
