@@ -302,7 +302,7 @@ def exited(run_dir: Path, rank: int, code: int, mtime_s: float) -> None:
 
 
 def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100, rank_start=30, said=None, live=None,
-               generate=None, **keys):
+               generate=None, diag=None, **keys):
     keys = {**PIPELINE, "ENVLAYERS_READY_TIMEOUT_S": str(budget), "ENVLAYERS_RANK_START_TIMEOUT": str(rank_start),
             **keys}
     lp = prepare(keys, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
@@ -316,7 +316,7 @@ def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100,
         (live if live is not None else []).append(elapsed)
 
     return Supervisor(lp, step, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep,
-                      generate=generate, background=False)
+                      generate=generate, background=False, diag=diag)
 
 
 @pytest.mark.parametrize("exits, blamed, code", [
@@ -369,6 +369,33 @@ def test_a_rank_that_never_starts_fails_at_the_rank_start_budget_not_before(tmp_
         sup.run()
     assert str(err.value).startswith(f"only 1 of 2 ranks started within {rank_start}s (missing: 1)")
     assert rank_start < clock.t - 1000 <= rank_start + POLL_S
+
+
+@pytest.mark.parametrize("ends", ["rank-start-budget", "step-ended"])
+def test_ranks_that_never_start_carry_what_slurm_says_of_the_missing_ranks(tmp_path, ends):
+    clock, step = Clock(), Step()
+    asked = []
+    sup = supervisor(tmp_path, clock, step, rank_start=3,
+                     diag=lambda missing: asked.append(missing) or [f"ENVLAYERS-DIAG: missing {missing}"])
+    started(tmp_path, 0)
+    if ends == "step-ended":
+        clock.at(2, lambda: setattr(step, "code", 1))
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    assert asked == [[1]] and err.value.lines == ("ENVLAYERS-DIAG: missing [1]",)
+
+
+def test_a_failing_slurm_diagnosis_does_not_hide_the_failure(tmp_path):
+    clock, step = Clock(), Step()
+
+    def broken(missing):
+        raise RuntimeError("scontrol exploded")
+
+    sup = supervisor(tmp_path, clock, step, rank_start=3, diag=broken)
+    started(tmp_path, 0)
+    with pytest.raises(LaunchFailure, match=r"only 1 of 2 ranks started") as err:
+        sup.run()
+    assert err.value.lines == ("ENVLAYERS-DIAG: asking Slurm failed: RuntimeError: scontrol exploded",)
 
 
 def test_ranks_that_start_late_but_within_the_budget_are_fine(tmp_path):

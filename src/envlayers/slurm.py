@@ -380,6 +380,70 @@ def node_addrs(names: Sequence[str], run: _Runner = run) -> dict[str, str]:
     return out
 
 
+@dataclass
+class NodeState:
+    """What Slurm says of one node: its state (``IDLE``, ``ALLOCATED``, ``DOWN+DRAIN``...) and the reason
+    an operator or Slurm gave for it (None when there is none)."""
+
+    name: str
+    state: str
+    reason: str | None
+
+
+def parse_node_states(text: str) -> dict[str, NodeState]:
+    """``scontrol show node -o`` output -> ``{NodeName: NodeState}`` (a line without a name is skipped)."""
+    out: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        fields = _split_keyvalues(line)
+        name = _clean(fields.get("NodeName"))
+        if name:
+            out[name] = NodeState(name, _clean(fields.get("State")) or "?", _clean(fields.get("Reason")))
+    return out
+
+
+def node_states(names: Sequence[str], run: _Runner = run, timeout_s: float = 10) -> dict[str, NodeState]:
+    """The state and reason Slurm has for each of ``names`` (``scontrol show node -o NAME``); a node Slurm
+    cannot show is left out."""
+    out: dict[str, NodeState] = {}
+    for name in names:
+        proc = run(["scontrol", "show", "node", "-o", name], timeout_s=timeout_s)
+        if proc.returncode == 0:
+            out.update({k: v for k, v in parse_node_states(proc.stdout).items() if k == name})
+    return out
+
+
+@dataclass
+class StepInfo:
+    """One step of a job as ``scontrol show step -o`` prints it."""
+
+    step_id: str
+    state: str
+    nodelist: str | None
+    tasks: int | None
+    name: str | None
+
+
+def parse_steps(text: str) -> list[StepInfo]:
+    """``scontrol show step -o JOBID`` output -> the job's steps, in Slurm's order (``No job steps exist
+    ...`` and other lines without a ``StepId=`` give none)."""
+    steps = []
+    for line in text.splitlines():
+        fields = _split_keyvalues(line)
+        step_id = _clean(fields.get("StepId"))
+        if step_id:
+            steps.append(StepInfo(step_id, _clean(fields.get("State")) or "?", _clean(fields.get("NodeList")),
+                                  _count(fields.get("Tasks")), _clean(fields.get("Name"))))
+    return steps
+
+
+def job_steps(job_id: str, run: _Runner = run, timeout_s: float = 10) -> list[StepInfo] | None:
+    """The steps Slurm lists for ``job_id`` (``scontrol show step -o JOBID``); None when it cannot say."""
+    proc = run(["scontrol", "show", "step", "-o", str(job_id)], timeout_s=timeout_s)
+    if proc.returncode != 0:
+        return None
+    return parse_steps(proc.stdout)
+
+
 # --------------------------------------------------------------------------------- partitions
 
 def parse_partitions(text: str) -> list[tuple[str, bool, int | None]]:

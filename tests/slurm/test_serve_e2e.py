@@ -331,6 +331,14 @@ def test_a_rank_slurm_never_places_fails_within_the_rank_start_budget(netns_lab,
     assert run.state(timeout_s=40) == "FAILED"
     text = run.out.read_text()
     assert "ENVLAYERS-ERROR: only 1 of 2 ranks started within 3s (missing: 1)" in text
+    # what Slurm says, before the error: the missing rank's node, the job's steps (the shim started none),
+    # and each node's state as scontrol shows it
+    diag = [line for line in text.splitlines() if line.startswith("ENVLAYERS-DIAG: ")]
+    assert diag[0] == "ENVLAYERS-DIAG: ranks missing: rank 1 (planned on n2)", text
+    assert f"ENVLAYERS-DIAG: steps of job {run.job_id}: Slurm lists no server step" in text
+    assert re.search(r"^ENVLAYERS-DIAG: node n1: (ALLOCATED|MIXED)$", text, re.M), diag
+    assert re.search(r"^ENVLAYERS-DIAG: node n2: (ALLOCATED|MIXED)$", text, re.M), diag
+    assert text.index("ENVLAYERS-DIAG: ") < text.index("ENVLAYERS-ERROR: only 1 of 2")
     assert "ENVLAYERS-STAGE: endpoint live" not in text
     run.assert_nothing_left()
 

@@ -197,7 +197,7 @@ class Launcher:
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
                                      health=health if health.enabled else None, successor=self.chain,
-                                     generate=generates)
+                                     generate=generates, diag=self.slurm_diag)
         self.supervisor.run()
 
     def unwritable(self, err: OSError, name: str) -> LaunchFailure:
@@ -206,6 +206,15 @@ class Launcher:
         return LaunchFailure(f"cannot write the run directory {self.run_dir}: {err.strerror or err} (writing "
                              f"{name}); the job ends before any rank starts: free space there, or point SCRATCH "
                              "(or RUN_ROOT) at a writable file system")
+
+    def slurm_diag(self, missing: list[int]) -> list[str]:
+        """ENVLAYERS-DIAG lines: Slurm's view of the ranks that did not start, their step and the nodes."""
+        from .slurmdiag import slurm_diag
+
+        lp = self.lp
+        planned = [(rank, lp.nodes[rank].name if rank < len(lp.nodes) else "?") for rank in missing]
+        names = list(dict.fromkeys(node.name for node in lp.nodes))
+        return slurm_diag(lp.job_id, planned, names)
 
     def api_key(self) -> tuple[str | None, str | None]:
         """(key file, key): SERVER_API_KEY_FILE read, or with ``generate`` a per-job key written 0600 to

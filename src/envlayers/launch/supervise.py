@@ -74,7 +74,8 @@ class Supervisor:
                  say: Callable[[str], None], api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  t0: float | None = None, meter=None, survivors=None, health=None, successor=None,
-                 generate: Callable | None = None, background: bool = True):
+                 generate: Callable | None = None, background: bool = True,
+                 diag: Callable[[list[int]], list[str]] | None = None):
         self.meter = meter  # launch.meter.Meter: phase times, request counters, idle release (None: off)
         self.lp, self.step, self.probe, self.on_live, self.say = lp, step, probe, on_live, say
         self.api_key, self.clock, self.sleep = api_key, clock, sleep
@@ -95,6 +96,8 @@ class Supervisor:
         # launch.health.HealthWatch (a serving rank that stops answering /health once live),
         # launch.successor.Chain (hands over to a successor job once that one is live)
         self.survivors, self.health, self.successor = survivors, health, successor
+        # launch.slurmdiag: what Slurm says of the missing ranks' step and nodes (ENVLAYERS-DIAG lines)
+        self.diag = diag
 
     @property
     def run_dir(self) -> Path:
@@ -163,6 +166,15 @@ class Supervisor:
                                 "on a node: look for SLURM_*/SRUN_* variables or site defaults that override "
                                 "--ntasks-per-node=1")
 
+    def slurm_says(self, missing: list[int]) -> tuple[str, ...]:
+        """What Slurm says of the ranks that did not start (``diag``), said before the job ends."""
+        if self.diag is None:
+            return ()
+        try:
+            return tuple(self.diag(missing))
+        except Exception as err:  # the diagnosis must never hide the failure it explains
+            return (f"ENVLAYERS-DIAG: asking Slurm failed: {type(err).__name__}: {err}",)
+
     def step_ended(self, code: int) -> None:
         deadline = self.clock() + EXIT_SETTLE_S + 0.5
         while self.clock() < deadline:
@@ -172,7 +184,8 @@ class Supervisor:
         if len(self.started) < n:
             raise LaunchFailure(f"srun step exited with code {code} before all ranks started "
                                 f"({len(self.started)} of {n}): a bind mount or cache path "
-                                "missing inside the container, or the EDF not found")
+                                "missing inside the container, or the EDF not found",
+                                lines=self.slurm_says(sorted(set(range(n)) - self.started)))
         raise LaunchFailure(f"srun step exited with code {code}")
 
     def probe_once(self, elapsed: float) -> None:
@@ -273,7 +286,8 @@ class Supervisor:
                 missing = sorted(set(range(n)) - self.started)
                 raise LaunchFailure(f"only {len(self.started)} of {n} ranks started within "
                                     f"{self.lp.rank_start_s}s (missing: {', '.join(map(str, missing))}): Slurm did "
-                                    "not place them, or the run directory is not shared between nodes")
+                                    "not place them, or the run directory is not shared between nodes",
+                                    lines=self.slurm_says(missing))
             if not self.live and len(self.started) == n and self.lp.stall_s:
                 self.check_stall(now)
             if not self.live and now >= next_probe:
