@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import LayerSyntaxError
-from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
 
 ACCEPTED = (
     "accepted: comments, blank lines, [export] KEY=value with unquoted, 'single' or \"double\" "

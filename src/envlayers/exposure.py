@@ -18,13 +18,10 @@ nodes. Pure.
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
 from .apikey import GENERATE
 from .errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 ACK_KEY = "ALLOW_PUBLIC_UNAUTHENTICATED"
 DEFAULT_HOST = "0.0.0.0"  # engines.DEFAULT_SERVER_HOST: an absent SERVER_HOST binds every interface

@@ -18,17 +18,13 @@ import re
 import shlex
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
 from .jobtext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, job_script, shown as _shown
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
-
-    from .layers import Env, Unbound
-    from .topology import Plan
+from .layers import Env, Unbound
+from .topology import Plan
 
 READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
 MASTER_REF = "${ENVLAYERS_MASTER_ADDR}"

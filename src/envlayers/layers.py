@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Iterator, Mapping, NamedTuple
 
 from . import catalog as cat
 from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file
 from .errors import StackError
-from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from typing import Iterator, Mapping
 
 SERVE_ENV = Path("experiments") / "serve-only.env"  # the launcher's own layer
 SECRET_KEYS = ("SERVER_API_KEY",)  # never in a layer, so never in a render, a job script or a log

@@ -22,13 +22,10 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Mapping
+
 from .errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
-
-    from .layers import Env
+from .layers import Env
 
 KEY = "CHECK_WEIGHTS"
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

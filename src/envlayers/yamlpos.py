@@ -25,12 +25,9 @@ must start fast (docs/layers.md).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI must start fast
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
 
 MAX_DEPTH = 64  # the project's files nest 6 deep at most
 MAX_MESSAGE = 600  # characters of one error message (and of its hint)

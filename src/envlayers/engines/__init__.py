@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from envlayers.errors import EnvLayersError
-from envlayers.records import NamedTuple
 from envlayers.topology import Plan, RankPlan
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Iterable, Mapping, Sequence
 
 ENGINES: tuple[str, ...] = ("sglang", "vllm")
 """Valid values of ``INFERENCE_ENGINE``."""

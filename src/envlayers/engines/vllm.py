@@ -30,6 +30,8 @@ at engine start).
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from envlayers.engines import (
     RankCommand,
     command_env,
@@ -41,10 +43,6 @@ from envlayers.engines import (
     server_host,
 )
 from envlayers.topology import Plan, RankPlan
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 COMMAND: tuple[str, ...] = ("vllm", "serve")
 KEY_ENV = "VLLM_API_KEY"

@@ -20,12 +20,9 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from ..errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping, Sequence
 
 RAY_SHAPES = ("ray", "gateway")
 NODE_FILE = "raynode.py"

@@ -11,12 +11,10 @@ Pure: :func:`wrapper` returns the words that go before the engine's argv, or Non
 
 from __future__ import annotations
 
+from typing import Mapping
+
 
 from ..errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 RUNTIMES = ("ce", "none", "podman")
 DEFAULT_RUNTIME = "ce"
