@@ -7,7 +7,8 @@ The accepted language is a small, exact subset of bash: comments, blank lines, a
 Quoted values may span lines, as in bash.
 
 A value is a tuple of parts: ``str`` for literal text and :class:`Ref` for a reference.
-Nothing is expanded here; :mod:`envlayers.layers` does that.
+Nothing is expanded here; :mod:`envlayers.layers` does that. :func:`value_text` writes a value back as
+text, its references as ``${NAME}``, ``${NAME-default}``, ``${NAME:-default}``.
 """
 
 from __future__ import annotations
@@ -114,6 +115,17 @@ class Ref(NamedTuple):
 
 Part = str | Ref
 Value = tuple[Part, ...]  # literal text and references, in order
+
+
+def value_text(value: Value) -> str:
+    """A value as text, deferred references written ${NAME}, ${NAME-default}, ${NAME:-default}."""
+    out = []
+    for p in value:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            out.append("${" + p.name + (p.op or "") + (value_text(p.default) if p.op else "") + "}")
+    return "".join(out)
 
 
 class Origin(NamedTuple):

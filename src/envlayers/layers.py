@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
 from . import catalog as cat
-from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file
+from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file, value_text
 from .errors import StackError
 
 SERVE_ENV = Path("experiments") / "serve-only.env"  # the launcher's own layer
@@ -65,8 +65,6 @@ class Env:
 
     def text(self) -> dict[str, str]:
         """key -> value as text; deferred references written ``${NAME}`` (for planning and dry runs)."""
-        from .shell import value_text
-
         return {k: value_text(b.value) for k, b in self.bindings.items()}
 
 
@@ -282,7 +280,7 @@ def _resolve_ref(ref: Ref, state: dict[str, Resolved], a: Assignment) -> Resolve
         inner = value[0]
         return (Deferred(inner.name, ":-", _resolve(ref.default, state, a), inner.origin),)
     raise StackError(
-        f"${{{ref.name}:-...}} cannot be rendered: {ref.name} is '{_show(value)}', and whether that is empty "
+        f"${{{ref.name}:-...}} cannot be rendered: {ref.name} is '{value_text(value)}', and whether that is empty "
         "depends on the job's environment",
         where=str(a.origin),
         hint=f"use ${{{ref.name}-...}} or assign {ref.name} a plain value",
@@ -303,12 +301,6 @@ def deferred_in(value: Resolved) -> Iterator[Deferred]:
         if isinstance(p, Deferred):
             yield p
             yield from deferred_in(p.default)
-
-
-def _show(value: Resolved) -> str:
-    from .shell import value_text
-
-    return value_text(value)
 
 
 def _check_render_order(env: Env) -> None:

@@ -8,20 +8,9 @@ from __future__ import annotations
 
 import re
 
-from .envfile import Value
+from .envfile import Value, value_text
 
 _DQ_SPECIAL = re.compile(r'([\\$"`])')
-
-
-def value_text(value: Value) -> str:
-    """A value as text, deferred references written ${NAME}, ${NAME-default}, ${NAME:-default}."""
-    out = []
-    for p in value:
-        if isinstance(p, str):
-            out.append(p)
-        else:
-            out.append("${" + p.name + (p.op or "") + (value_text(p.default) if p.op else "") + "}")
-    return "".join(out)
 
 
 def single_quote(text: str) -> str:
