@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-
-from envlayers.engines import (
+from envlayers.engines.command import (
     EngineError,
     RankCommand,
     command_env,

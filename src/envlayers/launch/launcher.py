@@ -155,7 +155,8 @@ class Launcher:
         key_file, api_key = self.api_key()
         lp = self.lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         from .health import health_settings
-        from .replicas import min_replicas, survives
+        from .prepare import min_replicas
+        from .replicas import survives
 
         self.health = health_settings(self.keys)  # bad values stop the launch before srun
         self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1
