@@ -62,7 +62,6 @@ REFUSED: dict[str, tuple[str, str]] = {
                    "install conversion modules in the image instead"),
     "PYTHONSTARTUP": ("Python runs the file it names at every interactive start", "drop it: a launch is not interactive"),
 }
-RESERVED = frozenset(REFUSED)  # the names REFUSED lists; refused() also knows the prefixes below
 _SLURM_INSTEAD = ("the launcher gives srun its options from the plan (the launch keys, docs/keys.md); an option of "
                   "your own for the job goes on sbatch's command line or in the shell you submit from")
 # Prefixes a layer may not assign: Slurm's clients read variables of these names as their options, and every

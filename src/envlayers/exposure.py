@@ -120,11 +120,6 @@ def reach(host: str | None) -> tuple[str, str]:
     return ROUTABLE, f"{KEY}={host}{spelled}, an address other nodes reach"
 
 
-def binds_everywhere(env: Mapping[str, str]) -> bool:
-    """Whether the server binds every interface of the node (an absent SERVER_HOST does)."""
-    return reach(env.get(KEY))[0] == EVERY_INTERFACE
-
-
 def public_keyless(env: Mapping[str, str]) -> str | None:
     """The refusal text when ``env`` serves an address other nodes reach (every interface, a routable
     address or host name, or one the job decides) without a key and no acknowledgement; None when the

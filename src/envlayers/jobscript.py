@@ -186,7 +186,6 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     budget = ready_timeout_s(text)
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
-    blockers += not_launched(plan)
     _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
@@ -229,18 +228,6 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
                          budget, warnings, blockers, topology.reason_lines(plan))
-
-
-# Shapes the planner decides and the dry run shows, but the job does not start yet (docs/topology.md).
-NOT_LAUNCHED: dict[str, str] = {
-    # (none today: every shape the planner chooses is launched)
-}
-
-
-def not_launched(plan) -> list[str]:
-    """A blocker for a shape the job cannot start yet: the dry run shows it, a submission is refused."""
-    why = NOT_LAUNCHED.get(plan.shape)
-    return [f"shape {plan.shape}: {why}"] if why else []
 
 
 def _partition(env: Env, text: Mapping[str, str]) -> str:

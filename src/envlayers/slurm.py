@@ -99,18 +99,6 @@ class JobInfo:
     def running(self) -> bool:
         return self.state in ("RUNNING", "COMPLETING", "CONFIGURING")
 
-    @property
-    def exit_status(self) -> int | None:
-        """The exit status part of ``exit_code`` (``3`` for ``3:0``)."""
-        code = (self.exit_code or "").split(":")[0]
-        return int(code) if code.isdigit() else None
-
-    @property
-    def exit_signal(self) -> int | None:
-        """The signal part of ``exit_code`` (``15`` for ``0:15``)."""
-        parts = (self.exit_code or "").split(":")
-        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -52,7 +52,6 @@ HEADLESS_REJECTS_BARE: tuple[str, ...] = ("--data-parallel-hybrid-lb", "--data_p
 SYMM_MEM_KEY = "VLLM_ALLREDUCE_USE_SYMM_MEM"
 HOST_IP_KEY = "VLLM_HOST_IP"
 DEFAULT_SYMM_MEM = "0"
-RAY_WORKER: tuple[str, ...] = ("ray", "start")
 
 
 def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, node_addr: str) -> RankCommand:

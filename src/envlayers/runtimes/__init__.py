@@ -29,8 +29,3 @@ def runtime_name(env: Mapping[str, str]) -> str:
                              hint="ce runs the registered EDF; none runs the engine from the host's PATH; "
                                   "podman runs it in a pinned image (docs/podman.md)")
     return value
-
-
-def uses_srun_environment(runtime: str) -> bool:
-    """Whether srun itself enters the container (``--environment=EDF``): only the Container Engine."""
-    return runtime == "ce"
