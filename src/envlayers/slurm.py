@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
-from .durations import parse_duration  # Slurm's duration format, a module of its own (start-up); slurm's API
+from .durations import parse_duration  # Slurm's duration format; slurm's API
 from .errors import SlurmError
 
 __all__ = [

@@ -18,8 +18,8 @@ The reader is also the guard against hostile input, whatever the file:
 
 It composes with libyaml's event parser (PyYAML's ``CParser``) when PyYAML was built with it and
 PyYAML's pure-Python parser otherwise; the composer is PyYAML's own, with the two checks above added.
-A hand reader rather than a schema library: ``import yaml`` is the only import it costs, and the CLI
-must start fast (docs/layers.md).
+A hand reader rather than a schema library: the checks above and the file:line of every error need the
+composed nodes, which PyYAML gives as they are.
 """
 
 from __future__ import annotations

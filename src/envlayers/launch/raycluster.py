@@ -17,6 +17,7 @@ port is ``RDZV_PORT`` (the plan's rendezvous port, scanned upward for a free one
 from __future__ import annotations
 
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -92,8 +93,6 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
 
 def files(shape: str) -> dict[str, str]:
     """The scripts the ranks run, by run-dir file name: the node helper, and the Serve app (gateway)."""
-    from importlib import resources  # in the job only: it imports typing
-
     pkg = resources.files("envlayers")
     out = {NODE_FILE: (pkg / "launch" / "raynode.py").read_text(encoding="utf-8")}
     if shape == "gateway":
