@@ -136,7 +136,6 @@ def min_replicas(keys: Mapping[str, str], replicas: int) -> int:
 
 RDZV_SCAN_PORTS = 64
 RDZV_SHAPES = ("pipeline", "ray", "gateway")  # the shapes whose ranks meet on RDZV_PORT
-RAY_SHAPES = ("ray", "gateway")
 
 
 def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
@@ -214,7 +213,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     # -- end of the runtime's wrapper
     loopback = wrappers is not None  # podman publishes on the node's 127.0.0.1 only
     ray_files: dict[str, str] = {}
-    if plan.shape in RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
+    if plan.shape in raycluster.RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
         if wrappers is not None:
             raise LaunchFailure(f"CONTAINER_RUNTIME=podman cannot run the {plan.shape} shape (Ray across the "
                                 "container boundary); use CONTAINER_RUNTIME=ce or none", lines=tuple(lines))
