@@ -179,6 +179,34 @@ def test_install_edfs_console_script_has_its_own_usage():
     assert proc.returncode == 0 and proc.stdout.startswith("Usage: install_edfs [OPTIONS]")
 
 
+def test_the_console_script_renders_the_committed_render():
+    """The installed `env_layers` (beside this interpreter), as an operator runs it."""
+    script = Path(sys.executable).parent / "env_layers"
+    if not script.exists():
+        pytest.skip(f"no env_layers console script beside {sys.executable}")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([str(script), "render", "experiment:qwen38"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == (REPO / "experiments/renders/.env.experiment.qwen38").read_text()
+
+
+def test_a_reader_leaving_early_ends_the_render_with_141_and_no_message(tmp_path):
+    """`env_layers render ... | head`: the reader leaves before a render larger than the pipe's buffer is
+    written; the command ends as a shell pipeline's writer does (128 + SIGPIPE), with nothing on stderr."""
+    layers = tmp_path / "experiments" / "layers"
+    layers.mkdir(parents=True)
+    (tmp_path / "experiments" / "setups.yaml").write_text("version: 1\nexperiments:\n  e:\nmodels:\n  m:\n")
+    (layers / "common.env").write_text("A=1\n")
+    (layers / "model-m.env").write_text("".join(f"K{i}='{'v' * 40}'\n" for i in range(4000)))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "envlayers", "--root", str(tmp_path), "render", "e:m"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=60), err) == (141, b"")
+
+
 def test_render_output_keeps_the_umask(tmp_path):
     out = tmp_path / "r.sh"
     old = os.umask(0o077)

@@ -11,9 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from envlayers.launch.health import HealthSettings, HealthWatch, get_health, health_settings, health_url
-from envlayers.launch.prepare import LaunchFailure, Node, prepare
-from envlayers.launch.replicas import (ReplicaSteps, Survivors, dead_ranks, min_replicas, release_node,
-                                       replica_srun, survives)
+from envlayers.launch.prepare import LaunchFailure, Node, min_replicas, prepare
+from envlayers.launch.replicas import ReplicaSteps, Survivors, dead_ranks, release_node, replica_srun, survives
 from envlayers.launch.supervise import Supervisor
 from envlayers.readiness import Probe
 from test_launch import PIPELINE, SINGLE_VLLM, Clock, Step, alloc, exited, started

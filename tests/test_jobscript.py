@@ -497,15 +497,3 @@ def test_job_submissions_of_the_same_target_are_equal(edf_dir):
     job, again = (prepare(REPO, "qwen38", python=PY, environ=edf_dir) for _ in range(2))
     assert job == again and job is not again and job != prepare(REPO, "oss120b", python=PY, environ=edf_dir)
     assert repr(job).startswith("JobSubmission(target='experiment:qwen38', sbatch_args=['--nodes=1'")
-
-
-# -- start-up: the dry run renders the job script without a template engine ---------------------------
-
-def test_the_dry_run_does_not_import_jinja2(tmp_path, edf_dir):
-    env = {**os.environ, **edf_dir, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
-    code = ("import sys, atexit; atexit.register(lambda: sys.stderr.write("
-            "'jinja2 imported: %s' % ('jinja2' in sys.modules))); from envlayers.cli import main; main()")
-    proc = subprocess.run([sys.executable, "-c", code, "--root", str(REPO), "serve", "--dry-run"], env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stderr.endswith("jinja2 imported: False"), proc.stderr
-    assert proc.stdout.count("#!/bin/bash\n") == 1

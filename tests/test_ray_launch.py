@@ -17,6 +17,7 @@ import pytest
 from envlayers import engines, topology
 from envlayers.errors import EnvLayersError
 from envlayers.gateway_app import flag_value, with_host_port
+from envlayers.engines import ray
 from envlayers.launch import raycluster, raynode
 from envlayers.launch.prepare import Allocation, LaunchFailure, Node, prepare
 
@@ -74,7 +75,7 @@ def test_a_bad_ray_key_stops_before_srun_naming_it(tmp_path, keys, message):
 
 def test_the_head_listens_on_the_rendezvous_port_at_the_nodes_address():
     plan = topology.plan({**RAY, "RDZV_PORT": "6400"})
-    assert raycluster.head_argv({"RAY_NUM_CPUS": "1"}, plan, "10.9.0.1") == (
+    assert ray.head_argv({"RAY_NUM_CPUS": "1"}, plan, "10.9.0.1") == (
         "ray", "start", "--head", "--port=6400", "--node-ip-address=10.9.0.1", "--num-gpus=4", "--num-cpus=1",
         "--include-dashboard=false", "--disable-usage-stats", "--dashboard-agent-listen-port=28000",
         "--ray-client-server-port=28001", "--node-manager-port=28002", "--object-manager-port=28003",

@@ -141,11 +141,11 @@ def test_parse_scontrol_job_without_record_is_an_error():
         slurm.parse_scontrol_job("slurm_load_jobs error: Invalid job id specified\n")
 
 
-def test_jobinfo_exit_parts_and_flags():
+def test_jobinfo_exit_code_and_flags():
     info = slurm.parse_scontrol_job(SCONTROL_CANCELLED)
-    assert (info.exit_status, info.exit_signal, info.finished, info.running) == (0, 15, True, False)
+    assert (info.exit_code, info.finished, info.running) == ("0:15", True, False)
     info = slurm.parse_scontrol_job(SCONTROL_FAILED)
-    assert (info.exit_status, info.exit_signal, info.finished) == (3, 0, True)
+    assert (info.exit_code, info.finished) == ("3:0", True)
     assert slurm.parse_scontrol_job(SCONTROL_PENDING).pending
     assert slurm.parse_scontrol_job(SCONTROL_RUNNING).to_dict()["nodelist"] == "n[1-2]"
 

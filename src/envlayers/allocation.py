@@ -99,9 +99,3 @@ def right_command(environ: dict[str, str]) -> str:
     """``MODEL=glm53 cluster/serve-only.sbatch``: the operator's choices, then the wrapper, no sbatch."""
     choices = [f"{k}={shlex.quote(environ[k])}" for k in _CHOICE_VARS if environ.get(k)]
     return " ".join(choices + [WRAPPER])
-
-
-def sbatch_line(nodes: int, gpus_per_node: int, partition: str | None) -> str:
-    """The sbatch options of an allocation that fits (for docs and messages)."""
-    part = f" --partition={partition}" if partition else ""
-    return f"sbatch --nodes={nodes} --gpus-per-node={gpus_per_node}{part} {WRAPPER}"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from .envfile import Assignment, Origin
 from .errors import CatalogError
-from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
 
 SETUPS = Path("experiments") / "setups.yaml"
 LAYERS_DIR = Path("experiments") / "layers"
@@ -90,16 +90,11 @@ def parse_target(target: str) -> tuple[str, str]:
 
 def load(root: Path) -> Catalog:
     """Read and validate ``experiments/setups.yaml`` under ``root``; every error names file:line."""
-    from . import catalog_cache, yamlpos
+    from . import yamlpos
 
     setups = str(Path(root) / SETUPS)
     text = yamlpos.read_text(setups, str(SETUPS), CatalogError, missing_hint="pass --root DIR or set ENVLAYERS_ROOT")
-    cached = catalog_cache.read(setups, text)  # the parse of this very text by this very code, or None
-    if cached is not None:
-        catalog = Catalog(root, *cached)
-    else:
-        catalog = _parse(root, yamlpos.parse(text, str(SETUPS), CatalogError))
-        catalog_cache.write(setups, text, catalog.experiments, catalog.models)
+    catalog = _parse(root, yamlpos.parse(text, str(SETUPS), CatalogError))
     models = dict(catalog.models)
     skipped = []
     for name, path in _model_files(Path(root)):

@@ -1,8 +1,8 @@
 """Slurm's duration format: ``parse_duration`` (``D-HH:MM:SS``, ``MM:SS``, bare minutes, ``UNLIMITED``...)
 and ``format_duration``, its inverse.
 
-Its own module so that a dry run, which only checks ``--time``, does not import :mod:`envlayers.slurm`
-(subprocess, the job records); ``envlayers.slurm.parse_duration`` is this function.
+Pure text in, seconds out, used by the job script's ``--time`` check, the successor and the Slurm
+records; ``envlayers.slurm.parse_duration`` is this function.
 """
 
 from __future__ import annotations

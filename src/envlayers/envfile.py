@@ -7,16 +7,17 @@ The accepted language is a small, exact subset of bash: comments, blank lines, a
 Quoted values may span lines, as in bash.
 
 A value is a tuple of parts: ``str`` for literal text and :class:`Ref` for a reference.
-Nothing is expanded here; :mod:`envlayers.layers` does that.
+Nothing is expanded here; :mod:`envlayers.layers` does that. :func:`value_text` writes a value back as
+text, its references as ``${NAME}``, ``${NAME-default}``, ``${NAME:-default}``.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import LayerSyntaxError
-from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
 
 ACCEPTED = (
     "accepted: comments, blank lines, [export] KEY=value with unquoted, 'single' or \"double\" "
@@ -61,7 +62,6 @@ REFUSED: dict[str, tuple[str, str]] = {
                    "install conversion modules in the image instead"),
     "PYTHONSTARTUP": ("Python runs the file it names at every interactive start", "drop it: a launch is not interactive"),
 }
-RESERVED = frozenset(REFUSED)  # the names REFUSED lists; refused() also knows the prefixes below
 _SLURM_INSTEAD = ("the launcher gives srun its options from the plan (the launch keys, docs/keys.md); an option of "
                   "your own for the job goes on sbatch's command line or in the shell you submit from")
 # Prefixes a layer may not assign: Slurm's clients read variables of these names as their options, and every
@@ -114,6 +114,17 @@ class Ref(NamedTuple):
 
 Part = str | Ref
 Value = tuple[Part, ...]  # literal text and references, in order
+
+
+def value_text(value: Value) -> str:
+    """A value as text, deferred references written ${NAME}, ${NAME-default}, ${NAME:-default}."""
+    out = []
+    for p in value:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            out.append("${" + p.name + (p.op or "") + (value_text(p.default) if p.op else "") + "}")
+    return "".join(out)
 
 
 class Origin(NamedTuple):

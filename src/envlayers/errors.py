@@ -1,4 +1,4 @@
-"""The one exception family the CLI turns into a clear one-line error."""
+"""The one exception family the CLI turns into a clear one-line error, and the launcher's failure inside the job."""
 
 from __future__ import annotations
 
@@ -54,3 +54,13 @@ class SlurmUnreachable(SlurmError):
     command may work a minute later, so the exit status is 75 (sysexits' EX_TEMPFAIL), not 2."""
 
     exit_code = 75
+
+
+class LaunchFailure(Exception):
+    """Inside the job, the launch stops: the message is printed as ENVLAYERS-ERROR; ``rank`` names the rank
+    whose log tail explains it."""
+
+    def __init__(self, message: str, rank: int | None = None, lines: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.rank = rank
+        self.lines = lines  # what the launch had to say before it stopped

@@ -18,13 +18,10 @@ nodes. Pure.
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
 from .apikey import GENERATE
 from .errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 ACK_KEY = "ALLOW_PUBLIC_UNAUTHENTICATED"
 DEFAULT_HOST = "0.0.0.0"  # engines.DEFAULT_SERVER_HOST: an absent SERVER_HOST binds every interface
@@ -121,11 +118,6 @@ def reach(host: str | None) -> tuple[str, str]:
     if mapped.is_loopback:
         return LOOPBACK, f"{KEY}={host}{spelled}"
     return ROUTABLE, f"{KEY}={host}{spelled}, an address other nodes reach"
-
-
-def binds_everywhere(env: Mapping[str, str]) -> bool:
-    """Whether the server binds every interface of the node (an absent SERVER_HOST does)."""
-    return reach(env.get(KEY))[0] == EVERY_INTERFACE
 
 
 def public_keyless(env: Mapping[str, str]) -> str | None:

@@ -9,12 +9,9 @@ import os
 import signal
 import stat
 from pathlib import Path
+from typing import Callable, Iterator
 
 from .errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `render -o` must start fast
-if TYPE_CHECKING:
-    from typing import Callable, Iterator
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -18,17 +18,13 @@ import re
 import shlex
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
 from .jobtext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, job_script, shown as _shown
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
-
-    from .layers import Env, Unbound
-    from .topology import Plan
+from .layers import Env, Unbound
+from .topology import Plan
 
 READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
 MASTER_REF = "${ENVLAYERS_MASTER_ADDR}"
@@ -247,7 +243,6 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     budget = ready_timeout_s(text)
     blockers: list[str] = []
     edf_name = _edf(root, text, plan, blockers, environ)
-    blockers += not_launched(plan)
     _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
@@ -304,18 +299,6 @@ def with_plan_parallelism(env: Env, plan: Plan) -> Env:
     bindings = dict(env.bindings)
     bindings[b.key] = b._replace(value=(str(plan.pp),), overridden=(*b.overridden, (b.value, b.origin)))
     return Env(env.target, env.sources, bindings)
-
-
-# Shapes the planner decides and the dry run shows, but the job does not start yet (docs/topology.md).
-NOT_LAUNCHED: dict[str, str] = {
-    # (none today: every shape the planner chooses is launched)
-}
-
-
-def not_launched(plan) -> list[str]:
-    """A blocker for a shape the job cannot start yet: the dry run shows it, a submission is refused."""
-    why = NOT_LAUNCHED.get(plan.shape)
-    return [f"shape {plan.shape}: {why}"] if why else []
 
 
 def _partition(env: Env, text: Mapping[str, str]) -> str:

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Iterator, Mapping, NamedTuple
 
 from . import catalog as cat
-from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file
+from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file, value_text
 from .errors import StackError
-from .records import NamedTuple  # typing.NamedTuple without importing typing (start-up)
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
-if TYPE_CHECKING:
-    from typing import Iterator, Mapping
 
 SERVE_ENV = Path("experiments") / "serve-only.env"  # the launcher's own layer
 SECRET_KEYS = ("SERVER_API_KEY",)  # never in a layer, so never in a render, a job script or a log
@@ -69,8 +65,6 @@ class Env:
 
     def text(self) -> dict[str, str]:
         """key -> value as text; deferred references written ``${NAME}`` (for planning and dry runs)."""
-        from .shell import value_text
-
         return {k: value_text(b.value) for k, b in self.bindings.items()}
 
 
@@ -286,7 +280,7 @@ def _resolve_ref(ref: Ref, state: dict[str, Resolved], a: Assignment) -> Resolve
         inner = value[0]
         return (Deferred(inner.name, ":-", _resolve(ref.default, state, a), inner.origin),)
     raise StackError(
-        f"${{{ref.name}:-...}} cannot be rendered: {ref.name} is '{_show(value)}', and whether that is empty "
+        f"${{{ref.name}:-...}} cannot be rendered: {ref.name} is '{value_text(value)}', and whether that is empty "
         "depends on the job's environment",
         where=str(a.origin),
         hint=f"use ${{{ref.name}-...}} or assign {ref.name} a plain value",
@@ -307,12 +301,6 @@ def deferred_in(value: Resolved) -> Iterator[Deferred]:
         if isinstance(p, Deferred):
             yield p
             yield from deferred_in(p.default)
-
-
-def _show(value: Resolved) -> str:
-    from .shell import value_text
-
-    return value_text(value)
 
 
 def _check_render_order(env: Env) -> None:

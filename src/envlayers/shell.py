@@ -6,22 +6,12 @@ the variables that sourcing the layer files in stack order gives.
 
 from __future__ import annotations
 
+import json
 import re
 
-from .envfile import Value
+from .envfile import Value, value_text
 
 _DQ_SPECIAL = re.compile(r'([\\$"`])')
-
-
-def value_text(value: Value) -> str:
-    """A value as text, deferred references written ${NAME}, ${NAME-default}, ${NAME:-default}."""
-    out = []
-    for p in value:
-        if isinstance(p, str):
-            out.append(p)
-        else:
-            out.append("${" + p.name + (p.op or "") + (value_text(p.default) if p.op else "") + "}")
-    return "".join(out)
 
 
 def single_quote(text: str) -> str:
@@ -79,8 +69,6 @@ def render(env, fmt: str = "sh", with_header: bool = True) -> str:
 
     refuse_secrets(env)
     if fmt == "json":
-        import json  # only here: the other formats start without it
-
         return json.dumps({k: value_text(b.value) for k, b in env.bindings.items()}, indent=2) + "\n"
     prefix = "export " if fmt == "sh" else ""
     body = "".join(f"{prefix}{k}={bash_value(b.value, dotenv=fmt == 'env')}\n" for k, b in env.bindings.items())

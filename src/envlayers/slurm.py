@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
-from .durations import parse_duration  # Slurm's duration format, a module of its own (start-up); slurm's API
+from .durations import parse_duration  # Slurm's duration format; slurm's API
 from .errors import SlurmError, SlurmUnreachable
 
 __all__ = [
@@ -122,18 +122,6 @@ class JobInfo:
     @property
     def running(self) -> bool:
         return self.state in ("RUNNING", "COMPLETING", "CONFIGURING")
-
-    @property
-    def exit_status(self) -> int | None:
-        """The exit status part of ``exit_code`` (``3`` for ``3:0``)."""
-        code = (self.exit_code or "").split(":")[0]
-        return int(code) if code.isdigit() else None
-
-    @property
-    def exit_signal(self) -> int | None:
-        """The signal part of ``exit_code`` (``15`` for ``0:15``)."""
-        parts = (self.exit_code or "").split(":")
-        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -31,6 +31,8 @@ refused with the idle GPUs named. On one node asking for fewer GPUs is allowed (
 
 from __future__ import annotations
 
+from typing import Literal, Mapping, NamedTuple
+
 from envlayers.errors import TopologyError
 from envlayers import topology_checks as chk
 from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner's public names)
@@ -45,13 +47,8 @@ from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner
     MODES,
     SHAPES,
 )
-from envlayers.records import NamedTuple
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Literal, Mapping
-
-    Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
+Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
 
 DEFAULT_PIPELINE_PARALLEL_SIZE = 1
 TOPOLOGY_PREFIX = "ENVLAYERS-TOPOLOGY:"

@@ -11,13 +11,9 @@ Pure; :mod:`envlayers.topology` decides the shape from what this module parses.
 from __future__ import annotations
 
 import re
+from typing import Mapping, NamedTuple
 
 from envlayers.errors import TopologyError
-from envlayers.records import NamedTuple
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 MODES: tuple[str, ...] = ("single", "pipeline", "replicas")
 """Valid values of ``INFERENCE_MODE``."""

@@ -29,14 +29,12 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, NamedTuple
+
 from .errors import EnvLayersError
-from .records import NamedTuple
+from .layers import Env
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
 if TYPE_CHECKING:
-    from typing import Mapping
-
-    from .layers import Env
     from .topology import Plan
 
 KEY = "CHECK_WEIGHTS"

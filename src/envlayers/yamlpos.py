@@ -18,19 +18,16 @@ The reader is also the guard against hostile input, whatever the file:
 
 It composes with libyaml's event parser (PyYAML's ``CParser``) when PyYAML was built with it and
 PyYAML's pure-Python parser otherwise; the composer is PyYAML's own, with the two checks above added.
-A hand reader rather than a schema library: ``import yaml`` is the only import it costs, and the CLI
-must start fast (docs/layers.md).
+A hand reader rather than a schema library: the checks above and the file:line of every error need the
+composed nodes, which PyYAML gives as they are.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI must start fast
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
 
 MAX_DEPTH = 64  # the project's files nest 6 deep at most
 MAX_MESSAGE = 600  # characters of one error message (and of its hint)

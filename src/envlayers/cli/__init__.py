@@ -1,19 +1,18 @@
 """The ``env_layers`` command line: the entry point and its click group.
 
-Commands live in small modules that are imported only when their command runs, so
-``env_layers render`` does not pay for tomli-w or HTTP code. click itself is imported only when
-the click group is needed: the plain forms of ``render`` and of ``serve --dry-run`` are answered
-without it (:mod:`.fastpath`), and every other command line, ``--help``, every error and every
-doubt go to the click group, so the output, the messages and the exit codes are the click path's.
-The cyclic garbage collector is paused while a command that parses layer stacks runs: those
-objects form no cycles, and the collector's passes over them grew the cost per assignment with
-the size of the stack.
+Commands live in small modules that are imported only when their command runs (``LazyGroup``), so
+``env_layers render`` does not pay for tomli-w or HTTP code. An ``EnvLayersError`` becomes one line on
+stderr and its exit code (:class:`errors_as_one_line`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
+
+import click
 
 from ..errors import EnvLayersError
 
@@ -44,9 +43,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "images": ("images_cmds", "images", "Save or load a pinned podman image to or from shared storage."),
 }
 
-# commands that parse a layer stack and end: the cyclic GC is paused while they run (the long-running
-# ones, launch's supervision loop, wait, logs --follow, keep it)
-_GC_PAUSED = frozenset({"render", "explain", "check", "list", "plan", "serve"})
 
 class errors_as_one_line:  # noqa: N801 - used as a context manager, like contextlib's
     """An EnvLayersError becomes one line and its exit code; anything else unexpected too,
@@ -61,8 +57,6 @@ class errors_as_one_line:  # noqa: N801 - used as a context manager, like contex
     def __exit__(self, kind, err, tb) -> bool:
         if err is None or not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: as they are
             return False
-        import click
-
         if isinstance(err, EnvLayersError):
             if os.environ.get("ENVLAYERS_DEBUG") == "1":
                 return False
@@ -81,71 +75,53 @@ class errors_as_one_line:  # noqa: N801 - used as a context manager, like contex
 
 
 def _available(name: str) -> bool:
-    import importlib.util
-
     module = COMMANDS[name][0]
-    spec = importlib.util.find_spec(f"{__name__}.{module}")
-    return spec is not None
+    return importlib.util.find_spec(f"{__name__}.{module}") is not None
 
 
-def _build_click_group():
-    """The click group and its class, built on first use (``from envlayers.cli import cli``)."""
-    import importlib
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
 
-    import click
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if _available(name)]
 
-    class LazyGroup(click.Group):
-        """A group whose subcommands are imported on first use."""
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _available(name):
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
-        def list_commands(self, ctx: click.Context) -> list[str]:
-            return [name for name in COMMANDS if _available(name)]
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
-        def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-            if name not in COMMANDS or not _available(name):
-                return None
-            module, attr, _ = COMMANDS[name]
-            return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-
-        def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-            rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
-            if rows:
-                with formatter.section("Commands"):
-                    formatter.write_dl(rows)
-
-        def invoke(self, ctx: click.Context):
-            with errors_as_one_line(ctx):
-                return super().invoke(ctx)
-
-    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option(
-        "--root",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Folder holding experiments/ and containers/ (default: nearest upward from here, "
-        "else the catalog installed with the package). Env: ENVLAYERS_ROOT.",
-    )
-    @click.version_option(package_name="envlayers", prog_name="env_layers")
-    @click.pass_context
-    def cli(ctx: click.Context, root: str | None) -> None:
-        """Layered launch settings and a serve-only launcher for LLM endpoints on Slurm.
-
-        \b
-        Typical use:
-          env_layers render experiment:qwen38        # the merged launch environment
-          env_layers explain experiment:glm53 SGLANG_ATTENTION_BACKEND
-          SUBMIT=0 cluster/serve-only.sbatch          # what a submission would run
-        """
-        ctx.obj = {"root": root}
-
-    return LazyGroup, cli
+    def invoke(self, ctx: click.Context):
+        with errors_as_one_line(ctx):
+            return super().invoke(ctx)
 
 
-def __getattr__(name: str):
-    if name in ("cli", "LazyGroup"):
-        g = globals()
-        g["LazyGroup"], g["cli"] = _build_click_group()
-        return g[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder holding experiments/ and containers/ (default: nearest upward from here, "
+    "else the catalog installed with the package). Env: ENVLAYERS_ROOT.",
+)
+@click.version_option(package_name="envlayers", prog_name="env_layers")
+@click.pass_context
+def cli(ctx: click.Context, root: str | None) -> None:
+    """Layered launch settings and a serve-only launcher for LLM endpoints on Slurm.
+
+    \b
+    Typical use:
+      env_layers render experiment:qwen38        # the merged launch environment
+      env_layers explain experiment:glm53 SGLANG_ATTENTION_BACKEND
+      SUBMIT=0 cluster/serve-only.sbatch          # what a submission would run
+    """
+    ctx.obj = {"root": root}
 
 
 def get_root(ctx):
@@ -155,58 +131,15 @@ def get_root(ctx):
     return find_root(obj.get("root"))  # None: ENVLAYERS_ROOT, then upward from the cwd
 
 
-class _gc_paused:  # noqa: N801
-    """Pause the cyclic garbage collector, and restore its state after (for in-process callers)."""
-
-    def __init__(self, paused: bool = True):
-        self.paused = paused
-
-    def __enter__(self):
-        import gc
-
-        self.was_enabled = gc.isenabled()
-        if self.paused:
-            gc.disable()
-
-    def __exit__(self, *exc) -> bool:
-        import gc
-
-        if self.was_enabled:
-            gc.enable()
-        return False
-
-
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    with _gc_paused(_command_of(args) in _GC_PAUSED):
-        from .fastpath import answer
-
-        answer(args)  # returns only when the click path must answer
-        cli_group = __getattr__("cli")
-        cli_group.main(args=args, prog_name="env_layers")
-
-
-def _command_of(args: list[str]) -> str | None:
-    """The subcommand's name, skipping the group's own options (only --root takes a value)."""
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--root":
-            i += 2
-        elif a.startswith("-"):
-            i += 1
-        else:
-            return a
-    return None
+    cli.main(args=args, prog_name="env_layers")
 
 
 def install_edfs_main(argv: list[str] | None = None) -> None:
     """The ``install_edfs`` console script: ``env_layers install-edfs`` under its own name."""
-    import click
-
-    cli_group = __getattr__("cli")
     args = sys.argv[1:] if argv is None else argv
-    ctx = click.Context(cli_group, obj={"root": None})  # --root comes from ENVLAYERS_ROOT or the cwd
-    command = cli_group.get_command(ctx, "install-edfs")
+    ctx = click.Context(cli, obj={"root": None})  # --root comes from ENVLAYERS_ROOT or the cwd
+    command = cli.get_command(ctx, "install-edfs")
     with errors_as_one_line(ctx):
         command.main(args=args, prog_name="install_edfs", obj={"root": None})

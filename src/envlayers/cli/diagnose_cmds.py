@@ -46,13 +46,9 @@ class Inputs:
         self.jobs: list[tuple[str, Path | None, object]] = []  # (job id, run dir, slurm.JobInfo | None)
 
 
-def resolve_inputs(targets: tuple[str, ...], submit_dir: Path) -> list[Path]:
-    """Files to read: a file as given, a run directory's logs, or a job id's run directory and output."""
-    return resolve(targets, submit_dir).paths
-
-
 def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
-    """:func:`resolve_inputs`, with the run directories and Slurm records it found on the way."""
+    """Files to read (a file as given, a run directory's logs, or a job id's run directory and output), with
+    the run directories and Slurm records found on the way."""
     inputs = Inputs()
     paths = inputs.paths
     for target in targets:

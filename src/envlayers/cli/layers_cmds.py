@@ -78,7 +78,8 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
     read from the environment under --serve unless the options name files.
     """
     from ..layers import LaunchSources, deferred_in
-    from ..shell import bash_value, value_text
+    from ..envfile import value_text
+    from ..shell import bash_value
 
     launch = None
     if launcher or env_file or base_env:

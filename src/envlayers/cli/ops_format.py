@@ -8,25 +8,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
+from .serving_format import gpu_hours_lines, replica_lines
+from .textfmt import fmt_duration
+from .textfmt import label as _label
+
 if TYPE_CHECKING:
     from ..ops import StopResult, WaitEvent, WaitResult
 
 REQUEUED = "requeued (restart {n}); waiting for Slurm to start it again"
 LAUNCHER_DIED = "the launcher died without reporting (killed?); Slurm reports {state} exit {code}"
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """``75`` -> ``1m15s``, ``3725`` -> ``1h02m05s``; ``None`` -> ``-``."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(round(seconds)))
-    h, rem = divmod(s, 3600)
-    m, s = divmod(rem, 60)
-    if h:
-        return f"{h}h{m:02d}m{s:02d}s"
-    if m:
-        return f"{m}m{s:02d}s"
-    return f"{s}s"
 
 
 def _exits_text(exits: dict) -> str:
@@ -182,7 +172,6 @@ class Progress:
 def endpoint_block(result: "WaitResult") -> str:
     """The endpoint block ``wait`` prints once live (from endpoint.json, else the job output's copy)."""
     from ..readiness import Endpoint
-    from .serving_format import replica_lines
 
     data = dict(result.endpoint or {})
     try:
@@ -301,15 +290,9 @@ def phase_text(ph: dict) -> str:
     return ph["label"] + (f" ({detail})" if detail else "")
 
 
-def _label(name: str) -> str:
-    """``  served name: `` -- every label of the record padded to one width."""
-    return f"  {name + ':':<13}"
-
-
 def format_record(rec: dict) -> str:
     from ..rundir import TAIL_HEADER_RE
     from ..slurm import TERMINAL_STATES
-    from .serving_format import gpu_hours_lines, replica_lines
 
     s = rec["slurm"] or {}
     jid = rec["job_id"]

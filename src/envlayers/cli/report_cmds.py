@@ -62,7 +62,7 @@ def report(since: str, user: str | None, as_json: bool, run_roots: tuple[str, ..
 
 def format_report(rep) -> str:
     from ..accounting import fmt_h
-    from .ops_format import fmt_duration
+    from .textfmt import fmt_duration
 
     t = terminal_text  # model names, run directories and reasons come from other users' files too
     since = time_text(rep.since)

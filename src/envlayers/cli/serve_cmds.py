@@ -136,6 +136,6 @@ def plan(ctx, target, model, experiment, time_, base_env, env_file, as_json):
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False))
 def launch(run_dir):
     """Inside the job: start the ranks, wait for readiness, report, fail fast."""
-    from ..launch import main
+    from ..launch.launcher import main
 
     sys.exit(main(Path(run_dir)))

@@ -4,7 +4,8 @@ Terminal text only, from the records ``envlayers.ops`` returns (``accounting`` a
 
 from __future__ import annotations
 
-from .ops_format import _label, fmt_duration
+from .textfmt import fmt_duration
+from .textfmt import label as _label
 
 
 def gpu_hours_lines(acct: dict | None) -> list[str]:

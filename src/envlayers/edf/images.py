@@ -7,13 +7,10 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..errors import EdfError
 from .schema import FETCH_SCRIPT, RoleSource, load_catalog, source
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Any, Mapping
 
 _VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

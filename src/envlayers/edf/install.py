@@ -10,16 +10,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any, Mapping, NamedTuple
 
 from ..errors import EdfError
-from ..records import NamedTuple
 from .images import _image_state, fetch_command
 from .render import _document, written_by_envlayers
 from .schema import VARIANTS, load_catalog
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Any, Mapping
 
 _TMP_PREFIX = ".envlayers-tmp-"
 

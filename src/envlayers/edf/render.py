@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..errors import EdfError
 from .schema import _EDF_KEYS, FABRIC_HOOKS, SOURCE_DIR, TOPOLOGIES, VARIANTS, RoleSource, load_catalog, source
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Any, Mapping
 
 _HEADER_RE = re.compile(r"\A# [^\n]*\n# [^\n]*envlayers-sha256: ([0-9a-f]{64})\n\n")
 

@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from ..errors import EdfError
 from ..topology_checks import MODES
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Any
 
 # the EDF variants are chosen per launch mode (a plan's edf_topology is one of these)
 TOPOLOGIES = MODES
@@ -201,18 +198,13 @@ class _Checker:
 
 def _load_source(path: Path, root: Path) -> RoleSource:
     from .. import yamlpos
-    from . import source_cache
 
     try:
         rel = path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         rel = str(path)
     text = yamlpos.read_text(path, rel, EdfError)
-    src = source_cache.read(str(path), text, rel)  # this very text, validated by this very code, or None
-    if src is None:
-        src = _validated(yamlpos.parse(text, rel, EdfError), path, rel)
-        source_cache.write(str(path), text, src)
-    return src
+    return _validated(yamlpos.parse(text, rel, EdfError), path, rel)
 
 
 def _validated(doc, path: Path, rel: str) -> RoleSource:

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Iterable, Mapping
+from typing import Iterable, Mapping
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TABLE = DATA / "vllm-choices.json"

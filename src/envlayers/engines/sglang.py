@@ -14,8 +14,9 @@ passes it unless ``SGLANG_ENABLE_METRICS`` is empty or false, so every engine an
 
 from __future__ import annotations
 
+from typing import Mapping
 
-from envlayers.engines import (
+from envlayers.engines.command import (
     EngineError,
     RankCommand,
     command_env,
@@ -26,10 +27,6 @@ from envlayers.engines import (
     server_host,
 )
 from envlayers.topology import Plan, RankPlan
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 DEFAULT_ATTENTION_BACKEND = "aiter"

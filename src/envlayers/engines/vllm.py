@@ -16,7 +16,7 @@ The other shapes (docs/topology.md), each in its own function below:
   load balancing. On one node only ``--data-parallel-size N``.
 - ``ray`` and ``gateway``: ``--distributed-executor-backend ray`` on the head only; the other
   ranks run a Ray worker (``ray start --address=NODE0:RDZV_PORT ... --block``, its flags from
-  launch/raycluster.py). In the job, node 0 first starts the Ray head and waits for every node
+  engines/ray.py). In the job, node 0 first starts the Ray head and waits for every node
   (launch/raynode.py); the gateway runs this ``vllm serve`` once per Ray Serve replica.
 
 Every multi-node rank gets ``VLLM_HOST_IP`` set to its own node's address, the same way in every
@@ -30,7 +30,9 @@ at engine start).
 
 from __future__ import annotations
 
-from envlayers.engines import (
+from typing import Mapping
+
+from envlayers.engines.command import (
     RankCommand,
     command_env,
     drop_flag,
@@ -40,11 +42,8 @@ from envlayers.engines import (
     required,
     server_host,
 )
+from envlayers.engines.ray import head_argv, worker_argv
 from envlayers.topology import Plan, RankPlan
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 COMMAND: tuple[str, ...] = ("vllm", "serve")
 KEY_ENV = "VLLM_API_KEY"
@@ -53,7 +52,6 @@ HEADLESS_REJECTS_BARE: tuple[str, ...] = ("--data-parallel-hybrid-lb", "--data_p
 SYMM_MEM_KEY = "VLLM_ALLREDUCE_USE_SYMM_MEM"
 HOST_IP_KEY = "VLLM_HOST_IP"
 DEFAULT_SYMM_MEM = "0"
-RAY_WORKER: tuple[str, ...] = ("ray", "start")
 
 
 def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, node_addr: str) -> RankCommand:
@@ -129,16 +127,12 @@ def ray_worker_command(plan: Plan, env: Mapping[str, str], master_addr: str, nod
 
     The workers Ray starts on this node inherit this environment, so it carries the same
     variables as the head's server command."""
-    from envlayers.launch.raycluster import worker_argv
-
     return RankCommand(argv=worker_argv(env, plan, master_addr),
                        env={**command_env(env), **multi_node_env(plan, env, node_addr)})
 
 
 def ray_head_command(plan: Plan, env: Mapping[str, str] | None = None, node_ip: str | None = None) -> tuple[str, ...]:
     """What node 0 of a Ray plan starts before its server: the Ray head on ``RDZV_PORT``."""
-    from envlayers.launch.raycluster import head_argv
-
     return head_argv(env or {}, plan, node_ip)
 
 

@@ -10,11 +10,3 @@ serving rank that stops answering ``/health`` once live (``health``). In the rep
 that exits or hangs after live is dropped and its node given back instead (``replicas``), and with
 ``SUCCESSORS`` a live job hands over to a successor job before its time limit (``successor``).
 """
-
-from __future__ import annotations
-
-
-def main(run_dir, environ=None) -> int:
-    from .launcher import main as _main
-
-    return _main(run_dir, environ)

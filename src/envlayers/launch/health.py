@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ..errors import LaunchFailure
+
 DEFAULT_HEALTH_FAIL_AFTER_S = 600
 INTERVAL_MAX_S = 30.0
 TIMEOUT_MAX_S = 60.0
@@ -37,8 +39,6 @@ def health_settings(keys: Mapping[str, str]) -> HealthSettings:
     """``HEALTH_FAIL_AFTER_S`` (default 600, ``0`` turns the watch off); the probe interval is a fifth of
     it, at most 30s, and each probe may take half of it, at most 60s. A value that is not a whole
     number of seconds is an error naming the key."""
-    from .prepare import LaunchFailure
-
     raw = (keys.get("HEALTH_FAIL_AFTER_S") or "").strip()
     if raw and not raw.isdigit():
         raise LaunchFailure(f"HEALTH_FAIL_AFTER_S={raw!r}: not a whole number of seconds "

@@ -160,7 +160,8 @@ class Launcher:
             raise self.unwritable(err, "api-key") from None
         lp = self.lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         from .health import health_settings
-        from .replicas import min_replicas, survives
+        from .prepare import min_replicas
+        from .replicas import survives
 
         self.health = health_settings(self.keys)  # bad values stop the launch before srun
         self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1

@@ -26,7 +26,6 @@ from .prepare import LaunchFailure, LaunchPlan
 SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a line in vLLM's access log
 MIN_SAMPLE_EVERY_S = 0.5
 WRITE_EVERY_S = 10.0
-IDLE_KEYS = ("IDLE_STOP_AFTER_S", "IDLE_WARN_AFTER_S")
 _REPLICA_RE = re.compile(r'^[A-Za-z_:][A-Za-z0-9_:]*\{replica="([^"]*)"')  # the gateway's label, first
 GATEWAY_LINES = tuple(f"ENVLAYERS-{kind}: gateway: " for kind in ("ERROR", "WARN", "STAGE"))
 

@@ -17,25 +17,18 @@ from typing import Mapping
 from .. import engines, topology
 from ..engines import RankCommand
 from ..defaults import DEFAULT_READY_TIMEOUT_S
+from ..errors import LaunchFailure
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
+from . import raycluster
 from .srun import srun_argv, srun_dry_line  # noqa: F401  (srun_dry_line: re-exported, the dry run's line)
 
 DEFAULT_RANK_START_TIMEOUT_S = 300
+DEFAULT_MIN_REPLICAS = 1
 DEFAULT_STARTUP_STALL_S = 900  # weight loading from a slow file system can be quiet for minutes
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
 JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S",
                    "ENVLAYERS_IMAGE", "ENVLAYERS_GPU_DEVICES")  # the last two: podman only (runtimes/podman.py)
-
-
-class LaunchFailure(Exception):
-    """The launch stops: the message is printed as ENVLAYERS-ERROR; ``rank`` names the rank whose log
-    tail explains it."""
-
-    def __init__(self, message: str, rank: int | None = None, lines: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.rank = rank
-        self.lines = lines  # what the launch had to say before it stopped
 
 
 @dataclass(frozen=True)
@@ -130,9 +123,19 @@ def startup_stall_s(keys: Mapping[str, str]) -> int:
     return int(raw) if raw else DEFAULT_STARTUP_STALL_S
 
 
+def min_replicas(keys: Mapping[str, str], replicas: int) -> int:
+    """``MIN_REPLICAS``: a whole number from 1 to the number of replicas, else an error naming the key."""
+    raw = (keys.get("MIN_REPLICAS") or "").strip()
+    if not raw:
+        return DEFAULT_MIN_REPLICAS
+    if not raw.isdigit() or not 1 <= int(raw) <= replicas:
+        raise LaunchFailure(f"MIN_REPLICAS={raw!r}: must be a whole number from 1 to {replicas} (the replicas "
+                            f"this job runs); hint: the default 1 keeps serving while any replica is alive")
+    return int(raw)
+
+
 RDZV_SCAN_PORTS = 64
 RDZV_SHAPES = ("pipeline", "ray", "gateway")  # the shapes whose ranks meet on RDZV_PORT
-RAY_SHAPES = ("ray", "gateway")
 
 
 def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
@@ -210,15 +213,14 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     # -- end of the runtime's wrapper
     loopback = wrappers is not None  # podman publishes on the node's 127.0.0.1 only
     ray_files: dict[str, str] = {}
-    if plan.shape in RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
-        from . import raycluster
-
+    if plan.shape in raycluster.RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
         if wrappers is not None:
             raise LaunchFailure(f"CONTAINER_RUNTIME=podman cannot run the {plan.shape} shape (Ray across the "
                                 "container boundary); use CONTAINER_RUNTIME=ce or none", lines=tuple(lines))
         wrappers, ray_lines = raycluster.wrappers(keys, plan, alloc.run_dir, alloc.job_id,
                                                   [n.address for n in nodes], keys.get("VLLM_SERVED_MODEL", ""),
-                                                  budget)
+                                                  budget,
+                                                  min_replicas(keys, plan.replicas) if plan.shape == "gateway" else 1)
         lines += ray_lines
         ray_files = raycluster.files(plan.shape)
     targets = tuple(Target(r.rank, f"http://{'127.0.0.1' if loopback else nodes[r.node_index].url_host}:{r.port}/v1",

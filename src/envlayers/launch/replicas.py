@@ -27,33 +27,18 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from ..errors import LaunchFailure
 from ..fsutil import atomic_write
+from .prepare import LaunchPlan
 
-if TYPE_CHECKING:  # status and wait read endpoint.json through this module: keep it light
-    from .prepare import LaunchPlan
-
-DEFAULT_MIN_REPLICAS = 1
 RESIZE_TRIES = 3
 
 
 def survives(lp: LaunchPlan) -> bool:
     """Whether a rank of this plan may die alone (the replicas shape, more than one replica)."""
     return lp.plan.shape == "replicas" and lp.ranks > 1
-
-
-def min_replicas(keys: Mapping[str, str], replicas: int) -> int:
-    """``MIN_REPLICAS``: a whole number from 1 to the number of replicas, else an error naming the key."""
-    from .prepare import LaunchFailure
-
-    raw = (keys.get("MIN_REPLICAS") or "").strip()
-    if not raw:
-        return DEFAULT_MIN_REPLICAS
-    if not raw.isdigit() or not 1 <= int(raw) <= replicas:
-        raise LaunchFailure(f"MIN_REPLICAS={raw!r}: must be a whole number from 1 to {replicas} (the replicas "
-                            f"this job runs); hint: the default 1 keeps serving while any replica is alive")
-    return int(raw)
 
 
 def replica_srun(srun: Sequence[str], node: str) -> list[str]:
@@ -193,8 +178,6 @@ class Survivors:
             self.say(f"  | {line}")
         left = self.alive
         if len(left) < self.minimum:
-            from .prepare import LaunchFailure
-
             self._write()
             raise LaunchFailure(f"{len(left)} of {self.lp.ranks} replicas alive, fewer than "
                                 f"MIN_REPLICAS={self.minimum}: ending the job")

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from ..errors import LaunchFailure
 from ..fsutil import atomic_write
 
 QUEUE_MARGIN_S = 120
@@ -40,8 +41,6 @@ class HandedOver(Exception):
 
 
 def _whole(keys: Mapping[str, str], key: str, default: int, hint: str) -> int:
-    from .prepare import LaunchFailure
-
     raw = (keys.get(key) or "").strip()
     if not raw:
         return default

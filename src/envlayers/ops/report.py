@@ -100,11 +100,6 @@ def _owner(path: Path) -> str | None:
         return None
 
 
-def run_dir_timelines(roots: list[Path]) -> list[tuple[Path, dict]]:
-    """Every good ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier runs, ``run-<n>/``)."""
-    return [(path, data) for path, data, why in run_dir_records(roots) if why is None]
-
-
 def run_dir_records(roots: list[Path]) -> list[tuple[Path, dict | None, str | None]]:
     """``(run dir, record, None)`` for every ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier
     runs, ``run-<n>/``) that is an accounting record, ``(run dir, None, why)`` for every other one: a file

@@ -11,12 +11,10 @@ Pure: :func:`wrapper` returns the words that go before the engine's argv, or Non
 
 from __future__ import annotations
 
+from typing import Mapping
+
 
 from ..errors import EnvLayersError
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the dry run must start fast
-if TYPE_CHECKING:
-    from typing import Mapping
 
 RUNTIMES = ("ce", "none", "podman")
 DEFAULT_RUNTIME = "ce"
@@ -31,8 +29,3 @@ def runtime_name(env: Mapping[str, str]) -> str:
                              hint="ce runs the registered EDF; none runs the engine from the host's PATH; "
                                   "podman runs it in a pinned image (docs/podman.md)")
     return value
-
-
-def uses_srun_environment(runtime: str) -> bool:
-    """Whether srun itself enters the container (``--environment=EDF``): only the Container Engine."""
-    return runtime == "ce"

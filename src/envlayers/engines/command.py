@@ -1,0 +1,197 @@
+"""One rank's server command (:class:`RankCommand`), the key helpers every engine builds it with, and the
+bash line it is printed as (:func:`shell_line`, the API key masked).
+
+Pure: the merged keys come in as a mapping (a key missing from it is *absent*, ``""`` is *empty*:
+docs/keys.md). For a key that maps to an engine flag: absent -> the flag with the launcher's default (if it
+has one), empty -> the flag is omitted, a value -> the flag with that value.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Iterable, Mapping, NamedTuple
+
+from ..errors import EnvLayersError
+from ..shell import dq_escape
+
+DEFAULT_SERVER_HOST = "0.0.0.0"
+REDACTED = "***"
+API_KEY_FLAG = "--api-key"
+
+# Variables set on the server command itself when their key has a value: the CE
+# netstack hook writes its own defaults into the container after the step
+# environment, so only an assignment on the command line wins.
+COMMAND_ENV_KEYS: tuple[str, ...] = ("NCCL_NET_GDR_LEVEL", "NCCL_SOCKET_IFNAME")
+
+
+class EngineError(EnvLayersError):
+    """A launch key the engine command cannot be built from."""
+
+
+class _RankCommandFields(NamedTuple):
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    key_env: str | None = None
+    key_flag: str | None = None
+
+
+class RankCommand(_RankCommandFields):
+    """The server command of one rank: ``argv`` as exec'd, ``env`` assigned on the command.
+
+    The API key itself is never part of it: ``key_env`` names the variable the engine reads
+    the key from (vLLM: ``VLLM_API_KEY``), ``key_flag`` the flag it must be given on the
+    command line instead (SGLang: ``--api-key``, appended after ``argv``). ranks.sh fills
+    either in from the rank's ``SERVER_API_KEY`` at run time.
+
+    A named tuple (``_replace`` for a changed copy); ``env`` left out is a new empty dict of its own.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, argv: tuple[str, ...], env: dict[str, str] | None = None, key_env: str | None = None,
+                key_flag: str | None = None) -> RankCommand:
+        return super().__new__(cls, argv, {} if env is None else env, key_env, key_flag)
+
+
+# --------------------------------------------------------------------------- key helpers
+
+
+def required(env: Mapping[str, str], key: str, what: str) -> str:
+    """The value of a key that must be set and non-empty."""
+    value = env.get(key)
+    if value is None:
+        raise EngineError(f"is not set; it names {what}", where=key)
+    if value.strip() == "":
+        raise EngineError(f"is empty; it must name {what}", where=key)
+    return value
+
+
+def flag(env: Mapping[str, str], key: str, name: str, default: str | None = None) -> list[str]:
+    """``[name, value]`` by the absent-vs-empty rule, or ``[]`` when the flag is omitted.
+
+    absent -> ``default`` (omitted when there is none), empty -> omitted, value -> value.
+    """
+    value = env.get(key)
+    if value is None:
+        value = default
+    if value is None or value == "":
+        return []
+    return [name, value]
+
+
+def server_host(env: Mapping[str, str]) -> str:
+    """``SERVER_HOST``: absent -> 0.0.0.0, empty -> error (the engine's default is loopback)."""
+    value = env.get("SERVER_HOST")
+    if value is None:
+        return DEFAULT_SERVER_HOST
+    if value.strip() == "":
+        raise EngineError(
+            "is empty; it must be the address the server binds",
+            where="SERVER_HOST",
+            hint=f"delete the line to bind {DEFAULT_SERVER_HOST}",
+        )
+    return value
+
+
+def extra_args(env: Mapping[str, str]) -> list[str]:
+    """``SERVER_EXTRA_ARGS`` split like a shell would; absent or empty -> none."""
+    value = env.get("SERVER_EXTRA_ARGS")
+    if value is None or value.strip() == "":
+        return []
+    try:
+        return shlex.split(value)
+    except ValueError as err:
+        raise EngineError(f"cannot be split like a shell would: {err}", where="SERVER_EXTRA_ARGS") from None
+
+
+def command_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Variables to assign on the server command (``NCCL_NET_GDR_LEVEL`` when it has a value)."""
+    return {key: env[key] for key in COMMAND_ENV_KEYS if env.get(key)}
+
+
+def drop_flag(args: Iterable[str], names: Iterable[str]) -> list[str]:
+    """``args`` without the flags ``names`` and their values (``--f v`` and ``--f=v``)."""
+    names = tuple(names)
+    out: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg in names:
+            i += 2 if i + 1 < len(items) and not items[i + 1].startswith("-") else 1
+            continue
+        if any(arg.startswith(n + "=") for n in names):
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def redact(argv: Iterable[str]) -> tuple[str, ...]:
+    """``argv`` with the value of every ``--api-key`` masked as ``***``."""
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append(REDACTED)
+            mask_next = False
+        elif arg == API_KEY_FLAG:
+            out.append(arg)
+            mask_next = True
+        elif arg.startswith(API_KEY_FLAG + "="):
+            out.append(f"{API_KEY_FLAG}={REDACTED}")
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
+_REF_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def quote(word: str) -> str:
+    """Quote one word for bash.
+
+    ``shlex.quote`` for a plain word. A word containing ``${NAME}`` references (e.g. the
+    job's ``${ENVLAYERS_MASTER_ADDR}``, or ``${ENVLAYERS_MASTER_ADDR}:29500``) goes in
+    double quotes so the references still expand; everything else in it stays literal.
+    """
+    parts = _REF_RE.split(word)
+    if len(parts) == 1:
+        return shlex.quote(word)
+    refs = _REF_RE.findall(word)
+    body = dq_escape(parts[0])
+    for ref, literal in zip(refs, parts[1:]):
+        body += ref + dq_escape(literal)
+    return f'"{body}"'
+
+
+def shell_line(cmd: RankCommand, redact: bool = True) -> str:
+    """The bash line a rank runs: ``NAME=value ... argv...``, assignments sorted by name.
+
+    The API key shows as ``***`` where the rank passes it (``VLLM_API_KEY=***`` or
+    ``--api-key ***``); with ``redact`` (the default) an ``--api-key`` inside the arguments
+    (``SERVER_EXTRA_ARGS``) is masked too. For printing only: ranks.sh is written by
+    ``envlayers.launch.ranks``, which quotes every value so it reaches the engine as it is.
+    """
+    argv = _redact(cmd.argv) if redact else cmd.argv
+    env = dict(cmd.env)
+    if cmd.key_env:
+        env[cmd.key_env] = REDACTED
+    words = [f"{name}={quote(value)}" for name, value in sorted(env.items())]
+    words.extend(quote(arg) for arg in argv)
+    if cmd.key_flag:
+        words += [cmd.key_flag, quote(REDACTED)]
+    return " ".join(words)
+
+
+def has_key(env: Mapping[str, str]) -> bool:
+    """Whether the rank gets an API key (``SERVER_API_KEY`` has a value)."""
+    return bool(env.get("SERVER_API_KEY"))
+
+
+_redact = redact
