@@ -347,7 +347,7 @@ def test_nccl_net_gdr_level_goes_on_the_server_command(value, expected):
         pytest.param("VLLM_SERVED_MODEL", "", "VLLM_SERVED_MODEL: is empty; it must name the model name "
                      "clients use", id="served-name-empty"),
         pytest.param("SERVER_HOST", "", "SERVER_HOST: is empty; it must be the address the server binds; "
-                     "hint: delete the line to bind 0.0.0.0", id="host-empty"),
+                     "hint: set SERVER_HOST=0.0.0.0 to bind every interface, or 127.0.0.1 for the node alone", id="host-empty"),
         pytest.param("SERVER_EXTRA_ARGS", "--x 'unclosed", "SERVER_EXTRA_ARGS: cannot be split like a shell "
                      "would: No closing quotation", id="extra-args-unbalanced-quote"),
     ],

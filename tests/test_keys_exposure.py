@@ -40,7 +40,8 @@ PY = "/usr/bin/python3"
     pytest.param({"SERVER_HOST": "::1"}, False, id="loopback-ipv6"),
     pytest.param({"SERVER_HOST": "127.0.0.2"}, False, id="loopback-net"),
     pytest.param({"SERVER_HOST": "${MY_ADDR}"}, True, id="decided-in-the-job"),
-    pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "podman"}, False, id="podman-publishes-loopback"),
+    pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "podman"}, True, id="podman-publishes-everywhere"),
+    pytest.param({"SERVER_HOST": "127.0.0.1", "CONTAINER_RUNTIME": "podman"}, False, id="podman-publishes-loopback"),
     pytest.param({"SERVER_HOST": "0.0.0.0", "CONTAINER_RUNTIME": "none"}, True, id="runtime-none"),
 ])
 def test_public_keyless(env, refused):
@@ -227,3 +228,43 @@ def test_access_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
                     {"SERVER_API_KEY_FILE": "generate"})
     assert acc.key_file == "/x/api-key"
     assert json.dumps(acc.endpoint)  # endpoint.json's field is what connect reads
+
+
+@pytest.mark.parametrize("host, local", [
+    pytest.param(None, None, id="absent"),
+    pytest.param("0.0.0.0", None, id="every-interface"),
+    pytest.param("10.0.0.5", None, id="routable"),
+    pytest.param("127.0.0.1", "127.0.0.1", id="loopback"),
+    pytest.param("127.0.0.2", "127.0.0.2", id="loopback-net"),
+    pytest.param("localhost", "127.0.0.1", id="localhost"),
+    pytest.param("::1", "[::1]", id="ipv6-in-brackets"),
+    pytest.param("::ffff:127.0.0.1", "127.0.0.1", id="mapped"),
+    pytest.param("0x7f000001", "127.0.0.1", id="hex-spelling"),
+])
+def test_a_loopback_bind_is_reached_at_its_own_address(host, local):
+    from envlayers.exposure import loopback_host
+
+    assert loopback_host({} if host is None else {"SERVER_HOST": host}) == local
+
+
+@pytest.mark.parametrize("host, nodes, refused", [
+    pytest.param("127.0.0.1", [0], False, id="one-node"),
+    pytest.param("127.0.0.1", [0, 1], True, id="replicas-on-two-nodes"),
+    pytest.param("0.0.0.0", [0, 1], False, id="every-interface"),
+])
+def test_loopback_refuses_serving_ranks_beyond_the_first_node(host, nodes, refused):
+    from envlayers.exposure import loopback_unreachable
+
+    text = loopback_unreachable({"SERVER_HOST": host}, nodes)
+    assert (text is not None) == refused
+    if refused:
+        assert "node index 1" in text and "SERVER_HOST=127.0.0.1" in text
+
+
+def test_loopback_with_replicas_on_two_nodes_is_refused_naming_the_layer_line(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("CONTAINER_RUNTIME=none\nINFERENCE_NODES=2\nSERVER_HOST=127.0.0.1\n")
+    job = prepare(REPO, "qwen38", experiment="replicas", env_file=mine, python=PY,
+                  environ={"HOME": str(tmp_path), "PWD": str(tmp_path)})
+    refused = [b for b in job.blockers if "binds loopback only" in b]
+    assert refused and refused[0].startswith(f"{mine}:3: the server binds loopback only (SERVER_HOST=127.0.0.1)")

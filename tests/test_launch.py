@@ -781,3 +781,35 @@ def test_an_endpoint_record_the_os_refuses_at_live_is_said_and_the_endpoint_is_s
                           "without this record")
     assert "ENVLAYERS-STAGE: endpoint live after 3.0s\n===== endpoint is live =====\n" in out
     assert rundir.parse_job_output(out).live
+
+
+# --------------------------------------------------------------------------- SERVER_HOST on loopback
+
+
+@pytest.mark.parametrize("keys, nodes", [
+    pytest.param(SINGLE_VLLM, (N1,), id="single"),
+    pytest.param(PIPELINE, (N1, N2), id="pipeline-api-on-node-0"),
+])
+def test_a_loopback_server_is_probed_and_printed_on_node_0s_loopback(tmp_path, keys, nodes):
+    lp = prepare({**keys, "SERVER_HOST": "127.0.0.1"}, alloc(tmp_path, nodes=nodes))
+    assert [(t.url, t.probe_url, t.address) for t in lp.targets] == [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1", "127.0.0.1")]
+    assert lp.node_local and "--host 127.0.0.1" in " ".join(lp.commands[0].argv)
+
+
+def test_loopback_replicas_on_two_nodes_stop_before_srun(tmp_path):
+    with pytest.raises(LaunchFailure, match=r"binds loopback only \(SERVER_HOST=127.0.0.1\), but this shape serves on "
+                                            r"1 node\(s\) besides the first"):
+        prepare({**SINGLE_VLLM, "INFERENCE_NODES": "2", "INFERENCE_MODE": "replicas", "SERVER_HOST": "127.0.0.1"},
+                alloc(tmp_path))
+
+
+def test_the_block_of_a_loopback_endpoint_says_where_it_is_reached_and_the_tunnel_command():
+    from envlayers.readiness import Endpoint
+
+    ep = Endpoint("42", "q", "Qwen/Qwen3-8B", "vllm", "single", ["http://127.0.0.1:8000/v1"], True, "/r",
+                  nodes=["n1"], key_file="/r/api-key", node_local=True)
+    assert ("reach: on n1 only (SERVER_HOST binds loopback); from elsewhere open a tunnel: env_layers tunnel 42 "
+            "(docs/access.md)") in ep.block().splitlines()
+    assert Endpoint.from_json(ep.to_json()).node_local
+    assert "reach:" not in Endpoint("42", "q", "m", "vllm", "single", ["http://n1:8000/v1"], True, "/r").block()

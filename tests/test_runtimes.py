@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,9 +53,31 @@ def test_image_refused(env, role_image, message):
         podman.settings(env, role_image)
 
 
+@pytest.mark.parametrize("host, publish", [
+    pytest.param(None, "0.0.0.0:8000:8000", id="absent-every-interface"),
+    pytest.param("127.0.0.1", "127.0.0.1:8000:8000", id="loopback"),
+    pytest.param("::1", "[::1]:8000:8000", id="ipv6-in-brackets"),
+    pytest.param("10.1.2.3", "10.1.2.3:8000:8000", id="one-address"),
+])
+def test_the_node_publishes_where_server_host_says(host, publish):
+    env = {} if host is None else {"SERVER_HOST": host}
+    argv = podman.run_argv(podman.Settings("localhost/img:1", ()), "77", 0, 8000, [], env)
+    assert argv[argv.index("--publish") + 1] == publish
+
+
+@pytest.mark.parametrize("host", [None, "127.0.0.1", "10.1.2.3"])
+def test_under_podman_the_engine_binds_the_containers_own_interface(host):
+    from envlayers.engines.command import server_host
+
+    env = {"CONTAINER_RUNTIME": "podman", **({} if host is None else {"SERVER_HOST": host})}
+    assert server_host(env) == "0.0.0.0"
+    assert server_host({k: v for k, v in env.items() if k != "CONTAINER_RUNTIME"}) == (host or "0.0.0.0")
+
+
 def test_run_argv_publishes_loopback_mounts_weights_read_only_and_passes_names_only():
     s = podman.Settings("localhost/img:1", ("nvidia.com/gpu=all",))
-    env = {"HF_HOME": "/shared/hf", "INFERENCE_MODEL": "/models/q", "CONTAINER_MOUNTS": "/a:rel:/b"}
+    env = {"HF_HOME": "/shared/hf", "INFERENCE_MODEL": "/models/q", "CONTAINER_MOUNTS": "/a:rel:/b",
+           "SERVER_HOST": "127.0.0.1"}
     argv = podman.run_argv(s, "77", 0, 8000, ["VLLM_API_KEY", "HF_HOME", "HF_HOME"], env)
     assert argv == ["podman", "run", "--rm", "--replace", "--name", "envlayers-77-0", "--ipc=host",
                     "--publish", "127.0.0.1:8000:8000", "--device", "nvidia.com/gpu=all",
@@ -84,10 +107,17 @@ def test_runtime_name():
         runtime_name({"CONTAINER_RUNTIME": "docker"})
 
 
-def test_prepare_probes_loopback_and_names_the_container(tmp_path):
-    lp = prepare(SINGLE_VLLM, Allocation("9", tmp_path, (Node("n1", "10.0.0.1", True),), api_key=True))
-    assert [t.url for t in lp.targets] == ["http://127.0.0.1:8000/v1"]
-    assert [t.probe_url for t in lp.targets] == ["http://127.0.0.1:8000/v1"]
+@pytest.mark.parametrize("host, url, probe", [
+    pytest.param("127.0.0.1", "http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1", id="published-on-loopback"),
+    pytest.param(None, "http://n1:8000/v1", "http://10.0.0.1:8000/v1", id="published-everywhere"),
+])
+def test_prepare_probes_where_the_port_is_published_and_names_the_container(tmp_path, host, url, probe):
+    keys = {**SINGLE_VLLM, **({"SERVER_HOST": host} if host else {})}
+    lp = prepare(keys, Allocation("9", tmp_path, (Node("n1", "10.0.0.1", True),), api_key=True))
+    assert [t.url for t in lp.targets] == [url]
+    assert [t.probe_url for t in lp.targets] == [probe]
+    assert lp.node_local == (host is not None)
+    assert "--host 0.0.0.0" in shlex.join(lp.commands[0].argv)
     assert json.loads(lp.files["launch.json"])["containers"] == ["envlayers-9-0"]
     assert "--environment" not in " ".join(lp.srun)
     assert any(line.startswith("ENVLAYERS-STAGE: rank 0 runs in podman: podman run --rm --replace --name "

@@ -120,6 +120,32 @@ def reach(host: str | None) -> tuple[str, str]:
     return ROUTABLE, f"{KEY}={host}{spelled}, an address other nodes reach"
 
 
+def loopback_host(env: Mapping[str, str]) -> str | None:
+    """The host to reach the server at, from its own node, when ``SERVER_HOST`` binds loopback only
+    (``127.0.0.1``, ``[::1]``; ``localhost`` is reached at 127.0.0.1); None when other nodes can reach it."""
+    host = env.get(KEY)
+    if reach(host)[0] != LOOPBACK:
+        return None
+    address = parse_host(host)
+    if isinstance(address, str):  # localhost and its subdomains
+        return "127.0.0.1"
+    address = getattr(address, "ipv4_mapped", None) or address
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+def loopback_unreachable(env: Mapping[str, str], serving_nodes: list[int]) -> str | None:
+    """The refusal when the server binds loopback only and a rank that must answer runs on another node
+    than the launcher's (node 0): the launcher could never see it, nor could a tunnel from node 0."""
+    host = env.get(KEY)
+    others = sorted({n for n in serving_nodes if n != 0})
+    if not others or loopback_host(env) is None:
+        return None
+    return (f"the server binds loopback only ({KEY}={host}), but this shape serves on {len(others)} node(s) "
+            f"besides the first (node index {', '.join(map(str, others))}), whose loopback neither the launcher "
+            "nor a tunnel reaches; fix: bind every interface with a key (SERVER_HOST=0.0.0.0 and "
+            f"SERVER_API_KEY_FILE={GENERATE}), or serve from one node")
+
+
 def public_keyless(env: Mapping[str, str]) -> str | None:
     """The refusal text when ``env`` serves an address other nodes reach (every interface, a routable
     address or host name, or one the job decides) without a key and no acknowledgement; None when the
@@ -128,8 +154,6 @@ def public_keyless(env: Mapping[str, str]) -> str | None:
     kind, bound = reach(env.get(KEY))
     if kind == LOOPBACK or env.get("SERVER_API_KEY_FILE"):
         return None
-    if (env.get("CONTAINER_RUNTIME") or "").strip() == "podman":
-        return None  # 0.0.0.0 is the container's own interface; the node publishes on 127.0.0.1 only
     ack = (env.get(ACK_KEY) or "").strip()
     if ack == "1":
         return None

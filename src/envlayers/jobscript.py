@@ -246,16 +246,20 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
-    from .exposure import KEY as HOST_KEY, public_keyless
+    from .exposure import KEY as HOST_KEY, loopback_unreachable, public_keyless
 
     try:
         public = public_keyless(text)
+        unreachable = loopback_unreachable(text, [r.node_index for r in plan.readiness_ranks()])
     except EnvLayersError as err:  # a SERVER_HOST that is no address: name the layer line that set it
         if err.where == HOST_KEY and HOST_KEY in env.bindings:
             err.where = f"{env.bindings[HOST_KEY].origin}: {HOST_KEY}"
         raise
     if public:
         blockers.append(public)
+    if unreachable:
+        origin = env.bindings[HOST_KEY].origin if HOST_KEY in env.bindings else None
+        blockers.append(f"{origin}: {unreachable}" if origin else unreachable)
     # -- end of the public-bind refusal
     from . import weights  # a hub id must be in the job's HF cache, and fit the GPUs' memory (weights.py)
 

@@ -112,6 +112,7 @@ class Endpoint:
     metrics: bool | None = None  # None: the engine serves /metrics (vLLM always; SGLang unless turned off)
     restart: int = 0  # SLURM_RESTART_COUNT of the run that went live
     key_file: str | None = None  # SERVER_API_KEY_FILE: the printed curl reads the key from it
+    node_local: bool = False  # SERVER_HOST binds loopback: only the node itself, or `env_layers tunnel`, reach it
 
     @property
     def base_url(self) -> str:
@@ -183,6 +184,10 @@ class Endpoint:
             lines.append(f"base URLs: {len(self.base_urls)} independent replicas, the client spreads load over "
                          f"all of them (endpoint.json: base_urls)")
             lines += [f"base URL: {u}" for u in self.base_urls]
+        if self.node_local:
+            node = self.nodes[0] if self.nodes else "the first node"
+            lines.append(f"reach: on {node} only (SERVER_HOST binds loopback); from elsewhere open a tunnel: "
+                         f"env_layers tunnel {self.job_id} (docs/access.md)")
         lines.append(f"served name: {self.served_model_name} (what clients pass as model)")
         if self.metrics is not False:
             lines.append(f"metrics: {self.metrics_url()}")

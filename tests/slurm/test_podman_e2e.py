@@ -1,6 +1,7 @@
 """CONTAINER_RUNTIME=podman end to end on the local Slurm cluster: real podman, a stand-in engine image
 built offline (podman import), saved to a shared directory and loaded from it by the job, the same
-engine command inside `podman run`, published on the node's 127.0.0.1 only, with a per-job key."""
+engine command inside `podman run`, published on the node's 127.0.0.1 only (SERVER_HOST=127.0.0.1), with a
+per-job key."""
 
 from __future__ import annotations
 
@@ -59,17 +60,20 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
             f"CONTAINER_IMAGE={image}\n"
             f"CONTAINER_IMAGE_DIR={shared}\n"
             "CONTAINER_GPU_DEVICES=none\n"  # the lab has no GPUs; sites get nvidia.com/gpu=all or /dev/kfd,/dev/dri
-            "SERVER_API_KEY_FILE=generate\n")
+            "SERVER_API_KEY_FILE=generate\n"
+            "SERVER_HOST=127.0.0.1\n")  # published on the node's loopback; the engine binds the container's interface
         dry = run.sbatch(submit=False).stdout
         rank0 = next(line for line in dry.splitlines() if line.startswith("#   rank 0: "))
         assert ("podman run --rm --replace --name \"envlayers-${SLURM_JOB_ID}-0\" --ipc=host "
                 "--publish 127.0.0.1:8000:8000 ") in rank0
         assert " --env VLLM_API_KEY " in rank0 and f" {image} vllm serve openai/gpt-oss-120b " in rank0
+        assert " --host 0.0.0.0 " in rank0  # inside the container: what the publish needs
         assert "would refuse" not in dry
         run.submit()
         text = run.wait_for("^" + re.escape(BANNER), timeout_s=120)
         jid = run.job_id
         assert "base URL: http://127.0.0.1:8000/v1" in text
+        assert f"reach: on n1 only (SERVER_HOST binds loopback); from elsewhere open a tunnel: env_layers tunnel {run.job_id}" in text
         log = (run.run_dir / "server-0.log").read_text()
         assert f"ENVLAYERS-STAGE: rank 0: loading {image} from {shared}/" in log
         assert json.loads((run.run_dir / "launch.json").read_text())["containers"] == [f"envlayers-{jid}-0"]

@@ -212,6 +212,40 @@ def test_a_rendezvous_port_in_use_on_the_head_node_moves_to_the_next_free_one(ne
         holder.wait(timeout=10)
 
 
+def test_a_loopback_server_goes_live_on_node_0s_loopback_and_no_other_address(netns_lab, tmp_path):
+    from labtools import lab_command
+
+    status = lab_command("status", env={"ENVLAYERS_LAB_DIR": str(netns_lab.lab_dir)}).stdout
+    ns = next(re.search(r"netns=(\S+)", line).group(1) for line in status.splitlines()
+              if line.startswith("node: name=n1 "))
+    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_HOST=127.0.0.1\n")
+    assert "would refuse" not in run.sbatch(submit=False).stdout  # loopback alone needs no key
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    assert "base URL: http://127.0.0.1:8000/v1" in text
+    assert (f"reach: on n1 only (SERVER_HOST binds loopback); from elsewhere open a tunnel: env_layers tunnel "
+            f"{run.job_id} (docs/access.md)") in text
+    assert run.endpoint()["node_local"] is True
+    on_node = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "5", "http://127.0.0.1:8000/v1/models"],
+                             capture_output=True, text=True, timeout=30)
+    assert json.loads(on_node.stdout)["data"][0]["id"] == "hpcagent-bench-vllm", on_node.stdout + on_node.stderr
+    outside = subprocess.run(["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}",
+                              f"http://{netns_lab.nodes['n1']}:8000/v1/models"], capture_output=True, text=True,
+                             timeout=10)
+    assert outside.stdout == "000"  # nothing answers on the node's fabric address
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+
+
+def test_loopback_replicas_on_two_nodes_are_refused_before_submission(netns_lab, tmp_path):
+    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_HOST=127.0.0.1\nINFERENCE_NODES=2\n",
+              EXPERIMENT="replicas")
+    proc = subprocess.run([str(SBATCH)], cwd=run.dir, env=dict(run.env, SUBMIT="1"), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and "the server binds loopback only (SERVER_HOST=127.0.0.1)" in proc.stderr, proc.stderr
+    assert netns_lab.run(["squeue", "-h", "-o", "%i"]).stdout.strip() == ""
+
+
 def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
     run = Run(netns_lab, tmp_path, EXPERIMENT="replicas")
     run.submit()

@@ -81,15 +81,20 @@ def flag(env: Mapping[str, str], key: str, name: str, default: str | None = None
 
 
 def server_host(env: Mapping[str, str]) -> str:
-    """``SERVER_HOST``: absent -> 0.0.0.0, empty -> error (the engine's default is loopback)."""
+    """The engine's ``--host``: ``SERVER_HOST``, absent -> 0.0.0.0, empty -> error (the engine's default is
+    loopback). Under ``CONTAINER_RUNTIME=podman`` the engine always binds the container's own interface
+    (0.0.0.0), which the publish needs; SERVER_HOST then decides only where the node publishes the port
+    (runtimes/podman.py)."""
     value = env.get("SERVER_HOST")
+    if (env.get("CONTAINER_RUNTIME") or "").strip() == "podman" and (value is None or value.strip() != ""):
+        return DEFAULT_SERVER_HOST
     if value is None:
         return DEFAULT_SERVER_HOST
     if value.strip() == "":
         raise EngineError(
             "is empty; it must be the address the server binds",
             where="SERVER_HOST",
-            hint=f"delete the line to bind {DEFAULT_SERVER_HOST}",
+            hint=f"set SERVER_HOST={DEFAULT_SERVER_HOST} to bind every interface, or 127.0.0.1 for the node alone",
         )
     return value
 

@@ -253,7 +253,8 @@ class Launcher:
 
         ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, [t.url for t in lp.targets],
                       lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
-                      restart=lp.restart, key_file=lp.key_file if lp.api_key else None, metrics=lp.metrics)
+                      restart=lp.restart, key_file=lp.key_file if lp.api_key else None, metrics=lp.metrics,
+                      node_local=lp.node_local)
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names

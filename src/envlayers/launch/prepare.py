@@ -91,6 +91,7 @@ class LaunchPlan:
     files: Mapping[str, str]  # run-dir file name -> text
     metrics: bool = True  # the engine serves /metrics (vLLM always; SGLang unless SGLANG_ENABLE_METRICS is off)
     stall_s: int = DEFAULT_STARTUP_STALL_S  # STARTUP_STALL_S: no rank's log grew for this long before live; 0: off
+    node_local: bool = False  # SERVER_HOST binds loopback: reached on node 0 itself or through `env_layers tunnel`
 
     @property
     def ranks(self) -> int:
@@ -211,7 +212,13 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         lines += podman_lines
         containers = [container_name(alloc.job_id, rank) for rank in range(len(wrappers))]
     # -- end of the runtime's wrapper
-    loopback = wrappers is not None  # podman publishes on the node's 127.0.0.1 only
+    # SERVER_HOST on loopback: the launcher (on node 0) probes the server there, and prints that URL
+    from ..exposure import loopback_host, loopback_unreachable
+
+    refused = loopback_unreachable(keys, [r.node_index for r in plan.readiness_ranks()])
+    if refused:
+        raise LaunchFailure(refused, lines=tuple(lines))
+    local = loopback_host(keys)
     ray_files: dict[str, str] = {}
     if plan.shape in raycluster.RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
         if wrappers is not None:
@@ -223,9 +230,9 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                                                   min_replicas(keys, plan.replicas) if plan.shape == "gateway" else 1)
         lines += ray_lines
         ray_files = raycluster.files(plan.shape)
-    targets = tuple(Target(r.rank, f"http://{'127.0.0.1' if loopback else nodes[r.node_index].url_host}:{r.port}/v1",
-                           f"http://{'127.0.0.1' if loopback else nodes[r.node_index].address}:{r.port}/v1",
-                           "127.0.0.1" if loopback else nodes[r.node_index].address)
+    targets = tuple(Target(r.rank, f"http://{local or nodes[r.node_index].url_host}:{r.port}/v1",
+                           f"http://{local or nodes[r.node_index].address}:{r.port}/v1",
+                           local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
     srun = srun_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
                      str(alloc.run_dir / "ranks.sh"))
@@ -241,4 +248,5 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
                       tuple(lines), files,
                       # the gateway answers /metrics itself, with every replica's samples (gateway_app.py)
-                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True, stall_s=stall_s)
+                      metrics=sglang_metrics_enabled(keys) if engine == "sglang" else True, stall_s=stall_s,
+                      node_local=local is not None)

@@ -7,13 +7,15 @@ when the node does not have it (:func:`load_line`: ``podman load -i``), then run
 :func:`run_argv` + the engine's argv, unchanged:
 
     podman run --rm --replace --name envlayers-<job>-<rank> --ipc=host
-      --publish 127.0.0.1:<port>:<port> --device <gpu> ... -v <weights>:<weights>:ro
+      --publish <SERVER_HOST>:<port>:<port> --device <gpu> ... -v <weights>:<weights>:ro
       --env NAME ... IMAGE <engine argv>
 
 A weights path that goes through a symbolic link is bound from its real path (runtimes/binds.py).
 
-The engine binds 0.0.0.0 inside the container (what the publish needs); the node publishes the port
-on 127.0.0.1 only, so the endpoint is reached on the node itself or through ``env_layers tunnel``.
+The engine binds 0.0.0.0 inside the container (what the publish needs, whatever SERVER_HOST says); the
+node publishes the port where SERVER_HOST says, as the engine would bind it without a container: every
+interface when it is absent, ``127.0.0.1`` for an endpoint reached on the node itself or through
+``env_layers tunnel``.
 Values reach the container by name (``--env NAME``: podman reads them from its own environment), so
 the API key is never on podman's command line. One node per job in this runtime (see
 :func:`check_plan`). Pure, but for nothing: no process, no file.
@@ -92,8 +94,8 @@ def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: st
 
 
 def check_plan(nodes: int, where: str = "CONTAINER_RUNTIME") -> None:
-    """One node per job: the container publishes on the node's 127.0.0.1, which the launcher on the
-    first node reaches and no other node does."""
+    """One node per job: each node's podman is its own (images, container names), and the launcher on the
+    first node manages only its own containers."""
     if nodes != 1:
         raise EnvLayersError(f"podman serves one node per job; this plan has {nodes}", where=where,
                              hint="use CONTAINER_RUNTIME=ce for multi-node plans, or one job per replica")
@@ -118,12 +120,20 @@ def volumes(env: Mapping[str, str]) -> list[str]:
     return [f"{real(m) or m}:{m}:ro" for m in mounts(env)]
 
 
+def publish_host(env: Mapping[str, str]) -> str:
+    """Where the node publishes the container's port: ``SERVER_HOST`` (absent: every interface), an IPv6
+    address in brackets as podman's ``--publish`` wants it."""
+    host = env.get("SERVER_HOST")
+    host = "0.0.0.0" if host is None or not host.strip() else host.strip()
+    return f"[{host}]" if ":" in host else host
+
+
 def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable[str], env: Mapping[str, str]) -> list[str]:
     """``podman run ...`` up to and including the image; the engine's argv follows it."""
     argv = ["podman", "run", "--rm", "--replace", "--name", container_name(job_id, rank)]
     shm = (env.get(SHM_KEY) or "").strip()
     argv.append(f"--shm-size={shm}" if shm else "--ipc=host")
-    argv += ["--publish", f"127.0.0.1:{port}:{port}"]
+    argv += ["--publish", f"{publish_host(env)}:{port}:{port}"]
     for d in s.devices:
         argv += ["--device", d]
     for v in volumes(env):
