@@ -169,6 +169,10 @@ class Launcher:
         self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ), own=own)
         for name, text in lp.files.items():
             atomic_write(self.run_dir / name, text)
+        if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster's token (launch/raycluster.py), 0600
+            from .raycluster import write_token
+
+            write_token(self.run_dir)
         self.start(lp, api_key)
         # replicas that survive a peer, and the /health watch once live
         from .health import HealthWatch, generating_health, health_url
