@@ -101,7 +101,8 @@ def test_ray_plan_wraps_every_rank_in_the_node_helper_and_writes_it(tmp_path):
     assert set(lp.files) == {"ranks.sh", "launch.json", "raynode.py"}
     assert lp.files["raynode.py"] == Path(raynode.__file__).read_text()
     assert ("ENVLAYERS-TOPOLOGY: ray_head=10.9.0.1:29500 ray_nodes=2 join_timeout=300s "
-            "temp_dir=/tmp/envlayers-ray-77-<rank>-<run dir crc32> pids=ray-pids-<rank>.txt") in lp.lines
+            "temp_dir=/tmp/envlayers-ray-77-<rank>-<run dir crc32> pids=ray-pids-<rank>.txt "
+            "auth=token (ray-token, 0600)") in lp.lines
     assert [t.url for t in lp.targets] == ["http://n1:8000/v1"]  # the head's own address, not loopback
 
 
@@ -121,7 +122,8 @@ def run_rank(tmp_path: Path, text: str, rank: int) -> list[str]:
 def test_ranks_sh_runs_the_node_helper_with_ray_first_then_the_server(tmp_path):
     lp = prepare({**RAY, "RAY_NUM_CPUS": "1", "RAY_JOIN_TIMEOUT_S": "90"}, alloc(tmp_path))
     helper = [str(tmp_path / "raynode.py")]
-    common = ["--run-dir", str(tmp_path), "--job", "77", "--address", "10.9.0.1:29500", "--nodes", "2"]
+    common = ["--run-dir", str(tmp_path), "--job", "77", "--address", "10.9.0.1:29500", "--nodes", "2",
+              "--auth-token-file", str(tmp_path / "ray-token")]
     head = run_rank(tmp_path, lp.files["ranks.sh"], 0)
     cut = head.index("--")
     assert head[:cut] == [*helper, "--rank", "0", *common, "--join-timeout", "90"]
@@ -324,3 +326,42 @@ def test_a_signalled_node_helper_exits_128_plus_the_signal_even_before_the_nodes
     assert "joined the cluster" not in rest and "starting the server" not in rest, rest
     assert proc.returncode == 128 + getattr(signal, sig), first + rest
     assert f"ray node of rank {rank} stopped: none of the" in rest, rest
+
+
+# --------------------------------------------------------------------------- Ray's token authentication
+
+
+def test_the_ray_token_is_random_0600_and_replaced_whole(tmp_path):
+    from envlayers.launch.raycluster import write_token
+
+    first = write_token(tmp_path)
+    text = first.read_text()
+    assert first.name == "ray-token" and len(text.strip()) == 64 and int(text, 16) >= 0
+    assert first.stat().st_mode & 0o777 == 0o600
+    assert write_token(tmp_path).read_text() != text  # a requeued run writes its own
+    assert [p.name for p in tmp_path.iterdir()] == ["ray-token"]  # no temporary left
+
+
+@pytest.mark.parametrize("content, mode, problem", [
+    pytest.param("abc\n", 0o600, None, id="fine"),
+    pytest.param("", 0o600, "is empty", id="empty"),
+    pytest.param("abc\n", 0o644, "is readable by others (mode 0644", id="world-readable"),
+    pytest.param(None, None, "cannot be read: No such file or directory", id="missing"),
+])
+def test_a_token_file_ray_could_not_use_safely_is_named(tmp_path, content, mode, problem):
+    path = tmp_path / "ray-token"
+    if content is not None:
+        path.write_text(content)
+        path.chmod(mode)
+    found = raynode.token_problem(str(path))
+    assert (found is None) if problem is None else (problem in found)
+
+
+def test_every_process_of_a_node_runs_with_token_auth_and_no_token_in_its_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-the-shell")
+    node = raynode.Node({"rank": "0", "run-dir": str(tmp_path), "job": "7", "address": "127.0.0.1:29500",
+                         "nodes": "1", "auth-token-file": str(tmp_path / "ray-token")},
+                        ["ray", "start", "--head", "--block"], [])
+    assert node.env["RAY_AUTH_MODE"] == "token"
+    assert node.env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "ray-token")
+    assert "RAY_AUTH_TOKEN" not in node.env

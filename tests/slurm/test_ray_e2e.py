@@ -86,6 +86,31 @@ def openai_answers(lab, text: str, api_key: str = "EMPTY") -> str:
     return served
 
 
+RAY_CLIENT = """
+import sys
+import ray
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+    print("JOINED", sum(1 for n in ray.nodes() if n.get("Alive")))
+except Exception as err:
+    print("REFUSED", type(err).__name__, " ".join(str(err).split())[:300])
+"""
+
+
+def ray_client(home: Path, address: str) -> str:
+    """What a plain ``ray.init(address=...)`` from outside the job gets: no token in its environment, a
+    HOME of its own (Ray also looks for ~/.ray/auth_token). Its last line (JOINED n | REFUSED ...) and
+    the GCS client's complaint, if it printed one."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.run([sys.executable, "-c", RAY_CLIENT, address], env=env, capture_output=True, text=True,
+                          timeout=180)
+    said = [line for line in proc.stdout.splitlines() if line.startswith(("JOINED", "REFUSED"))]
+    complaint = next((line for line in proc.stderr.splitlines() if "Unauthenticated" in line), "")
+    return (said[-1] if said else f"no answer (rc={proc.returncode}): {proc.stderr[-300:]}") + " " + complaint
+
+
 def ray_records(run: Run) -> list[dict]:
     lines = (run.dir / "engines.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if "ray" in r]
@@ -114,6 +139,17 @@ def test_ray_shape_forms_one_cluster_on_two_nodes_and_leaves_no_ray_process(netn
     assert engine["ray"] == {"address": f"{n1}:{port}", "nodes": 2, "gpus": 8} and engine["hostname"] == "n1"
     assert engine["env"]["VLLM_HOST_IP"] == n1  # vLLM's address on each node: its own
     assert f"--node-ip-address={netns_lab.nodes['n2']}" in (run.run_dir / "server-1.log").read_text()
+    # Ray's token authentication: the engine joined with the job's token, read from its 0600 file ...
+    token_file = run.run_dir / "ray-token"
+    assert engine["env"]["RAY_AUTH_MODE"] == "token" and engine["env"]["RAY_AUTH_TOKEN_PATH"] == str(token_file)
+    assert "RAY_AUTH_TOKEN" not in engine["env"] and token_file.stat().st_mode & 0o777 == 0o600
+    token = token_file.read_text().strip()
+    assert not [p.name for p in run.run_dir.iterdir() if p.is_file() and p != token_file
+                and token in p.read_text(errors="replace")] and token not in run.out.read_text()
+    # ... and a client without it, from outside the job, is refused by the cluster's head
+    outsider = ray_client(tmp_path / "outsider", f"{n1}:{port}")
+    assert outsider.startswith("REFUSED "), outsider
+    assert "Unauthenticated" in outsider or "InvalidAuthToken" in outsider or "Failed to connect" in outsider
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
     assert_no_ray_left(run)

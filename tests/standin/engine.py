@@ -122,7 +122,8 @@ VLLM_LOGS = {"0.28": "0.28.0", "0.32": "0.32.0", "0.32-cpu": "0.32.0"}
 
 RECORD_ENV_PREFIXES = ("NCCL_", "RCCL_", "FI_", "SLURM_", "VLLM_", "SGLANG_", "HF_")
 RECORD_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "SLURMD_NODENAME",
-                   "TRANSFORMERS_CACHE", "OMP_NUM_THREADS", "PYTHONPATH")
+                   "TRANSFORMERS_CACHE", "OMP_NUM_THREADS", "PYTHONPATH",
+                   "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")  # the token itself: recorded to see it absent
 
 
 class KnobError(Exception):

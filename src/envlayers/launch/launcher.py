@@ -178,6 +178,13 @@ class Launcher:
                 atomic_write(self.run_dir / name, text)
             except OSError as err:
                 raise self.unwritable(err, name) from None
+        if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster's token (launch/raycluster.py), 0600
+            from .raycluster import write_token
+
+            try:
+                write_token(self.run_dir)
+            except OSError as err:
+                raise self.unwritable(err, "ray-token") from None
         self.start(lp, api_key)
         # replicas that survive a peer, and the /health watch once live
         from .health import HealthWatch, generating_health, health_url

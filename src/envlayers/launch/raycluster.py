@@ -7,6 +7,10 @@ by PID) and, for the gateway, :mod:`envlayers.gateway_app` (the Ray Serve deploy
 into the run directory next to ranks.sh, because the ranks may run in a container that has Python
 and Ray but not envlayers.
 
+Every Ray cluster a job starts has Ray's token authentication on, with a per-job token the launcher
+writes 0600 into the run directory before srun (:func:`write_token`; raynode.py points Ray at it), so
+no one else who reaches the nodes' Ray ports can join the cluster or run code on it.
+
 The ``ray start`` lines themselves (``RAY_PORT_BASE``, ``RAY_NUM_CPUS``) are built by
 :mod:`envlayers.engines.ray`. Launch keys read here (docs/keys.md): ``RAY_JOIN_TIMEOUT_S`` (how long the
 head waits for every node) and for the gateway ``GATEWAY_REPLACE_TIMEOUT_S`` (how long fewer than
@@ -25,6 +29,7 @@ from ..engines.ray import head_argv, whole_key
 
 RAY_SHAPES = ("ray", "gateway")
 NODE_FILE = "raynode.py"
+TOKEN_FILE = "ray-token"  # the job's Ray authentication token, 0600, written by the launcher before srun
 GATEWAY_FILE = "gateway_app.py"
 PYTHON = "python3"  # the ranks' Python: the container's, or the host's with CONTAINER_RUNTIME=none
 DEFAULT_JOIN_TIMEOUT_S = 300
@@ -64,7 +69,8 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     node = str(run_dir / NODE_FILE)
     if plan.shape == "gateway":
         minimum, grace = min_replicas, replace_timeout_s(env, budget_s)
-    common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes)]
+    common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes),
+              "--auth-token-file", str(run_dir / TOKEN_FILE)]
     out: list[tuple[str, list[str]]] = []
     for rank in range(plan.nodes):
         words = [PYTHON, node, "--rank", str(rank), *common]
@@ -79,7 +85,8 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
             words.append("--")
         out.append(("# a Ray node (raynode.py): Ray first, then the command after its last --", words))
     lines = [f"ENVLAYERS-TOPOLOGY: ray_head={address} ray_nodes={plan.nodes} join_timeout={timeout}s "
-             f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> pids=ray-pids-<rank>.txt",
+             f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> pids=ray-pids-<rank>.txt "
+             f"auth=token ({TOKEN_FILE}, 0600)",
              f"ENVLAYERS-STAGE: rank 0 starts the Ray head: {shlex.join(head_argv(env, plan, head_ip))}"]
     if plan.shape == "gateway":
         lines.append(f"ENVLAYERS-TOPOLOGY: gateway port={plan.api_port} replicas={plan.replicas} "
@@ -98,6 +105,23 @@ def files(shape: str) -> dict[str, str]:
     if shape == "gateway":
         out[GATEWAY_FILE] = (pkg / "gateway_app.py").read_text(encoding="utf-8")
     return out
+
+
+def write_token(run_dir: Path) -> Path:
+    """The job's Ray token: 32 random bytes as hex in ``run_dir/ray-token``, mode 0600 from its creation
+    (a successor or requeued run writes its own)."""
+    import os
+    import secrets
+
+    path = run_dir / TOKEN_FILE
+    tmp = run_dir / f".{TOKEN_FILE}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, (secrets.token_hex(32) + "\n").encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
 
 
 def joined_line(run_dir: Path) -> str | None:

@@ -4,7 +4,12 @@ Copied into the run directory by the launcher (launch/raycluster.py) and run wit
 ``python3``: it needs the standard library, plus Ray in the short-lived process that counts nodes.
 
     python3 raynode.py --rank R --run-dir D --job J --address HEAD:PORT --nodes N [--join-timeout S]
-                       -- RAY_START_ARGV... [-- SERVER_ARGV...]
+                       [--auth-token-file F] -- RAY_START_ARGV... [-- SERVER_ARGV...]
+
+With ``--auth-token-file`` (the launcher always gives one) every process it starts runs with Ray's token
+authentication on (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH=F``): the job's own token, the same file
+on every node, so only the job's processes can join or use its Ray cluster. The token is read by Ray from
+the file; it is on no command line and in no log.
 
 It starts ``ray start ... --block`` in a process group of its own (with ``--temp-dir`` under /tmp,
 one per job and rank), and records every process it started, and theirs, in ``ray-pids-<R>.txt``
@@ -120,6 +125,11 @@ class Node:
             "--block"] else [*ray_argv, f"--temp-dir={self.temp_dir}"]
         self.server_argv = server_argv
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        token_file = opts.get("auth-token-file")
+        if token_file:  # Ray's token authentication, with the job's token (Ray reads it from the file)
+            self.env.pop("RAY_AUTH_TOKEN", None)  # Ray would prefer a token from the environment
+            self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=os.path.abspath(token_file))
+        self.token_file = token_file
         # this node's address, for Ray and for vLLM's workers on it (vLLM wants a VLLM_HOST_IP per node)
         given = [a.split("=", 1)[1] for a in self.ray_argv if a.startswith("--node-ip-address=")]
         # the launcher gives every multi-node rank VLLM_HOST_IP, its node's address (engines/vllm.py)
@@ -160,6 +170,10 @@ class Node:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
+        problem = token_problem(self.token_file)
+        if problem:  # Ray would abort on an unreadable or empty token file, less clearly
+            say(f"ENVLAYERS-ERROR: ray: the job's Ray token {problem}")
+            return 2
         self.guard = Guard.start(self.tracker.path, self.temp_dir, os.path.join(self.run_dir,
                                                                                 f"server-{self.rank}.log"))
         role = "head" if self.rank == 0 else "worker"
@@ -391,6 +405,23 @@ PRCTL = _prctl()
 def _die_with_parent(sig: int) -> None:
     if PRCTL is not None:  # not Linux: the PID record and the guard still stop the child
         PRCTL(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def token_problem(path: str | None) -> str | None:
+    """Why the token file cannot be used (missing, empty, readable by others), or None."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+        with open(path, encoding="utf-8") as fh:
+            empty = not fh.read().strip()
+    except OSError as err:
+        return f"{path} cannot be read: {err.strerror}"
+    if empty:
+        return f"{path} is empty"
+    if st.st_mode & 0o077:
+        return f"{path} is readable by others (mode {st.st_mode & 0o777:04o}; the launcher writes it 0600)"
+    return None
 
 
 def count_nodes(address: str, want: int, timeout_s: float) -> int:
