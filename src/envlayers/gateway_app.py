@@ -45,6 +45,7 @@ CHECK_EVERY_S = 2.0
 REGISTRY = "envlayers-metrics"  # the named actor replicas register their metrics readers with
 NAMESPACE = "envlayers-gateway"
 READ_TIMEOUT_S = 3.0  # one replica's /metrics read, through its reader actor
+READER_START_S = 60.0  # at least this long for a replica's reader actor to start before it registers
 SERVER_GRACE_S = 5.0  # a replica's server: SIGTERM, then SIGKILL to what is left of its group after this
 RECOVERED_AFTER_S = 30.0  # enough replicas healthy this long: a recovery, not a replacement about to die again
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -368,7 +369,7 @@ class Replica:
                 raise RuntimeError(f"the replica's vllm serve did not answer on port {self.port} within "
                                    f"{ready_timeout_s:.0f}s")
             time.sleep(0.5)
-        self._register()
+        self._register(max(READER_START_S, deadline - time.monotonic()))
         print(f"gateway replica {self.index}: vllm serve pid {self.proc.pid} answers on 127.0.0.1:{self.port} "
               f"(replica actor pid {os.getpid()})", flush=True)
         threading.Thread(target=self._watch, name="envlayers-server-watch", daemon=True).start()
@@ -396,8 +397,10 @@ class Replica:
         except Exception:  # the gateway's main is gone (the job ends): nothing to tell
             pass
 
-    def _register(self) -> None:
-        """A reader actor on this node, registered: the index this replica is labelled with in /metrics."""
+    def _register(self, bound_s: float) -> None:
+        """A reader actor on this node, registered once it answers (so every registered replica can be read
+        at once; a new actor's worker process can take many seconds to start on a busy node): the index
+        this replica is labelled with in /metrics."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -405,6 +408,12 @@ class Replica:
         self.reader = ray.remote(MetricsReader).options(
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         ).remote(self.port)
+        try:
+            ray.get(self.reader.ping.remote(), timeout=bound_s)
+        except Exception as err:
+            self.stop()
+            raise RuntimeError(f"the replica's metrics reader did not start within {bound_s:.0f}s: "
+                               f"{type(err).__name__}") from None
         self.registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
         self.index = ray.get(self.registry.register.remote(self.reader, self.node, self.proc.pid, self.port))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from labtools import processes_mentioning
+from labtools import gateway_ready, processes_mentioning
 from test_serve_e2e import BANNER, REPO, STANDIN, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
@@ -328,6 +328,46 @@ def test_a_gateway_replica_whose_engine_is_killed_is_replaced_while_the_other_ke
                      shown), shown
     print(f"{asked} request(s) answered between the kill and the replacement, "
           f"{time.monotonic() - t0:.1f}s")
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    assert_no_ray_left(run)
+
+
+def stat_fields(pid: int) -> list[str]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def test_a_gateway_replica_actor_killed_outright_takes_its_vllm_serve_with_it(netns_lab, tmp_path):
+    # Ray or Serve may force-kill a replica's actor (no code of it runs): its server must not live on holding
+    # its GPUs until the job ends. Serve then starts a new replica, with a new server.
+    run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
+                  layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
+    gateway_ready(run, 2)
+    (victim,) = [e for e in ray_records(run) if e["hostname"] == "n2"]
+    server = {victim["pid"]: int(stat_fields(victim["pid"])[19])}
+    actor = int(stat_fields(victim["pid"])[1])  # the server's parent: the Serve replica's actor process
+    assert Path(f"/proc/{actor}/cmdline").read_bytes().startswith(b"ray::"), Path(f"/proc/{actor}/cmdline").read_bytes()
+    os.kill(actor, signal.SIGKILL)
+    t0 = time.monotonic()
+    while still_alive(server) and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
+    assert not still_alive(server), f"the killed actor's vllm serve (pid {victim['pid']}) outlived it by 60s"
+    print(f"the server was gone {time.monotonic() - t0:.1f}s after its actor was killed")
+    # Serve replaces the replica: a new server on n2, registered under the dead one's label, and both answer
+    replaced = re.compile(r"^ENVLAYERS-STAGE: gateway: replica ([01]) on n2 replaced: its new vllm serve \(pid (\d+)\) "
+                          r"answers", re.M)
+    deadline, log = time.monotonic() + 180, ""
+    while not replaced.search(log) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        log = (run.run_dir / "server-0.log").read_text()
+    assert replaced.search(log), log[-3000:]
+    new_pid = int(replaced.search(log).group(2))
+    assert new_pid != victim["pid"] and Path(f"/proc/{new_pid}").exists()
+    openai_answers(netns_lab, text)
+    assert netns_lab.job_info(run.job_id)["JobState"] == "RUNNING"
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
     assert_no_ray_left(run)
