@@ -5,7 +5,8 @@ layers, node count and shape, submitted with ``cluster/serve-only.sbatch`` as an
 stand-in engine serves ``/metrics`` only when the real one would (vLLM always, SGLang with
 ``--enable-metrics``, which the launcher passes unless SGLANG_ENABLE_METRICS turns it off). The URL is
 the one the endpoint block prints (the gateway answers it itself, with every replica's samples, each
-labelled with its replica). A model whose shape the job cannot start yet is skipped with the dry run's own reason, so it is checked here as soon as the launcher starts it. Models that plan more
+labelled with its replica, once the gateway says every replica is ready: the endpoint goes live with
+the first). A model whose shape the job cannot start yet is skipped with the dry run's own reason, so it is checked here as soon as the launcher starts it. Models that plan more
 nodes than the session lab has run on the 4-node lab (fixture ``lab4``).
 """
 
