@@ -16,6 +16,11 @@ exposition, each sample labelled ``replica="<i>"`` (:func:`merge_expositions`). 
 another's loopback, so each replica starts a reader actor pinned to its node and registers it with the
 named :class:`MetricsRegistry` (made by ``main``), which reads them all with a bounded timeout.
 
+A replica's server dies with the replica's actor: it runs in a process group of its own, which the
+actor's shutdown stops (SIGTERM, SIGKILL after ``SERVER_GRACE_S``), and when the actor is killed outright
+(Serve or Ray force-kills it, SIGKILL) a small guard process the actor started (:data:`GUARD`, outside the
+actor's process tree) sees the actor's end of a pipe close and stops that group the same way.
+
 Replicas survive a peer: a replica whose server dies reports it (``ENVLAYERS-ERROR: gateway: replica
 <i> on <node>: ...``, with the exit code) and ends its actor, and Serve starts a new replica (a new
 server) while the others serve on. The job ends only when fewer than ``--min-replicas`` are healthy
@@ -40,6 +45,8 @@ CHECK_EVERY_S = 2.0
 REGISTRY = "envlayers-metrics"  # the named actor replicas register their metrics readers with
 NAMESPACE = "envlayers-gateway"
 READ_TIMEOUT_S = 3.0  # one replica's /metrics read, through its reader actor
+READER_START_S = 60.0  # at least this long for a replica's reader actor to start before it registers
+SERVER_GRACE_S = 5.0  # a replica's server: SIGTERM, then SIGKILL to what is left of its group after this
 RECOVERED_AFTER_S = 30.0  # enough replicas healthy this long: a recovery, not a replacement about to die again
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
@@ -216,6 +223,111 @@ class MetricsRegistry:
         return texts, why
 
 
+# The guard of one replica's server, run as ``python3 -c GUARD FD GRACE_S ACTOR_PID``. It forks and the first
+# process exits, so the guard is nobody's child in the actor's tree (Ray kills a dying worker's children).
+# It reads the server's process group id from the pipe FD, then waits for the pipe to close: that happens
+# when the actor process ends, however it ends (the kernel closes its descriptors, SIGKILL included).
+# Whatever is then left of the group gets SIGTERM, and SIGKILL after GRACE_S. Standard library only.
+GUARD = r"""
+import os, signal, sys, time
+if os.fork():
+    os._exit(0)
+fd, grace, actor = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+data = b""
+while True:
+    chunk = os.read(fd, 64)
+    if not chunk:
+        break
+    data += chunk
+words = data.split()
+if not words:
+    sys.exit(0)  # the actor ended before it started its server
+group = int(words[0])
+
+
+def left():
+    try:
+        os.killpg(group, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+if not left():
+    sys.exit(0)  # the actor stopped its server itself
+how = "SIGTERM"
+try:
+    os.killpg(group, signal.SIGTERM)
+except ProcessLookupError:
+    sys.exit(0)
+deadline = time.monotonic() + grace
+while left() and time.monotonic() < deadline:
+    time.sleep(0.1)
+if left():
+    how = f"SIGTERM, then SIGKILL after {grace:.0f}s"
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+print(f"gateway guard: the replica's actor (pid {actor}) ended with its vllm serve (pid {group}) still running; "
+      f"stopped its process group ({how})", file=sys.stderr, flush=True)
+"""
+
+
+def start_guard(grace_s: float) -> int:
+    """Start the guard of a server this process is about to start (:data:`GUARD`); the returned pipe end
+    is written the server's process group id and kept open for as long as this process lives."""
+    r, w = os.pipe()  # neither end is inherited by a server this process starts (close-on-exec)
+    try:
+        launcher = subprocess.Popen([sys.executable, "-c", GUARD, str(r), str(grace_s), str(os.getpid())],
+                                    pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL)
+        launcher.wait()  # it forked the guard and returned at once
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return w
+
+
+def start_guarded(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """``argv`` started in a process group of its own, with a guard that stops that group once this process
+    ends (:data:`GUARD`); the guard's pipe end is returned, to be kept open (closing it ends the server)."""
+    guard = start_guard(SERVER_GRACE_S)
+    try:
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    except BaseException:
+        os.close(guard)
+        raise
+    try:
+        os.write(guard, f"{proc.pid}\n".encode())
+    except OSError as err:  # the guard is gone: no server runs unguarded
+        os.close(guard)
+        stop_group(proc, SERVER_GRACE_S)
+        raise RuntimeError(f"the guard of the replica's vllm serve is gone ({err.strerror}); stopped the server")
+    return proc, guard
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``proc``'s process group (``proc`` leads it), SIGKILL after ``grace_s`` to what is left;
+    returns once the group is empty (at most ``grace_s`` more after the SIGKILL)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reaps the leader: a zombie would still count as a member of its group
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
+
+
 def exit_words(code: int) -> str:
     if code < 0:
         try:
@@ -234,7 +346,8 @@ class Replica:
 
         self.port = free_port()
         self.argv = with_host_port(argv, "127.0.0.1", self.port)
-        self.proc = subprocess.Popen(self.argv, env=dict(os.environ, RAY_ADDRESS=address), start_new_session=True)
+        # its own process group; a guard stops that group if this actor is killed outright
+        self.proc, self.guard = start_guarded(self.argv, dict(os.environ, RAY_ADDRESS=address))
         self.session = None
         self.index, self.registry, self.reported, self.closing = None, None, False, False
         self.node = socket.gethostname()
@@ -256,9 +369,9 @@ class Replica:
                 raise RuntimeError(f"the replica's vllm serve did not answer on port {self.port} within "
                                    f"{ready_timeout_s:.0f}s")
             time.sleep(0.5)
-        self._register()
-        print(f"gateway replica {self.index}: vllm serve pid {self.proc.pid} answers on 127.0.0.1:{self.port}",
-              flush=True)
+        self._register(max(READER_START_S, deadline - time.monotonic()))
+        print(f"gateway replica {self.index}: vllm serve pid {self.proc.pid} answers on 127.0.0.1:{self.port} "
+              f"(replica actor pid {os.getpid()})", flush=True)
         threading.Thread(target=self._watch, name="envlayers-server-watch", daemon=True).start()
 
     def _watch(self) -> None:
@@ -284,8 +397,10 @@ class Replica:
         except Exception:  # the gateway's main is gone (the job ends): nothing to tell
             pass
 
-    def _register(self) -> None:
-        """A reader actor on this node, registered: the index this replica is labelled with in /metrics."""
+    def _register(self, bound_s: float) -> None:
+        """A reader actor on this node, registered once it answers (so every registered replica can be read
+        at once; a new actor's worker process can take many seconds to start on a busy node): the index
+        this replica is labelled with in /metrics."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -293,6 +408,12 @@ class Replica:
         self.reader = ray.remote(MetricsReader).options(
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         ).remote(self.port)
+        try:
+            ray.get(self.reader.ping.remote(), timeout=bound_s)
+        except Exception as err:
+            self.stop()
+            raise RuntimeError(f"the replica's metrics reader did not start within {bound_s:.0f}s: "
+                               f"{type(err).__name__}") from None
         self.registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
         self.index = ray.get(self.registry.register.remote(self.reader, self.node, self.proc.pid, self.port))
 
@@ -339,14 +460,14 @@ class Replica:
             raise RuntimeError(f"the replica's vllm serve {exit_words(code)}")
 
     def stop(self) -> None:
+        """The server's whole process group: SIGTERM, SIGKILL after SERVER_GRACE_S (Serve calls this on a
+        graceful shutdown, through ``__del__``)."""
         self.closing = True
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        stop_group(self.proc, SERVER_GRACE_S)
 
     def __del__(self):
-        self.stop()
+        if getattr(self, "proc", None) is not None:
+            self.stop()
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:

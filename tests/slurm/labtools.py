@@ -383,3 +383,15 @@ def processes_mentioning(text: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def gateway_ready(run, replicas: int, timeout_s: float = 240) -> str:
+    """Rank 0's log once the gateway said every replica is ready (Serve's deployment returned: each replica
+    started its server and registered its metrics reader). The endpoint goes live with the first replica."""
+    deadline, log = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        log = (run.run_dir / "server-0.log").read_text()
+        if f"ENVLAYERS-STAGE: gateway: {replicas} replica(s) ready after " in log:
+            return log
+        time.sleep(0.3)
+    raise AssertionError(f"the gateway did not say {replicas} replica(s) ready within {timeout_s}s:\n{log[-3000:]}")

@@ -5,7 +5,8 @@ layers, node count and shape, submitted with ``cluster/serve-only.sbatch`` as an
 stand-in engine serves ``/metrics`` only when the real one would (vLLM always, SGLang with
 ``--enable-metrics``, which the launcher passes unless SGLANG_ENABLE_METRICS turns it off). The URL is
 the one the endpoint block prints (the gateway answers it itself, with every replica's samples, each
-labelled with its replica). A model whose shape the job cannot start yet is skipped with the dry run's own reason, so it is checked here as soon as the launcher starts it. Models that plan more
+labelled with its replica, once the gateway says every replica is ready: the endpoint goes live with
+the first). A model whose shape the job cannot start yet is skipped with the dry run's own reason, so it is checked here as soon as the launcher starts it. Models that plan more
 nodes than the session lab has run on the 4-node lab (fixture ``lab4``).
 """
 
@@ -23,6 +24,7 @@ import pytest
 from envlayers import catalog
 from envlayers.jobscript import prepare
 from envlayers.layers import load_env
+from labtools import gateway_ready
 from test_serve_e2e import BANNER, STANDIN, Run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +86,10 @@ def test_every_catalog_model_answers_prometheus_text_on_its_metrics_url(request,
     url = re.search(r"^metrics: (http://(n\d+):\d+/metrics)$", text, re.M)
     assert url, text
     reachable = url.group(1).replace(f"http://{url.group(2)}:", f"http://{lab.nodes[url.group(2)]}:")
+    if planned.plan.shape == "gateway":
+        # the endpoint is live with the first replica Serve runs; /metrics holds the replicas registered by then
+        # (a replica registers before Serve routes to it). Every replica is once the gateway says they are ready.
+        gateway_ready(run, planned.plan.replicas)
     got = subprocess.run(["curl", "-s", "-m", "10", "-D", "-", reachable], capture_output=True, text=True, timeout=20)
     head, _, body = got.stdout.replace("\r\n", "\n").partition("\n\n")
     assert head.startswith("HTTP/1.") and " 200 " in head.splitlines()[0], got.stdout
@@ -95,6 +101,7 @@ def test_every_catalog_model_answers_prometheus_text_on_its_metrics_url(request,
     if planned.plan.shape == "gateway":  # the gateway answers itself, with every replica's samples labelled
         labels = {m.group(1) for s in samples for m in [re.match(r'[^{]*\{replica="(\d+)"', s)] if m}
         assert labels == {str(i) for i in range(planned.plan.replicas)}, (labels, body[:2000])
+        assert "did not answer" not in body, body[:2000]  # the comment names the replica and why
         assert all(re.match(r'[^{ ]*\{replica="\d+"', s) for s in samples), body[:2000]
     lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"

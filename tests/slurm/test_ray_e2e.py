@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from labtools import processes_mentioning
+from labtools import gateway_ready, processes_mentioning
 from test_serve_e2e import BANNER, REPO, STANDIN, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
@@ -182,6 +182,7 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
                   "HEALTH_FAIL_AFTER_S=0\n")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
+    gateway_ready(run, 2)  # live comes with the first replica; this test looks at both
     assert ("ENVLAYERS-TOPOLOGY: shape=gateway nodes=2 gpus_per_node=4 tp=4 pp=1 world=4 instances=2 "
             "max_instances_per_node=1 api_rank=0 port=8000") in text
     assert "ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=1 " in text
@@ -311,6 +312,7 @@ def test_a_gateway_replica_whose_engine_is_killed_is_replaced_while_the_other_ke
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
     served = openai_answers(netns_lab, text)
+    gateway_ready(run, 2)  # live comes with the first replica; the one on n2 may still be starting
     (victim,) = [e for e in ray_records(run) if e["hostname"] == "n2"]
     # the official client as users run it (its default retries), asked without a pause from the kill until
     # the replacement answers; every request must be answered
@@ -369,6 +371,54 @@ def test_a_gateway_replica_whose_engine_is_killed_is_replaced_while_the_other_ke
     assert_no_ray_left(run)
 
 
+def stat_fields(pid: int) -> list[str]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def test_a_gateway_replica_actor_killed_outright_takes_its_vllm_serve_with_it(netns_lab, tmp_path):
+    # Ray or Serve may force-kill a replica's actor (no code of it runs): its server must not live on holding
+    # its GPUs until the job ends. Serve then starts a new replica, with a new server.
+    run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="2",
+                  layer="RAY_NUM_CPUS=1\nINFERENCE_NODES=2\nTENSOR_PARALLEL_SIZE=4\nUSE_RAY_SERVE=true\n")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=240)
+    gateway_ready(run, 2)
+    (victim,) = [e for e in ray_records(run) if e["hostname"] == "n2"]
+    server = {victim["pid"]: int(stat_fields(victim["pid"])[19])}
+    actor = int(stat_fields(victim["pid"])[1])  # the server's parent: the Serve replica's actor process
+    assert Path(f"/proc/{actor}/cmdline").read_bytes().startswith(b"ray::"), Path(f"/proc/{actor}/cmdline").read_bytes()
+    os.kill(actor, signal.SIGKILL)
+    t0 = time.monotonic()
+    while still_alive(server) and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
+    assert not still_alive(server), f"the killed actor's vllm serve (pid {victim['pid']}) outlived it by 60s"
+    print(f"the server was gone {time.monotonic() - t0:.1f}s after its actor was killed")
+    # and its guard did it (not the job's end): its line, relayed from the dead actor's Ray log to rank 0's
+    said = re.compile(rf"gateway guard: the replica's actor \(pid {actor}\) ended with its vllm serve \(pid "
+                      rf"{victim['pid']}\) still running; stopped its process group \(SIGTERM")
+    deadline, log = time.monotonic() + 60, ""
+    while not said.search(log) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        log = (run.run_dir / "server-0.log").read_text()
+    assert said.search(log), log[-3000:]
+    # Serve replaces the replica: a new server on n2, registered under the dead one's label, and both answer
+    replaced = re.compile(r"^ENVLAYERS-STAGE: gateway: replica ([01]) on n2 replaced: its new vllm serve \(pid (\d+)\) "
+                          r"answers", re.M)
+    deadline, log = time.monotonic() + 180, ""
+    while not replaced.search(log) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        log = (run.run_dir / "server-0.log").read_text()
+    assert replaced.search(log), log[-3000:]
+    new_pid = int(replaced.search(log).group(2))
+    assert new_pid != victim["pid"] and Path(f"/proc/{new_pid}").exists()
+    openai_answers(netns_lab, text)
+    assert netns_lab.job_info(run.job_id)["JobState"] == "RUNNING"
+    netns_lab.cancel(run.job_id)
+    assert run.state() == "CANCELLED"
+    assert_no_ray_left(run)
+
+
 def test_gateway_on_one_node_starts_its_own_ray_and_places_both_replicas_there(netns_lab, tmp_path):
     # USE_RAY_SERVE=true on one node: 2 instances of tp=2 share the node's 4 GPUs (at most 2 per node)
     run = ray_run(netns_lab, tmp_path, model="llama405bgateway", SERVE_TIME="00:10:00", STANDIN_RAY_NODES="1",
@@ -378,6 +428,7 @@ def test_gateway_on_one_node_starts_its_own_ray_and_places_both_replicas_there(n
     assert "ENVLAYERS-TOPOLOGY: gateway port=8000 replicas=2 max_replicas_per_node=2 " in text
     assert re.search(r"^ENVLAYERS-STAGE: ray cluster at \S+: 1 of 1 node\(s\) joined after", text, re.M)
     openai_answers(netns_lab, text)
+    gateway_ready(run, 2)  # live comes with the first replica
     engines = ray_records(run)
     assert [e["hostname"] for e in engines] == ["n1", "n1"] and all(e["ray"]["nodes"] == 1 for e in engines)
     assert len({e["argv"][-1] for e in engines}) == 2  # a loopback port each
