@@ -153,6 +153,23 @@ def test_gateway_plan_runs_the_serve_app_after_the_head_with_rank_zeros_vllm_com
     assert app[app.index("--") + 1:] == list(lp.commands[0].argv)
 
 
+def test_the_gateway_replicas_get_the_key_file_and_rays_processes_no_key(tmp_path, monkeypatch):
+    from envlayers import gateway_app
+
+    key_file = tmp_path / "api-key"
+    key_file.write_text("s3cret\n")
+    lp = prepare({**GATEWAY, "SERVER_API_KEY_FILE": str(key_file)}, alloc(tmp_path))
+    head = run_rank(tmp_path, lp.files["ranks.sh"], 0)
+    assert head[head.index("--api-key-file") + 1] == str(key_file)
+    assert gateway_app.read_key(str(key_file)) == "s3cret"
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")
+    monkeypatch.setenv("SERVER_API_KEY", "s3cret")
+    node = raynode.Node({"rank": "0", "run-dir": str(tmp_path), "job": "7", "address": "127.0.0.1:29500",
+                         "nodes": "1"}, ["ray", "start", "--head", "--block"], ["vllm", "serve"])
+    assert "s3cret" not in node.ray_env.values()  # ray start, its raylet and workers, the node count
+    assert node.env["VLLM_API_KEY"] == "s3cret"  # the server this node runs (vLLM's API server)
+
+
 def test_gateway_survival_keys_reach_the_serve_app(tmp_path):
     lp = prepare({**GATEWAY, "MIN_REPLICAS": "2", "GATEWAY_REPLACE_TIMEOUT_S": "45"}, alloc(tmp_path))
     head = run_rank(tmp_path, lp.files["ranks.sh"], 0)

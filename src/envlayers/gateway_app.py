@@ -38,6 +38,8 @@ import threading
 import time
 
 APP = "envlayers"
+KEY_ENV = "VLLM_API_KEY"  # where each replica's vllm serve reads the endpoint's key
+KEY_VARS = ("VLLM_API_KEY", "SERVER_API_KEY")  # never inherited from Ray's worker processes
 NO_LIMIT = 1_000_000  # Serve needs a number for requests in flight per replica; this one is never reached
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host", "upgrade",
        "proxy-connection", "te", "trailer"}
@@ -340,14 +342,18 @@ def exit_words(code: int) -> str:
 class Replica:
     """One instance: its own ``vllm serve`` on this node's loopback, and the proxy in front of it."""
 
-    def __init__(self, argv: list[str], address: str, ready_timeout_s: float):
+    def __init__(self, argv: list[str], address: str, ready_timeout_s: float, key_file: str | None = None):
         import urllib.error
         import urllib.request
 
         self.port = free_port()
         self.argv = with_host_port(argv, "127.0.0.1", self.port)
+        env = {k: v for k, v in os.environ.items() if k not in KEY_VARS}
+        env["RAY_ADDRESS"] = address
+        if key_file:  # the endpoint's key, read from its 0600 file: Ray's processes never carry it
+            env[KEY_ENV] = read_key(key_file)
         # its own process group; a guard stops that group if this actor is killed outright
-        self.proc, self.guard = start_guarded(self.argv, dict(os.environ, RAY_ADDRESS=address))
+        self.proc, self.guard = start_guarded(self.argv, env)
         self.session = None
         self.index, self.registry, self.reported, self.closing = None, None, False, False
         self.node = socket.gethostname()
@@ -470,6 +476,15 @@ class Replica:
             self.stop()
 
 
+def read_key(path: str) -> str:
+    """The endpoint's API key from its file (the launcher checked it before srun)."""
+    with open(path, encoding="utf-8") as fh:
+        key = fh.read().strip()
+    if not key:
+        raise RuntimeError(f"the API key file {path} is empty")
+    return key
+
+
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
     if "--" not in argv:
         raise SystemExit("gateway_app.py: expected `-- vllm serve ...` after the options")
@@ -532,7 +547,8 @@ def main(argv: list[str]) -> int:
         f"{host}:{port}")
     t0 = time.monotonic()
     try:
-        serve.run(deployment.bind(server, opts["address"], float(opts["ready-timeout"])), name=APP, route_prefix="/")
+        serve.run(deployment.bind(server, opts["address"], float(opts["ready-timeout"]), opts.get("api-key-file")),
+                  name=APP, route_prefix="/")
     except Exception as err:
         say(f"ENVLAYERS-ERROR: gateway: the Serve deployment failed: {str(err).splitlines()[0] if str(err) else err!r}")
         return 1

@@ -194,6 +194,18 @@ def test_gateway_spreads_two_replicas_over_two_nodes_behind_one_endpoint_with_no
     base = f"http://{netns_lab.nodes['n1']}:8000/v1"
     with pytest.raises(openai.AuthenticationError):  # each replica's vLLM checks the key behind the gateway
         openai.OpenAI(base_url=base, api_key="wrong", max_retries=0, timeout=30).models.list()
+    # the replicas read the key from its file: none of Ray's own processes carries it in its environment
+    checked = 0
+    for pid in still_alive(recorded_pids(run.run_dir)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if re.search(r"raylet|gcs_server|ray::|default_worker\.py|ray start|log_monitor", argv):
+            checked += 1
+            assert key not in environ, argv
+    assert checked >= 4, checked  # each node's raylet and workers, the head's GCS
     # one vLLM per replica, one replica per node (GPUs per node cap them), each in the whole cluster, each
     # on its own loopback port behind the gateway
     engines = sorted(ray_records(run), key=lambda r: r["hostname"])

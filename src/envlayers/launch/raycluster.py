@@ -69,6 +69,9 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     node = str(run_dir / NODE_FILE)
     if plan.shape == "gateway":
         minimum, grace = min_replicas, replace_timeout_s(env, budget_s)
+    # the gateway's replicas read the endpoint's key from its file (0600): Ray's processes never carry it
+    key_file = (env.get("SERVER_API_KEY_FILE") or "").strip()
+    key_words = ["--api-key-file", key_file] if key_file else []
     common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes),
               "--auth-token-file", str(run_dir / TOKEN_FILE)]
     out: list[tuple[str, list[str]]] = []
@@ -80,7 +83,7 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
                 words += [PYTHON, str(run_dir / GATEWAY_FILE), "--address", address,
                           "--replicas", str(plan.replicas), "--max-per-node", str(gateway_cap(plan)),
                           "--served", served, "--ready-timeout", str(budget_s), "--min-replicas", str(minimum),
-                          "--replace-timeout", str(grace), "--"]
+                          "--replace-timeout", str(grace), *key_words, "--"]
         else:
             words.append("--")
         out.append(("# a Ray node (raynode.py): Ray first, then the command after its last --", words))

@@ -35,6 +35,7 @@ import time
 import zlib
 
 CLUSTER_FILE = "ray-cluster.json"
+KEY_VARS = ("VLLM_API_KEY", "SERVER_API_KEY")  # where ranks.sh puts the endpoint's API key
 GRACE_S = 3.0  # the server's time to exit on SIGTERM; Slurm's KillWait is often 5 s or more
 POLL_S = 0.5
 SETTLE_S = 120.0
@@ -130,6 +131,10 @@ class Node:
             self.env.pop("RAY_AUTH_TOKEN", None)  # Ray would prefer a token from the environment
             self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=os.path.abspath(token_file))
         self.token_file = token_file
+        # Ray's own processes (ray start, its raylet, GCS and workers, the node count) never carry the API
+        # key: only the server this node runs gets it (vLLM's API server); the gateway's replicas read it
+        # from the key file (gateway_app.py --api-key-file)
+        self.ray_env = {k: v for k, v in self.env.items() if k not in KEY_VARS}
         # this node's address, for Ray and for vLLM's workers on it (vLLM wants a VLLM_HOST_IP per node)
         given = [a.split("=", 1)[1] for a in self.ray_argv if a.startswith("--node-ip-address=")]
         # the launcher gives every multi-node rank VLLM_HOST_IP, its node's address (engines/vllm.py)
@@ -179,7 +184,7 @@ class Node:
         role = "head" if self.rank == 0 else "worker"
         say(f"ENVLAYERS-STAGE: ray {role} node of rank {self.rank} starting (cluster {self.address}): "
             f"{shlex.join(self.ray_argv)}")
-        self.ray = self.spawn(self.ray_argv, self.env)
+        self.ray = self.spawn(self.ray_argv, self.ray_env)
         threading.Thread(target=self.watch, daemon=True).start()
         try:
             if self.server_argv:
@@ -196,7 +201,7 @@ class Node:
         """Rank 0: until Ray reports every node, bounded; a counter in its own process (it imports Ray)."""
         t0 = time.monotonic()
         counter = self.spawn([sys.executable, os.path.abspath(__file__), "--count", self.address, str(self.nodes),
-                              str(self.join_timeout)], self.env)
+                              str(self.join_timeout)], self.ray_env)
         while counter.poll() is None:
             if self.stopping.wait(POLL_S):
                 return 0
