@@ -149,6 +149,7 @@ def test_the_dry_run_shows_the_refusal_with_the_fix(tmp_path, layer, blocked):
     assert bool(shown) == blocked
     if blocked:
         assert "fix: set SERVER_API_KEY_FILE=generate" in shown[0]
+        assert shown[0].endswith(f"; the key is emptied at {tmp_path / 'mine.env'}:2 (SERVER_API_KEY_FILE=)")
 
 
 def test_a_real_submission_is_refused_before_sbatch(tmp_path):

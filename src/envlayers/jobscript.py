@@ -203,6 +203,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
             err.where = f"{env.bindings[HOST_KEY].origin}: {HOST_KEY}"
         raise
     if public:
+        emptied = env.bindings.get("SERVER_API_KEY_FILE")  # the line that took the default per-job key away
+        if emptied is not None and not text.get("SERVER_API_KEY_FILE"):
+            public += f"; the key is emptied at {emptied.origin} (SERVER_API_KEY_FILE=)"
         blockers.append(public)
     # -- end of the public-bind refusal
     from .weights import check as check_weights  # a hub id must be in the job's HF cache (weights.py)
