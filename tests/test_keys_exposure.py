@@ -249,3 +249,16 @@ def test_access_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
                     {"SERVER_API_KEY_FILE": "generate"})
     assert acc.key_file == "/x/api-key"
     assert json.dumps(acc.endpoint)  # endpoint.json's field is what connect reads
+
+
+@pytest.mark.parametrize("model", ["qwen38", "glm53"])  # the README's `SUBMIT=0 ...` and `MODEL=glm53 ...`
+def test_the_readmes_commands_are_refused_for_nothing_but_a_missing_edf(tmp_path, model):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SBATCH_", "SERVE_", "ENVLAYERS_")) and k not in ("EXPERIMENT", "MODEL")}
+    env.update(PYTHONPATH=str(REPO / "src"), HOME=str(tmp_path), MODEL=model, SUBMIT="0")  # a fresh account
+    proc = subprocess.run([str(REPO / "cluster" / "serve-only.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    refusals = [line for line in proc.stdout.splitlines() if line.startswith("# would refuse to submit: ")]
+    assert len(refusals) == 1 and " is not installed in " in refusals[0] and "env_layers install-edfs" in refusals[0]
+    assert "\nexport SERVER_API_KEY_FILE='generate'\n" in proc.stdout
