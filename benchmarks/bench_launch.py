@@ -32,7 +32,9 @@ BANNER = "===== endpoint is live ====="
 
 
 def submit(lab, workdir: Path, layer: str, **env: str) -> str:
-    (workdir / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer)
+    # keyless, acknowledged: the lab's network is private to this machine, and the probe asks without a key
+    (workdir / "mine.env").write_text("CONTAINER_RUNTIME=none\nSERVER_API_KEY_FILE=\nALLOW_PUBLIC_UNAUTHENTICATED=1\n"
+                                      + layer)
     full = {**os.environ, **lab.env, "SCRATCH": str(workdir / "scratch"), "SERVE_ENV_FILE": str(workdir / "mine.env"),
             "PATH": f"{REPO / 'tests/standin/bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
             "PYTHONPATH": os.pathsep.join([str(REPO / "tests/standin/pypath"), str(REPO / "src")]), **env}

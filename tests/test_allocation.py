@@ -76,7 +76,7 @@ def run_as_batch_job(tmp_path, slurm_env: dict[str, str], **env: str) -> subproc
     spool.mkdir(parents=True)
     script = spool / "slurm_script"
     shutil.copy(REPO / "cluster" / "serve-only.sbatch", script)
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n")  # the per-job key of serve-only.env
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in (
         "MODEL", "EXPERIMENT", "SERVE_BASE_ENV", "SUBMIT")}
     base.update(PYTHONPATH=str(REPO / "src"), ENVLAYERS_ROOT=str(REPO), SERVE_ENV_FILE=str(tmp_path / "mine.env"),
@@ -124,7 +124,7 @@ def test_under_sbatch_a_bad_model_is_the_usual_one_line_error(tmp_path):
 def test_run_directly_inside_an_allocation_still_submits(tmp_path):
     """SLURM_JOB_ID alone (an salloc shell) is not sbatch: the wrapper submits as usual (here: the dry run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "EXPERIMENT", "SERVE_BASE_ENV")}
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n")  # the per-job key of serve-only.env
     env.update(FITS_QWEN38, SUBMIT="0", PYTHONPATH=str(REPO / "src"), SERVE_ENV_FILE=str(tmp_path / "mine.env"))
     proc = subprocess.run([str(REPO / "cluster" / "serve-only.sbatch")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)

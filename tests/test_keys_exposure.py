@@ -129,14 +129,19 @@ def _job(tmp_path, layer: str):
     return prepare(REPO, "qwen38", env_file=mine, python=PY, environ={"HOME": str(tmp_path), "PWD": str(tmp_path)})
 
 
+KEYLESS = "SERVER_API_KEY_FILE=\n"  # empties the per-job key experiments/serve-only.env sets
+
+
 @pytest.mark.parametrize("layer, blocked", [
-    pytest.param("", True, id="catalog-default-keyless"),
-    pytest.param("ALLOW_PUBLIC_UNAUTHENTICATED=1\n", False, id="acknowledged"),
-    pytest.param("SERVER_API_KEY_FILE=generate\n", False, id="per-job-key"),
-    pytest.param("SERVER_HOST=127.0.0.1\n", False, id="loopback"),
-    pytest.param("SERVER_HOST=0\n", True, id="zero"),
-    pytest.param("SERVER_HOST=::ffff:0.0.0.0\n", True, id="mapped-unspecified"),
-    pytest.param("SERVER_HOST=10.1.2.3\n", True, id="routable"),
+    pytest.param("", False, id="catalog-default-per-job-key"),
+    pytest.param(KEYLESS, True, id="keyless"),
+    pytest.param(KEYLESS + "ALLOW_PUBLIC_UNAUTHENTICATED=1\n", False, id="keyless-acknowledged"),
+    pytest.param(KEYLESS + "ALLOW_PUBLIC_UNAUTHENTICATED=yes\n", True, id="keyless-acknowledged-not-with-1"),
+    pytest.param(KEYLESS + "SERVER_API_KEY_FILE=generate\n", False, id="per-job-key-again"),
+    pytest.param(KEYLESS + "SERVER_HOST=127.0.0.1\n", False, id="keyless-loopback"),
+    pytest.param(KEYLESS + "SERVER_HOST=0\n", True, id="zero"),
+    pytest.param(KEYLESS + "SERVER_HOST=::ffff:0.0.0.0\n", True, id="mapped-unspecified"),
+    pytest.param(KEYLESS + "SERVER_HOST=10.1.2.3\n", True, id="routable"),
 ])
 def test_the_dry_run_shows_the_refusal_with_the_fix(tmp_path, layer, blocked):
     job = _job(tmp_path, layer)
@@ -145,11 +150,12 @@ def test_the_dry_run_shows_the_refusal_with_the_fix(tmp_path, layer, blocked):
     assert bool(shown) == blocked
     if blocked:
         assert "fix: set SERVER_API_KEY_FILE=generate" in shown[0]
+        assert shown[0].endswith(f"; the key is emptied at {tmp_path / 'mine.env'}:2 (SERVER_API_KEY_FILE=)")
 
 
 def test_a_real_submission_is_refused_before_sbatch(tmp_path):
     mine = tmp_path / "mine.env"
-    mine.write_text("CONTAINER_RUNTIME=none\n")
+    mine.write_text("CONTAINER_RUNTIME=none\n" + KEYLESS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
     env.update(PYTHONPATH=str(REPO / "src"), HOME=str(tmp_path), PATH="/usr/bin:/bin")  # no sbatch on PATH
     proc = subprocess.run([sys.executable, "-m", "envlayers", "serve", "--model", "qwen38", "--env-file", str(mine)],
@@ -157,6 +163,22 @@ def test_a_real_submission_is_refused_before_sbatch(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the server binds every interface" in proc.stderr and "ALLOW_PUBLIC_UNAUTHENTICATED=1" in proc.stderr
     assert "sbatch" not in proc.stderr.replace("SUBMIT=0", "")
+
+
+def test_the_catalog_default_is_a_per_job_key(tmp_path):
+    job = _job(tmp_path, "")  # nothing about the key: experiments/serve-only.env decides
+    assert "\nexport SERVER_API_KEY_FILE='generate'\n" in job.script
+    assert not job.blockers and all("--api-key '***'" in line for line in job.rank_lines), job.rank_lines
+
+
+def test_an_acknowledgement_alone_does_not_make_the_server_keyless(tmp_path):
+    job = _job(tmp_path, "ALLOW_PUBLIC_UNAUTHENTICATED=1\n")
+    assert all("--api-key '***'" in line for line in job.rank_lines), job.rank_lines
+
+
+def test_keyless_takes_the_emptied_key_and_the_acknowledgement(tmp_path):
+    job = _job(tmp_path, KEYLESS + "ALLOW_PUBLIC_UNAUTHENTICATED=1\n")
+    assert not job.blockers and not any("--api-key" in line for line in job.rank_lines), job.rank_lines
 
 
 def test_generate_is_not_checked_as_a_file_on_the_login_node(tmp_path):
@@ -268,3 +290,16 @@ def test_loopback_with_replicas_on_two_nodes_is_refused_naming_the_layer_line(tm
                   environ={"HOME": str(tmp_path), "PWD": str(tmp_path)})
     refused = [b for b in job.blockers if "binds loopback only" in b]
     assert refused and refused[0].startswith(f"{mine}:3: the server binds loopback only (SERVER_HOST=127.0.0.1)")
+
+
+@pytest.mark.parametrize("model", ["qwen38", "glm53"])  # the README's `SUBMIT=0 ...` and `MODEL=glm53 ...`
+def test_the_readmes_commands_are_refused_for_nothing_but_a_missing_edf(tmp_path, model):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SBATCH_", "SERVE_", "ENVLAYERS_")) and k not in ("EXPERIMENT", "MODEL")}
+    env.update(PYTHONPATH=str(REPO / "src"), HOME=str(tmp_path), MODEL=model, SUBMIT="0")  # a fresh account
+    proc = subprocess.run([str(REPO / "cluster" / "serve-only.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    refusals = [line for line in proc.stdout.splitlines() if line.startswith("# would refuse to submit: ")]
+    assert len(refusals) == 1 and " is not installed in " in refusals[0] and "env_layers install-edfs" in refusals[0]
+    assert "\nexport SERVER_API_KEY_FILE='generate'\n" in proc.stdout

@@ -98,7 +98,9 @@ def test_dry_run_of_data_parallel_has_headless_node_one(edf_dir):
     rank1 = next(line for line in out.splitlines() if line.startswith("#   rank 1: "))
     assert ("--headless --data-parallel-size 8 --data-parallel-start-rank 4 --data-parallel-size-local 4 "
             '--data-parallel-address "${ENVLAYERS_MASTER_ADDR}" --data-parallel-rpc-port 13345') in rank1
-    assert rank1.startswith("#   rank 1: NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_HOST_IP=\"${ENVLAYERS_NODE_ADDR}\" vllm serve ")
+    # the per-job key of experiments/serve-only.env reaches every vLLM rank through its environment, shown masked
+    assert rank1.startswith("#   rank 1: NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_API_KEY='***' "
+                            "VLLM_HOST_IP=\"${ENVLAYERS_NODE_ADDR}\" vllm serve ")
 
 
 @pytest.mark.parametrize("model", ["llama405bray", "llama405bgateway"])
@@ -112,10 +114,10 @@ def test_ray_shapes_are_not_refused_at_submission(model, edf_dir):
 
 
 @pytest.mark.parametrize("model, then", [
-    ("llama405bray", "once all 2 node(s) joined: NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_HOST_IP=\"${ENVLAYERS_NODE_ADDR}\" vllm serve "),
+    ("llama405bray", "once all 2 node(s) joined: NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_API_KEY='***' VLLM_HOST_IP=\"${ENVLAYERS_NODE_ADDR}\" vllm serve "),
     ("llama405bgateway", "once all 4 node(s) joined: the Ray Serve gateway on port 8000 with 2 replica(s), each "
                          "running this server on a free 127.0.0.1 port in place of --host/--port: "
-                         "NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_HOST_IP=\"${ENVLAYERS_NODE_ADDR}\" vllm serve "),
+                         "NCCL_NET_GDR_LEVEL=LOC VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_API_KEY='***' VLLM_HOST_IP=\"${ENVLAYERS_NODE_ADDR}\" vllm serve "),
 ])
 def test_dry_run_of_a_ray_shape_shows_the_head_node_zero_starts_first(model, then, edf_dir):
     from envlayers import topology

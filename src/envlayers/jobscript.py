@@ -229,7 +229,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     env_text = render(env, "sh", with_header=False)
     text = env.text()
     build_env = dict(text)
-    warnings = unresolved_warnings(env, environ)
+    warnings = shell_overridden_warnings(env, environ) + unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):
         build_env["SERVER_API_KEY"] = "${SERVER_API_KEY}"
         warnings += _key_file_warnings(env, environ)
@@ -256,6 +256,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
             err.where = f"{env.bindings[HOST_KEY].origin}: {HOST_KEY}"
         raise
     if public:
+        emptied = env.bindings.get("SERVER_API_KEY_FILE")  # the line that took the default per-job key away
+        if emptied is not None and not text.get("SERVER_API_KEY_FILE"):
+            public += f"; the key is emptied at {emptied.origin} (SERVER_API_KEY_FILE=)"
         blockers.append(public)
     if unreachable:
         origin = env.bindings[HOST_KEY].origin if HOST_KEY in env.bindings else None
@@ -330,6 +333,19 @@ def _unbound(env: Env) -> list[Unbound]:
 def _read_in(u: Unbound, environ: Mapping[str, str]) -> bool:
     """Whether bash reads ``u.name`` at all with ``environ``: each enclosing default is taken."""
     return all((environ.get(g) is None) if op == "-" else not environ.get(g) for g, op in u.guards)
+
+
+def shell_overridden_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
+    """One warning for every launch key the submitting shell sets and a layer overwrites (the layers are
+    sourced after it): the layer line that wins and the way that works. The shell's value is not shown
+    (it may be a secret); the layer's is in the render already."""
+    from .layers import shell_overridden
+    from .shell import value_text
+
+    return [f"{b.key} from the submitting shell is ignored: {b.origin} sets {b.key}="
+            f"{shlex.quote(value_text(b.value))}, and the layers are sourced after the command line; to set it "
+            f"for a run, put {b.key}=<value> in a SERVE_ENV_FILE layer (sourced last, docs/keys.md)"
+            for b in shell_overridden(env, environ)]
 
 
 def unresolved_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:

@@ -234,6 +234,29 @@ def _bare(value: Resolved, guards: tuple) -> Iterator[tuple[str, Origin, tuple]]
                 yield from _bare(p.default, guards + ((p.name, p.op),))
 
 
+# Every login shell carries these; a layer that sets one means to (PATH=/opt/x/bin:$PATH), nobody gave it for a run
+SHELL_BASICS = frozenset(("PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "HOSTNAME", "LANG", "TERM",
+                          "TMPDIR", "TZ", "MAIL", "SHLVL", "PYTHONPATH", "LD_LIBRARY_PATH", "MANPATH", "_"))
+
+
+def shell_overridden(env: Env, environ: Mapping[str, str]) -> list[Binding]:
+    """The bindings that overwrite a value the submitting shell gives the same name
+    (``AGENT_READY_TIMEOUT_SECONDS=100 cluster/serve-only.sbatch``): the job script exports every layer
+    key, so the shell's value never reaches the launcher. Not a key whose layer value reads the shell's
+    own (``X=${X:-d}``, deferred to the job), not a value the layers give as well, not the shell's basics
+    (SHELL_BASICS, ``LC_*``), and inside a job not the ``SLURM_*`` names Slurm set."""
+    in_job = "SLURM_JOB_ID" in environ
+    out = []
+    for key, b in env.bindings.items():
+        given = environ.get(key)
+        if given is None or key in SHELL_BASICS or key.startswith("LC_") or in_job and key.startswith("SLURM_"):
+            continue
+        if any(d.name == key for d in deferred_in(b.value)) or expand(b.value, environ) == given:
+            continue
+        out.append(b)
+    return out
+
+
 def expand(value: Resolved, environ: Mapping[str, str]) -> "str | None":
     """The value bash gives ``value`` in ``environ`` (the login shell's, which sbatch passes on);
     None when a bare reference is unset there."""

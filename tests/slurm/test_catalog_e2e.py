@@ -37,7 +37,7 @@ def test_a_layer_file_only_model_launches_and_answers(netns_lab, tmp_path):
     shutil.copytree(REPO / "containers", root / "containers")
     (root / "experiments/layers/model-foo.env").write_text(FOO)
     assert "foo:" not in (root / "experiments/setups.yaml").read_text()
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")  # the lab serves keyless: acknowledged (docs/keys.md)
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nSERVER_API_KEY_FILE=\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")  # the lab serves keyless: acknowledged (docs/keys.md)
     env = {**os.environ, **netns_lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "foo",
            "ENVLAYERS_ROOT": str(root), "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
            "STANDIN_LOAD_SECONDS": "1", "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),

@@ -2,8 +2,9 @@
 
 Submit, ``env_layers wait`` (the block on stdout), then run exactly what the block printed: the Python
 snippet (models.list() and a chat completion on every base URL) and, in this process, the client built
-from the printed base URL, served name and api_key form; keyless, keyed (SERVER_API_KEY_FILE, 0600) and
-replicas. The only edit: lab node names do not resolve on this host, so they are replaced by their
+from the printed base URL, served name and api_key form; the default (a per-job key the snippet reads from
+the run directory), keyless (the key emptied and acknowledged), keyed (SERVER_API_KEY_FILE, 0600) and
+replicas (the default key). The only edit: lab node names do not resolve on this host, so they are replaced by their
 addresses. Then the block's own stop command.
 """
 
@@ -17,6 +18,7 @@ import subprocess
 import pytest
 
 from test_ops_e2e import BANNER, Job
+from test_serve_e2e import KEYLESS
 
 openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
 
@@ -46,6 +48,7 @@ def python_snippet(block: str) -> str:
 
 
 @pytest.mark.parametrize("mode", [
+    pytest.param("default", id="default-per-job-key"),
     pytest.param("keyless", id="keyless"),
     pytest.param("keyed", id="keyed-0600-key-file"),
     pytest.param("replicas", id="replicas-every-base-url"),
@@ -58,10 +61,15 @@ def test_the_printed_block_works_with_the_official_openai_client(netns_lab, tmp_
         key_file.write_text(key + "\n")
         key_file.chmod(0o600)
         layer = f"SERVER_API_KEY_FILE={key_file}\n"
+    if mode == "keyless":
+        layer = KEYLESS
     if mode == "replicas":
         env["EXPERIMENT"] = "replicas"
     job = Job(netns_lab, tmp_path, layer=layer, **env)
     block = printed_block(job)
+    if mode in ("default", "replicas"):  # experiments/serve-only.env: a key made in the job, 0600 in its run dir
+        key_file = job.run_dir / "api-key"
+        key = key_file.read_text().strip()
     bases, served = field(block, "base URL"), field(block, "served name")[0].split(" ")[0]
     assert len(bases) == (2 if mode == "replicas" else 1)
     assert field(block, "stop") == [f"env_layers stop {job.job_id} (the endpoint stays up until this job ends)"]

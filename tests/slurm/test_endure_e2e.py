@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 from labtools import TERMINAL_STATES
-from test_serve_e2e import BANNER, Run
+from test_serve_e2e import BANNER, KEYLESS, Run
 
 pytestmark = pytest.mark.slurm
 
@@ -50,7 +50,7 @@ def status(run: Run) -> str:
 
 
 def test_replicas_survive_a_dead_and_a_hung_peer_and_give_their_nodes_back(netns_lab, tmp_path):
-    run = Run(netns_lab, tmp_path, EXPERIMENT="replicas", layer="INFERENCE_NODES=3\nHEALTH_FAIL_AFTER_S=6\n",
+    run = Run(netns_lab, tmp_path, EXPERIMENT="replicas", layer=KEYLESS + "INFERENCE_NODES=3\nHEALTH_FAIL_AFTER_S=6\n",
               SERVE_TIME="00:10:00")
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=90)
@@ -98,7 +98,7 @@ def test_replicas_survive_a_dead_and_a_hung_peer_and_give_their_nodes_back(netns
 
 
 def test_a_hung_single_server_ends_its_job(netns_lab, tmp_path):
-    run = Run(netns_lab, tmp_path, layer="HEALTH_FAIL_AFTER_S=6\n", SERVE_TIME="00:10:00")
+    run = Run(netns_lab, tmp_path, layer=KEYLESS + "HEALTH_FAIL_AFTER_S=6\n", SERVE_TIME="00:10:00")
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     t_hang = time.monotonic()
@@ -129,7 +129,7 @@ def _finished(lab, job: str) -> bool:
 
 def test_a_chain_of_successors_hands_over_twice_without_a_gap(netns_lab, tmp_path):
     # a 4 min limit: each successor is timed to start 1 min after its predecessor started
-    run = Run(netns_lab, tmp_path, layer="SUCCESSORS=2\nSUCCESSOR_DRAIN_S=5\n", SERVE_TIME="00:04:00")
+    run = Run(netns_lab, tmp_path, layer=KEYLESS + "SUCCESSORS=2\nSUCCESSOR_DRAIN_S=5\n", SERVE_TIME="00:04:00")
     first = run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     root = run.run_dir.parent

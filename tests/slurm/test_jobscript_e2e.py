@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from envlayers.shell import single_quote
-from test_serve_e2e import REPO, STANDIN, Run
+from test_serve_e2e import KEYLESS, REPO, STANDIN, Run
 
 pytestmark = pytest.mark.slurm
 # this checkout's envlayers, not whichever the console script was installed from
@@ -14,7 +14,7 @@ PYTHONPATH = f"{REPO / 'src'}:{STANDIN / 'pypath'}"
 
 
 def test_unbound_reference_ends_the_job_with_an_envlayers_error_before_srun(slurm_lab, tmp_path):
-    run = Run(slurm_lab, tmp_path, layer="HF_HOME=$ENVLAYERS_E2E_NOT_SET/hf\n", PYTHONPATH=PYTHONPATH)
+    run = Run(slurm_lab, tmp_path, layer="HF_HOME=$ENVLAYERS_E2E_NOT_SET/hf\n" + KEYLESS, PYTHONPATH=PYTHONPATH)
     run.env.pop("ENVLAYERS_E2E_NOT_SET", None)
     dry = run.sbatch(submit=False).stdout
     assert "# warning: HF_HOME (" in dry and "references $ENVLAYERS_E2E_NOT_SET, which is not set here" in dry
@@ -30,7 +30,7 @@ def test_unbound_reference_ends_the_job_with_an_envlayers_error_before_srun(slur
 def test_hostile_values_reach_the_job_byte_exact_and_run_nothing(slurm_lab, tmp_path):
     canary = tmp_path / "canary"
     value = f"$(touch {canary})`touch {canary}`'\"\nENVLAYERS_ENV\nENVLAYERS_JOB\n${{HOME}};touch {canary}"
-    run = Run(slurm_lab, tmp_path, layer=f"HOSTILE_VALUE={single_quote(value)}\n", SERVE_TIME="00:05:00",
+    run = Run(slurm_lab, tmp_path, layer=KEYLESS + f"HOSTILE_VALUE={single_quote(value)}\n", SERVE_TIME="00:05:00",
               PYTHONPATH=PYTHONPATH)
     run.submit()
     run.wait_for("ENVLAYERS-STAGE: run_dir=", timeout_s=60)

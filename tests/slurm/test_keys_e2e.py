@@ -1,5 +1,5 @@
-"""A per-job API key (SERVER_API_KEY_FILE=generate) on the real local Slurm cluster, with the vLLM
-stand-in: made in the job, 0600 in the run directory, enforced, named by `env_layers connect`, and
+"""A per-job API key (SERVER_API_KEY_FILE=generate, the default of experiments/serve-only.env) on the real
+local Slurm cluster, with the vLLM stand-in: made in the job, 0600 in the run directory, enforced, named by `env_layers connect`, and
 never in the job output, a log, a world-readable file or the engine's command line."""
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ def env_layers(run: Run, *args: str, timeout_s: float = 60) -> subprocess.Comple
 
 
 def test_a_generated_key_is_enforced_named_and_never_shown(netns_lab, tmp_path):
-    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_API_KEY_FILE=generate\n", SERVE_TIME="00:10:00")
+    run = Run(netns_lab, tmp_path, model="oss120b", SERVE_TIME="00:10:00")  # no key setting: the default
     dry = run.sbatch(submit=False).stdout
     assert not [ln for ln in dry.splitlines() if "would refuse" in ln], dry
+    assert "\nexport SERVER_API_KEY_FILE='generate'\n" in dry
     assert "VLLM_API_KEY='***'" in dry
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)

@@ -25,7 +25,7 @@ from envlayers import catalog
 from envlayers.jobscript import prepare
 from envlayers.layers import load_env
 from labtools import gateway_ready
-from test_serve_e2e import BANNER, STANDIN, Run
+from test_serve_e2e import BANNER, KEYLESS, STANDIN, Run
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = sorted(catalog.load(REPO).models)
@@ -74,9 +74,9 @@ def test_every_catalog_model_answers_prometheus_text_on_its_metrics_url(request,
     if planned.plan.nodes > len(lab.nodes):  # glm53, kimi27sglang: the 4-node lab
         lab = request.getfixturevalue("lab4")
     assert planned.plan.nodes <= len(lab.nodes), f"{model} plans {planned.plan.nodes} nodes"
-    layer, env = "", {}
+    layer, env = KEYLESS, {}  # keyless, acknowledged (lab_ack)
     if planned.plan.shape in RAY_SHAPES:  # real Ray across the lab's nodes, one CPU each; the stand-in checks
-        layer = "RAY_NUM_CPUS=1\n"       # that the cluster it joins has every node
+        layer += "RAY_NUM_CPUS=1\n"       # that the cluster it joins has every node
         env = {"STANDIN_RAY_NODES": str(planned.plan.nodes),
                "PATH": os.pathsep.join([str(STANDIN / "bin"), str(Path(sys.executable).parent),
                                         lab.env.get("PATH", os.environ["PATH"])])}

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from labtools import gateway_ready, processes_mentioning
-from test_serve_e2e import BANNER, REPO, STANDIN, Run
+from test_serve_e2e import BANNER, KEYLESS, REPO, STANDIN, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]'); the test command installs it")
@@ -34,6 +34,8 @@ def ray_run(lab, tmp_path: Path, **kw) -> Run:
     """A Run whose ranks find `ray` and `python3` of this interpreter's environment (where the extra is
     installed), after the stand-in's `vllm`."""
     bin_dir = Path(sys.executable).parent
+    layer = kw.pop("layer", "")
+    kw["layer"] = layer if "SERVER_API_KEY_FILE" in layer else KEYLESS + layer  # keyless unless the test names a key
     return Run(lab, tmp_path, PATH=f"{STANDIN / 'bin'}:{bin_dir}:{lab.env.get('PATH', os.environ['PATH'])}", **kw)
 
 

@@ -29,7 +29,7 @@ def wait_ended(lab, job_id: str, timeout_s: float) -> tuple[str, float]:
 def submit(lab, tmp_path, keys: str) -> Job:
     """A serve-only job whose own env file sets the idle keys (launch keys come from env files only)."""
     env_file = tmp_path / "idle.env"
-    env_file.write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n" + keys)  # the lab serves keyless
+    env_file.write_text("CONTAINER_RUNTIME=none\nSERVER_API_KEY_FILE=\nALLOW_PUBLIC_UNAUTHENTICATED=1\n" + keys)  # the lab serves keyless
     return Job(lab, tmp_path, SERVE_ENV_FILE=str(env_file))
 
 

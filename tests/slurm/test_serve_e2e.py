@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -27,10 +26,14 @@ BANNER = "===== endpoint is live ====="
 pytestmark = pytest.mark.slurm
 
 
+KEYLESS = "SERVER_API_KEY_FILE=\n"  # empties the per-job key experiments/serve-only.env sets: a keyless server
+
+
 def lab_ack(layer: str) -> str:
-    """The lab's stand-in serves keyless on every interface of its private namespaces: acknowledged, as
-    an operator must (docs/keys.md), unless the test's layer gives the server a key."""
-    return "" if "SERVER_API_KEY_FILE" in layer else "ALLOW_PUBLIC_UNAUTHENTICATED=1\n"
+    """A test whose layer empties the key (KEYLESS) serves keyless on every interface of the lab's private
+    namespaces: acknowledged, as an operator must (docs/keys.md). Any other layer keeps a key: the
+    per-job one of experiments/serve-only.env unless the layer names its own file."""
+    return "ALLOW_PUBLIC_UNAUTHENTICATED=1\n" if re.search(r"^SERVER_API_KEY_FILE=$", layer, re.M) else ""
 
 
 class Run:
@@ -123,11 +126,14 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
     assert f"stop: env_layers stop {run.job_id} " in text
     assert "ENVLAYERS-WARN: readiness budget 7200s exceeds the allocation; clamping to" in text
     printed = text.split("try (curl):\n", 1)[1].splitlines()[0].strip()
-    argv = shlex.split(printed.replace("http://n1:", f"http://{netns_lab.nodes['n1']}:"))
-    answer = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout)
+    pasted = printed.replace("http://n1:", f"http://{netns_lab.nodes['n1']}:")
+    answer = json.loads(subprocess.run(["bash", "-c", pasted], capture_output=True, text=True, timeout=20).stdout)
     assert answer["model"] == "hpcagent-bench-vllm" and answer["choices"][0]["message"]["content"]
-    ep = run.endpoint()
-    assert ep["addresses"] == [netns_lab.nodes["n1"]] and ep["api_key_required"] is False
+    ep = run.endpoint()  # the default: a per-job key, which the printed curl read from its file
+    assert ep["addresses"] == [netns_lab.nodes["n1"]] and ep["api_key_required"] is True
+    assert ep["api_key_file"] == str(run.run_dir / "api-key")
+    assert f"API key: required (the key in {run.run_dir / 'api-key'};" in text
+    assert curl(f"http://{ep['addresses'][0]}:8000/v1/models").stdout.endswith("\n401")  # no key, no answer
     assert (run.run_dir / "serve.env").read_text().startswith("export VLLM_SERVED_MODEL='hpcagent-bench-vllm'")
     assert (run.run_dir / "core-limit.txt").read_text() == "rank=0 limit=0\n"
     netns_lab.cancel(run.job_id)
@@ -138,7 +144,7 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
 
 def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
     # glm53 scaled from 4 to 2 nodes
-    run = Run(netns_lab, tmp_path, model="glm53", layer="INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
+    run = Run(netns_lab, tmp_path, model="glm53", layer=KEYLESS + "INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     assert "ENVLAYERS-TOPOLOGY: shape=pipeline nodes=2 gpus_per_node=4 tp=4 pp=2 world=8 api_rank=0" in text
@@ -155,7 +161,7 @@ def test_two_node_pipeline_only_rank0_listens(netns_lab, tmp_path):
 def test_data_parallel_on_two_nodes_answers_curl_and_the_openai_client_on_node_zero_only(netns_lab, tmp_path):
     # oss20bdp: 8 vLLM data-parallel instances of tp=1 on 2 nodes, one endpoint on node 0 (docs/topology.md)
     run = Run(netns_lab, tmp_path, model="oss20bdp",
-              layer="SERVER_EXTRA_ARGS='--api-server-count 2 --enforce-eager'\n")
+              layer=KEYLESS + "SERVER_EXTRA_ARGS='--api-server-count 2 --enforce-eager'\n")
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     assert ("ENVLAYERS-TOPOLOGY: shape=data-parallel nodes=2 gpus_per_node=4 tp=1 pp=1 world=1 instances=8 "
@@ -218,16 +224,17 @@ def test_a_loopback_server_goes_live_on_node_0s_loopback_and_no_other_address(ne
     status = lab_command("status", env={"ENVLAYERS_LAB_DIR": str(netns_lab.lab_dir)}).stdout
     ns = next(re.search(r"netns=(\S+)", line).group(1) for line in status.splitlines()
               if line.startswith("node: name=n1 "))
-    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_HOST=127.0.0.1\n")
-    assert "would refuse" not in run.sbatch(submit=False).stdout  # loopback alone needs no key
+    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_HOST=127.0.0.1\n")  # with the per-job key
+    assert "would refuse" not in run.sbatch(submit=False).stdout
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     assert "base URL: http://127.0.0.1:8000/v1" in text
     assert (f"reach: on n1 only (SERVER_HOST binds loopback); from elsewhere open a tunnel: env_layers tunnel "
             f"{run.job_id} (docs/access.md)") in text
     assert run.endpoint()["node_local"] is True
-    on_node = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "5", "http://127.0.0.1:8000/v1/models"],
-                             capture_output=True, text=True, timeout=30)
+    key = (run.run_dir / "api-key").read_text().strip()
+    on_node = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "5", "-H", f"Authorization: Bearer {key}",
+                              "http://127.0.0.1:8000/v1/models"], capture_output=True, text=True, timeout=30)
     assert json.loads(on_node.stdout)["data"][0]["id"] == "hpcagent-bench-vllm", on_node.stdout + on_node.stderr
     outside = subprocess.run(["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}",
                               f"http://{netns_lab.nodes['n1']}:8000/v1/models"], capture_output=True, text=True,
@@ -247,7 +254,7 @@ def test_loopback_replicas_on_two_nodes_are_refused_before_submission(netns_lab,
 
 
 def test_replicas_on_two_nodes_list_two_endpoints_that_both_answer(netns_lab, tmp_path):
-    run = Run(netns_lab, tmp_path, EXPERIMENT="replicas")
+    run = Run(netns_lab, tmp_path, EXPERIMENT="replicas", layer=KEYLESS)
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     assert "base URL: http://n1:8000/v1\nbase URL: http://n2:8000/v1\n" in text
@@ -419,7 +426,8 @@ def test_a_hostile_value_reaches_the_engine_byte_exact_and_runs_nothing(netns_la
 
 def test_launch_keys_come_from_the_layers_not_the_submitting_shell(netns_lab, tmp_path):
     # and a value the render writes with nested quotes, which the job must take as it is
-    run = Run(netns_lab, tmp_path, layer="QUOTED=\"it's\"\nNESTED=${ENVLAYERS_UNSET_NAME-$QUOTED}\n",
+    # keyless: an ambient SERVER_API_KEY must not give the server a key either
+    run = Run(netns_lab, tmp_path, layer=KEYLESS + "QUOTED=\"it's\"\nNESTED=${ENVLAYERS_UNSET_NAME-$QUOTED}\n",
               SGLANG_ATTENTION_BACKEND="triton", MAX_MODEL_LEN="4096", SERVER_API_KEY="ambient-s3cret")
     dry_rank0 = [line for line in run.sbatch(submit=False).stdout.splitlines() if line.startswith("#   rank 0: ")]
     run.submit()
@@ -561,7 +569,7 @@ def test_node_names_that_do_not_resolve_are_reached_at_their_slurm_address(tmp_p
         with socket.socket() as sock:  # all nodes share the host's ports here: take a free one
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        run = Run(lab, tmp_path / "job", layer=f"SERVER_PORT={port}\n") if (tmp_path / "job").mkdir() is None else None
+        run = Run(lab, tmp_path / "job", layer=KEYLESS + f"SERVER_PORT={port}\n") if (tmp_path / "job").mkdir() is None else None
         run.submit()
         text = run.wait_for("^" + re.escape(BANNER), timeout_s=90)
         assert f"base URL: http://127.0.0.1:{port}/v1\n" in text

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slurm
 
 
 def serve(lab, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, str, dict[str, str]]:
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")  # the lab serves keyless: acknowledged (docs/keys.md)
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nSERVER_API_KEY_FILE=\nALLOW_PUBLIC_UNAUTHENTICATED=1\n")  # the lab serves keyless: acknowledged (docs/keys.md)
     full = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
             "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00", "STANDIN_LOAD_SECONDS": "1",
             "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",

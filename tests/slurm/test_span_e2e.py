@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from labtools import processes_mentioning
-from test_serve_e2e import BANNER, Run
+from test_serve_e2e import BANNER, KEYLESS, Run
 
 pytestmark = pytest.mark.slurm
-TWO_NODES = "INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n"
+TWO_NODES = KEYLESS + "INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n"  # keyless, acknowledged (lab_ack)
 
 
 def test_each_rank_reports_its_own_node_and_the_job_goes_live(netns_lab, tmp_path):

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from test_serve_e2e import BANNER, SBATCH, Run
+from test_serve_e2e import BANNER, KEYLESS, SBATCH, Run
 from hubcache import fake_snapshot  # tests/hubcache.py (tests/ is on sys.path under pytest)
 
 QWEN = "Qwen/Qwen3.8-27B-FP8"  # qwen38's INFERENCE_MODEL
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slurm
 
 def test_missing_weights_are_refused_before_slurm_and_a_snapshot_lets_the_job_run(netns_lab, tmp_path):
     hf = tmp_path / "hf"
-    run = Run(netns_lab, tmp_path, layer=f"HF_HOME={hf}\n", SERVE_TIME="00:10:00")
+    run = Run(netns_lab, tmp_path, layer=KEYLESS + f"HF_HOME={hf}\n", SERVE_TIME="00:10:00")
     before = netns_lab.run(["squeue", "-h", "-o", "%i"]).stdout.split()
     refused = subprocess.run([str(SBATCH)], cwd=tmp_path, env=dict(run.env, SUBMIT="1"), capture_output=True,
                              text=True, timeout=60)

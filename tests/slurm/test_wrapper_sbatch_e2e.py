@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 
 def operator_env(lab, tmp_path: Path, **env: str) -> dict[str, str]:
     """An operator's shell on the login node: the lab's Slurm, the stand-in engine, their own env file."""
-    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nALLOW_PUBLIC_UNAUTHENTICATED=1\n"  # the lab serves keyless: acknowledged (docs/keys.md)
+    (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\nSERVER_API_KEY_FILE=\nALLOW_PUBLIC_UNAUTHENTICATED=1\n"  # the lab serves keyless: acknowledged (docs/keys.md)
                                        f"HF_HOME={tmp_path / 'hf'}\n")
     if env.get("MODEL"):  # the model's weights are in the operator's cache, as the check before submission wants
         from envlayers.layers import load_env
