@@ -105,7 +105,9 @@ class TunnelSpec:
         if self.takeover:
             lines += ["exec 3<&0 </dev/null", *self._takeover_lines()]
         elif not self.keep_alive:
-            return "\n".join([*lines, f"exec {run_ssh}"]) + "\n"
+            # a pipeline, not `exec ssh 2> >(filter)`: bash waits for the filter, so ssh's last words (why it
+            # could not connect) reach the log before the step ends (the step's end kills what is left)
+            return "\n".join([*lines, f"{ssh} 2>&1 >/dev/null | {_FILTER} >&2", 'exit "${PIPESTATUS[0]}"']) + "\n"
         if not self.keep_alive:  # taken over: serve until ssh ends
             return "\n".join([*lines, 'wait "$pid"']) + "\n"
         n = self.restarts
@@ -127,6 +129,8 @@ class TunnelSpec:
             "  up=$((SECONDS - started))",
             f'  if [ "$up" -ge {RESTART_RESET_S} ]; then restarts=0 delay=2; fi',
             f'  if [ "$restarts" -ge {n} ]; then',
+            *(["    wait  # the last filter's lines (ssh's own words) before the step ends"]
+              if not self.takeover else []),
             f'    echo "ENVLAYERS-TUNNEL: ssh exited with code $rc after ${{up}}s; giving up after {n} restarts"',
             '    exit "$rc"',
             "  fi",
