@@ -13,6 +13,11 @@ and Slurm says it runs), the follower
 3. the successor's ask succeeds within one round trip of the cancel: the gateway port now leads to
    the successor. The old record says ``handed-over``, the new one ``took_over_from``.
 
+The follower dies half way safely: the successor's ``tunnel.json`` says ``opening`` before its step
+starts, and that step waits on its stdin (carried by srun from the follower) for the word that both
+records are written (``TunnelResult.commit``); the follower's end before that, even by SIGKILL,
+ends the step (access.tunnel), and readers settle the record to ``closed`` (access.tunnelrecord).
+
 The port is closed only between the cancel and the successor's next ask (tens of milliseconds; a
 client connecting then is refused and may retry). If the old job ended first (its tunnel ended with
 it), the successor's tunnel takes the free port as soon as it is connected. The follower ends when

@@ -7,8 +7,11 @@ with ssh's debug lines filtered down to the few that say whether the forward was
 ``tunnel.log`` stays small however much traffic passes. With ``--keep-alive`` the script restarts
 ssh when it drops (bounded restarts, doubling delays), still inside the job.
 
-``tunnel.json`` (written atomically) records the exact commands, the srun PID on this host, the
-node's PID and the step id; ``release`` closes the tunnel from it. Only one open tunnel per job.
+``tunnel.json`` (written atomically; read through access.tunnelrecord, which settles it against
+Slurm and the recorded process) records the exact commands, the srun PID on this host, the node's
+PID and the step id; ``release`` closes the tunnel from it. Only one open tunnel per job. A refused
+forward is explained by what holds the gateway port (access.gateway asks the gateway host), a
+failed ssh by ssh's own error line.
 
 For a job of a chain of successors the tunnel can be handed over (access.handover): ssh then runs as
 a control master (``-M -S /tmp/envlayers-tunnel-<job>.<step>.sock``), so a step in the same job can
