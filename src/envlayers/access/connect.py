@@ -10,7 +10,6 @@ from __future__ import annotations
 from .chain import moved_line, newest_live
 from .gateway import route_url
 from .job import JobAccess, key_file_warning, read_key
-from .tunnel import is_recorded_process
 
 
 def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None, follow: bool = True) -> dict:
@@ -23,13 +22,15 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
                             follow=False)
         data["moved"] = {**moved, "from_state": info.state if info else None}
         return data
-    tunnel = acc.tunnel()
-    gateway = None
-    # a job's end ends its tunnel; an srun that no longer runs means the tunnel dropped (or gave up)
-    if tunnel and tunnel.get("state") == "open" and acc.live and is_recorded_process(tunnel) is not False:
-        gateway = {"destination": tunnel["gateway"]["destination"],
-                   "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]),
-                   "provider_model_id": acc.served}
+    tunnel = acc.tunnel()  # settled: a tunnel that ended with its job or step says closed
+    gateway = closed = None
+    if tunnel and tunnel.get("state") in ("open", "closed") and tunnel.get("gateway"):
+        route = {"destination": tunnel["gateway"]["destination"],
+                 "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]), "provider_model_id": acc.served}
+        if tunnel["state"] == "open":
+            gateway = route
+        else:
+            closed = {**route, "closed_at": tunnel.get("closed_at"), "closed_why": tunnel.get("closed_why")}
     data = {
         "job_id": acc.job_id,
         "state": info.state if info else None,
@@ -39,7 +40,8 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         "served_model_name": acc.served,
         "api_key_required": acc.key_required,
         "api_key_file": acc.key_file if acc.key_required else None,
-        "gateway": gateway,
+        "gateway": gateway,  # an open tunnel's route
+        "tunnel_closed": closed,  # a closed tunnel's route, with when and why it closed
         "run_dir": str(acc.run_dir) if acc.run_dir else None,
         "moved": None,
         "warnings": [],
@@ -85,6 +87,10 @@ def format_connect(data: dict) -> str:
     if gw:
         lines.append(f"gateway:     {gw['base_url']} on {gw['destination']} (tunnel open; provider_model_id "
                      f"{gw['provider_model_id']})")
+    shut = data.get("tunnel_closed")
+    if shut:
+        lines.append(f"gateway:     {shut['base_url']} on {shut['destination']}: tunnel closed at {shut['closed_at']} "
+                     f"({shut['closed_why']}); that route leads nowhere now")
     lines.append(f"check:       env_layers ping {jid}")
     lines.append(f"stop:        env_layers stop {jid}")
     for w in data["warnings"]:
