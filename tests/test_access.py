@@ -330,6 +330,35 @@ def test_connect_names_the_key_file_never_the_key(tmp_path, no_slurm):
     assert shown["api_key"] == "s3cret-value"
 
 
+def test_connect_prints_the_laptop_route_through_this_host(tmp_path, no_slurm):
+    import getpass
+
+    key_file = tmp_path / "key"
+    key_file.write_text("k\n")
+    key_file.chmod(0o600)
+    run = _run_dir(tmp_path, key_file)
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    me = f"{getpass.getuser()}@{socket.getfqdn()}"
+    assert data["laptop"] == {"ssh": ["ssh", "-N", "-L", "8000:10.9.0.11:8000", me],
+                              "base_url": "http://127.0.0.1:8000/v1", "through": socket.getfqdn()}
+    text = cli("connect", "77", "--run-dir", str(run), env=no_slurm).stdout
+    assert (f"laptop:      ssh -N -L 8000:10.9.0.11:8000 {me}  (leave it running), then base URL "
+            "http://127.0.0.1:8000/v1 with the same key") in text
+
+
+def test_connect_reaches_a_loopback_endpoint_from_a_laptop_through_its_node(tmp_path, no_slurm):
+    import getpass
+
+    run = _run_dir(tmp_path)
+    ep = json.loads((run / "endpoint.json").read_text())
+    ep.update(base_urls=["http://127.0.0.1:8000/v1"], addresses=["127.0.0.1"], nodes=["n1"], node_local=True)
+    (run / "endpoint.json").write_text(json.dumps(ep))
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    me = getpass.getuser()
+    assert data["laptop"]["ssh"] == ["ssh", "-N", "-J", f"{me}@{socket.getfqdn()}", "-L", "8000:127.0.0.1:8000",
+                                     f"{me}@n1"]
+
+
 def test_connect_warns_about_a_key_file_others_can_read(tmp_path, no_slurm):
     key_file = tmp_path / "key"
     key_file.write_text("k\n")
