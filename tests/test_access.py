@@ -330,6 +330,35 @@ def test_connect_names_the_key_file_never_the_key(tmp_path, no_slurm):
     assert shown["api_key"] == "s3cret-value"
 
 
+def test_connect_prints_the_laptop_route_through_this_host(tmp_path, no_slurm):
+    import getpass
+
+    key_file = tmp_path / "key"
+    key_file.write_text("k\n")
+    key_file.chmod(0o600)
+    run = _run_dir(tmp_path, key_file)
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    me = f"{getpass.getuser()}@{socket.getfqdn()}"
+    assert data["laptop"] == {"ssh": ["ssh", "-N", "-L", "8000:10.9.0.11:8000", me],
+                              "base_url": "http://127.0.0.1:8000/v1", "through": socket.getfqdn()}
+    text = cli("connect", "77", "--run-dir", str(run), env=no_slurm).stdout
+    assert (f"laptop:      ssh -N -L 8000:10.9.0.11:8000 {me}  (leave it running), then base URL "
+            "http://127.0.0.1:8000/v1 with the same key") in text
+
+
+def test_connect_reaches_a_loopback_endpoint_from_a_laptop_through_its_node(tmp_path, no_slurm):
+    import getpass
+
+    run = _run_dir(tmp_path)
+    ep = json.loads((run / "endpoint.json").read_text())
+    ep.update(base_urls=["http://127.0.0.1:8000/v1"], addresses=["127.0.0.1"], nodes=["n1"], node_local=True)
+    (run / "endpoint.json").write_text(json.dumps(ep))
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    me = getpass.getuser()
+    assert data["laptop"]["ssh"] == ["ssh", "-N", "-J", f"{me}@{socket.getfqdn()}", "-L", "8000:127.0.0.1:8000",
+                                     f"{me}@n1"]
+
+
 def test_connect_warns_about_a_key_file_others_can_read(tmp_path, no_slurm):
     key_file = tmp_path / "key"
     key_file.write_text("k\n")
@@ -417,7 +446,11 @@ def test_release_kills_the_recorded_pid_only_while_it_runs_the_recorded_command(
         _tunnel_record(run, sshd, other.pid, ["srun", "--overlap", "--jobid=77"], port)
         proc = cli("release", "77", "--run-dir", str(run), env=no_slurm)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert f"2. tunnel: already: srun pid {other.pid} no longer runs the tunnel" in proc.stdout
+        # Slurm no longer knows job 77 and the PID runs something else: the tunnel ended with its job
+        assert "2. tunnel: already: closed at " in proc.stdout
+        assert ": job 77 is no longer known to Slurm; its tunnel step ended with it" in proc.stdout
+        assert "1. gateway route: reminder: the tunnel closed at " in proc.stdout
+        assert json.loads((run / "tunnel.json").read_text())["closed_by"] == "job end"
         assert other.poll() is None  # not ours any more: untouched
     finally:
         other.kill()
@@ -579,7 +612,7 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
     def node(spec: TunnelSpec, step: str) -> subprocess.Popen:
         env = {**os.environ, "SLURM_JOB_ID": spec.job_id, "SLURM_STEP_ID": step}
         return subprocess.Popen(["bash", "-c", spec.node_script()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, start_new_session=True)
+                                stdin=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
     def get(path: str = "/v1/models") -> str:
         try:
@@ -616,6 +649,8 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
         cancelled = subprocess.run(argv[argv.index("bash"):], capture_output=True, text=True, timeout=30)
         assert cancelled.returncode == 0, cancelled.stderr
         _lines_until(procs[1], "remote forward success for: listen 127.0.0.1:", seen_new)
+        procs[1].stdin.write("recorded\n")  # as the follower does once both records are written
+        procs[1].stdin.close()
         time.sleep(0.3)
         stop.set()
         client.join(10)
@@ -713,3 +748,183 @@ def test_the_chain_follower_waits_out_a_slurm_that_does_not_answer(tmp_path, mon
     log = (run / "tunnel.log").read_text()
     assert log.count("Slurm did not answer (`scontrol show job -o 41` did not answer within 30s); asking again") == 2
     assert log.rstrip().endswith("job 41 ended, the last of its chain: the follower ends")
+
+
+# ------------------------------------------------------------------------------------------ what holds a port
+
+def _listen_process(port: int) -> subprocess.Popen:
+    """A real program (not ssh) listening on 127.0.0.1:port."""
+    code = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+            "print('up', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _wait_listening(port: int, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while f":{port} " not in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, f"nothing listens on {port}"
+        time.sleep(0.1)
+
+
+def test_a_port_held_by_another_program_is_named_and_not_called_a_forward(tmp_path, sshd, monkeypatch):
+    from envlayers.access.tunnel import _held_failure
+
+    monkeypatch.setenv("ENVLAYERS_RUN_ROOT", str(tmp_path))
+    port = sshdtools.free_port()
+    holder = _listen_process(port)
+    try:
+        spec = TunnelSpec("42", "n1", 8000, _gateway(sshd), "127.0.0.1", port)
+        err = _held_failure(spec, "Error: remote port forwarding failed")
+        assert f"port {port} on the gateway host 127.0.0.1 is held by python3 (pid {holder.pid}, user " in err.message
+        assert "not an ssh forward: another program listens there" in err.message
+        assert "earlier forward" not in err.message and "another --remote-port" in err.hint
+        assert not any(ln.strip().startswith("kill") for ln in err.lines), err.lines
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_port_held_by_an_earlier_forward_names_its_sshd_and_the_kill_clears_it(tmp_path, sshd, monkeypatch):
+    from envlayers.access.tunnel import _held_failure
+
+    monkeypatch.setenv("ENVLAYERS_RUN_ROOT", str(tmp_path))
+    port = sshdtools.free_port()
+    stale = subprocess.Popen(sshd.ssh_argv("-N", "-R", f"127.0.0.1:{port}:127.0.0.1:9", sshd.destination),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(port)
+        owner = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+        sshd_pid = int(owner.split('"sshd",pid=')[1].split(",")[0])
+        err = _held_failure(TunnelSpec("42", "n1", 8000, _gateway(sshd), "127.0.0.1", port), "refused")
+        assert f"port {port} on the gateway host 127.0.0.1 is still held by an earlier forward: an ssh forward: " \
+               f"sshd (pid {sshd_pid}, user " in err.message
+        kill = next(ln.strip() for ln in err.lines if ln.strip().startswith("kill "))
+        assert kill.split("#")[0].split() == ["kill", str(sshd_pid)]
+        subprocess.run(kill.split("#")[0].split(), check=True)  # what the advice says, on the "gateway host"
+        assert stale.wait(15) is not None
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+            stale.wait()
+
+
+# ------------------------------------------------------------------------------------------ what ssh said
+
+@pytest.mark.parametrize("trouble, said", [
+    pytest.param("closed-port", "ssh: connect to host 127.0.0.1 port {port}: Connection refused", id="refused"),
+    pytest.param("unknown-host-key", "No ED25519 host key is known for [127.0.0.1]:{port}", id="host-key"),
+    pytest.param("unknown-user-key", "Permission denied (publickey)", id="auth"),
+])
+def test_an_ssh_that_cannot_reach_the_gateway_is_reported_in_its_own_words(tmp_path, sshd, trouble, said):
+    from envlayers.access.tunnel import _failure
+
+    port = sshd.port
+    options = list(sshd.client_options())
+    identity = str(sshd.identity)
+    if trouble == "closed-port":
+        port = sshdtools.free_port()
+    elif trouble == "unknown-host-key":
+        (tmp_path / "empty_known_hosts").write_text("")
+        options[0] = f"UserKnownHostsFile={tmp_path / 'empty_known_hosts'}"
+    else:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+        identity = str(tmp_path / "other")
+    spec = TunnelSpec("5", "n1", 8000, gw.Gateway(sshd.destination, port, identity, tuple(options)), "127.0.0.1",
+                      sshdtools.free_port())
+    env = {**os.environ, "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "2"}
+    proc = subprocess.run(["bash", "-c", spec.node_script()], capture_output=True, text=True, env=env, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 255
+    err = _failure("exited", spec, proc.stdout + proc.stderr, 30)
+    message = str(err.message)
+    assert message.startswith(f"ssh from n1 to the gateway {sshd.destination} failed before the forward was up: ")
+    assert said.format(port=port) in message and "\n" not in message, message
+
+
+# ------------------------------------------------------------------------------------------ tunnel.json, settled
+
+def _scontrol_says(no_slurm: dict, state: str, tmp_path: Path) -> None:
+    import pwd
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    record = (f"JobId=77 JobName=serve-only UserId={me}({os.getuid()}) JobState={state} Reason=None NumNodes=1 "
+              f"NodeList=n1 WorkDir={tmp_path} StdOut={tmp_path}/serve-only-77.out EndTime=2026-12-04T05:00:00")
+    (Path(no_slurm["PATH"].split(":")[0]) / "scontrol").write_text(f"#!/bin/sh\necho '{record}'\n")
+
+
+def test_a_tunnel_whose_job_ended_is_not_reported_open_and_its_record_says_so(tmp_path, no_slurm, sshd):
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    _tunnel_record(run, sshd, gone.pid, ["srun", "--overlap", "--jobid=77"], 8001)
+    _scontrol_says(no_slurm, "CANCELLED", tmp_path)
+    proc = cli("connect", "77", "--run-dir", str(run), env=no_slurm)
+    assert proc.returncode == 0, proc.stderr
+    assert "(tunnel open" not in proc.stdout
+    assert ("gateway:     http://127.0.0.1:8001/v1 on root@127.0.0.1: tunnel closed at 2026-12-04T05:00:00 "
+            "(job 77 ended (CANCELLED); its tunnel step ended with it)") in proc.stdout.replace(sshd.destination,
+                                                                                              "root@127.0.0.1")
+    record = json.loads((run / "tunnel.json").read_text())
+    assert (record["state"], record["closed_by"], record["closed_at"]) == ("closed", "job end", "2026-12-04T05:00:00")
+
+
+def test_a_tunnel_whose_step_ended_while_the_job_runs_says_why(tmp_path, no_slurm, sshd):
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    _tunnel_record(run, sshd, gone.pid, ["srun", "--overlap", "--jobid=77"], 8001)
+    record = json.loads((run / "tunnel.json").read_text())
+    (run / "tunnel.log").write_text("ENVLAYERS-TUNNEL: ssh exited with code 255 after 3s; giving up after 5 restarts\n"
+                                    "srun: error: n1: task 0: Exited with exit code 255\n")
+    record["log"] = str(run / "tunnel.log")
+    (run / "tunnel.json").write_text(json.dumps(record))
+    _scontrol_says(no_slurm, "RUNNING", tmp_path)
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    assert data["gateway"] is None
+    assert data["tunnel_closed"]["closed_why"] == ("its step ended while job 77 runs (ssh exited with code 255 "
+                                                  "after 3s; giving up after 5 restarts)")
+    assert json.loads((run / "tunnel.json").read_text())["closed_by"] == "step end"
+
+
+# ------------------------------------------------------------------------------------------ an opener killed half way
+
+def test_a_takeover_step_ends_itself_when_its_opener_dies_before_recording_it(sshd):
+    """The successor's step, opened by the chain follower, waits for the word "recorded" on its stdin
+    (which srun carries from the follower): the follower's end before that ends the step and its ssh."""
+    rport = sshdtools.free_port()
+    env = {**os.environ, "SLURM_JOB_ID": "6", "SLURM_STEP_ID": "4"}
+    results = {}
+    for case in ("opener-dies", "recorded"):
+        spec = TunnelSpec("6", "n2", sshdtools.free_port(), _gateway(sshd), "127.0.0.1", rport, takeover=True)
+        proc = subprocess.Popen(["bash", "-c", spec.node_script()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        seen: list[str] = []
+        try:
+            _lines_until(proc, "remote forward success for: listen 127.0.0.1:", seen)
+            _wait_listening(rport)
+            ssh_pid = int(next(ln for ln in seen if "ssh pid=" in ln).rsplit("=", 1)[1])
+            if case == "recorded":
+                proc.stdin.write("recorded\n")
+            proc.stdin.close()  # the opener's end: its side of the pipe closes
+            if case == "opener-dies":
+                assert proc.wait(15) is not None
+                rest = proc.stdout.read()
+                assert "its opener ended before recording this tunnel: ending it" in rest, rest
+                deadline = time.monotonic() + 10
+                while sshdtools.pid_alive(ssh_pid) or f":{rport} " in subprocess.run(
+                        ["ss", "-Hltn"], capture_output=True, text=True).stdout:
+                    assert time.monotonic() < deadline, "the takeover's ssh or its forward outlived the opener"
+                    time.sleep(0.1)
+            else:
+                time.sleep(1.0)  # the recorded step goes on after its opener's end
+                assert proc.poll() is None and sshdtools.pid_alive(ssh_pid)
+                _wait_listening(rport)
+            results[case] = "ok"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+                proc.wait(10)
+            Path("/tmp/envlayers-tunnel-6.4.sock").unlink(missing_ok=True)
+    assert results == {"opener-dies": "ok", "recorded": "ok"}

@@ -303,3 +303,25 @@ def test_the_readmes_commands_are_refused_for_nothing_but_a_missing_edf(tmp_path
     refusals = [line for line in proc.stdout.splitlines() if line.startswith("# would refuse to submit: ")]
     assert len(refusals) == 1 and " is not installed in " in refusals[0] and "env_layers install-edfs" in refusals[0]
     assert "\nexport SERVER_API_KEY_FILE='generate'\n" in proc.stdout
+
+
+def test_a_generated_key_never_starts_with_a_dash(monkeypatch):
+    # SGLang takes the key as `--api-key KEY`: a key starting with '-' read as an option stopped a requeued
+    # lab job ("argument --api-key: expected one argument"); token_urlsafe gives one in 64 so
+    import secrets
+
+    from envlayers.apikey import generate_key
+
+    given = iter(["-starts-with-a-dash-" + "x" * 23, "A" * 43])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(given))
+    assert generate_key() == "A" * 43
+
+
+def test_a_key_file_whose_key_starts_with_a_dash_is_refused(tmp_path):
+    from envlayers.apikey import read_key
+    from envlayers.errors import EnvLayersError
+
+    key_file = tmp_path / "key"
+    key_file.write_text("-abcdefgh12345\n")
+    with pytest.raises(EnvLayersError, match="the key starts with '-'"):
+        read_key(key_file)

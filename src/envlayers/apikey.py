@@ -54,6 +54,10 @@ def read_key(path: "str | os.PathLike[str]", where: str | None = None) -> str:
                                          "could miss")
     if not MIN_LEN <= len(key) <= MAX_LEN:
         raise EnvLayersError(f"the key is {len(key)} characters long", where=where, hint=_FIX)
+    if key.startswith("-"):
+        raise EnvLayersError("the key starts with '-': an engine that takes it as an argument (SGLang's "
+                             "--api-key KEY) reads it as an option and refuses to start", where=where,
+                             hint=_FIX)
     return key
 
 
@@ -77,10 +81,14 @@ def wants_generated(value: str | None) -> bool:
 
 
 def generate_key() -> str:
-    """A fresh key: 32 random bytes, URL-safe base64 (43 characters, all in the safe set)."""
+    """A fresh key: 32 random bytes, URL-safe base64 (43 characters, all in the safe set), never starting
+    with '-' (one key in 64 did, and SGLang's parser took ``--api-key -xyz...`` for a missing value)."""
     import secrets  # here: the dry run imports this module for its checks, and makes no key
 
-    return secrets.token_urlsafe(32)
+    while True:
+        key = secrets.token_urlsafe(32)
+        if not key.startswith("-"):
+            return key
 
 
 def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:

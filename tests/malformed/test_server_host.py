@@ -37,19 +37,21 @@ REACHABLE = ["0", "0.0", "::0", "0:0:0:0:0:0:0:0", "0x0", "000.000.000.000", "::
 
 @pytest.mark.parametrize("host", REACHABLE)
 def test_a_keyless_server_others_can_reach_is_refused_by_the_dry_run_and_the_submission(tmp_path, host):
-    dry, submitted = _wrapper(tmp_path, host, "0")
+    keyless = "SERVER_API_KEY_FILE=\n"  # empties the per-job key the serve-only experiment sets
+    dry, submitted = _wrapper(tmp_path, host, "0", keyless)
     assert dry.returncode == 0, dry.stderr[-2000:]
     shown = [ln for ln in dry.stdout.splitlines() if ln.startswith("# would refuse to submit: the server binds")]
     assert len(shown) == 1 and f"(SERVER_HOST={host}" in shown[0] and "SERVER_API_KEY_FILE=generate" in shown[0]
-    real, submitted = _wrapper(tmp_path, host, "1")
+    real, submitted = _wrapper(tmp_path, host, "1", keyless)
     assert_clean_error(real, "the server binds", f"SERVER_HOST={host}")
     assert not submitted.exists(), "sbatch ran for a keyless server others can reach"
 
 
 @pytest.mark.parametrize("host, extra", [
-    pytest.param("127.0.0.1", "", id="loopback"), pytest.param("localhost", "", id="localhost"),
-    pytest.param("0x0", "SERVER_API_KEY_FILE=generate\n", id="every-interface-with-a-key"),
-    pytest.param("0", "ALLOW_PUBLIC_UNAUTHENTICATED=1\n", id="acknowledged"),
+    pytest.param("127.0.0.1", "SERVER_API_KEY_FILE=\n", id="loopback"),
+    pytest.param("localhost", "SERVER_API_KEY_FILE=\n", id="localhost"),
+    pytest.param("0x0", "", id="every-interface-with-the-default-key"),
+    pytest.param("0", "SERVER_API_KEY_FILE=\nALLOW_PUBLIC_UNAUTHENTICATED=1\n", id="acknowledged"),
 ])
 def test_loopback_a_key_or_an_acknowledgement_clears_it(tmp_path, host, extra):
     dry, _ = _wrapper(tmp_path, host, "0", extra)

@@ -118,8 +118,38 @@ def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
     assert slurm_lab.run(["squeue", "-h", "-s", "-j", jid, "-o", "%i"]).stdout == steps_before
     assert not (run.run_dir / "tunnel.log").exists()
 
-    # an earlier allocation's forward still holds the port on the gateway host
+    # an unreachable gateway sshd: ssh's own words, naming the host, in one line
+    closed = sshdtools.free_port()
+    args = gateway.tunnel_args()
+    args[args.index("--ssh-port") + 1] = str(closed)
+    unreachable = env_layers(run, "tunnel", jid, *args, "--remote-port", "8001")
+    assert unreachable.returncode == 1, unreachable.stdout + unreachable.stderr
+    first = unreachable.stderr.splitlines()[0]
+    assert first.startswith(f"env_layers: error: ssh from ") and \
+        f"to the gateway {gateway.server.destination} failed before the forward was up: ssh: connect to host " \
+        f"{gateway.server.listen} port {closed}: Connection refused (ssh exit 255)" in first, unreachable.stderr
+    assert "srun: error" not in unreachable.stderr
+    assert not (run.run_dir / "tunnel.json").exists()
+
+    # another program (not ssh) holds the port on the gateway host: named, and no kill advice
     rport = sshdtools.free_port()
+    code = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {rport})); s.listen(); "
+            "print('up', flush=True); time.sleep(300)")
+    squatter = subprocess.Popen(["ip", "netns", "exec", gateway.netns, sys.executable, "-c", code],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        taken = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", str(rport))
+        assert taken.returncode == 1, taken.stdout + taken.stderr
+        assert f"port {rport} on the gateway host {gateway.server.listen} is held by python3 (pid {squatter.pid}, " \
+               "user root" in taken.stderr and "not an ssh forward: another program listens there" in taken.stderr, \
+            taken.stderr
+        assert "earlier forward" not in taken.stderr and "kill" not in taken.stderr
+    finally:
+        squatter.kill()
+        squatter.wait(10)
+
+    # an earlier allocation's forward still holds the port on the gateway host
     stale = subprocess.Popen(gateway.server.ssh_argv("-N", "-R", f"127.0.0.1:{rport}:127.0.0.1:9",
                                                      gateway.server.destination),
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -130,15 +160,16 @@ def test_submit_to_gateway_chat_to_release(slurm_lab, gateways, tmp_path):
             time.sleep(0.1)
         held = env_layers(run, "tunnel", jid, *gateway.tunnel_args(), "--remote-port", str(rport))
         assert held.returncode == 1, held.stdout + held.stderr
-        assert f"port {rport} on the gateway host {gateway.server.listen} is still held by an earlier forward" \
-            in held.stderr
+        holder = gateway.sh("ss", "-Hltnp", f"sport = :{rport}").stdout
+        pid = int(re.search(r'"sshd",pid=(\d+)', holder).group(1))
+        assert f"port {rport} on the gateway host {gateway.server.listen} is still held by an earlier forward: " \
+               f"an ssh forward: sshd (pid {pid}, user root" in held.stderr, held.stderr
         printed = [ln.strip() for ln in held.stderr.splitlines()]
         find = next(ln for ln in printed if ln.startswith("ss -ltnp"))
-        assert find.startswith(f"ss -ltnp 'sport = :{rport}'") and any(ln.startswith("kill <") for ln in printed)
-        # follow the printed commands on the gateway host
-        holder = gateway.sh("bash", "-c", find.split("#")[0]).stdout
-        pid = int(re.search(r'"sshd",pid=(\d+)', holder).group(1))
-        gateway.sh("kill", str(pid))
+        kill = next(ln for ln in printed if ln.startswith("kill "))
+        assert find.startswith(f"ss -ltnp 'sport = :{rport}'") and kill.split("#")[0].split() == ["kill", str(pid)]
+        # follow the printed advice on the gateway host
+        gateway.sh(*kill.split("#")[0].split())
         stale.wait(15)
     finally:
         if stale.poll() is None:
@@ -216,9 +247,20 @@ def test_keep_alive_restarts_a_dropped_tunnel_and_the_job_end_stops_it(slurm_lab
     while pid_alive(record["node_pid"]) or pid_alive(record["srun_pid"]):
         assert time.monotonic() < deadline, "the tunnel outlived its job"
         time.sleep(0.2)
+    # the record and every reader say the tunnel closed with the job, and when
+    connect = env_layers(run, "connect", run.job_id)
+    assert "(tunnel open" not in connect.stdout and \
+        f"tunnel closed at " in connect.stdout and f"(job {run.job_id} ended (CANCELLED); its tunnel step ended " \
+        "with it)" in connect.stdout, connect.stdout + connect.stderr
+    settled = json.loads((run.run_dir / "tunnel.json").read_text())
+    assert (settled["state"], settled["closed_by"]) == ("closed", "job end") and settled["closed_at"], settled
     released = env_layers(run, "release", run.job_id)
     assert released.returncode == 0, released.stdout + released.stderr
-    assert "2. tunnel: already: srun pid" in released.stdout and "3. server and allocation: already" in released.stdout
+    assert f"2. tunnel: already: closed at {settled['closed_at']}: job {run.job_id} ended (CANCELLED)" \
+        in released.stdout and "3. server and allocation: already" in released.stdout, released.stdout
+    assert "1. gateway route: reminder: the tunnel closed at" in released.stdout
+    again = env_layers(run, "release", run.job_id)
+    assert "1. gateway route: already: reminded" in again.stdout, again.stdout
 
 
 # a client on the gateway host's loopback port: GET /v1/models with the key every 20 ms, each outcome
@@ -351,3 +393,60 @@ def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_
         assert time.monotonic() < deadline, "the chain follower outlived the release"
         time.sleep(0.2)
     assert f":{rport}" not in gateway.sh("ss", "-Hltn").stdout
+
+
+def test_a_follower_killed_before_recording_the_successors_tunnel_leaves_nothing_of_it(slurm_lab, gateways, tmp_path):
+    # the follower pauses (a test hook) once the successor's forward is up, before anything records it
+    pause = tmp_path / "paused.json"
+    run = Run(slurm_lab, tmp_path, layer="SERVER_API_KEY_FILE=generate\nSLURM_PARTITION=\nSUCCESSORS=1\n"
+              "SUCCESSOR_DRAIN_S=8\n", SERVE_TIME="00:04:00", SBATCH_PARTITION="mi200", SBATCH_ACCOUNT="chain-acct",
+              PYTHONPATH=f"{REPO / 'tests' / 'standin' / 'pypath'}:{REPO / 'src'}",
+              ENVLAYERS_TEST_PAUSE_BEFORE_RECORD=str(pause))
+    first = run.submit()
+    live = env_layers(run, "wait", first, "--timeout", "60", "--progress", "none")
+    assert live.returncode == 0, live.stdout + live.stderr
+    gateway = gateways(first)
+    rport = sshdtools.free_port()
+    opened = env_layers(run, "tunnel", first, *gateway.tunnel_args(), "--remote-port", str(rport))
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    follower = json.loads((run.run_dir / "tunnel.json").read_text())["follower"]
+    root = run.run_dir.parent
+    succ, paused = None, None
+    deadline = time.monotonic() + 300
+    while paused is None:
+        assert time.monotonic() < deadline and pid_alive(follower["pid"]), "the follower never reached the pause"
+        chain = run.run_dir / "chain.json"
+        found = json.loads(chain.read_text()).get("successor") if chain.exists() else None
+        if found and found != succ:
+            succ = found
+            slurm_lab._submitted.append(succ)
+        try:
+            paused = json.loads(pause.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.5)
+    assert paused["follower_pid"] == follower["pid"] and succ
+    intent = json.loads((root / succ / "tunnel.json").read_text())
+    assert intent["state"] == "opening" and intent["srun_pid"] == paused["srun_pid"], intent
+    assert pid_alive(paused["srun_pid"]) and f":{rport}" in gateway.sh("ss", "-Hltn").stdout
+
+    os.kill(follower["pid"], 9)  # killed between opening the successor's forward and recording it
+    deadline = time.monotonic() + 60
+    while True:
+        steps = slurm_lab.run(["squeue", "-h", "-s", "-j", succ, "-o", "%i %j"]).stdout
+        left = [pid for pid in (paused["srun_pid"], paused["node_pid"]) if pid and pid_alive(pid)]
+        held = f":{rport}" in gateway.sh("ss", "-Hltn").stdout
+        if not left and "envlayers-tunnel" not in steps and not held:
+            break
+        assert time.monotonic() < deadline, f"left after the follower's death: pids {left}, steps {steps!r}, port " \
+                                            f"held {held}"
+        time.sleep(0.5)
+    log = (root / succ / "tunnel.log").read_text()
+    assert "its opener ended before recording this tunnel: ending it" in log, log
+    connect = env_layers(run, "connect", succ)
+    assert connect.returncode == 0 and "(tunnel open" not in connect.stdout, connect.stdout + connect.stderr
+    settled = json.loads((root / succ / "tunnel.json").read_text())
+    assert (settled["state"], settled["closed_by"]) == ("closed", "opener end"), settled
+    print(f"follower {follower['pid']} killed at the pause: step of job {succ} (srun pid {paused['srun_pid']}) "
+          f"ended by itself; record: {settled['closed_why']}")
+    released = env_layers(run, "release", first)
+    assert released.returncode == 0, released.stdout + released.stderr

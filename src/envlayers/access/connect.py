@@ -10,7 +10,6 @@ from __future__ import annotations
 from .chain import moved_line, newest_live
 from .gateway import route_url
 from .job import JobAccess, key_file_warning, read_key
-from .tunnel import is_recorded_process
 
 
 def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None, follow: bool = True) -> dict:
@@ -23,13 +22,15 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
                             follow=False)
         data["moved"] = {**moved, "from_state": info.state if info else None}
         return data
-    tunnel = acc.tunnel()
-    gateway = None
-    # a job's end ends its tunnel; an srun that no longer runs means the tunnel dropped (or gave up)
-    if tunnel and tunnel.get("state") == "open" and acc.live and is_recorded_process(tunnel) is not False:
-        gateway = {"destination": tunnel["gateway"]["destination"],
-                   "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]),
-                   "provider_model_id": acc.served}
+    tunnel = acc.tunnel()  # settled: a tunnel that ended with its job or step says closed
+    gateway = closed = None
+    if tunnel and tunnel.get("state") in ("open", "closed") and tunnel.get("gateway"):
+        route = {"destination": tunnel["gateway"]["destination"],
+                 "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]), "provider_model_id": acc.served}
+        if tunnel["state"] == "open":
+            gateway = route
+        else:
+            closed = {**route, "closed_at": tunnel.get("closed_at"), "closed_why": tunnel.get("closed_why")}
     data = {
         "job_id": acc.job_id,
         "state": info.state if info else None,
@@ -39,9 +40,11 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         "served_model_name": acc.served,
         "api_key_required": acc.key_required,
         "api_key_file": acc.key_file if acc.key_required else None,
-        "gateway": gateway,
+        "gateway": gateway,  # an open tunnel's route
+        "tunnel_closed": closed,  # a closed tunnel's route, with when and why it closed
         "run_dir": str(acc.run_dir) if acc.run_dir else None,
         "moved": None,
+        "laptop": laptop_route(acc, gateway),
         "warnings": [],
     }
     if acc.key_required and acc.key_file:
@@ -56,6 +59,39 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         else:
             data["api_key"] = read_key(acc.key_file, uid)
     return data
+
+
+def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None, user: str | None = None) -> dict | None:
+    """From a laptop outside the cluster: an ssh local forward through the host this runs on (the login
+    node, which reaches the compute nodes), and the base URL the laptop then uses. With a gateway tunnel
+    open, through the gateway host instead; a server bound to its node's loopback (SERVER_HOST=127.0.0.1)
+    is reached by jumping through the login node to the compute node itself. None before the endpoint
+    has an address."""
+    import getpass
+    import socket
+    from urllib.parse import urlsplit
+
+    user = user or getpass.getuser()
+    login = login or socket.getfqdn()
+    if gateway:
+        parts = urlsplit(gateway["base_url"])
+        port = parts.port
+        ssh = ["ssh", "-N", "-L", f"{port}:{parts.hostname}:{port}", gateway["destination"]]
+        return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": gateway["destination"]}
+    urls = acc.probe_urls
+    if not urls:
+        return None
+    parts = urlsplit(urls[0])
+    if parts.hostname is None or parts.port is None:
+        return None
+    port, host = parts.port, parts.hostname
+    node_local = bool((acc.endpoint or {}).get("node_local"))
+    nodes = (acc.endpoint or {}).get("nodes") or []
+    if node_local and nodes:  # only the node itself reaches it: forward from the node, jumping through login
+        ssh = ["ssh", "-N", "-J", f"{user}@{login}", "-L", f"{port}:127.0.0.1:{port}", f"{user}@{nodes[0]}"]
+    else:
+        ssh = ["ssh", "-N", "-L", f"{port}:{host}:{port}", f"{user}@{login}"]
+    return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": login}
 
 
 def format_connect(data: dict) -> str:
@@ -85,6 +121,16 @@ def format_connect(data: dict) -> str:
     if gw:
         lines.append(f"gateway:     {gw['base_url']} on {gw['destination']} (tunnel open; provider_model_id "
                      f"{gw['provider_model_id']})")
+    shut = data.get("tunnel_closed")
+    if shut:
+        lines.append(f"gateway:     {shut['base_url']} on {shut['destination']}: tunnel closed at {shut['closed_at']} "
+                     f"({shut['closed_why']}); that route leads nowhere now")
+    laptop = data.get("laptop")
+    if laptop:
+        import shlex
+
+        lines.append(f"laptop:      {shlex.join(laptop['ssh'])}  (leave it running), then base URL "
+                     f"{laptop['base_url']}" + (" with the same key" if data["api_key_required"] else ""))
     lines.append(f"check:       env_layers ping {jid}")
     lines.append(f"stop:        env_layers stop {jid}")
     for w in data["warnings"]:

@@ -162,10 +162,131 @@ def route_url(remote_bind: str, remote_port: int) -> str:
     return f"http://{remote_bind}:{remote_port}/v1"
 
 
-def find_holder_commands(remote_port: int) -> list[str]:
-    """What to run on the gateway host to see and clear whatever holds ``remote_port``."""
-    return [f"ss -ltnp 'sport = :{remote_port}'    # or: lsof -nP -iTCP:{remote_port} -sTCP:LISTEN",
-            "kill <the sshd pid it names>    # the child sshd of the earlier forward; the listener closes with it"]
+def find_holder_commands(remote_port: int, holder: "PortHolder | None" = None) -> list[str]:
+    """What to run on the gateway host to see and clear whatever holds ``remote_port``: the kill only
+    for an ssh forward of the gateway user's own (another program, or another user's, is not ours to end)."""
+    find = f"ss -ltnp 'sport = :{remote_port}'    # or: lsof -nP -iTCP:{remote_port} -sTCP:LISTEN"
+    if holder is None or holder.kind == "unknown":
+        return [find, "kill <the pid it names>    # only if it is an sshd: an earlier forward of yours; "
+                      "another program: give the route another --remote-port"]
+    if holder.kind == "forward" and holder.yours:
+        pids = " ".join(str(p.pid) for p in holder.processes)
+        return [find, f"kill {pids}    # the child sshd of the earlier forward; the listener closes with it"]
+    return [find]
+
+
+# ------------------------------------------------------------------------------------------ port holder
+
+def printable(text: str) -> str:
+    """A remote end's text made safe to print: control characters (escape sequences, NUL) become '?'."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+@dataclass
+class HolderProcess:
+    command: str  # the process's command name, as ss names it (``sshd``, ``python3``)
+    pid: int
+    user: str | None = None  # from ps on the gateway host
+    args: str | None = None  # its command line there (``sshd: alice@notty``)
+
+
+@dataclass
+class PortHolder:
+    """What listens on a port of the gateway host, asked there (``ss -ltnp`` through its sshd).
+
+    ``kind``: ``forward`` (an sshd: a reverse forward), ``program`` (another process), ``hidden``
+    (a listener ss shows without its process: another user's), ``unknown`` (could not be asked)."""
+
+    kind: str
+    processes: list[HolderProcess]
+    yours: bool  # every holder runs as the gateway user the tunnel logs in as
+    detail: str  # in words, for the error line
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+_SS_USER_RE = re.compile(r'\("((?:[^"\\]|\\.)*)",pid=(\d+),')
+_SSHD_NAMES = ("sshd", "sshd-session")
+
+
+def _remote_user(gateway: Gateway, authenticated_as: str | None) -> str | None:
+    if "@" in gateway.destination:
+        return gateway.destination.rsplit("@", 1)[0]
+    return authenticated_as
+
+
+def holder_script(port: int) -> str:
+    """The command run on the gateway host (by its user's shell): the listeners on ``port``, then for
+    each PID they name, ``ENVLAYERS-PS PID USER ARGS``; exit 127 without ss."""
+    return (f"command -v ss >/dev/null 2>&1 || exit 127; out=$(ss -Hltnp 'sport = :{int(port)}') || exit 3; "
+            "printf '%s\\n' \"$out\"; echo ENVLAYERS-WHOAMI \"$(id -un)\"; "
+            "for p in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do "
+            "printf 'ENVLAYERS-PS %s ' \"$p\"; ps -o user=,args= -p \"$p\" || echo; done")
+
+
+def parse_holder(text: str, bind: str, port: int, gateway_user: str | None) -> PortHolder:
+    """Classify what ``holder_script``'s output says listens on ``bind:port``."""
+    wanted = bind.strip("[]")
+    ps: dict[int, tuple[str, str]] = {}
+    me = gateway_user
+    listeners = []
+    for line in text.splitlines():
+        if line.startswith("ENVLAYERS-PS "):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1].isdigit():
+                ps[int(parts[1])] = (parts[2], parts[3].strip() if len(parts) > 3 else "")
+        elif line.startswith("ENVLAYERS-WHOAMI "):
+            me = me or line.split(None, 1)[1].strip()
+        elif line.strip():
+            fields = line.split()
+            local = next((f for f in fields if f.endswith(f":{port}")), None)
+            if local is None:
+                continue
+            addr = local.rsplit(":", 1)[0].strip("[]").split("%")[0]
+            if addr in (wanted, "0.0.0.0", "*", "::", "::ffff:" + wanted) or addr == "":
+                listeners.append(line)
+    procs: list[HolderProcess] = []
+    for line in listeners:
+        for name, pid in _SS_USER_RE.findall(line):
+            if all(p.pid != int(pid) for p in procs):
+                user, args = ps.get(int(pid), (None, None))
+                if args and len(args) > 100:
+                    args = args[:97] + "..."
+                procs.append(HolderProcess(printable(name), int(pid), printable(user) if user else None,
+                                           printable(args) if args else None))
+    if not listeners:
+        return PortHolder("unknown", [], False, f"ss on the gateway host lists no listener on {bind}:{port} now")
+    if not procs:
+        return PortHolder("hidden", [], False, "a listener whose process ss does not show to "
+                          f"{me or 'the gateway user'}: it runs as another user")
+    yours = bool(me) and all(p.user == me for p in procs)
+    named = ", ".join(f"{p.command} (pid {p.pid}" + (f", user {p.user}" if p.user else "")
+                      + (f": {p.args}" if p.args and p.args != p.command else "") + ")" for p in procs)
+    if all(p.command in _SSHD_NAMES for p in procs):
+        return PortHolder("forward", procs, yours, f"an ssh forward: {named}")
+    return PortHolder("program", procs, yours, f"{named}, not an ssh forward")
+
+
+def find_port_holder(gateway: Gateway, bind: str, port: int, timeout_s: float = 15.0) -> PortHolder:
+    """Ask the gateway host what listens on ``bind:port`` (``ss -ltnp`` there, through its sshd)."""
+    argv = gateway.ssh_argv("-T", gateway.destination, holder_script(port))
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s)
+    except FileNotFoundError:
+        return PortHolder("unknown", [], False, "ssh is not on PATH here, so the gateway host could not be asked")
+    except subprocess.TimeoutExpired:
+        return PortHolder("unknown", [], False, f"the gateway host did not say within {timeout_s:g}s")
+    out = proc.stdout.decode(errors="replace")
+    err = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
+    if proc.returncode == 127:
+        return PortHolder("unknown", [], False, "the gateway host has no `ss` for its user")
+    if proc.returncode != 0:
+        why = printable(err[-1].strip()) if err else f"exit {proc.returncode}"
+        return PortHolder("unknown", [], False, f"could not ask the gateway host ({why})")
+    return parse_holder(out, bind, port, _remote_user(gateway, None))
 
 
 # ------------------------------------------------------------------------------------------ port check

@@ -13,6 +13,11 @@ and Slurm says it runs), the follower
 3. the successor's ask succeeds within one round trip of the cancel: the gateway port now leads to
    the successor. The old record says ``handed-over``, the new one ``took_over_from``.
 
+The follower dies half way safely: the successor's ``tunnel.json`` says ``opening`` before its step
+starts, and that step waits on its stdin (carried by srun from the follower) for the word that both
+records are written (``TunnelResult.commit``); the follower's end before that, even by SIGKILL,
+ends the step (access.tunnel), and readers settle the record to ``closed`` (access.tunnelrecord).
+
 The port is closed only between the cancel and the successor's next ask (tens of milliseconds; a
 client connecting then is refused and may retry). If the old job ended first (its tunnel ended with
 it), the successor's tunnel takes the free port as soon as it is connected. The follower ends when
@@ -128,20 +133,45 @@ def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
 
     say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
     result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
+                         before_record=_pause_for_tests,
                          extra={"replica": record.get("replica") or 0, "took_over_from": str(record["job_id"]),
                                 "follower": record.get("follower")})
     up = time.time()
     new = result.record
     closed = up - times.get("cancelled", up)
-    record.update(state="handed-over", successor=succ, handed_over_at=_now(), closed_s=round(closed, 3))
-    write_record(cur_dir, record)
-    new["port_closed_s"] = round(closed, 3)  # at most: the cancel's end to the moment this host saw the ask succeed
-    write_record(succ_dir, new)
+    try:
+        record.update(state="handed-over", successor=succ, handed_over_at=_now(), closed_s=round(closed, 3))
+        write_record(cur_dir, record)
+        new["port_closed_s"] = round(closed, 3)  # at most: the cancel's end to the moment this host saw the ask succeed
+        write_record(succ_dir, new)
+    except BaseException:
+        from .tunnel import _stop
+
+        _stop(new["srun_pid"], new["srun_argv"], new.get("step_id"), acc)
+        raise
+    result.commit()  # both records say it: from now on the new step outlives this follower
     line = (f"job {record['job_id']} -> job {succ}: {bind}:{rport} on {gateway.destination} now leads to {node} "
             f"127.0.0.1:{port} (step {new['step_id']}); closed for at most {closed:.2f}s")
     say_old(line)
     say_new(line)
     return new
+
+
+PAUSE_ENV = "ENVLAYERS_TEST_PAUSE_BEFORE_RECORD"
+
+
+def _pause_for_tests(record: dict) -> None:
+    """A test hook: with ``ENVLAYERS_TEST_PAUSE_BEFORE_RECORD=FILE``, once the successor's forward is up
+    and before anything records it, write FILE (the follower's PID and the new step) and wait until it
+    is removed (at most 10 min), so that a test can kill the follower there."""
+    path = os.environ.get(PAUSE_ENV)
+    if not path:
+        return
+    Path(path).write_text(json.dumps({"follower_pid": os.getpid(), "srun_pid": record.get("srun_pid"),
+                                      "step_id": record.get("step_id"), "node_pid": record.get("node_pid")}))
+    deadline = time.monotonic() + 600
+    while Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S) -> int:
@@ -181,12 +211,27 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
                 asked = time.monotonic()
                 ended = _chain_ended(cur, record, chain, succ, job_info)
                 if ended is not None:
+                    _record_end(cur, ended[1])
                     say(ended[1])
                     return ended[0]
         except EnvLayersError as err:  # Slurm did not answer this time: ask again
             say(f"Slurm did not answer ({err.message}); asking again")
             time.sleep(SLURM_EVERY_S)
         time.sleep(poll_s)
+
+
+def _record_end(run_dir: Path, why: str) -> None:
+    """The chain ended: the current link's tunnel ended with its job; its record says so."""
+    from .tunnel import _now, write_record
+
+    record = _read(run_dir / TUNNEL_FILE)
+    if record and record.get("state") == "open":
+        record.update(state="closed", closed_at=_now(), closed_by="job end",
+                      closed_why=why.replace(": the follower ends", "; its tunnel step ended with it"))
+        try:
+            write_record(run_dir, record)
+        except OSError:
+            pass
 
 
 def _chain_ended(cur: Path, record: dict, chain: dict, succ: str, job_info: Callable) -> tuple[int, str] | None:

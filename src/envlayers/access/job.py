@@ -7,7 +7,6 @@ owns; everything else names the file, never the key.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ from typing import Mapping
 
 from .. import ops
 from ..errors import EnvLayersError
+from .tunnelrecord import TUNNEL_FILE, read_record, settle
 
-TUNNEL_FILE = "tunnel.json"
 
 
 def user_name(uid: int) -> str:
@@ -86,13 +85,9 @@ class JobAccess:
         return self.endpoint is not None and info is not None and info.running and info.state != "COMPLETING"
 
     def tunnel(self) -> dict | None:
-        if self.run_dir is None:
-            return None
-        try:
-            data = json.loads((self.run_dir / TUNNEL_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        """tunnel.json as the truth of now: a tunnel that ended with its job or step says closed
+        (access.tunnelrecord), and the file is brought up to date."""
+        return settle(read_record(self.run_dir), self.run_dir, self.job.info)
 
     def require_live(self, what: str) -> None:
         info = self.job.info

@@ -56,12 +56,25 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
         steps.append(Step("route", "skipped", "no tunnel was recorded for this job, so no gateway route names it"))
     else:
         route = record.get("route") or {}
-        reminded = record.get("state") == "closed"
-        steps.append(Step("route", "already" if reminded else "reminder",
-                          "reminded when the tunnel was closed: this route must be gone from the gateway's registry"
-                          if reminded else "remove this route from the gateway's model registry and reload the "
-                          "gateway now, before its port closes",
+        closed = record.get("state") == "closed"
+        # an older record closed by release has no closed_by: it was reminded then
+        reminded = bool(record.get("route_reminded_at")) or (closed and record.get("closed_by") in (None, "release"))
+        if reminded:
+            said = "reminded when the tunnel was closed: this route must be gone from the gateway's registry"
+        elif closed:
+            said = (f"the tunnel closed at {record.get('closed_at')} ({record.get('closed_why')}): remove this route "
+                    "from the gateway's model registry and reload the gateway; its port leads nowhere now")
+        else:
+            said = "remove this route from the gateway's model registry and reload the gateway now, before its port closes"
+        steps.append(Step("route", "already" if reminded else "reminder", said,
                           [f"base_url: {route.get('base_url')}", f"provider_model_id: {route.get('provider_model_id')}"]))
+        if not reminded and acc.run_dir is not None:
+            from .tunnelrecord import now_iso, write_record
+
+            try:
+                write_record(acc.run_dir, {**record, "route_reminded_at": now_iso()})
+            except OSError:
+                pass
     # 2. the tunnel (and the process that carries it along a chain of successors)
     from .handover import stop_follower
 

@@ -7,8 +7,11 @@ with ssh's debug lines filtered down to the few that say whether the forward was
 ``tunnel.log`` stays small however much traffic passes. With ``--keep-alive`` the script restarts
 ssh when it drops (bounded restarts, doubling delays), still inside the job.
 
-``tunnel.json`` (written atomically) records the exact commands, the srun PID on this host, the
-node's PID and the step id; ``release`` closes the tunnel from it. Only one open tunnel per job.
+``tunnel.json`` (written atomically; read through access.tunnelrecord, which settles it against
+Slurm and the recorded process) records the exact commands, the srun PID on this host, the node's
+PID and the step id; ``release`` closes the tunnel from it. Only one open tunnel per job. A refused
+forward is explained by what holds the gateway port (access.gateway asks the gateway host), a
+failed ssh by ssh's own error line.
 
 For a job of a chain of successors the tunnel can be handed over (access.handover): ssh then runs as
 a control master (``-M -S /tmp/envlayers-tunnel-<job>.<step>.sock``), so a step in the same job can
@@ -28,7 +31,6 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
@@ -36,8 +38,9 @@ from urllib.parse import urlsplit
 from .. import slurm
 from ..errors import EnvLayersError
 from ..fsutil import atomic_write
-from .gateway import Gateway, check_gateway_port, find_holder_commands, route_url
+from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import TUNNEL_FILE, JobAccess
+from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now, write_record  # noqa: F401 (used by handover)
 
 STEP_NAME = "envlayers-tunnel"
 LOG_NAME = "tunnel.log"
@@ -50,6 +53,7 @@ _FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote f
            "mux_confirm_remote_forward:*) continue ;; esac; printf '%s\\n' \"$l\"; done")
 TAKEOVER_POLL_S = 0.02  # how often a taking-over tunnel asks for the port while the earlier forward holds it
 CONNECTED = "ENVLAYERS-TUNNEL: connected;"
+RECORDED_WORD = b"recorded\n"  # what a takeover step waits for on its stdin (from its opener, through srun)
 _CONFIRMED_RE = re.compile(r"remote forward success for: listen (\S+)")
 _REFUSED_RE = re.compile(r"remote forward failure for:|remote port forwarding failed for listen port")
 _NODE_RE = re.compile(r"^ENVLAYERS-TUNNEL: node=(\S+) step=(\S+) pid=(\d+)", re.M)
@@ -102,9 +106,11 @@ class TunnelSpec:
         if self.control or self.takeover:
             lines += [f"sock={CONTROL_DIR}/envlayers-tunnel-${{SLURM_JOB_ID}}.${{SLURM_STEP_ID}}.sock", 'rm -f "$sock"']
         if self.takeover:
-            lines += self._takeover_lines()
+            lines += ["exec 3<&0 </dev/null", *self._takeover_lines()]
         elif not self.keep_alive:
-            return "\n".join([*lines, f"exec {run_ssh}"]) + "\n"
+            # a pipeline, not `exec ssh 2> >(filter)`: bash waits for the filter, so ssh's last words (why it
+            # could not connect) reach the log before the step ends (the step's end kills what is left)
+            return "\n".join([*lines, f"{ssh} 2>&1 >/dev/null | {_FILTER} >&2", 'exit "${PIPESTATUS[0]}"']) + "\n"
         if not self.keep_alive:  # taken over: serve until ssh ends
             return "\n".join([*lines, 'wait "$pid"']) + "\n"
         n = self.restarts
@@ -126,6 +132,8 @@ class TunnelSpec:
             "  up=$((SECONDS - started))",
             f'  if [ "$up" -ge {RESTART_RESET_S} ]; then restarts=0 delay=2; fi',
             f'  if [ "$restarts" -ge {n} ]; then',
+            *(["    wait  # the last filter's lines (ssh's own words) before the step ends"]
+              if not self.takeover else []),
             f'    echo "ENVLAYERS-TUNNEL: ssh exited with code $rc after ${{up}}s; giving up after {n} restarts"',
             '    exit "$rc"',
             "  fi",
@@ -147,6 +155,12 @@ class TunnelSpec:
             f"{master} &",
             "pid=$!",
             'echo "ENVLAYERS-TUNNEL: ssh pid=$pid"',
+            # the opener (the chain follower) says "recorded" once the records are written; its end before
+            # that (killed half way) closes srun's stdin, and this step ends: nothing unrecorded stays
+            "me=$$",
+            f'( IFS= read -r word <&3; if [ "$word" != {RECORDED_WORD.decode().strip()} ]; then echo "ENVLAYERS-TUNNEL: '
+            'its opener ended before recording this tunnel: ending it"; kill "$pid" 2>/dev/null; kill "$me"; fi ) &',
+            "exec 3<&-",
             f"until {self._ssh('-O', 'check')} >/dev/null 2>&1; do {gone}; sleep 0.05; done",
             f'echo "{CONNECTED} taking over {where} once the earlier forward lets it go"',
             f"until {self._ssh('-O', 'forward', '-R', self.forward)} >/dev/null 2>&1; do",
@@ -196,39 +210,10 @@ def api_target(acc: JobAccess, replica: int = 0) -> tuple[str, int]:
 
 # ------------------------------------------------------------------------------------------ processes
 
-def cmdline(pid: int) -> list[str] | None:
-    """The argv of a running (not zombie) process, ``None`` when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return None
-    if state == "Z" or not raw:
-        return None
-    return raw.rstrip(b"\0").decode(errors="replace").split("\0")
-
-
-def is_recorded_process(record: dict) -> bool | None:
-    """True: the recorded srun PID still runs the recorded command. False: it does not (gone or
-    reused). None: the tunnel was opened on another host, so its PID means nothing here."""
-    if record.get("host") and record["host"] != socket.gethostname():
-        return None
-    pid = record.get("srun_pid")
-    return bool(pid) and cmdline(int(pid)) == record.get("srun_argv")
-
-
 def _clean_env() -> dict[str, str]:
     """This shell's environment without another job's SLURM_* settings (which srun would read)."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith("SLURM_") or k in ("SLURM_CONF", "SLURM_TIME_FORMAT")}
-
-
-def write_record(run_dir: Path, record: dict) -> None:
-    atomic_write(run_dir / TUNNEL_FILE, json.dumps(record, indent=2) + "\n")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # ------------------------------------------------------------------------------------------ open
@@ -237,19 +222,34 @@ def _now() -> str:
 class TunnelResult:
     record: dict
     gateway_check: dict | None
+    proc: subprocess.Popen | None = None  # the srun, while its step still waits for the word (a takeover)
 
     def to_dict(self) -> dict:
         return {**self.record, "gateway_check": self.gateway_check}
 
+    def commit(self) -> None:
+        """Tell a takeover step that it is recorded: until then it ends when this process does."""
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(RECORDED_WORD)
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            self.proc = None
+
 
 def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0,
                 check_gateway: bool = True, on_connected: Callable[[], None] | None = None,
-                extra: dict | None = None) -> TunnelResult:
+                extra: dict | None = None, before_record: Callable[[dict], None] | None = None) -> TunnelResult:
     """Start the step, wait (at most ``start_timeout_s``) until ssh says the gateway accepted the
     forward, record it (with ``extra``). Raises :class:`TunnelFailed` (exit 1) when it does not come up.
 
     A ``takeover`` spec calls ``on_connected`` once its ssh is connected (the predecessor's forward is
-    cancelled there) and waits up to ``takeover_wait_s`` more for the port."""
+    cancelled there) and waits up to ``takeover_wait_s`` more for the port. Its record is written as
+    ``opening`` before the step starts, and the step ends by itself unless this process lives to
+    :meth:`TunnelResult.commit` (after its records are written): a takeover is opened by the chain
+    follower, and a follower killed half way must leave nothing running. ``before_record`` is called
+    with the record once the forward is up, before it is written."""
     run_dir = acc.run_dir
     if run_dir is None:
         raise EnvLayersError(f"job {acc.job_id} has no run directory here", hint="pass --run-dir")
@@ -261,66 +261,91 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
             hint=f"`env_layers release {acc.job_id}` ends it with the job; one tunnel per job")
     log = run_dir / LOG_NAME
     argv = spec.srun_argv()
+    record = {
+        "job_id": spec.job_id, "state": "opening" if spec.takeover else "open", "node": spec.node,
+        "local_port": spec.local_port, "gateway": spec.gateway.to_dict(), "remote_bind": spec.remote_bind,
+        "remote_port": spec.remote_port,
+        "route": {"base_url": route_url(spec.remote_bind, spec.remote_port), "provider_model_id": acc.served},
+        "keep_alive": spec.keep_alive, "restarts": spec.restarts if spec.keep_alive else 0,
+        "host": socket.gethostname(), "srun_pid": None, "srun_argv": argv, "command": shlex.join(argv),
+        "ssh_command": shlex.join(spec.ssh_argv()), "step_id": None, "node_pid": None,
+        "log": str(log), "opened_at": None, "control": spec.control or spec.takeover,
+        **(extra or {}),
+    }
+    if spec.takeover:
+        write_record(run_dir, record)  # the intent, before anything runs
     with open(log, "a", encoding="utf-8") as fh:
         fh.write(f"ENVLAYERS-TUNNEL: starting at {_now()}: {shlex.join(argv)}\n")
         fh.flush()
         offset = fh.tell()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=_clean_env(), cwd=str(run_dir))
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if spec.takeover else subprocess.DEVNULL,
+                                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=_clean_env(),
+                                    cwd=str(run_dir))
         except FileNotFoundError:
+            if spec.takeover:
+                write_record(run_dir, {**record, "state": "closed", "closed_at": _now(), "closed_by": "opener end",
+                                       "closed_why": "srun is not on PATH"})
             raise EnvLayersError("`srun` is not on PATH", hint="run this where Slurm's client tools are, e.g. "
                                  "the login node you submitted from") from None
+    record["srun_pid"] = proc.pid
+    try:
+        if spec.takeover:
+            write_record(run_dir, record)
+        outcome, text = _wait_up(proc, spec, log, offset, start_timeout_s, on_connected)
+        node_line = _NODE_RE.search(text)
+        settle = time.monotonic() + 2.0
+        while outcome == "up" and node_line is None and time.monotonic() < settle:
+            time.sleep(0.1)  # srun relays the task's stdout and stderr separately: the node's line may lag
+            text = _read_from(log, offset)
+            node_line = _NODE_RE.search(text)
+        record.update(step_id=node_line.group(2) if node_line else None,
+                      node_pid=int(node_line.group(3)) if node_line else None, opened_at=_now())
+        if outcome != "up":
+            _stop(proc.pid, argv, record["step_id"], acc)
+            if spec.takeover:
+                write_record(run_dir, {**record, "state": "closed", "closed_at": _now(), "closed_by": "step end",
+                                       "closed_why": "it did not come up"})
+            raise _failure(outcome, spec, text, start_timeout_s)
+        if before_record is not None:
+            before_record(record)
+        record["state"] = "open"
+        write_record(run_dir, record)
+    except TunnelFailed:
+        raise
+    except BaseException:  # an error, or this process told to stop, half way: nothing may be left running
+        _stop(proc.pid, argv, record.get("step_id"), acc)
+        write_record(run_dir, {**record, "state": "closed", "closed_at": _now(), "closed_by": "opener end",
+                               "closed_why": "its opener stopped before it was recorded; the step was stopped"})
+        raise
+    check = None
+    if check_gateway:
+        check = check_gateway_port(spec.gateway, spec.remote_bind, spec.remote_port).to_dict()
+    return TunnelResult(record, check, proc if spec.takeover else None)
+
+
+def _wait_up(proc: subprocess.Popen, spec: TunnelSpec, log: Path, offset: int, start_timeout_s: float,
+             on_connected: Callable[[], None] | None) -> tuple[str, str]:
+    """Wait for the step's word: (``up`` | ``refused`` | ``exited`` | ``timeout``, its output so far)."""
     deadline = time.monotonic() + start_timeout_s + (spec.takeover_wait_s if spec.takeover else 0)
-    text = ""
-    outcome = "timeout"
     connected = False
     while True:
         text = _read_from(log, offset)
         if _CONFIRMED_RE.search(text):
-            outcome = "up"
-            break
+            return "up", text
         if spec.takeover and not connected and CONNECTED in text:
             connected = True
             if on_connected is not None:
                 on_connected()
         if _REFUSED_RE.search(text) and not spec.takeover:
-            outcome = "refused"
-            break
+            return "refused", text
         if proc.poll() is not None:
             time.sleep(0.2)  # srun's last lines
             text = _read_from(log, offset)
-            outcome = "refused" if _REFUSED_RE.search(text) else "exited"
-            break
+            return ("refused" if _REFUSED_RE.search(text) else "exited"), text
         if time.monotonic() >= deadline:
-            break
+            return "timeout", text
         time.sleep(0.1)
-    node_line = _NODE_RE.search(text)
-    settle = time.monotonic() + 2.0
-    while outcome == "up" and node_line is None and time.monotonic() < settle:
-        time.sleep(0.1)  # srun relays the task's stdout and stderr separately: the node's line may lag
-        text = _read_from(log, offset)
-        node_line = _NODE_RE.search(text)
-    record = {
-        "job_id": spec.job_id, "state": "open", "node": spec.node, "local_port": spec.local_port,
-        "gateway": spec.gateway.to_dict(), "remote_bind": spec.remote_bind, "remote_port": spec.remote_port,
-        "route": {"base_url": route_url(spec.remote_bind, spec.remote_port), "provider_model_id": acc.served},
-        "keep_alive": spec.keep_alive, "restarts": spec.restarts if spec.keep_alive else 0,
-        "host": socket.gethostname(), "srun_pid": proc.pid, "srun_argv": argv, "command": shlex.join(argv),
-        "ssh_command": shlex.join(spec.ssh_argv()),
-        "step_id": node_line.group(2) if node_line else None,
-        "node_pid": int(node_line.group(3)) if node_line else None,
-        "log": str(log), "opened_at": _now(), "control": spec.control or spec.takeover,
-        **(extra or {}),
-    }
-    if outcome != "up":
-        _stop(proc.pid, argv, record["step_id"], acc)
-        raise _failure(outcome, spec, text, start_timeout_s)
-    write_record(run_dir, record)
-    check = None
-    if check_gateway:
-        check = check_gateway_port(spec.gateway, spec.remote_bind, spec.remote_port).to_dict()
-    return TunnelResult(record, check)
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -332,37 +357,97 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
+# ssh's own lines when it cannot reach or log in to the gateway (the first match names the trouble)
+_SSH_ERROR_RE = re.compile(
+    r"^(ssh: .*|Host key verification failed\.?|.*Permission denied \(.*|Connection (closed|reset|timed out)"
+    r".*|kex_exchange_identification: .*|.*REMOTE HOST IDENTIFICATION HAS CHANGED.*|No .*host key is known for .*"
+    r"|Load key .*|Warning: Identity file .*|banner exchange: .*|Bad .*|.*: No such file or directory)$")
+_SRUN_EXIT_RE = re.compile(r"exit code (\d+)")
+
+
+def ssh_said(text: str) -> tuple[str | None, str | None]:
+    """(ssh's own error line, the exit code srun reported) from the step's output; the line made safe to print."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    own = [ln for ln in lines if not ln.startswith(("srun:", "ENVLAYERS-TUNNEL:", "OpenSSH_", "debug"))]
+    picked = next((ln for ln in own if _SSH_ERROR_RE.match(ln)), None)
+    if picked is None and own:
+        picked = own[-1]
+    code = next((m.group(1) for ln in reversed(lines) if ln.startswith("srun:") for m in [_SRUN_EXIT_RE.search(ln)] if m),
+                None)
+    if code is None:
+        code = next((m.group(1) for ln in reversed(lines) for m in [re.search(r"ssh exited with code (\d+)", ln)] if m),
+                    None)
+    return (printable(picked) if picked else None), code
+
+
+def _ssh_hint(line: str | None, spec: TunnelSpec) -> str:
+    low = (line or "").lower()
+    if "host key" in low or "identification has changed" in low:
+        return ("the node's ssh does not trust the gateway's host key: add it to the known_hosts the node reads "
+                "(or -o UserKnownHostsFile=FILE)")
+    if "permission denied" in low or "load key" in low or "identity file" in low:
+        return ("the gateway did not accept the login: --identity FILE must be a key the gateway user accepts, "
+                "readable on the node")
+    if "connect to host" in low or "resolve" in low or "timed out" in low or "connection" in low:
+        return (f"is {spec.gateway.host} reachable from the node {spec.node}, and its sshd on "
+                f"{'port ' + str(spec.gateway.ssh_port) if spec.gateway.ssh_port else 'the port ssh uses'}?")
+    return "the full output is in tunnel.log of the run directory"
+
+
 def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> TunnelFailed:
-    said = [ln.strip() for ln in text.splitlines()
-            if ln.strip() and not ln.startswith(("ENVLAYERS-TUNNEL:", "OpenSSH_", "debug1: remote forward"))]
-    last = said[-1] if said else "nothing"
+    said, code = ssh_said(text)
+    last = said or "nothing"
     dest, port = spec.gateway.destination, spec.remote_port
     if outcome == "refused":
-        check = check_gateway_port(spec.gateway, spec.remote_bind, port)
-        if check.held:
-            what = (f"port {port} on the gateway host {spec.gateway.host} is still held by an earlier forward "
-                    f"({check.detail}): an earlier allocation's tunnel, which lives on the gateway host")
-            other = recorded_holder(spec)
-            if other:
-                what += (f"; job {other} recorded an open tunnel to that port: `env_layers release {other}` "
-                         "closes it if that job still runs")
-        else:
-            what = (f"the gateway {dest} refused the forward of {spec.remote_bind}:{port} ({last}); most often "
-                    f"an earlier forward still holds the port, else its sshd forbids remote forwards "
-                    f"(AllowTcpForwarding)")
-        return TunnelFailed(what, hint="clear it on the gateway host, then run this command again",
-                            lines=["on the gateway host:", *(f"  {c}" for c in find_holder_commands(port))])
+        return _held_failure(spec, last)
     if outcome == "exited":
-        return TunnelFailed(f"the tunnel to {dest} ended before the forward was up: {last}",
-                            hint="the full output is in tunnel.log of the run directory; a key or host-key problem "
-                                 "shows as 'Permission denied' or 'Host key verification failed'")
-    return TunnelFailed(f"no confirmation from the gateway {dest} within {timeout_s:g}s (last: {last}); the tunnel "
-                        "was stopped", hint="is the gateway reachable from the node? raise --start-timeout")
+        exit_said = f" (ssh exit {code})" if code else ""
+        return TunnelFailed(f"ssh from {spec.node} to the gateway {dest} failed before the forward was up: {last}"
+                            f"{exit_said}", hint=_ssh_hint(said, spec))
+    return TunnelFailed(f"no confirmation from the gateway {dest} within {timeout_s:g}s (ssh said: {last}); the "
+                        "tunnel was stopped", hint=_ssh_hint(said, spec) if said else
+                        "is the gateway reachable from the node? raise --start-timeout")
 
 
-def recorded_holder(spec: TunnelSpec) -> str | None:
-    """Another job whose run directory records an open tunnel to the same gateway and port."""
+def _held_failure(spec: TunnelSpec, last: str) -> TunnelFailed:
+    """The gateway refused the forward: say what holds the port there, and the advice that fits it."""
+    dest, port, host = spec.gateway.destination, spec.remote_port, spec.gateway.host
+    holder = find_port_holder(spec.gateway, spec.remote_bind, port)
+    where = f"port {port} on the gateway host {host}"
+    lines = ["on the gateway host:", *(f"  {c}" for c in find_holder_commands(port, holder))]
+    other = recorded_holder(spec) if holder.kind in ("forward", "unknown") else None
+    also = (f"; job {other} recorded an open tunnel to that port: `env_layers release {other}` closes it"
+            if other else "")
+    if holder.kind == "forward" and holder.yours:
+        return TunnelFailed(f"{where} is still held by an earlier forward: {holder.detail}, a login of the gateway "
+                            f"user: an earlier allocation's tunnel, most likely{also}",
+                            hint="end it on the gateway host (below), then run this command again", lines=lines)
+    if holder.kind == "forward":
+        return TunnelFailed(f"{where} is held by another user's ssh forward: {holder.detail}",
+                            hint="it is not yours to end: give the route another --remote-port", lines=lines)
+    if holder.kind in ("program", "hidden"):
+        return TunnelFailed(f"{where} is held by {holder.detail}: another program listens there",
+                            hint="give the route another --remote-port (or stop that program on the gateway host, "
+                                 "if it is yours and should not run)", lines=lines)
+    check = check_gateway_port(spec.gateway, spec.remote_bind, port)
+    if check.held:
+        what = f"{where} is held ({check.detail}); what holds it could not be asked: {holder.detail}{also}"
+    else:
+        what = (f"the gateway {dest} refused the forward of {spec.remote_bind}:{port} ({last}); most often "
+                f"something still holds the port, else its sshd forbids remote forwards (AllowTcpForwarding)")
+    return TunnelFailed(what, hint="see what holds it on the gateway host (below): an sshd is an earlier forward "
+                        "of yours, end it; another program: give the route another --remote-port", lines=lines)
+
+
+def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str | None:
+    """Another job whose run directory records an open tunnel to the same gateway and port (its record
+    settled first: a job that ended holds nothing)."""
     from ..rundir import run_root_candidates
+    from .tunnelrecord import settle
+
+    if job_info is None:
+        def job_info(jid: str):
+            return slurm.job_info(jid, run=slurm.run)
 
     for root in run_root_candidates(os.environ, Path.cwd()):
         for path in sorted(root.glob(f"*/{TUNNEL_FILE}")) if root.is_dir() else ():
@@ -373,7 +458,12 @@ def recorded_holder(spec: TunnelSpec) -> str | None:
             if (isinstance(rec, dict) and rec.get("state") == "open" and rec.get("job_id") != spec.job_id
                     and rec.get("remote_port") == spec.remote_port
                     and (rec.get("gateway") or {}).get("destination") == spec.gateway.destination):
-                return str(rec.get("job_id"))
+                try:
+                    rec = settle(rec, path.parent, job_info(str(rec.get("job_id"))))
+                except EnvLayersError:
+                    pass  # Slurm did not answer: the record may be right
+                if rec.get("state") == "open":
+                    return str(rec.get("job_id"))
     return None
 
 
@@ -411,7 +501,8 @@ def close_tunnel(acc: JobAccess) -> tuple[str, str]:
     if record is None:
         return "already", "no tunnel recorded for this job"
     if record.get("state") == "closed":
-        return "already", f"closed at {record.get('closed_at')}"
+        why = record.get("closed_why")
+        return "already", f"closed at {record.get('closed_at')}" + (f": {why}" if why else "")
     pid = int(record.get("srun_pid") or 0)
     mine = is_recorded_process(record)
     info = acc.job.info
@@ -431,7 +522,7 @@ def close_tunnel(acc: JobAccess) -> tuple[str, str]:
     else:
         how = _stop(pid, record["srun_argv"], step, acc)
         status, detail = "closed", how
-    record.update(state="closed", closed_at=_now())
+    record.update(state="closed", closed_at=_now(), closed_by="release", closed_why=f"closed by release: {detail}")
     if acc.run_dir is not None:
         write_record(acc.run_dir, record)
     return status, detail

@@ -1,0 +1,163 @@
+"""``tunnel.json``: writing it, and reading it as the truth of now.
+
+The record says what was last known when something wrote it; a tunnel ends with its job (walltime,
+``scancel``), when its step gives up, or when the process that was opening it dies, and nothing may
+be there to write that down. So every reader takes the record through :func:`settle` first: an
+``open`` (or ``opening``) record whose job has ended, whose step no longer runs, or whose opener died
+before recording it, is turned into a ``closed`` one with when (``closed_at``) and why
+(``closed_why``, ``closed_by``) and written back (atomically). A reader never reports a tunnel open
+that is not.
+
+Record states: ``opening`` (a chain follower is opening it: the intent, written before the step
+starts), ``open``, ``handed-over`` (its port moved to a successor's tunnel), ``closed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from ..fsutil import atomic_write
+
+TUNNEL_FILE = "tunnel.json"
+LIVE_STATES = ("open", "opening")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_record(run_dir: Path, record: dict) -> None:
+    atomic_write(Path(run_dir) / TUNNEL_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def read_record(run_dir: Path | None) -> dict | None:
+    if run_dir is None:
+        return None
+    try:
+        data = json.loads((Path(run_dir) / TUNNEL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cmdline(pid: int) -> list[str] | None:
+    """The argv of a running (not zombie) process, ``None`` when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return None
+    if state == "Z" or not raw:
+        return None
+    return raw.rstrip(b"\0").decode(errors="replace").split("\0")
+
+
+def is_recorded_process(record: dict) -> bool | None:
+    """True: the recorded srun PID still runs the recorded command. False: it does not (gone or
+    reused). None: the tunnel was opened on another host, so its PID means nothing here."""
+    if record.get("host") and record["host"] != socket.gethostname():
+        return None
+    pid = record.get("srun_pid")
+    return bool(pid) and cmdline(int(pid)) == record.get("srun_argv")
+
+
+def follower_alive(record: dict) -> bool | None:
+    """Whether the chain follower recorded in ``record`` still runs (None: on another host, or none)."""
+    follower = record.get("follower") or {}
+    if not follower.get("pid") or follower.get("host") != socket.gethostname():
+        return None
+    return cmdline(int(follower["pid"])) == follower.get("argv")
+
+
+def _log_time(record: dict) -> str:
+    """When the tunnel's log last moved (its step's last line came then, at the latest)."""
+    try:
+        stamp = os.stat(record["log"]).st_mtime
+    except (KeyError, TypeError, OSError):
+        return now_iso()
+    return datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
+
+
+def _last_step_line(record: dict) -> str | None:
+    """The step's last own line in tunnel.log (e.g. ``ssh exited with code 255 after 41s; giving up ...``)."""
+    try:
+        with open(record["log"], "rb") as fh:
+            fh.seek(max(0, os.path.getsize(record["log"]) - 8192))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except (KeyError, TypeError, OSError):
+        return None
+    for line in reversed(lines):
+        if line.startswith("ENVLAYERS-TUNNEL: ") and "chain:" not in line and "starting at" not in line:
+            return "".join(c if c.isprintable() else "?" for c in line[len("ENVLAYERS-TUNNEL: "):])
+    return None
+
+
+def _step_listed(step_id: str) -> bool | None:
+    """Whether Slurm still lists the step (None: Slurm did not answer)."""
+    from .. import slurm
+
+    job = step_id.split(".", 1)[0]
+    try:
+        proc = slurm.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"])
+    except slurm.SlurmError:
+        return None
+    if proc.returncode != 0:
+        return None
+    return step_id in proc.stdout.split()
+
+
+def closed_by_end(record: dict, info, *, step_listed: Callable[[str], bool | None] = _step_listed) -> dict | None:
+    """The fields that close ``record`` (an ``open`` or ``opening`` one) because its tunnel has ended,
+    given the job's Slurm record ``info``; ``None`` while it may still run."""
+    if record.get("state") not in LIVE_STATES:
+        return None
+    job = str(record.get("job_id") or "")
+    mine = is_recorded_process(record)
+    if (info is None or info.finished) and mine is not True:  # (its srun still running here: not yet ended)
+        state = info.state if info is not None else None
+        return {"closed_at": (info.end_time if info is not None and info.end_time else None) or _log_time(record),
+                "closed_by": "job end",
+                "closed_why": f"job {job} ended ({state}); its tunnel step ended with it" if state
+                else f"job {job} is no longer known to Slurm; its tunnel step ended with it"}
+    if record.get("state") == "opening":
+        if mine is None or follower_alive(record) is not False:
+            return None  # its opener still runs (or runs elsewhere): it is being opened
+        if mine:  # the step waits for the word that it is recorded; its opener is gone: end it now
+            try:
+                os.kill(int(record["srun_pid"]), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        return {"closed_at": _log_time(record), "closed_by": "opener end",
+                "closed_why": "the chain follower that was opening it ended before it was recorded; the step "
+                              "ends by itself then (it waits for the word that it is recorded)"}
+    if mine is None:  # opened on another host: ask Slurm whether its step still runs
+        step = record.get("step_id")
+        if not step or step_listed(str(step)) is not False:
+            return None
+    elif mine:
+        return None
+    said = _last_step_line(record)
+    return {"closed_at": _log_time(record), "closed_by": "step end",
+            "closed_why": f"its step ended while job {job} runs" + (f" ({said})" if said else "")}
+
+
+def settle(record: dict | None, run_dir: Path | None, info, *, write: bool = True) -> dict | None:
+    """``record`` as the truth of now (see the module's docstring); written back when it changed."""
+    if not record:
+        return record
+    closing = closed_by_end(record, info)
+    if closing is None:
+        return record
+    record = {**record, "state": "closed", **closing}
+    if write and run_dir is not None:
+        try:
+            write_record(run_dir, record)
+        except OSError:
+            pass  # a reader that cannot write still says the truth
+    return record
