@@ -224,20 +224,22 @@ def test_a_loopback_server_goes_live_on_node_0s_loopback_and_no_other_address(ne
     status = lab_command("status", env={"ENVLAYERS_LAB_DIR": str(netns_lab.lab_dir)}).stdout
     ns = next(re.search(r"netns=(\S+)", line).group(1) for line in status.splitlines()
               if line.startswith("node: name=n1 "))
-    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_HOST=127.0.0.1\n")  # with the per-job key
+    # port 8100: the podman test's CNI portmap rule (127.0.0.1:8000 -> its container) stays in n1's namespace
+    # after that container is gone, and would take this test's probes (docs/podman.md, "Known limits")
+    run = Run(netns_lab, tmp_path, model="oss120b", layer="SERVER_HOST=127.0.0.1\nSERVER_PORT=8100\n")
     assert "would refuse" not in run.sbatch(submit=False).stdout
     run.submit()
     text = run.wait_for("^" + re.escape(BANNER), timeout_s=60)
-    assert "base URL: http://127.0.0.1:8000/v1" in text
+    assert "base URL: http://127.0.0.1:8100/v1" in text
     assert (f"reach: on n1 only (SERVER_HOST binds loopback); from elsewhere open a tunnel: env_layers tunnel "
             f"{run.job_id} (docs/access.md)") in text
     assert run.endpoint()["node_local"] is True
     key = (run.run_dir / "api-key").read_text().strip()
     on_node = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "5", "-H", f"Authorization: Bearer {key}",
-                              "http://127.0.0.1:8000/v1/models"], capture_output=True, text=True, timeout=30)
+                              "http://127.0.0.1:8100/v1/models"], capture_output=True, text=True, timeout=30)
     assert json.loads(on_node.stdout)["data"][0]["id"] == "hpcagent-bench-vllm", on_node.stdout + on_node.stderr
     outside = subprocess.run(["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}",
-                              f"http://{netns_lab.nodes['n1']}:8000/v1/models"], capture_output=True, text=True,
+                              f"http://{netns_lab.nodes['n1']}:8100/v1/models"], capture_output=True, text=True,
                              timeout=10)
     assert outside.stdout == "000"  # nothing answers on the node's fabric address
     netns_lab.cancel(run.job_id)
