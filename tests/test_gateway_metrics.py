@@ -343,3 +343,49 @@ def test_a_request_whose_replica_server_is_gone_gets_503_with_retry_after():
     reply = asyncio.run(ask())
     assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
     assert json.loads(reply.body)["error"]["code"] == 503
+
+
+def test_the_meter_waits_for_a_gateway_that_answers_after_its_slow_replica_read(tmp_path):
+    # a real HTTP server on 127.0.0.1 that answers /metrics after 2.5 s, as the gateway does when one replica's
+    # reader takes its whole bound (gateway_app.READ_TIMEOUT_S): the meter's own read must outlast it
+    import http.server
+    import threading
+
+    from envlayers import gateway_app
+    from envlayers.launch import meter as meter_mod
+    from envlayers.launch.prepare import prepare
+    from test_ray_launch import GATEWAY, alloc
+
+    assert meter_mod.GATEWAY_FETCH_TIMEOUT_S >= gateway_app.READ_TIMEOUT_S + 1.5
+    body = merge_expositions([("0", VLLM % {"running": 0, "stop": 3}), ("1", None)]).encode()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            threading.Event().wait(2.5)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        asked = []
+
+        def fetch(url, key, **kw):
+            asked.append(kw)
+            return meter_mod.fetch_metrics(f"http://127.0.0.1:{server.server_port}/metrics", key, **kw)
+
+        meter = meter_mod.Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None, fetch=fetch)
+        got = meter.sample()
+        assert asked == [{"timeout_s": meter_mod.GATEWAY_FETCH_TIMEOUT_S}]
+        at_once = meter_mod.Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None,
+                                  fetch=lambda *a, **k: body.decode()).sample()
+        assert got is not None and got == at_once  # the same reading as a gateway that answers at once
+        assert meter_mod.fetch_metrics(f"http://127.0.0.1:{server.server_port}/metrics", None) is None  # 2 s: lost
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -49,6 +49,11 @@ def idle_seconds(keys: Mapping[str, str], key: str) -> float | None:
     return value
 
 
+# the gateway's /metrics waits up to gateway_app.READ_TIMEOUT_S (3 s) for a slow replica's reader, then
+# answers with that replica named in a comment: the meter waits for that answer rather than lose the reading
+GATEWAY_FETCH_TIMEOUT_S = 5.0
+
+
 def fetch_metrics(url: str, api_key: str | None, timeout_s: float = 2.0) -> str | None:
     """GET a /metrics URL; None when it does not answer 200."""
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
@@ -195,7 +200,10 @@ class Meter:
             return None
         total = None
         for url in metrics_urls(self.lp):
-            text = self.fetch(url, self.api_key)
+            if self.lp.plan.shape == "gateway":
+                text = self.fetch(url, self.api_key, timeout_s=GATEWAY_FETCH_TIMEOUT_S)
+            else:
+                text = self.fetch(url, self.api_key)
             if text is not None and self.lp.plan.shape == "gateway":
                 counters = self._gateway(text)
             else:
