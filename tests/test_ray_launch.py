@@ -61,7 +61,7 @@ def test_worker_flags_by_the_absent_empty_rule(keys, flags):
     pytest.param({"RAY_PORT_BASE": "2x"}, "RAY_PORT_BASE: must be a port from 1024 to 64536, got '2x'", id="not-int"),
     pytest.param({"RAY_NUM_CPUS": "0"}, "RAY_NUM_CPUS: must be a positive number of CPUs, got '0'", id="cpus-zero"),
     pytest.param({"RAY_JOIN_TIMEOUT_S": ""}, "RAY_JOIN_TIMEOUT_S: is empty; it must be a positive number of seconds; "
-                 "hint: delete the line to use the default (300)", id="timeout-empty"),
+                 "hint: set RAY_JOIN_TIMEOUT_S=300, the default", id="timeout-empty"),
     pytest.param({"SERVER_PORT": "28500"}, "RAY_PORT_BASE, SERVER_PORT: SERVER_PORT = 28500 lies in the Ray port "
                  "block 28000-28999; hint: set RAY_PORT_BASE outside 27501-28500", id="service-port-in-block"),
     pytest.param({"RDZV_PORT": "28999"}, "RAY_PORT_BASE, RDZV_PORT: RDZV_PORT = 28999 lies in the Ray port block",

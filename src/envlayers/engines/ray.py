@@ -47,7 +47,7 @@ def whole_key(env: Mapping[str, str], key: str, default: int | None, what: str, 
         if empty_ok:
             return None
         raise RayKeyError(f"is empty; it must be {what}", where=key,
-                          hint=f"delete the line to use the default ({default})")
+                          hint=f"set {key}={default}, the default")
     if not _INT_RE.match(text) or int(text) <= 0:
         raise RayKeyError(f"must be {what}, got {value!r}", where=key)
     return int(text)

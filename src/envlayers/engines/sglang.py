@@ -78,7 +78,7 @@ def metrics_enabled(env: Mapping[str, str]) -> bool:
         return True
     raise EngineError(f"{value!r} is not a boolean; it turns SGLang's /metrics on or off",
                       where="SGLANG_ENABLE_METRICS",
-                      hint="use true or false (empty also means off); delete the line for the default, on")
+                      hint="use true or false (empty also means off; the default is on)")
 
 
 def metrics_flag(env: Mapping[str, str]) -> list[str]:
