@@ -112,18 +112,14 @@ def files(shape: str) -> dict[str, str]:
 
 def write_token(run_dir: Path) -> Path:
     """The job's Ray token: 32 random bytes as hex in ``run_dir/ray-token``, mode 0600 from its creation
-    (a successor or requeued run writes its own)."""
-    import os
+    (fsutil.atomic_write: a temporary file made 0600, renamed over it; a successor or requeued run writes
+    its own)."""
     import secrets
 
+    from ..fsutil import atomic_write
+
     path = run_dir / TOKEN_FILE
-    tmp = run_dir / f".{TOKEN_FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, (secrets.token_hex(32) + "\n").encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_write(path, secrets.token_hex(32) + "\n", mode=0o600)
     return path
 
 
