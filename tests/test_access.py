@@ -530,7 +530,8 @@ def _info(states: dict[str, str]):
 
 
 def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
-    from envlayers.access.chain import chain_links, moved_line, newest_live
+    from envlayers.access.chain import moved_line, newest_live
+    from envlayers.rundir import chain_links
 
     first = _link(tmp_path, "41", "42", live=True, ended=True)
     _link(tmp_path, "42", "43", live=True)
@@ -556,7 +557,7 @@ def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
 
 
 def test_a_chain_json_cycle_ends_the_walk(tmp_path):
-    from envlayers.access.chain import chain_links
+    from envlayers.rundir import chain_links
 
     _link(tmp_path, "41", "42", live=False)
     _link(tmp_path, "42", "41", live=False)

@@ -12,7 +12,8 @@ import pytest
 
 from envlayers.launch.health import HealthSettings, HealthWatch, get_health, health_settings, health_url
 from envlayers.launch.prepare import LaunchFailure, Node, min_replicas, prepare
-from envlayers.launch.replicas import ReplicaSteps, Survivors, dead_ranks, release_node, replica_srun, survives
+from envlayers.launch.replicas import ReplicaSteps, Survivors, release_node, replica_srun, survives
+from envlayers.rundir import dead_ranks
 from envlayers.launch.supervise import Supervisor
 from envlayers.readiness import Probe
 from test_launch import PIPELINE, SINGLE_VLLM, Clock, Step, alloc, exited, started
@@ -444,7 +445,8 @@ SCONTROL_41 = ("JobId=41 JobName=serve-only UserId=alice(1000) GroupId=alice(100
 
 
 def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
-    from envlayers.launch.successor import Chain, HandedOver, chain_of
+    from envlayers.launch.successor import Chain, HandedOver
+    from envlayers.rundir import chain_of
 
     clock, said, calls = Clock(), [], []
     run_dir = tmp_path / "41"
@@ -488,7 +490,8 @@ def test_the_successor_keeps_what_slurm_runs_the_job_with(fields, options):
 
 
 def test_a_per_job_key_passes_down_the_chain(tmp_path):
-    from envlayers.apikey import GENERATED_NAME, write_generated
+    from envlayers.apikey import write_generated
+    from envlayers.rundir import API_KEY as GENERATED_NAME
     from envlayers.launch.successor import Chain, inherited_key
 
     first, second = tmp_path / "41", tmp_path / "57"
@@ -521,7 +524,8 @@ def test_a_per_job_key_passes_down_the_chain(tmp_path):
 
 
 def test_the_last_link_submits_nothing(tmp_path):
-    from envlayers.launch.successor import Chain, chain_of
+    from envlayers.launch.successor import Chain
+    from envlayers.rundir import chain_of
 
     said = []
     chain = Chain("57", tmp_path, 0, 30, say=said.append, environ={"ENVLAYERS_PREDECESSOR": "41"},

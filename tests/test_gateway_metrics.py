@@ -193,92 +193,95 @@ def test_a_gateway_line_split_where_the_meter_takes_over_from_the_phase_reader_i
     log.write_text("ENVLAYERS-STAGE: gateway: deploying 2 replica(s)\n" + line[:cut])
     meter.tick(0.0, 2, False)  # the phase reader stops in the middle of the line
     meter.tick(1.0, 2, True)  # live: the relay takes over from here
-    assert meter._log_pos == log.stat().st_size
+    assert meter.relay.pos == log.stat().st_size
     with log.open("a") as fh:
         fh.write(line[cut:] + "\n(ServeReplica pid=1) noise\n")
     meter.tick(2.0, 2, True)
     meter.tick(3.0, 2, True)
     assert [s for s in said if "gateway" in s] == [line]
-    events = json.loads((tmp_path / "endpoint.json").read_text())["gateway"]["events"]
-    assert events == [line.split("gateway: ", 1)[1]]
+    # the relay only says the lines: what status shows comes from the gateway's state file
+    assert "gateway" not in json.loads((tmp_path / "endpoint.json").read_text())
 
 
 def test_status_and_wait_show_the_gateways_healthy_replicas_and_their_last_events(tmp_path):
+    # the gateway writes its state file in the run directory; status and wait read it with endpoint.json
     import json
 
+    from envlayers import rundir
     from envlayers.cli.serving_format import replica_lines
-    from envlayers.launch.meter import Meter
-    from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    from envlayers.gateway_app import StateFile
 
-    lp = prepare(GATEWAY, alloc(tmp_path))
-    bodies = iter([VLLM % {"running": 0, "stop": 1}] * 10)
-    meter = Meter(lp, {}, lambda line: None, clock=lambda: 0.0, wall=lambda: 1e9, fetch=lambda *a, **k: next(bodies))
     (tmp_path / "endpoint.json").write_text(json.dumps({"job_id": "7", "base_urls": ["http://n1:8000/v1"]}))
-    log = tmp_path / "server-0.log"
-    log.write_text("")
-    meter.tick(0.0, 2, True)
-    healthy = ("ENVLAYERS-STAGE: gateway: {} of 2 replica(s) healthy (Serve application {}; the job ends after "
-               "600s below MIN_REPLICAS=1)\n")
-    with log.open("a") as fh:
-        fh.write(healthy.format(2, "RUNNING") + "ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) "
-                 "was killed by SIGKILL (exit code 137); Ray Serve replaces the replica\n"
-                 + healthy.format(1, "UNHEALTHY"))
-    meter.tick(1.0, 2, True)
-    data = json.loads((tmp_path / "endpoint.json").read_text())
+    files = rundir.JobFiles("7", None, tmp_path)
+    assert "gateway" not in files.endpoint_data()  # no state file yet: nothing about replicas
+    state = StateFile(str(tmp_path / rundir.GATEWAY_STATE))
+    state.update(healthy=2, replicas=2, min_replicas=1, grace_s=600)
+    state.event("ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) was killed by SIGKILL (exit "
+                "code 137); Ray Serve replaces the replica")
+    state.update(healthy=1, serve_status="UNHEALTHY")
+    data = files.endpoint_data()
     assert data["job_id"] == "7" and data["gateway"]["healthy"] == 1 and data["gateway"]["serve_status"] == "UNHEALTHY"
     assert replica_lines(data) == [
         ("replicas", "1 of 2 healthy behind the gateway (Ray Serve replaces one that dies); the job ends after 600s "
                      "below MIN_REPLICAS=1"),
         ("replica", "replica 1 on n2: its vllm serve (pid 9) was killed by SIGKILL (exit code 137); Ray Serve "
                     "replaces the replica")]
-    events = [f"ENVLAYERS-STAGE: gateway: replica {i} on n1 replaced: its new vllm serve (pid {i}) answers\n"
-              for i in range(7)]
-    with log.open("a") as fh:
-        fh.write("".join(events) + healthy.format(2, "RUNNING"))
-    meter.tick(2.0, 2, True)
-    data = json.loads((tmp_path / "endpoint.json").read_text())
-    assert data["gateway"]["healthy"] == 2 and len(data["gateway"]["events"]) == 5  # the latest five
-    assert data["gateway"]["events"][-1] == "replica 6 on n1 replaced: its new vllm serve (pid 6) answers"
+    for i in range(7):
+        state.event(f"ENVLAYERS-STAGE: gateway: replica {i} on n1 replaced: its new vllm serve (pid {i}) answers")
+    state.update(healthy=2, serve_status="RUNNING")
+    gw = rundir.JobFiles("7", None, tmp_path).endpoint_data()["gateway"]
+    assert gw["healthy"] == 2 and len(gw["events"]) == 5  # the latest five
+    assert gw["events"][-1] == "replica 6 on n1 replaced: its new vllm serve (pid 6) answers"
     assert replica_lines({"base_urls": []}) == []  # no gateway record, no replicas: nothing to say
 
 
-def test_the_healthy_count_starts_at_the_ready_line_before_live_and_follows_deaths_and_replacements(tmp_path):
-    # the gateway prints its own count only when its two-second look sees a change: a fast replacement can
-    # fall between two looks, and the ready line came before live
-    import json
+def test_the_gateways_state_file_is_replaced_whole_and_only_when_it_changes(tmp_path):
+    from envlayers import rundir
+    from envlayers.gateway_app import StateFile
 
-    from envlayers.cli.serving_format import replica_lines
-    from envlayers.launch.meter import Meter
-    from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    path = tmp_path / rundir.GATEWAY_STATE
+    state = StateFile(str(path))
+    state.update(healthy=2, replicas=2)
+    first = path.stat().st_mtime_ns
+    path.write_text("{}")  # a rewrite would replace this
+    state.update(healthy=2, replicas=2)  # nothing changed: not written
+    assert path.read_text() == "{}"
+    state.update(healthy=1)
+    assert rundir.read_gateway_state(tmp_path).healthy == 1 and first
+    assert [p.name for p in tmp_path.iterdir()] == [rundir.GATEWAY_STATE]  # no temporary file left behind
 
-    lp = prepare(GATEWAY, alloc(tmp_path))
-    bodies = iter([VLLM % {"running": 0, "stop": 1}] * 10)
+
+def test_a_gateway_state_file_the_os_refuses_is_said_once_and_the_gateway_goes_on(tmp_path):
+    from envlayers.gateway_app import StateFile
+
     said = []
-    meter = Meter(lp, {}, said.append, clock=lambda: 0.0, wall=lambda: 1e9, fetch=lambda *a, **k: next(bodies))
-    (tmp_path / "endpoint.json").write_text(json.dumps({"job_id": "8"}))
-    log = tmp_path / "server-0.log"
-    log.write_text("ENVLAYERS-STAGE: gateway: 2 replica(s) ready after 6.2s; Serve listens on 0.0.0.0:8000; GET "
-                   "/metrics answers every replica's metrics; replicas survive a peer (the job ends after 540s with "
-                   "fewer than MIN_REPLICAS=1 healthy)\n")
-    meter.tick(0.0, 2, True)
-    meter.tick(1.0, 2, True)
-    assert replica_lines(json.loads((tmp_path / "endpoint.json").read_text()))[0] == (
-        "replicas", "2 of 2 healthy behind the gateway (Ray Serve replaces one that dies); the job ends after 540s "
-                    "below MIN_REPLICAS=1")
-    assert not [s for s in said if "ready after" in s]  # said before live in rank 0's log: not again
-    with log.open("a") as fh:
-        fh.write("ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) exited with code 1; Ray Serve "
-                 "replaces the replica, the others keep serving\n")
-    meter.tick(2.0, 2, True)
-    assert json.loads((tmp_path / "endpoint.json").read_text())["gateway"]["healthy"] == 1
-    with log.open("a") as fh:
-        fh.write("ENVLAYERS-STAGE: gateway: replica 1 on n2 replaced: its new vllm serve (pid 10) answers on "
-                 "127.0.0.1:5\n")
-    meter.tick(3.0, 2, True)
-    gw = json.loads((tmp_path / "endpoint.json").read_text())["gateway"]
-    assert gw["healthy"] == 2 and len(gw["events"]) == 2
+    state = StateFile(str(tmp_path / "missing-dir" / "gateway-state.json"), say=said.append)
+    state.update(healthy=2)
+    state.update(healthy=1)
+    assert len(said) == 1 and said[0].startswith("ENVLAYERS-WARN: gateway: cannot write ")
+    assert state.record["healthy"] == 1
+
+
+@pytest.mark.parametrize("text, healthy, events", [
+    pytest.param('{"healthy": 2, "replicas": 2, "events": ["a"]}', 2, ["a"], id="whole"),
+    pytest.param('{"healthy": true, "events": "junk"}', None, [], id="wrong-types-are-absent"),
+    pytest.param('{"healthy": 1, "events": ["1", "2", "3", "4", "5", "6"]}', 1, ["2", "3", "4", "5", "6"],
+                 id="at-most-five-events"),
+])
+def test_the_gateway_state_reader_takes_only_fields_of_the_right_type(tmp_path, text, healthy, events):
+    from envlayers import rundir
+
+    (tmp_path / rundir.GATEWAY_STATE).write_text(text)
+    state = rundir.read_gateway_state(tmp_path)
+    assert (state.healthy, state.events) == (healthy, events)
+
+
+def test_no_gateway_state_file_or_a_half_written_one_reads_as_none(tmp_path):
+    from envlayers import rundir
+
+    assert rundir.read_gateway_state(tmp_path) is None
+    (tmp_path / rundir.GATEWAY_STATE).write_text('{"healthy": ')
+    assert rundir.read_gateway_state(tmp_path) is None
 
 
 def test_the_meter_reads_the_gateway_per_replica_so_its_total_never_goes_back(tmp_path):
@@ -352,7 +355,7 @@ def test_the_meter_waits_for_a_gateway_that_answers_after_its_slow_replica_read(
     import threading
 
     from envlayers import gateway_app
-    from envlayers.launch import meter as meter_mod
+    from envlayers.launch import counters as meter_mod
     from envlayers.launch.prepare import prepare
     from test_ray_launch import GATEWAY, alloc
 
@@ -379,11 +382,11 @@ def test_the_meter_waits_for_a_gateway_that_answers_after_its_slow_replica_read(
             asked.append(kw)
             return meter_mod.fetch_metrics(f"http://127.0.0.1:{server.server_port}/metrics", key, **kw)
 
-        meter = meter_mod.Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None, fetch=fetch)
+        meter = meter_mod.RequestCounters(prepare(GATEWAY, alloc(tmp_path)), fetch=fetch)
         got = meter.sample()
         assert asked == [{"timeout_s": meter_mod.GATEWAY_FETCH_TIMEOUT_S}]
-        at_once = meter_mod.Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None,
-                                  fetch=lambda *a, **k: body.decode()).sample()
+        at_once = meter_mod.RequestCounters(prepare(GATEWAY, alloc(tmp_path)),
+                                            fetch=lambda *a, **k: body.decode()).sample()
         assert got is not None and got == at_once  # the same reading as a gateway that answers at once
         assert meter_mod.fetch_metrics(f"http://127.0.0.1:{server.server_port}/metrics", None) is None  # 2 s: lost
     finally:

@@ -217,10 +217,10 @@ def test_job_files_read_tolerantly(tmp_path):
     (run_dir / "launch.json").write_text('{"engine": "vllm", "served_mod')  # half-written
     files = rundir.JobFiles("58", None, run_dir)
     assert files.rank_exits() == {0: 0, 1: 137, 2: None}
-    assert files.endpoint().base_urls == ["http://n1:8000/v1"]
+    assert rundir.base_urls(files.endpoint_data()) == ["http://n1:8000/v1"]
     assert files.endpoint_data()["some_future_field"] == {"x": 1}
     assert files.launch() is None
-    assert rundir.JobFiles("58", None, None).endpoint() is None
+    assert rundir.JobFiles("58", None, None).endpoint_data() is None
 
 
 def test_tail_reads_only_what_was_added_and_survives_truncation(tmp_path):
@@ -662,7 +662,7 @@ def test_stop_of_a_chain_goes_on_when_slurm_cannot_say_of_a_successor(fake, tmp_
     assert fake.cancelled == ["630"]  # the job asked for is stopped all the same
     assert res.exit_code == 1 and "job 631: NOT stopped: " in res.stderr, res.output
     assert res.stdout.splitlines()[-1] == "job 630: stopped"
-    from envlayers.access.chain import chain_links
+    from envlayers.rundir import chain_links
 
     assert [j for j, _ in chain_links("630", run_dir)] == ["630", "631"]
 

@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 
 from .errors import EnvLayersError
+from .rundir import API_KEY
 
 KEY_CHARS = "A-Za-z0-9._~+/=-"
 MIN_LEN, MAX_LEN = 8, 512
@@ -72,7 +73,6 @@ def check_key_file(path: "str | os.PathLike[str]", where: str | None = None) -> 
 
 
 GENERATE = "generate"  # SERVER_API_KEY_FILE=generate: a per-job key, made in the job
-GENERATED_NAME = "api-key"  # its file in the run directory
 
 
 def wants_generated(value: str | None) -> bool:
@@ -100,7 +100,7 @@ def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
 def write_key(run_dir: "str | os.PathLike[str]", key: str) -> Path:
     """Write ``key`` to ``run_dir/api-key``, created with mode 0600 (never wider, whatever the umask; an
     earlier file there is replaced). Returns the path."""
-    path = Path(run_dir) / GENERATED_NAME
+    path = Path(run_dir) / API_KEY
     try:
         path.unlink()
     except FileNotFoundError:

@@ -25,10 +25,16 @@ Replicas survive a peer: a replica whose server dies reports it (``ENVLAYERS-ERR
 <i> on <node>: ...``, with the exit code) and ends its actor, and Serve starts a new replica (a new
 server) while the others serve on. The job ends only when fewer than ``--min-replicas`` are healthy
 for longer than ``--replace-timeout`` seconds (:class:`Survival`), or when Serve gives up (DEPLOY_FAILED).
+
+What the gateway sees of its replicas (how many Serve reports healthy, the latest replica events) it also
+keeps in ``gateway-state.json`` beside this script in the run directory (:class:`StateFile`, replaced
+atomically), which the launcher and ``status`` read (envlayers/rundir.py owns that file's name and record;
+this script runs with the standard library only, so it repeats the name, and a test keeps the two equal).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -53,10 +59,49 @@ RECOVERED_AFTER_S = 30.0  # enough replicas healthy this long: a recovery, not a
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gcount", "_gsum")
+STATE_FILE = "gateway-state.json"  # the name envlayers/rundir.py owns (GATEWAY_STATE); a test keeps them equal
+KEEP_EVENTS = 5  # the latest replica events the state file keeps (rundir.GatewayState.KEEP_EVENTS)
 
 
 def say(line: str) -> None:
     print(line, flush=True)
+
+
+class StateFile:
+    """``gateway-state.json``: the replicas Serve reports healthy of how many, the survival settings, the
+    Serve application's status and the latest replica events (``replica 1 on n2: ...``), rewritten
+    atomically (a temporary file renamed over it) whenever one of them changes. A write the OS refuses is
+    said once (until one succeeds again); the gateway serves on."""
+
+    def __init__(self, path: str, say=say):
+        self.path, self.say = path, say
+        self.record = {"healthy": None, "replicas": None, "min_replicas": None, "grace_s": None,
+                       "serve_status": None, "events": []}
+        self.failing: str | None = None
+
+    def update(self, **fields) -> None:
+        if any(self.record.get(k) != v for k, v in fields.items()):
+            self.record.update(fields)
+            self.write()
+
+    def event(self, line: str) -> None:
+        """One of the gateway's replica lines (``ENVLAYERS-ERROR: gateway: replica 1 on n2: ...``)."""
+        self.record["events"] = (self.record["events"] + [line.split(": ", 2)[-1]])[-KEEP_EVENTS:]
+        self.write()
+
+    def write(self) -> None:
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(self.record, indent=2) + "\n")
+            os.replace(tmp, self.path)
+        except OSError as err:
+            why = err.strerror or str(err)
+            if why != self.failing:
+                self.say(f"ENVLAYERS-WARN: gateway: cannot write {self.path}: {why}; status shows no replica count")
+            self.failing = why
+            return
+        self.failing = None
 
 
 def with_host_port(argv: list[str], host: str, port: int) -> list[str]:
@@ -555,22 +600,27 @@ def main(argv: list[str]) -> int:
     say(f"ENVLAYERS-STAGE: gateway: {replicas} replica(s) ready after {time.monotonic() - t0:.1f}s; Serve listens "
         f"on {host}:{port}; GET /metrics answers every replica's metrics; replicas survive a peer (the job ends "
         f"after {grace_s:.0f}s with fewer than MIN_REPLICAS={minimum} healthy)")
+    state = StateFile(os.path.join(os.path.dirname(os.path.abspath(__file__)), STATE_FILE))
+    state.update(healthy=replicas, replicas=replicas, min_replicas=minimum, grace_s=round(grace_s))
     policy, last = Survival(minimum, grace_s), replicas
     while True:
         time.sleep(CHECK_EVERY_S)
         try:
             for line in ray.get(registry.take_events.remote(), timeout=10):
                 say(line)
+                state.event(line)
         except Exception as err:  # the registry is the gateway's own actor: report, keep watching Serve
             say(f"ENVLAYERS-WARN: gateway: the replica registry did not answer: {type(err).__name__}")
         app = serve.status().applications.get(APP)
         status = getattr(app, "status", "MISSING")
         status = str(getattr(status, "value", status))
         if status in ("DEPLOY_FAILED", "MISSING", "DELETING"):  # Serve gave up on the application
+            state.update(serve_status=status)
             message = getattr(app, "message", "") or ""
             say(f"ENVLAYERS-ERROR: gateway: the Serve application is {status}: {message.splitlines()[0] if message else ''}")
             return 1
         healthy = healthy_count(app)
+        state.update(healthy=healthy, serve_status=status)
         if healthy != last:
             say(f"ENVLAYERS-STAGE: gateway: {healthy} of {replicas} replica(s) healthy (Serve application "
                 f"{status}; the job ends after {grace_s:.0f}s below MIN_REPLICAS={minimum})")

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 
 from .defaults import BANNER
+from .rundir import server_root
 
 NO_KEY = "EMPTY"  # what to pass as api_key to a keyless endpoint: OpenAI clients refuse to start without one
 
@@ -120,8 +121,7 @@ class Endpoint:
 
     def metrics_url(self, base_url: str | None = None) -> str:
         """Prometheus text at the server root: ``http://host:port/metrics`` (not under /v1)."""
-        base = (base_url or self.base_url).rstrip("/")
-        return (base[:-3] if base.endswith("/v1") else base) + "/metrics"
+        return server_root(base_url or self.base_url) + "/metrics"
 
     def curl(self, base_url: str | None = None) -> str:
         body = json.dumps({

@@ -21,6 +21,12 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
   0 for the first run). Until the new run has written its ``launch.json``, the top-level files are the
   previous run's (:func:`top_is_previous`), and :class:`JobFiles` then shows none of them as current.
 
+This module owns the run directory: every file's name (the constants below; no other module spells
+one), the readers of its records and the one writer of a JSON record (:func:`write_json`, atomic through
+``fsutil.atomic_write``). The two scripts the job copies into the run directory and runs with the standard
+library only (``gateway_app.py``, ``launch/raynode.py``) repeat the names of the files they write; a test
+keeps them equal to the ones here.
+
 Parsing here is pure (text in, records out); ``locate`` and ``JobFiles`` only read files.
 ``FileTail`` is the one reader of a growing file (and ``tail_lines`` of a file's last lines).
 Unknown fields in the JSON files are ignored, missing ones are ``None``.
@@ -36,10 +42,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
-    from .readiness import Endpoint
     from .slurm import JobInfo
 
 from .defaults import BANNER
+from .fsutil import atomic_write
 
 _STAGE_RE = re.compile(r"^ENVLAYERS-(STAGE|TOPOLOGY|WARN|ERROR|DIAG):\s?(.*)$")
 _RUN_DIR_RE = re.compile(r"^run_dir=(.+)$")
@@ -50,7 +56,41 @@ TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
 _SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
 _RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
 _RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
-LAUNCH_END = "launch-end.json"
+
+# --- every file of a run directory, by name ---
+ENDPOINT = "endpoint.json"  # readiness.Endpoint, written once live; replicas and gateway-state add to what status shows
+LAUNCH = "launch.json"  # what the launcher planned (launch.prepare), written before srun
+LAUNCH_END = "launch-end.json"  # how the launcher ended: restart, code, reason, ended_at
+CHAIN = "chain.json"  # the job's link in a chain of successors (launch.successor)
+TUNNEL = "tunnel.json"  # the login node's tunnel to the endpoint (access.tunnelrecord)
+ACCOUNTING = "accounting.json"  # the GPU-hour timeline (launch.meter, envlayers.accounting)
+SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines
+API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
+RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
+RAY_CLUSTER = "ray-cluster.json"  # the Ray cluster node 0 saw form (written by launch/raynode.py)
+GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last events (written by gateway_app.py)
+GATEWAY_APP = "gateway_app.py"  # the Serve application, copied here for node 0
+RAY_NODE = "raynode.py"  # the Ray node helper, copied here for every node
+RANKS_SH = "ranks.sh"  # the script srun runs on every rank
+JOB_SH = "job.sh"
+
+
+def server_log_name(rank: int) -> str:
+    """``server-<rank>.log``: one rank's output."""
+    return f"server-{rank}.log"
+
+
+def rank_exit_name(rank: int) -> str:
+    """``rank-<rank>.exit``: one rank's exit code, written by ranks.sh."""
+    return f"rank-{rank}.exit"
+
+
+RANK_EXIT_GLOB = "rank-*.exit"
+
+
+def ray_pids_name(rank: int) -> str:
+    """``ray-pids-<rank>.txt``: every process launch/raynode.py started on that rank's node."""
+    return f"ray-pids-{rank}.txt"
 # the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
 _UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); "
                             r"the job ends before any rank")
@@ -166,10 +206,12 @@ class RecordWriter:
         self.say = say
         self.failing: dict[str, str] = {}  # path -> what the OS said, while its writes fail
 
+    def write_json(self, path: Path, data: Mapping) -> bool:
+        """Write the record ``data`` to ``path`` (:func:`json_text`); False (said once) when the OS refused."""
+        return self.write(path, json_text(data))
+
     def write(self, path: Path, text: str) -> bool:
         """Write ``path``; False (said once) when the OS refused."""
-        from .fsutil import atomic_write
-
         try:
             atomic_write(path, text)
         except OSError as err:
@@ -265,21 +307,19 @@ class JobFiles:
     def server_log(self, rank: int = 0) -> Path | None:
         if self.previous_at_top:
             return None
-        return self.run_dir / f"server-{rank}.log" if self.run_dir else None
+        return self.run_dir / server_log_name(rank) if self.run_dir else None
 
     def server_logs(self) -> dict[int, Path]:
         return {} if self.previous_at_top else self._numbered(_SERVER_LOG_RE)
 
     def earlier_runs(self) -> dict[int, Path]:
         """n -> ``run-<n>/``: the folders earlier runs of a requeued job were moved into."""
-        if self.run_dir is None or not self.run_dir.is_dir():
-            return {}
-        return self._numbered(_RUN_SUBDIR_RE, dirs=True)
+        return earlier_run_dirs(self.run_dir)
 
     def recorded_restart(self) -> int | None:
         """The ``restart`` of the top-level launch.json, whichever run wrote it (0 when it has none,
         ``None`` when there is no readable launch.json)."""
-        data = self._json("launch.json")
+        data = self._json(LAUNCH)
         if data is None:
             return None
         value = data.get("restart", 0)
@@ -299,30 +339,25 @@ class JobFiles:
         return exits
 
     def endpoint_data(self) -> dict | None:
-        return None if self.previous_at_top else self._json("endpoint.json")
+        """``endpoint.json`` of the current run (``None`` before it is live); in the gateway shape with the
+        gateway's own state file under ``"gateway"`` (:func:`read_gateway_state`), as status shows it."""
+        data = None if self.previous_at_top else self._json(ENDPOINT)
+        if data is not None and self.run_dir is not None:
+            state = read_gateway_state(self.run_dir)
+            if state is not None:
+                data["gateway"] = state.to_dict()
+        return data
 
     def launch_end(self) -> dict | None:
         """``launch-end.json`` of the current run: how the launcher ended (``None``: it did not say)."""
         return None if self.previous_at_top else self._json(LAUNCH_END)
 
-    def endpoint(self) -> "Endpoint | None":
-        """``endpoint.json`` as a readiness.Endpoint (unknown fields ignored), or ``None`` before it exists."""
-        data = self.endpoint_data()
-        if not data:
-            return None
-        from .readiness import Endpoint
-
-        try:
-            return Endpoint.from_json(json.dumps(data))
-        except TypeError:  # a required field missing: not an endpoint record we can use
-            return None
-
     def launch(self) -> dict | None:
-        return None if self.previous_at_top else self._json("launch.json")
+        return None if self.previous_at_top else self._json(LAUNCH)
 
     def accounting(self) -> dict | None:
         """``accounting.json`` of the current run: its GPU-hour timeline (``launch.meter``), or ``None``."""
-        return None if self.previous_at_top else self._json("accounting.json")
+        return None if self.previous_at_top else self._json(ACCOUNTING)
 
     def read_job_output(self) -> LauncherReport:
         """The current run's launcher lines (nothing while the top-level files are a previous run's)."""
@@ -334,21 +369,15 @@ class JobFiles:
             return LauncherReport()
 
     def _json(self, name: str) -> dict | None:
-        if self.run_dir is None:
-            return None
-        try:
-            data = json.loads((self.run_dir / name).read_text())
-        except (OSError, ValueError):
-            return None  # absent, or half-written: the writer replaces it atomically, so try again later
-        return data if isinstance(data, dict) else None
+        return None if self.run_dir is None else read_json(self.run_dir / name)
 
-    def _numbered(self, pattern: re.Pattern, dirs: bool = False) -> dict[int, Path]:
+    def _numbered(self, pattern: re.Pattern) -> dict[int, Path]:
         if self.run_dir is None or not self.run_dir.is_dir():
             return {}
         found = {}
         for entry in self.run_dir.iterdir():
             m = pattern.match(entry.name)
-            if m and (not dirs or entry.is_dir()):
+            if m:
                 found[int(m.group(1))] = entry
         return dict(sorted(found.items()))
 
@@ -418,3 +447,157 @@ def _run_dir_line(path: Path, max_bytes: int = 1 << 20) -> str | None:
             if m:
                 return m.group(1).strip()
     return None
+
+
+# --- the one writer of a JSON record, and the readers of the records other modules share ---
+
+def json_text(data: Mapping) -> str:
+    """A record's file text: indented JSON and a final newline (every JSON file here looks alike)."""
+    return json.dumps(data, indent=2) + "\n"
+
+
+def write_json(path: Path, data: Mapping, *, mode: int | None = None) -> None:
+    """Replace the record at ``path`` atomically (a reader sees the old one or the new one); OSError as the
+    OS said it (the launcher's writes once ranks run go through :class:`RecordWriter`)."""
+    atomic_write(path, json_text(data), mode=mode)
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON record as a dict; ``None`` when absent, unreadable, half-written or not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None  # absent, or half-written: the writer replaces it atomically, so try again later
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class GatewayState:
+    """``gateway-state.json``: what the gateway (gateway_app.py) last saw of its replicas: how many Ray Serve
+    reports healthy of how many, its survival settings, the Serve application's status, and the latest
+    replica events (``replica 1 on n2: its vllm serve ...``, newest last, at most ``KEEP_EVENTS``)."""
+
+    KEEP_EVENTS = 5  # gateway_app.KEEP_EVENTS
+
+    healthy: int | None = None
+    replicas: int | None = None
+    min_replicas: int | None = None
+    grace_s: int | None = None
+    serve_status: str | None = None
+    events: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "GatewayState":
+        def whole(key):
+            value = data.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        status = data.get("serve_status")
+        events = data.get("events")
+        return cls(whole("healthy"), whole("replicas"), whole("min_replicas"), whole("grace_s"),
+                   status if isinstance(status, str) else None,
+                   [str(e) for e in events][-cls.KEEP_EVENTS:] if isinstance(events, list) else [])
+
+    def to_dict(self) -> dict:
+        return {"healthy": self.healthy, "replicas": self.replicas, "min_replicas": self.min_replicas,
+                "grace_s": self.grace_s, "serve_status": self.serve_status, "events": list(self.events)}
+
+
+def read_gateway_state(run_dir: Path) -> GatewayState | None:
+    """The gateway's state file in ``run_dir`` (``None`` without one: not the gateway shape, or not yet)."""
+    data = read_json(Path(run_dir) / GATEWAY_STATE)
+    return None if data is None else GatewayState.from_dict(data)
+
+
+def replica_rows(endpoint: Mapping | None) -> list[dict]:
+    """The ``replicas`` list of an endpoint.json (``[]`` for a shape without one)."""
+    rows = (endpoint or {}).get("replicas")
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def dead_ranks(endpoint: Mapping | None) -> set[int]:
+    """The ranks endpoint.json lists as dropped replicas: their exits do not mean the job is ending."""
+    return {r.get("rank") for r in replica_rows(endpoint) if r.get("alive") is False}
+
+
+def base_urls(data: Mapping | None) -> list[str]:
+    """Every base URL of an endpoint record (one per replica), in order."""
+    if not data:
+        return []
+    return [b for b in (data.get("base_urls") or [data.get("base_url")]) if b]
+
+
+def server_root(base_url: str) -> str:
+    """An OpenAI base URL (``http://host:port/v1``) -> the server's root (``http://host:port``), where
+    ``/metrics`` and ``/health`` are."""
+    base = base_url.rstrip("/")
+    return base[:-3] if base.endswith("/v1") else base
+
+
+def chain_of(run_dir: "str | os.PathLike | None") -> dict | None:
+    """The run directory's chain.json (``None`` when the job is no link of a chain)."""
+    if not run_dir:
+        return None
+    data = read_json(Path(run_dir) / CHAIN)
+    if data is None or not (data.get("predecessor") or data.get("successor") or data.get("left")):
+        return None
+    return data
+
+
+def read_serve_env(run_dir: Path | None) -> dict[str, str]:
+    """The run's serve.env as text values: assignments whose value is literal text (references are left
+    out); ``{}`` when absent, unreadable or not an env file."""
+    from .envfile import parse_text
+    from .errors import EnvLayersError
+
+    if run_dir is None:
+        return {}
+    path = Path(run_dir) / SERVE_ENV
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    try:
+        assignments = parse_text(text, str(path))
+    except EnvLayersError:
+        return {}
+    return {a.key: "".join(a.value) for a in assignments if all(isinstance(part, str) for part in a.value)}
+
+
+def earlier_run_dirs(run_dir: Path | None) -> dict[int, Path]:
+    """n -> ``run-<n>/``: the folders earlier runs of a requeued job were moved into, in run order."""
+    if run_dir is None:
+        return {}
+    try:
+        entries = list(Path(run_dir).iterdir())
+    except OSError:
+        return {}
+    found = {int(m.group(1)): e for e in entries if (m := _RUN_SUBDIR_RE.match(e.name)) and e.is_dir()}
+    return dict(sorted(found.items()))
+
+
+MAX_LINKS = 1000  # a chain.json cycle (a hand-edited file) must not loop forever
+
+
+def chain_links(job_id: str, run_dir: "str | Path | None") -> list[tuple[str, Path]]:
+    """``[(job id, run dir), ...]``: this job, then each successor its ``chain.json`` names, in order (each
+    successor's run directory is beside its predecessor's, ``$RUN_ROOT/<jobid>``)."""
+    if not run_dir:
+        return []
+    links = [(str(job_id), Path(run_dir))]
+    seen = {str(job_id)}
+    while len(links) < MAX_LINKS:
+        data = read_json(links[-1][1] / CHAIN)
+        succ = str(data.get("successor") or "") if data is not None else ""
+        if not succ.isdigit() or succ in seen:  # a job id, never a path (chain.json may be edited by hand)
+            break
+        seen.add(succ)
+        links.append((succ, links[-1][1].parent / succ))
+    return links
+
+
+def serving_endpoint(run_dir: Path) -> dict | None:
+    """endpoint.json of a run that has not ended (no launch-end.json), else ``None``."""
+    if (Path(run_dir) / LAUNCH_END).exists():
+        return None
+    return read_json(Path(run_dir) / ENDPOINT)

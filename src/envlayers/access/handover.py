@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..rundir import TUNNEL, chain_of, serving_endpoint
 from .gateway import Gateway
-from .job import TUNNEL_FILE, JobAccess
+from .job import JobAccess
 
 POLL_S = 0.25  # how often the follower looks at the chain's files
 SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still runs
@@ -46,8 +47,6 @@ SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still ru
 
 def follows(acc: JobAccess) -> bool:
     """Whether ``acc``'s job hands over to a successor still to come (so its tunnel must follow)."""
-    from ..launch.successor import chain_of
-
     chain = chain_of(acc.run_dir) or {}
     return bool(chain.get("successor") or chain.get("left"))
 
@@ -177,7 +176,6 @@ def _pause_for_tests(record: dict) -> None:
 def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S) -> int:
     """Carry the tunnel of ``run_dir``'s job along its chain until the chain ends or the tunnel is released."""
     from ..errors import EnvLayersError
-    from ..launch.successor import chain_of
 
     if job_info is None:
         from .. import slurm
@@ -189,7 +187,7 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
     asked = 0.0
     while True:
         say = _say_to(cur)
-        record = _read(cur / TUNNEL_FILE)
+        record = _read(cur / TUNNEL)
         if not record or record.get("state") != "open":
             say(f"the tunnel of job {cur.name} is {(record or {}).get('state', 'gone')}: the follower ends")
             return 0
@@ -197,7 +195,7 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
         succ = str(chain.get("successor") or "")
         sdir = cur.parent / succ if succ else None
         try:
-            if sdir is not None and (sdir / "endpoint.json").is_file() and not (sdir / "launch-end.json").exists():
+            if sdir is not None and serving_endpoint(sdir) is not None:
                 info = job_info(succ)
                 if info is not None and info.running and info.state != "COMPLETING":
                     try:
@@ -224,7 +222,7 @@ def _record_end(run_dir: Path, why: str) -> None:
     """The chain ended: the current link's tunnel ended with its job; its record says so."""
     from .tunnel import _now, write_record
 
-    record = _read(run_dir / TUNNEL_FILE)
+    record = _read(run_dir / TUNNEL)
     if record and record.get("state") == "open":
         record.update(state="closed", closed_at=_now(), closed_by="job end",
                       closed_why=why.replace(": the follower ends", "; its tunnel step ended with it"))

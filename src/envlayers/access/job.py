@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from .. import ops
+from .. import ops, rundir
 from ..errors import EnvLayersError
-from .tunnelrecord import TUNNEL_FILE, read_record, settle
+from .tunnelrecord import read_record, settle
 
 
 
@@ -52,8 +52,7 @@ class JobAccess:
 
     @property
     def base_urls(self) -> list[str]:
-        ep = self.endpoint or {}
-        return list(ep.get("base_urls") or ([ep["base_url"]] if ep.get("base_url") else []))
+        return rundir.base_urls(self.endpoint)
 
     @property
     def probe_urls(self) -> list[str]:
@@ -72,11 +71,11 @@ class JobAccess:
         serve.env's ``SERVER_API_KEY_FILE``."""
         if self.endpoint and self.endpoint.get("api_key_file"):
             return str(self.endpoint["api_key_file"])
-        from ..apikey import GENERATED_NAME, wants_generated
+        from ..apikey import wants_generated
 
         value = self.serve_env.get("SERVER_API_KEY_FILE") or None
         if wants_generated(value):  # a per-job key: the launcher writes it in the run directory
-            return str(self.run_dir / GENERATED_NAME) if self.run_dir else None
+            return str(self.run_dir / rundir.API_KEY) if self.run_dir else None
         return value
 
     @property
@@ -105,27 +104,6 @@ class JobAccess:
                                  hint=f"`env_layers wait {jid}` returns once it is")
 
 
-def read_serve_env(run_dir: Path | None) -> dict[str, str]:
-    """serve.env's assignments whose values are literal text (references are left out)."""
-    if run_dir is None:
-        return {}
-    try:
-        text = (run_dir / "serve.env").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return {}
-    from ..envfile import parse_text
-
-    try:
-        assignments = parse_text(text, str(run_dir / "serve.env"))
-    except EnvLayersError:
-        return {}
-    out: dict[str, str] = {}
-    for a in assignments:
-        if all(isinstance(p, str) for p in a.value):
-            out[a.key] = "".join(a.value)
-    return out
-
-
 def check_owner(job: ops.TrackedJob, uid: int | None = None) -> None:
     """Raise unless the caller is the job's owner (Slurm's UserId and the run directory's owner)."""
     uid = os.getuid() if uid is None else uid
@@ -149,7 +127,7 @@ def open_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, s
     job = ops.find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
     check_owner(job, uid)
     files = job.files
-    return JobAccess(job, files.endpoint_data(), files.launch(), read_serve_env(files.run_dir))
+    return JobAccess(job, files.endpoint_data(), files.launch(), rundir.read_serve_env(files.run_dir))
 
 
 def read_key(path: str, uid: int | None = None) -> str:

@@ -143,7 +143,7 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
 def _release_successors(acc: JobAccess, stop_timeout_s: float) -> Step | None:
     """Stop every later link of the job's chain (its tunnel, then the job; a pending one is cancelled)."""
     from ..errors import EnvLayersError
-    from .chain import chain_links
+    from ..rundir import chain_links
     from .handover import stop_follower
     from .job import open_job
 

@@ -38,8 +38,9 @@ from urllib.parse import urlsplit
 from .. import slurm
 from ..errors import EnvLayersError
 from ..fsutil import atomic_write
+from ..rundir import TUNNEL
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
-from .job import TUNNEL_FILE, JobAccess
+from .job import JobAccess
 from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now, write_record  # noqa: F401 (used by handover)
 
 STEP_NAME = "envlayers-tunnel"
@@ -450,7 +451,7 @@ def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str |
             return slurm.job_info(jid, run=slurm.run)
 
     for root in run_root_candidates(os.environ, Path.cwd()):
-        for path in sorted(root.glob(f"*/{TUNNEL_FILE}")) if root.is_dir() else ():
+        for path in sorted(root.glob(f"*/{TUNNEL}")) if root.is_dir() else ():
             try:
                 rec = json.loads(path.read_text())
             except (OSError, ValueError):

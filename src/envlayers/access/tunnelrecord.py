@@ -14,7 +14,6 @@ starts), ``open``, ``handed-over`` (its port moved to a successor's tunnel), ``c
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -22,9 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..fsutil import atomic_write
+from ..rundir import TUNNEL, read_json, write_json
 
-TUNNEL_FILE = "tunnel.json"
 LIVE_STATES = ("open", "opening")
 
 
@@ -33,17 +31,13 @@ def now_iso() -> str:
 
 
 def write_record(run_dir: Path, record: dict) -> None:
-    atomic_write(Path(run_dir) / TUNNEL_FILE, json.dumps(record, indent=2) + "\n")
+    write_json(Path(run_dir) / TUNNEL, record)
 
 
 def read_record(run_dir: Path | None) -> dict | None:
     if run_dir is None:
         return None
-    try:
-        data = json.loads((Path(run_dir) / TUNNEL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(Path(run_dir) / TUNNEL)
 
 
 def cmdline(pid: int) -> list[str] | None:

@@ -10,9 +10,10 @@ import click
 
 from ..errors import EnvLayersError
 from ..jobid import looks_like_job_id, not_found, parse_job_id
+from ..rundir import SERVE_ENV
 from .params import terminal_text
 
-LOG_GLOBS = ("*.log", "*.out", "serve.env")
+LOG_GLOBS = ("*.log", "*.out", SERVE_ENV)
 EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "with": "with:", "peak": "peak:",
                    "latest": "latest:"}
 POSSIBLE = "POSSIBLE"  # the marker of a possible finding in text (in --json: "certainty": "possible")
@@ -131,7 +132,8 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
     Exit status: 0 nothing matched, 1 at least one known issue matched (possible ones too), 2 bad input.
     """
     from ..diagnose import diagnose as run_diagnose
-    from ..diagnose import earlier_runs, launcher_end_finding, load_rules, read_log, render_markdown
+    from ..diagnose import launcher_end_finding, load_rules, read_log, render_markdown
+    from ..rundir import earlier_run_dirs
 
     rules = load_rules(rules_path)
     if markdown:
@@ -150,7 +152,7 @@ def diagnose(ctx: click.Context, targets: tuple[str, ...], as_json: bool, submit
         if died is not None:
             findings.append(died)
     findings += run_diagnose(logs, rules)
-    earlier = {str(d): [p.name for p in earlier_runs(d)] for d in inputs.run_dirs}
+    earlier = {str(d): [p.name for p in earlier_run_dirs(d).values()] for d in inputs.run_dirs}
     earlier = {d: names for d, names in earlier.items() if names}
 
     if as_json:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .docs import render_markdown
 from .evidence import EVIDENCE_TEXT_MAX, Evidence, Finding, LogText, input_order, read_log
-from .launcher_end import LAUNCH_END, current_run_files, earlier_runs, launcher_end_finding
+from .launcher_end import current_run_files, launcher_end_finding
 from .match import diagnose, evaluate
 from .rules import (
     DIRECTIONS, ID_RE, REQUIRED_KEYS, RULE_KEYS, SCOPES, SEVERITIES, STATUSES, Pattern, Rule, RuleError, Trend,
@@ -33,7 +33,7 @@ from .rules import (
 
 __all__ = [
     "render_markdown", "EVIDENCE_TEXT_MAX", "Evidence", "Finding", "LogText", "input_order", "read_log",
-    "LAUNCH_END", "current_run_files", "earlier_runs", "launcher_end_finding", "diagnose", "evaluate",
+    "current_run_files", "launcher_end_finding", "diagnose", "evaluate",
     "DIRECTIONS", "ID_RE", "REQUIRED_KEYS", "RULE_KEYS", "SCOPES", "SEVERITIES", "STATUSES", "Pattern", "Rule",
     "RuleError", "Trend", "default_rules_path", "load_rules", "parse_rules",
 ]

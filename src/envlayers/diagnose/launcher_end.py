@@ -8,29 +8,18 @@ Slurm reported (state and exit code).
 
 After a requeue, the earlier runs of a job sit in ``run-<n>/`` folders of the run directory and the
 current run's files stay at the top: only the top level is the current run (:func:`current_run_files`),
-:func:`earlier_runs` lists the others.
+``rundir.earlier_run_dirs`` lists the others.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..rundir import LAUNCH_END
 from .evidence import Finding
 
-LAUNCH_END = "launch-end.json"
 RULE_ID = "launcher-died"
-_RUN_FOLDER = re.compile(r"^run-(\d+)$")
-
-
-def earlier_runs(run_dir: Path) -> list[Path]:
-    """The ``run-<n>/`` folders of earlier runs of a requeued job, in run order."""
-    try:
-        found = [p for p in Path(run_dir).iterdir() if _RUN_FOLDER.match(p.name) and p.is_dir()]
-    except OSError:
-        return []
-    return sorted(found, key=lambda p: int(_RUN_FOLDER.match(p.name).group(1)))
 
 
 def current_run_files(run_dir: Path, patterns: Iterable[str]) -> list[Path]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ..errors import LaunchFailure
+from ..rundir import server_root
 
 DEFAULT_HEALTH_FAIL_AFTER_S = 600
 INTERVAL_MAX_S = 30.0
@@ -49,10 +50,7 @@ def health_settings(keys: Mapping[str, str]) -> HealthSettings:
 
 def health_url(base_url: str) -> str:
     """``http://host:port/v1`` -> ``http://host:port/health`` (both engines serve it at the root)."""
-    base = base_url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[:-3]
-    return base + "/health"
+    return server_root(base_url) + "/health"
 
 
 def get_health(url: str, timeout_s: float) -> tuple[bool, str]:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..fsutil import atomic_write
-from ..rundir import RecordWriter, unrecorded_end_line
+from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, RecordWriter, server_log_name,
+                      unrecorded_end_line, write_json)
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
 
@@ -157,7 +158,7 @@ class Launcher:
         try:
             key_file, api_key = self.api_key()
         except OSError as err:
-            raise self.unwritable(err, "api-key") from None
+            raise self.unwritable(err, API_KEY) from None
         lp = self.lp = prepare(self.keys, dataclasses.replace(alloc, api_key=bool(api_key)))
         from .health import health_settings
         from .prepare import min_replicas
@@ -167,7 +168,8 @@ class Launcher:
         self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1
         for line in lp.lines:
             say(line)
-        from .meter import Meter, job_start_time
+        from .meter import Meter
+        from .timeline import job_start_time
 
         from .health import OwnRequests
 
@@ -184,7 +186,7 @@ class Launcher:
             try:
                 write_token(self.run_dir)
             except OSError as err:
-                raise self.unwritable(err, "ray-token") from None
+                raise self.unwritable(err, RAY_TOKEN) from None
         self.start(lp, api_key)
         # replicas that survive a peer, and the /health watch once live
         from .health import HealthWatch, generating_health, health_url
@@ -195,7 +197,7 @@ class Launcher:
         if survives(lp):
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir),
-                                       write=self.records.write)
+                                       write=self.records.write_json)
         from .successor import DEFAULT_DRAIN_S, Chain, _whole, chain_left
 
         left = chain_left(self.keys, self.environ)
@@ -265,7 +267,7 @@ class Launcher:
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
-        self.records.write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")  # serves on if refused
+        self.records.write_json(self.run_dir / ENDPOINT, data)  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
             from .raycluster import joined_line
 
@@ -299,9 +301,9 @@ def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable
     """launch-end.json: how this run's launcher ended (every orderly end writes it)."""
     data = {"restart": restart, "code": code, "reason": reason, "ended_at": round(now(), 3)}
     try:
-        atomic_write(run_dir / "launch-end.json", json.dumps(data, indent=2) + "\n")
+        write_json(run_dir / LAUNCH_END, data)
     except OSError as err:  # a full or read-only file system: the end goes to the job output, for status
-        say(unrecorded_end_line(code, run_dir / "launch-end.json", err.strerror or str(err), reason))
+        say(unrecorded_end_line(code, run_dir / LAUNCH_END, err.strerror or str(err), reason))
 
 
 def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
@@ -337,7 +339,7 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         for rank, cause in root_causes(run_dir, launch.ranks(), err.rank):
             say(f"ENVLAYERS-ERROR: rank {rank} engine said: {cause}")
         if err.rank is not None:
-            log = run_dir / f"server-{err.rank}.log"
+            log = run_dir / server_log_name(err.rank)
             say(f"ENVLAYERS-ERROR: last {TAIL_LINES} lines of {log}:")
             for line in _tail(log):
                 say(f"  | {line}")
@@ -374,7 +376,7 @@ def root_causes(run_dir: Path, ranks: int, blamed: int | None) -> list[tuple[int
     found: list[tuple[int, str]] = []
     for rank in order:
         try:
-            cause = root_cause(_tail(run_dir / f"server-{rank}.log", CAUSE_LINES))
+            cause = root_cause(_tail(run_dir / server_log_name(rank), CAUSE_LINES))
         except OSError:
             continue
         if cause and cause not in (c for _, c in found):
@@ -387,7 +389,7 @@ def root_causes(run_dir: Path, ranks: int, blamed: int | None) -> list[tuple[int
 def died_at(run_dir: Path, ended: float) -> float:
     """When the server died: the first rank exit file's time, else the launcher's end."""
     times = []
-    for f in run_dir.glob("rank-*.exit"):
+    for f in run_dir.glob(RANK_EXIT_GLOB):
         try:
             times.append(f.stat().st_mtime)
         except OSError:

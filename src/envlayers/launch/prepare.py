@@ -9,7 +9,6 @@ the dry run prints, so the operator sees the very srun line the job runs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -18,6 +17,7 @@ from .. import engines, topology
 from ..engines import RankCommand
 from ..defaults import DEFAULT_READY_TIMEOUT_S
 from ..errors import LaunchFailure
+from ..rundir import LAUNCH, RANKS_SH, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from . import raycluster
 from .srun import srun_argv, srun_dry_line  # noqa: F401  (srun_dry_line: re-exported, the dry run's line)
@@ -235,15 +235,15 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                            local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
     srun = srun_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
-                     str(alloc.run_dir / "ranks.sh"))
+                     str(alloc.run_dir / RANKS_SH))
     served = keys.get("VLLM_SERVED_MODEL", "")
-    launch_json = json.dumps({
+    launch_json = json_text({
         "job_id": alloc.job_id, "restart": alloc.restart, "target": keys.get("ENVLAYERS_TARGET"), "engine": engine,
         "model": keys.get("INFERENCE_MODEL") or None, "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
         "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
         **({"containers": containers} if containers else {}),
-    }, indent=2) + "\n"
-    files = {"ranks.sh": rank_script(commands, alloc.run_dir, wrappers), "launch.json": launch_json, **ray_files}
+    })
+    files = {RANKS_SH: rank_script(commands, alloc.run_dir, wrappers), LAUNCH: launch_json, **ray_files}
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,
                       tuple(lines), files,

@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..engines.ray import head_argv, whole_key
+from ..rundir import GATEWAY_APP, RAY_CLUSTER, RAY_NODE, RAY_TOKEN, ray_pids_name, read_json
 
 RAY_SHAPES = ("ray", "gateway")
-NODE_FILE = "raynode.py"
-TOKEN_FILE = "ray-token"  # the job's Ray authentication token, 0600, written by the launcher before srun
-GATEWAY_FILE = "gateway_app.py"
 PYTHON = "python3"  # the ranks' Python: the container's, or the host's with CONTAINER_RUNTIME=none
 DEFAULT_JOIN_TIMEOUT_S = 300
 TEMP_ROOT = "/tmp"  # Ray's socket paths must stay short (a Unix socket path has at most 107 bytes)
@@ -66,21 +64,21 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     head_ip = node_addrs[0]
     address = f"{head_ip}:{plan.rdzv_port}"
     timeout = join_timeout_s(env)
-    node = str(run_dir / NODE_FILE)
+    node = str(run_dir / RAY_NODE)
     if plan.shape == "gateway":
         minimum, grace = min_replicas, replace_timeout_s(env, budget_s)
     # the gateway's replicas read the endpoint's key from its file (0600): Ray's processes never carry it
     key_file = (env.get("SERVER_API_KEY_FILE") or "").strip()
     key_words = ["--api-key-file", key_file] if key_file else []
     common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes),
-              "--auth-token-file", str(run_dir / TOKEN_FILE)]
+              "--auth-token-file", str(run_dir / RAY_TOKEN)]
     out: list[tuple[str, list[str]]] = []
     for rank in range(plan.nodes):
         words = [PYTHON, node, "--rank", str(rank), *common]
         if rank == 0:
             words += ["--join-timeout", str(timeout), "--", *head_argv(env, plan, head_ip), "--"]
             if plan.shape == "gateway":
-                words += [PYTHON, str(run_dir / GATEWAY_FILE), "--address", address,
+                words += [PYTHON, str(run_dir / GATEWAY_APP), "--address", address,
                           "--replicas", str(plan.replicas), "--max-per-node", str(gateway_cap(plan)),
                           "--served", served, "--ready-timeout", str(budget_s), "--min-replicas", str(minimum),
                           "--replace-timeout", str(grace), *key_words, "--"]
@@ -88,8 +86,8 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
             words.append("--")
         out.append(("# a Ray node (raynode.py): Ray first, then the command after its last --", words))
     lines = [f"ENVLAYERS-TOPOLOGY: ray_head={address} ray_nodes={plan.nodes} join_timeout={timeout}s "
-             f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> pids=ray-pids-<rank>.txt "
-             f"auth=token ({TOKEN_FILE}, 0600)",
+             f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> pids={ray_pids_name('<rank>')} "
+             f"auth=token ({RAY_TOKEN}, 0600)",
              f"ENVLAYERS-STAGE: rank 0 starts the Ray head: {shlex.join(head_argv(env, plan, head_ip))}"]
     if plan.shape == "gateway":
         lines.append(f"ENVLAYERS-TOPOLOGY: gateway port={plan.api_port} replicas={plan.replicas} "
@@ -104,9 +102,9 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
 def files(shape: str) -> dict[str, str]:
     """The scripts the ranks run, by run-dir file name: the node helper, and the Serve app (gateway)."""
     pkg = resources.files("envlayers")
-    out = {NODE_FILE: (pkg / "launch" / "raynode.py").read_text(encoding="utf-8")}
+    out = {RAY_NODE: (pkg / "launch" / "raynode.py").read_text(encoding="utf-8")}
     if shape == "gateway":
-        out[GATEWAY_FILE] = (pkg / "gateway_app.py").read_text(encoding="utf-8")
+        out[GATEWAY_APP] = (pkg / "gateway_app.py").read_text(encoding="utf-8")
     return out
 
 
@@ -118,17 +116,15 @@ def write_token(run_dir: Path) -> Path:
 
     from ..fsutil import atomic_write
 
-    path = run_dir / TOKEN_FILE
+    path = run_dir / RAY_TOKEN
     atomic_write(path, secrets.token_hex(32) + "\n", mode=0o600)
     return path
 
 
 def joined_line(run_dir: Path) -> str | None:
     """What the launcher prints once live: the cluster node 0 saw form (ray-cluster.json, by raynode.py)."""
-    import json
-
+    data = read_json(run_dir / RAY_CLUSTER)
     try:
-        data = json.loads((run_dir / "ray-cluster.json").read_text())
         return (f"ENVLAYERS-STAGE: ray cluster at {data['address']}: {data['nodes']} of {data['nodes']} node(s) "
                 f"joined after {data['joined_after_s']}s")
     except (OSError, ValueError, KeyError, TypeError):

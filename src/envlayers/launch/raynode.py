@@ -34,7 +34,11 @@ import threading
 import time
 import zlib
 
+# run-directory files: envlayers/rundir.py owns their names (RAY_CLUSTER, RAY_PIDS_PREFIX, server_log_name);
+# this script runs with the standard library only inside the job, so it repeats them (a test keeps them equal)
 CLUSTER_FILE = "ray-cluster.json"
+PIDS_FILE = "ray-pids-{rank}.txt"
+SERVER_LOG = "server-{rank}.log"
 KEY_VARS = ("VLLM_API_KEY", "SERVER_API_KEY")  # where ranks.sh puts the endpoint's API key
 GRACE_S = 3.0  # the server's time to exit on SIGTERM; Slurm's KillWait is often 5 s or more
 POLL_S = 0.5
@@ -144,7 +148,7 @@ class Node:
                 self.ray_argv.insert(self.ray_argv.index("start") + 1 if "start" in self.ray_argv else 0,
                                      f"--node-ip-address={ip}")
             self.env["VLLM_HOST_IP"] = ip
-        self.tracker = Tracker(os.path.join(self.run_dir, f"ray-pids-{self.rank}.txt"))
+        self.tracker = Tracker(os.path.join(self.run_dir, PIDS_FILE.format(rank=self.rank)))
         self.ray: subprocess.Popen | None = None
         self.server: subprocess.Popen | None = None
         self.stopping = threading.Event()
@@ -180,7 +184,7 @@ class Node:
             say(f"ENVLAYERS-ERROR: ray: the job's Ray token {problem}")
             return 2
         self.guard = Guard.start(self.tracker.path, self.temp_dir, os.path.join(self.run_dir,
-                                                                                f"server-{self.rank}.log"))
+                                                                                SERVER_LOG.format(rank=self.rank)))
         role = "head" if self.rank == 0 else "worker"
         say(f"ENVLAYERS-STAGE: ray {role} node of rank {self.rank} starting (cluster {self.address}): "
             f"{shlex.join(self.ray_argv)}")

@@ -20,7 +20,6 @@ need their own step layout and the gateway told to stop routing to the dead rank
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..errors import LaunchFailure
-from ..fsutil import atomic_write
+from ..rundir import ENDPOINT, server_log_name, write_json
 from .prepare import LaunchPlan
 
 RESIZE_TRIES = 3
@@ -142,7 +141,7 @@ class Survivors:
 
     def __init__(self, lp: LaunchPlan, steps, minimum: int, *, say: Callable[[str], None],
                  tail: Callable[[Path], list[str]], release: Callable[[Sequence[str]], str | None],
-                 write: Callable[[Path, str], None] = atomic_write, background: Callable | None = None):
+                 write: Callable[[Path, Mapping], object] = write_json, background: Callable | None = None):
         self.lp, self.steps, self.minimum, self.say, self.tail = lp, steps, minimum, say, tail
         self.release, self.write = release, write
         # giving a node back waits on slurmctld (up to ~20s): by default in a thread, off the loop
@@ -172,7 +171,7 @@ class Survivors:
         node = self.lp.nodes[rank].name
         self.dead[rank] = why
         self.say(f"ENVLAYERS-ERROR: replica rank {rank} on {node} {why}")
-        log = self.lp.run_dir / f"server-{rank}.log"
+        log = self.lp.run_dir / server_log_name(rank)
         self.say(f"ENVLAYERS-ERROR: last {len(self.tail(log))} lines of {log}:")
         for line in self.tail(log):
             self.say(f"  | {line}")
@@ -222,15 +221,5 @@ class Survivors:
             data["addresses"] = [t.address for t in live]
             if "base_url" in data:
                 data["base_url"] = live[0].url
-        self.write(self.lp.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")
+        self.write(self.lp.run_dir / ENDPOINT, data)
 
-
-def replica_rows(endpoint: Mapping | None) -> list[dict]:
-    """The ``replicas`` list of an endpoint.json (``[]`` for a shape without one)."""
-    rows = (endpoint or {}).get("replicas")
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-
-
-def dead_ranks(endpoint: Mapping | None) -> set[int]:
-    """The ranks endpoint.json lists as dropped replicas: their exits do not mean the job is ending."""
-    return {r.get("rank") for r in replica_rows(endpoint) if r.get("alive") is False}

@@ -22,7 +22,6 @@ Each job records its place in the chain in its run directory: ``chain.json`` (``
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..errors import LaunchFailure
-from ..fsutil import atomic_write
+from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, read_json, write_json
 
 QUEUE_MARGIN_S = 120
 DEFAULT_DRAIN_S = 60
@@ -125,7 +124,7 @@ class Chain:
 
     def _write(self) -> None:
         try:
-            atomic_write(self.run_dir / "chain.json", json.dumps(self.record, indent=2) + "\n")
+            write_json(self.run_dir / CHAIN, self.record)
         except OSError:
             pass
 
@@ -144,11 +143,9 @@ class Chain:
         env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
         env.update(ENVLAYERS_CHAIN_LEFT=str(self.left - 1), ENVLAYERS_PREDECESSOR=self.job_id)
         env.pop("ENVLAYERS_CHAIN_KEY_FILE", None)
-        from ..apikey import GENERATED_NAME
-
-        if (self.run_dir / GENERATED_NAME).is_file():  # a per-job key: the successor serves with the same one
-            env["ENVLAYERS_CHAIN_KEY_FILE"] = str(self.run_dir / GENERATED_NAME)
-        argv = sbatch_argv(self.run_dir / "job.sh", dep, limit, kept_options(fields))
+        if (self.run_dir / API_KEY).is_file():  # a per-job key: the successor serves with the same one
+            env["ENVLAYERS_CHAIN_KEY_FILE"] = str(self.run_dir / API_KEY)
+        argv = sbatch_argv(self.run_dir / JOB_SH, dep, limit, kept_options(fields))
         try:
             proc = self.run(argv, env)
         except (OSError, subprocess.SubprocessError) as err:
@@ -174,14 +171,12 @@ class Chain:
         if not succ:
             return
         if self.drain_from is None:
-            ep = self.run_dir.parent / succ / "endpoint.json"
+            ep = self.run_dir.parent / succ / ENDPOINT
             if not ep.is_file():
                 return
             self.drain_from = self.clock()
-            try:
-                urls = " ".join(json.loads(ep.read_text()).get("base_urls") or [])
-            except (OSError, ValueError):
-                urls = "?"
+            data = read_json(ep)
+            urls = "?" if data is None else " ".join(data.get("base_urls") or [])
             self.say(f"ENVLAYERS-STAGE: successor job {succ} is live at {urls}; this job drains for {self.drain_s}s "
                      "and ends")
         elif self.clock() - self.drain_from >= self.drain_s:
@@ -204,15 +199,3 @@ def _limit_s(text: str | None) -> int | None:
 
     return parse_duration(text)
 
-
-def chain_of(run_dir: str | os.PathLike | None) -> dict | None:
-    """The run directory's chain.json (``None`` when the job is no link of a chain)."""
-    if not run_dir:
-        return None
-    try:
-        data = json.loads((Path(run_dir) / "chain.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not (data.get("predecessor") or data.get("successor") or data.get("left")):
-        return None
-    return data

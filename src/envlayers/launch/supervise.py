@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
+from ..rundir import rank_exit_name, server_log_name
 from .prepare import LaunchFailure, LaunchPlan
 
 RANK_UP = "ENVLAYERS-STAGE: rank {rank} up on "
@@ -111,7 +112,7 @@ class Supervisor:
             if rank in self.started:
                 continue
             try:
-                with open(self.run_dir / f"server-{rank}.log", encoding="utf-8", errors="replace") as fh:
+                with open(self.run_dir / server_log_name(rank), encoding="utf-8", errors="replace") as fh:
                     first = fh.readline()
             except FileNotFoundError:
                 continue
@@ -124,7 +125,7 @@ class Supervisor:
                     self.say(f"ENVLAYERS-STAGE: all {n} ranks started")
         exits = []
         for rank in range(n):
-            exit_file = self.run_dir / f"rank-{rank}.exit"
+            exit_file = self.run_dir / rank_exit_name(rank)
             try:
                 code = exit_file.read_text().strip() or "?"
                 exits.append((code in STOPPED_CODES, exit_file.stat().st_mtime_ns, rank, code))
@@ -222,7 +223,7 @@ class Supervisor:
         sizes = []
         for rank in range(self.lp.ranks):
             try:
-                sizes.append((self.run_dir / f"server-{rank}.log").stat().st_size)
+                sizes.append((self.run_dir / server_log_name(rank)).stat().st_size)
             except OSError:
                 sizes.append(-1)
         if sizes != self.log_sizes or self.grew_at is None:
@@ -240,7 +241,7 @@ class Supervisor:
         from ..rundir import tail_lines
 
         try:
-            lines = tail_lines(self.run_dir / f"server-{rank}.log", STALL_TAIL_LINES)
+            lines = tail_lines(self.run_dir / server_log_name(rank), STALL_TAIL_LINES)
         except OSError:
             return f"rank {rank}: no log"
         last_phase = parse_phases(lines).last

@@ -31,12 +31,12 @@ def no_log_error(job: TrackedJob, rank: int | str, path: Path | None) -> EnvLaye
         what = f"no job output for job {job.job_id} at {path}"
     elif job.requeued:
         what = (f"job {job.job_id} was requeued (restart {job.restart}): the current run has not written "
-                f"server-{rank}.log yet")
+                f"{rundir.server_log_name(rank)} yet")
     elif job.files.run_dir is None:
         what = f"no run directory for job {job.job_id} yet"
     else:
         have = sorted(job.files.server_logs())
-        what = f"no server-{rank}.log in {job.files.run_dir}" + (f" (ranks with logs: {have})" if have else "")
+        what = f"no {rundir.server_log_name(rank)} in {job.files.run_dir}" + (f" (ranks with logs: {have})" if have else "")
     if earlier and rank != "job":
         what += "; the previous run's: " + earlier
     if info is not None and info.pending:
@@ -53,7 +53,7 @@ def _earlier_logs(job: TrackedJob, rank: int | str) -> str | None:
     (it goes to ``run-<k>/`` when the job starts again), else the last ``run-<k>/``."""
     if rank == "job" or job.files.run_dir is None:
         return None
-    name = f"server-{rank}.log"
+    name = rundir.server_log_name(rank)
     runs = job.files.earlier_runs()
     if job.files.previous_at_top and (job.files.run_dir / name).is_file():
         k = next(n for n in range(len(runs) + 1) if n not in runs)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ..rundir import base_urls
+
 
 def endpoint_urls(data: Mapping | None) -> list[str]:
     """The URLs to probe: endpoint.json's ``addresses`` matching the base URLs, each either a URL (used
     as is) or an IP (put in the base URL's place); else the base URLs."""
     if not data:
         return []
-    bases = data.get("base_urls") or ([data["base_url"]] if data.get("base_url") else [])
+    bases = base_urls(data)
     addresses = data.get("addresses") or []
     urls = []
     for i, base in enumerate(bases):

@@ -22,6 +22,7 @@ from .. import slurm
 from ..accounting import largest_waste, split, summarize
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
+from ..rundir import ACCOUNTING
 
 SACCT_FIELDS = ("JobID", "User", "State", "Start", "End", "ElapsedRaw", "NNodes", "AllocTRES")
 _SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -120,7 +121,7 @@ def run_dir_records(roots: list[Path]) -> list[tuple[Path, dict | None, str | No
             except OSError:
                 continue
             for path in [Path(entry.path)] + sorted(Path(entry.path).glob("run-*")):
-                f = path / "accounting.json"
+                f = path / ACCOUNTING
                 if not os.path.lexists(f):
                     continue
                 data, why = _read_record(f)
@@ -185,7 +186,7 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
     seen = set()
     for path, tl, why in run_dir_records(roots):
         if why is not None:
-            rep.skipped.append(f"{path / 'accounting.json'}: not an accounting record ({why})")
+            rep.skipped.append(f"{path / ACCOUNTING}: not an accounting record ({why})")
             continue
         jid = str(tl.get("job_id") if isinstance(tl.get("job_id"), (str, int)) else path.name)
         owner = by_id[jid].user if jid in by_id else _owner(path)
@@ -193,7 +194,7 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
             sp = split(tl, now=now)
             end = float(tl.get("ended_at") or now)
         except (TypeError, ValueError, KeyError, AttributeError) as err:
-            rep.skipped.append(f"{path / 'accounting.json'}: not an accounting record ({type(err).__name__}: {err})")
+            rep.skipped.append(f"{path / ACCOUNTING}: not an accounting record ({type(err).__name__}: {err})")
             continue
         if end < since or (user and owner != user):
             continue

@@ -62,57 +62,28 @@ def identity(files: rundir.JobFiles) -> dict:
     - ``engine``: ``sglang`` or ``vllm``.
 
     From endpoint.json, else launch.json, else the run's serve.env: the same answer before, while
-    and after the endpoint is live."""
-    found: dict = {"target": None, "model_id": None, "served_name": None, "engine": None}
-    keys = {"target": ("target", "ENVLAYERS_TARGET"), "model_id": ("model", "model_path", "INFERENCE_MODEL"),
-            "served_name": ("served_model_name", "served_name", "VLLM_SERVED_MODEL"),
-            "engine": ("engine", "engine_name", "INFERENCE_ENGINE")}
-    env = None
-    for data in (files.endpoint_data(), files.launch(), "serve.env"):
-        if data == "serve.env":
-            if all(found.values()):
-                break
-            env = env if env is not None else _serve_env(files)
-            data = env
-        if not data:
-            continue
-        for name, spellings in keys.items():
-            found[name] = found[name] or _first(data, *spellings)
+    and after the endpoint is live. Each record spells a field one way (``IDENTITY_FIELDS``)."""
+    found: dict = dict.fromkeys(IDENTITY_FIELDS)
+    sources = (files.endpoint_data, files.launch,
+               lambda: {} if files.previous_at_top else rundir.read_serve_env(files.run_dir))
+    for column, read in enumerate(sources):
+        if all(found.values()):
+            break
+        data = read() or {}
+        for name, spellings in IDENTITY_FIELDS.items():
+            value = data.get(spellings[column])
+            if found[name] is None and value not in (None, ""):
+                found[name] = str(value)
     return found
 
 
-def _serve_env(files: rundir.JobFiles) -> dict[str, str]:
-    """The run's serve.env as text values (``{}`` when absent or unreadable)."""
-    if files.run_dir is None or files.previous_at_top:
-        return {}
-    path = files.run_dir / "serve.env"
-    if not path.is_file():
-        return {}
-    from ..envfile import parse_text
-    from ..errors import EnvLayersError
-
-    try:
-        assignments = parse_text(path.read_text(encoding="utf-8", errors="replace"), str(path))
-    except EnvLayersError:
-        return {}
-    return {a.key: "".join(a.value) for a in assignments if all(isinstance(part, str) for part in a.value)}
-
-
-def _first(data: Mapping, *keys: str):
-    for key in keys:
-        value = data.get(key)
-        if isinstance(value, dict):
-            value = value.get("name")
-        if value not in (None, ""):
-            return str(value)
-    return None
-
-
-def base_urls(data: Mapping | None) -> list[str]:
-    """Every base URL of an endpoint record (one per replica), in order."""
-    if not data:
-        return []
-    return [b for b in (data.get("base_urls") or [data.get("base_url")]) if b]
+# what identity() shows -> its field in (endpoint.json, launch.json, serve.env); None: that record has none
+IDENTITY_FIELDS = {
+    "target": (None, "target", "ENVLAYERS_TARGET"),
+    "model_id": ("model", "model", "INFERENCE_MODEL"),
+    "served_name": ("served_model_name", "served_model_name", "VLLM_SERVED_MODEL"),
+    "engine": ("engine", "engine", "INFERENCE_ENGINE"),
+}
 
 
 def run_progress(files: rundir.JobFiles, report: rundir.LauncherReport, nodes: int | None) -> RankProgress | None:
@@ -140,7 +111,7 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
         progress = None
         if info.running and files.run_dir is not None:
             progress = run_progress(files, files.read_job_output(), info.nodes)
-        urls = base_urls(data)
+        urls = rundir.base_urls(data)
         rows.append({"job_id": info.job_id, "state": state, "nodes": info.nodes, "nodelist": info.nodelist,
                      "time_left_s": info.time_left_s, **identity(files),
                      "phase": "live" if urls else (progress.text(details=False) if progress
@@ -182,7 +153,7 @@ def launcher_end(job: TrackedJob) -> dict:
     return out
 
 
-def earlier_runs(job: TrackedJob) -> list[dict]:
+def earlier_run_records(job: TrackedJob) -> list[dict]:
     """The runs before the current one: ``run-<n>/`` folders, and the top-level files while they are
     still a previous run's (a requeued job not started again)."""
     runs = []
@@ -229,11 +200,11 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "launcher": report.to_dict(),
         "launcher_end": launcher_end(job),
         "phase": progress.to_dict() if progress else None,
-        "url": (base_urls(data) or [None])[0], "urls": base_urls(data),
+        "url": (rundir.base_urls(data) or [None])[0], "urls": rundir.base_urls(data),
         "rank_exits": {str(k): v for k, v in files.rank_exits().items()},
         "endpoint": data,
         "probes": probes,
-        "earlier_runs": earlier_runs(job),
+        "earlier_runs": earlier_run_records(job),
         "accounting": job_accounting(files, bool(info is not None and info.running), slurm_end=slurm_end_time(info)),
         "chain": _chain(job.job_id, files.run_dir),
     }
@@ -242,9 +213,7 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
 def _chain(job_id: str, run_dir) -> dict | None:
     """chain.json (launch.successor) and, under ``moved``, the newest successor that serves now
     (access.chain: ``from``, ``to``, ``links``, ``state``, ``base_urls``; ``None`` while none does)."""
-    from ..launch.successor import chain_of
-
-    chain = chain_of(run_dir)
+    chain = rundir.chain_of(run_dir)
     if chain is None:
         return None
     from ..access.chain import newest_live

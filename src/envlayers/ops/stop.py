@@ -53,7 +53,7 @@ def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, prob
     job = find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
     later: list[StopResult] = []
     if chain and job.files.run_dir is not None:
-        from ..access.chain import chain_links
+        from ..rundir import chain_links
 
         from ..errors import EnvLayersError
 

@@ -52,10 +52,10 @@ class WaitResult:
         return {"live": EXIT_LIVE, "ended": EXIT_ENDED, "timeout": EXIT_TIMEOUT}[self.outcome]
 
     def to_dict(self) -> dict:
-        from .status import base_urls, identity, launcher_end
+        from .status import identity, launcher_end
 
         info = self.job.info
-        urls = base_urls(self.endpoint)
+        urls = rundir.base_urls(self.endpoint)
         return {
             "job_id": self.job.job_id, "outcome": self.outcome, "live": self.outcome == "live",
             **identity(self.job.files),
@@ -230,9 +230,7 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
 
 def _ending(exits: dict, endpoint: dict) -> bool:
     """A rank exited that is not a replica the launcher dropped (those end alone, the job serves on)."""
-    from ..launch.replicas import dead_ranks
-
-    return bool(set(exits) - dead_ranks(endpoint))
+    return bool(set(exits) - rundir.dead_ranks(endpoint))
 
 
 def diagnose_job(job: TrackedJob) -> list:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..errors import EnvLayersError
+from ..rundir import rank_exit_name
 
 NVIDIA_DEVICES = ("nvidia.com/gpu=all",)  # podman's CDI name for every NVIDIA GPU of the node
 AMD_DEVICES = ("/dev/kfd", "/dev/dri")  # the ROCm devices, as AMD's container docs pass them
@@ -148,7 +149,7 @@ def load_line(s: Settings, image_dir: str | None, rank: int) -> str:
     with an error naming both."""
     q = shlex.quote
     archive = f"{image_dir.rstrip('/')}/{archive_name(s.image)}" if image_dir else None
-    fail = (f'echo 2 > "$run_dir/rank-{rank}.exit"; exit 2')
+    fail = (f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2')
     if archive is None:
         return (f"podman image exists {q(s.image)} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: image {s.image} is not on this node and CONTAINER_IMAGE_DIR names no archive; run `env_layers images load` or set CONTAINER_IMAGE_DIR')}; {fail}; }}")
     return (f"podman image exists {q(s.image)} || {{ echo {q(f'ENVLAYERS-STAGE: rank {rank}: loading {s.image} from {archive}')}; "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
+from .. import rundir
 from ..jobid import looks_like_job_id
 from .client import Client
 
@@ -76,23 +77,6 @@ def read_key(path: str, where: str) -> str:
     return key
 
 
-def read_serve_env(path: Path | None) -> dict[str, str]:
-    """``serve.env`` (the job's merged keys, as ``export KEY='value'`` lines) as text values."""
-    from ..envfile import parse_text
-
-    if path is None or not path.is_file():
-        return {}
-    try:
-        assignments = parse_text(path.read_text(encoding="utf-8", errors="replace"), str(path))
-    except EnvLayersError:
-        return {}
-    env = {}
-    for a in assignments:
-        if all(isinstance(part, str) for part in a.value):
-            env[a.key] = "".join(a.value)
-    return env
-
-
 def catalog_entry(root_opt: str | None, catalog_model: str | None, model: str | None) -> tuple[str | None, dict]:
     """The catalog model (named, or the one serving ``model``) and its merged keys; ``(None, {})``
     when there is no catalog here or no entry matches."""
@@ -134,7 +118,7 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
     if job.info is not None and job.info.finished:
         raise CannotVerify(f"job {job.job_id} has ended ({state}): its endpoint is gone",
                            hint="verify a running job (`env_layers status` lists them)")
-    env = read_serve_env(files.run_dir / "serve.env" if files.run_dir else None)
+    env = rundir.read_serve_env(files.run_dir)
     launch = files.launch() or {}
     target_name = str(launch.get("target") or "")
     urls = ops.endpoint_urls(data)

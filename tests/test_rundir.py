@@ -1,0 +1,159 @@
+"""rundir.py owns the run directory: every file's name, its readers and the one JSON writer.
+
+The two scripts the job copies into the run directory (gateway_app.py, launch/raynode.py) run with the
+standard library only and repeat the names of the files they write: these tests keep them equal."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from envlayers import gateway_app, rundir
+from envlayers.launch import raynode
+
+SRC = Path(rundir.__file__).parent
+
+
+def test_the_gateway_names_its_state_file_as_rundir_does():
+    assert gateway_app.STATE_FILE == rundir.GATEWAY_STATE
+    assert gateway_app.KEEP_EVENTS == rundir.GatewayState.KEEP_EVENTS
+
+
+def test_the_ray_node_helper_names_its_files_as_rundir_does():
+    assert raynode.CLUSTER_FILE == rundir.RAY_CLUSTER
+    assert raynode.PIDS_FILE.format(rank=3) == rundir.ray_pids_name(3)
+    assert raynode.SERVER_LOG.format(rank=3) == rundir.server_log_name(3)
+
+
+def test_the_copied_scripts_are_the_files_rundir_names():
+    assert (SRC / rundir.GATEWAY_APP).is_file() and (SRC / "launch" / rundir.RAY_NODE).is_file()
+
+
+# a run-directory file spelled out as a string, or a rank's file built from its pattern
+_NAMES = [rundir.ENDPOINT, rundir.LAUNCH, rundir.LAUNCH_END, rundir.CHAIN, rundir.TUNNEL, rundir.ACCOUNTING,
+          rundir.SERVE_ENV, rundir.API_KEY, rundir.RAY_TOKEN, rundir.RAY_CLUSTER, rundir.GATEWAY_STATE,
+          rundir.RANKS_SH, rundir.JOB_SH]
+_SPELLED = re.compile(r"""["'](%s)["']|f["'](server-\{|rank-\{|ray-pids-\{)""" % "|".join(map(re.escape, _NAMES)))
+# the standard-library scripts that run inside the job, and the owner itself
+_ALLOWED = {"rundir.py", "gateway_app.py", "launch/raynode.py"}
+
+
+def test_no_module_but_rundir_spells_a_run_directory_files_name():
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel in _ALLOWED:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _SPELLED.search(line) and "such as" not in line:  # an example in an error message
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_the_name_check_sees_a_spelled_name():  # the test above can fail
+    assert _SPELLED.search('path = run_dir / "endpoint.json"')
+    assert _SPELLED.search('log = run_dir / f"server-{rank}.log"')
+    assert not _SPELLED.search('say("no endpoint.json yet")')
+
+
+def test_write_json_replaces_the_record_whole_and_read_json_reads_it_back(tmp_path):
+    path = tmp_path / rundir.CHAIN
+    rundir.write_json(path, {"successor": "42"})
+    assert path.read_text() == '{\n  "successor": "42"\n}\n'
+    assert rundir.read_json(path) == {"successor": "42"}
+    rundir.write_json(path, {"successor": "43"}, mode=0o600)
+    assert path.stat().st_mode & 0o777 == 0o600 and rundir.read_json(path) == {"successor": "43"}
+    assert [p.name for p in tmp_path.iterdir()] == [rundir.CHAIN]
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param(None, id="absent"),
+    pytest.param('{"half": ', id="half-written"),
+    pytest.param("[1, 2]", id="not-an-object"),
+])
+def test_read_json_of_a_record_it_cannot_use_is_none(tmp_path, text):
+    path = tmp_path / rundir.ENDPOINT
+    if text is not None:
+        path.write_text(text)
+    assert rundir.read_json(path) is None
+
+
+def test_a_record_writer_says_a_refused_write_once_and_again_after_a_success(tmp_path):
+    said = []
+    writer = rundir.RecordWriter(said.append)
+    (tmp_path / "a-file").write_text("")
+    refused = tmp_path / "a-file" / rundir.ACCOUNTING  # its folder is a file: the OS refuses
+    assert writer.write_json(refused, {"a": 1}) is False
+    assert writer.write_json(refused, {"a": 2}) is False
+    assert len(said) == 1 and said[0].startswith(f"ENVLAYERS-WARN: cannot write {refused}: ")
+    assert writer.write_json(tmp_path / rundir.ACCOUNTING, {"a": 3}) is True
+    assert json.loads((tmp_path / rundir.ACCOUNTING).read_text()) == {"a": 3}
+
+
+@pytest.mark.parametrize("url, root", [
+    pytest.param("http://n1:8000/v1", "http://n1:8000", id="v1"),
+    pytest.param("http://n1:8000/v1/", "http://n1:8000", id="v1-slash"),
+    pytest.param("http://n1:8000", "http://n1:8000", id="root"),
+    pytest.param("http://n1:8000/", "http://n1:8000", id="root-slash"),
+])
+def test_server_root_of_a_base_url(url, root):
+    assert rundir.server_root(url) == root
+
+
+@pytest.mark.parametrize("data, urls", [
+    pytest.param({"base_urls": ["a", "b"], "base_url": "a"}, ["a", "b"], id="replicas"),
+    pytest.param({"base_url": "a"}, ["a"], id="one"),
+    pytest.param({}, [], id="none"),
+    pytest.param(None, [], id="no-record"),
+])
+def test_base_urls_of_an_endpoint_record(data, urls):
+    assert rundir.base_urls(data) == urls
+
+
+def test_dead_ranks_are_the_replicas_endpoint_json_lists_as_not_alive():
+    ep = {"replicas": [{"rank": 0, "alive": True}, {"rank": 1, "alive": False}, "junk"]}
+    assert rundir.dead_ranks(ep) == {1} and len(rundir.replica_rows(ep)) == 2
+    assert rundir.replica_rows({"replicas": "junk"}) == [] and rundir.dead_ranks(None) == set()
+
+
+def test_chain_of_a_run_that_is_no_link_is_none(tmp_path):
+    assert rundir.chain_of(tmp_path) is None and rundir.chain_of(None) is None
+    rundir.write_json(tmp_path / rundir.CHAIN, {"predecessor": None, "successor": None, "left": 0})
+    assert rundir.chain_of(tmp_path) is None
+    rundir.write_json(tmp_path / rundir.CHAIN, {"predecessor": "41", "successor": None, "left": 0})
+    assert rundir.chain_of(tmp_path)["predecessor"] == "41"
+
+
+def test_a_serving_endpoint_is_one_whose_run_has_not_ended(tmp_path):
+    assert rundir.serving_endpoint(tmp_path) is None
+    rundir.write_json(tmp_path / rundir.ENDPOINT, {"base_urls": ["u"]})
+    assert rundir.serving_endpoint(tmp_path) == {"base_urls": ["u"]}
+    rundir.write_json(tmp_path / rundir.LAUNCH_END, {"code": 0})
+    assert rundir.serving_endpoint(tmp_path) is None
+
+
+def test_serve_env_reads_literal_values_and_leaves_references_out(tmp_path):
+    assert rundir.read_serve_env(tmp_path) == {} and rundir.read_serve_env(None) == {}
+    (tmp_path / rundir.SERVE_ENV).write_text("export MODEL='m'\nexport EMPTY=''\nexport REF=\"$HOME/x\"\n")
+    assert rundir.read_serve_env(tmp_path) == {"MODEL": "m", "EMPTY": ""}
+
+
+def test_earlier_run_dirs_are_the_run_folders_in_run_order(tmp_path):
+    for name in ("run-10", "run-2", "run-x"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "run-3").write_text("a file, not a run")
+    assert list(rundir.earlier_run_dirs(tmp_path)) == [2, 10]
+    assert rundir.JobFiles("1", None, tmp_path).earlier_runs() == rundir.earlier_run_dirs(tmp_path)
+    assert rundir.earlier_run_dirs(tmp_path / "missing") == {} and rundir.earlier_run_dirs(None) == {}
+
+
+def test_status_reads_the_gateway_state_with_endpoint_json_and_only_then(tmp_path):
+    rundir.write_json(tmp_path / rundir.GATEWAY_STATE, {"healthy": 1, "replicas": 2})
+    files = rundir.JobFiles("5", None, tmp_path)
+    assert files.endpoint_data() is None  # not live: the state file alone is no endpoint
+    rundir.write_json(tmp_path / rundir.ENDPOINT, {"job_id": "5"})
+    assert files.endpoint_data()["gateway"]["healthy"] == 1
+    assert rundir.JobFiles("5", None, tmp_path, previous_at_top=True).endpoint_data() is None
