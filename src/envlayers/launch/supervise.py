@@ -65,6 +65,13 @@ class LogTail:
         return [line.decode("utf-8", "replace") for line in lines]
 
 
+def by_signal(code: str) -> bool:
+    """An exit by a signal other than srun's or scancel's stop (SIGKILL, SIGSEGV, SIGABRT, ...). Such a rank did
+    not die of a peer's failure (a peer's failure ends a rank by an exception, or by srun's SIGTERM after it),
+    so it is blamed at once, without EXIT_SETTLE_S."""
+    return code.isdigit() and 128 < int(code) < 128 + 65 and code not in STOPPED_CODES
+
+
 class Step(Protocol):
     def poll(self) -> int | None: ...
 
@@ -138,7 +145,8 @@ class Supervisor:
 
     def check_ranks(self) -> None:
         """Note the ranks that started; raise when a rank has exited (after letting the others' exit
-        codes land for up to EXIT_SETTLE_S, so the first failure is blamed)."""
+        codes land for up to EXIT_SETTLE_S, so the first failure is blamed; at once for a rank killed by a
+        signal, see :func:`by_signal`)."""
         n = self.lp.ranks
         for rank in range(n):
             if rank in self.started:
@@ -174,7 +182,8 @@ class Supervisor:
         now = self.clock()
         if self.first_exit_at is None:
             self.first_exit_at = now
-        if len(exits) < n and now - self.first_exit_at < EXIT_SETTLE_S:
+        killed = any(by_signal(code) for _, _, _, code in exits)
+        if len(exits) < n and not killed and now - self.first_exit_at < EXIT_SETTLE_S:
             return  # srun stops the other ranks on a bad exit: let their codes land too
         # the rank that failed first, not one that srun stopped because of it
         _, _, rank, code = min(exits)
