@@ -5,10 +5,11 @@ target + options -> a :class:`JobSubmission` holding the sbatch arguments, the e
 the plan and the per-rank commands. The dry run prints a JobSubmission; a submission sends the
 same one's script to sbatch.
 
-The job script is built so that no text a user typed runs as code: its text lives in
-:mod:`envlayers.jobtext`, where every value goes through a filter (``sh`` quotes a shell word,
-``comment`` refuses a control character in a ``#`` line, ``num`` takes only an int, ``code`` takes
-only shell text this module built from checked names), and a value placed without one stops the render.
+The job script is built so that no text a user typed runs as code: its text is the jinja2 template
+templates/serve-only.sh.j2, rendered by :mod:`envlayers.scripttext`, where every value goes through a
+filter (``sh`` quotes a shell word, ``comment`` refuses a control character in a ``#`` line, ``num`` takes
+only an int, ``code`` takes only shell text this module built from checked names), and a value placed
+without one stops the render.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Mapping
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
-from .jobtext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, job_script, shown as _shown
+from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, render as _render, shown as _shown
 from .layers import Env, Unbound
 from .topology import Plan
 
@@ -104,6 +105,17 @@ class JobSubmission:
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
         }
+
+
+def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_per_node: int, shape: str,
+               sources, delimiter: _Code, env_text: str, edf: str, unbound: list, ready_timeout_s: int,
+               python: str, keys: str, image: str, devices: str) -> str:
+    """The job script: the sbatch header, the merged environment as a here-document, the checks of the
+    references the layers leave for the job, the launch keys, the run folder, and the launcher."""
+    return _render("serve-only.sh.j2", job_name=job_name, target=target, nodes=nodes, partition=partition,
+                   gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
+                   env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
+                   keys=keys, image=image, devices=devices)
 
 
 def comment_text(text: str) -> str:
