@@ -505,3 +505,5 @@ def test_job_submissions_of_the_same_target_are_equal(edf_dir):
     job, again = (prepare(REPO, "qwen38", python=PY, environ=edf_dir) for _ in range(2))
     assert job == again and job is not again and job != prepare(REPO, "oss120b", python=PY, environ=edf_dir)
     assert repr(job).startswith("JobSubmission(target='experiment:qwen38', sbatch_args=['--nodes=1'")
+    with pytest.raises(AttributeError):  # frozen: what the dry run showed is what is submitted
+        job.script = ""

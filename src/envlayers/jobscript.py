@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -37,40 +38,25 @@ _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+@dataclass(frozen=True)
 class JobSubmission:
     """One prepared job: the sbatch arguments, the script, the plan, the rank lines and what to tell the user.
 
     ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the
-    shape, topology.reason_lines, then whether the weights fit: weights.fit) are lists of their own when
-    left out. Equal when every field is.
+    shape, topology.reason_lines, then whether the weights fit: weights.fit).
     """
 
-    _FIELDS = ("target", "sbatch_args", "script", "plan", "rank_lines", "topology", "edf", "ready_timeout_s",
-                 "warnings", "blockers", "reasons")
-
-    def __init__(self, target: str, sbatch_args: list[str], script: str, plan: Plan, rank_lines: list[str],
-                 topology: list[str], edf: str, ready_timeout_s: int, warnings: list[str] | None = None,
-                 blockers: list[str] | None = None, reasons: list[str] | None = None) -> None:
-        self.target = target
-        self.sbatch_args = sbatch_args
-        self.script = script
-        self.plan = plan
-        self.rank_lines = rank_lines
-        self.topology = topology
-        self.edf = edf
-        self.ready_timeout_s = ready_timeout_s
-        self.warnings = [] if warnings is None else warnings
-        self.blockers = [] if blockers is None else blockers
-        self.reasons = [] if reasons is None else reasons
-
-    def _values(self) -> tuple:
-        return tuple(getattr(self, name) for name in self._FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        return self._values() == other._values() if other.__class__ is self.__class__ else NotImplemented
-
-    def __repr__(self) -> str:
-        return f"JobSubmission({', '.join(f'{name}={getattr(self, name)!r}' for name in self._FIELDS)})"
+    target: str
+    sbatch_args: list[str]
+    script: str
+    plan: Plan
+    rank_lines: list[str]
+    topology: list[str]
+    edf: str
+    ready_timeout_s: int
+    warnings: list[str] = field(default_factory=list)
+    blockers: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
 
     def submit_command(self) -> str:
         return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
