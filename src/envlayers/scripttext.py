@@ -16,6 +16,9 @@ so a place without a filter, or an expression that works on a filtered value (``
 render with :class:`ScriptTextError`, as do an unknown filter and a name that was not given
 (``StrictUndefined``). A value is printed once, never read as template text, so a value holding
 ``{{ ... }}`` is text like any other. Nothing a user typed can run as code where a script runs.
+
+A module of its own, a leaf beside :mod:`envlayers.shell`: the launcher (ranks.sh) and ``tunnel`` render
+through it without importing what decides the job (:mod:`envlayers.jobscript`).
 """
 
 from __future__ import annotations
