@@ -1,7 +1,7 @@
 """Where a job's GPU-hours went: one job's timeline -> its split; many jobs' splits -> totals and the largest waste.
 
 Pure: dicts in, dicts out; :func:`problem` says why a dict is not a record (every total stays finite). A job's timeline (written by the launcher as ``accounting.json``, see
-``launch.meter``) holds wall-clock times: the job's start (pending time is free), every rank started,
+``launch.timeline``) holds wall-clock times: the job's start (pending time is free), every rank started,
 rank 0's startup phases, live, the last request seen, the server's death, the end; and the serving /
 idle seconds the idle tracker measured from the engine's request counters. Every segment is GPU-seconds
 = allocated GPUs x seconds; the segments add up to the allocation (docs/operating.md "Where the

@@ -63,7 +63,7 @@ LAUNCH = "launch.json"  # what the launcher planned (launch.prepare), written be
 LAUNCH_END = "launch-end.json"  # how the launcher ended: restart, code, reason, ended_at
 CHAIN = "chain.json"  # the job's link in a chain of successors (launch.successor)
 TUNNEL = "tunnel.json"  # the login node's tunnel to the endpoint (access.tunnelrecord)
-ACCOUNTING = "accounting.json"  # the GPU-hour timeline (launch.meter, envlayers.accounting)
+ACCOUNTING = "accounting.json"  # the GPU-hour timeline (launch.timeline, envlayers.accounting)
 SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines
 API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
 RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
@@ -356,7 +356,7 @@ class JobFiles:
         return None if self.previous_at_top else self._json(LAUNCH)
 
     def accounting(self) -> dict | None:
-        """``accounting.json`` of the current run: its GPU-hour timeline (``launch.meter``), or ``None``."""
+        """``accounting.json`` of the current run: its GPU-hour timeline (``launch.timeline``), or ``None``."""
         return None if self.previous_at_top else self._json(ACCOUNTING)
 
     def read_job_output(self) -> LauncherReport:

@@ -1,7 +1,7 @@
 """``report``: the GPU-hour split of every endpoint job in a time window, from the run directories and Slurm's
 accounting (``sacct``), as data.
 
-Each run directory's ``accounting.json`` (written by the launcher, ``launch.meter``) gives a job's split;
+Each run directory's ``accounting.json`` (written by the launcher, ``launch.timeline``) gives a job's split;
 ``sacct`` (where Slurm's accounting storage is enabled) lists the endpoint jobs Slurm ran, so a job whose
 launcher was killed or whose run directory is gone still counts as allocated time that nothing explains.
 Where ``sacct`` does not answer, the report says so: it then covers the run directories only.
