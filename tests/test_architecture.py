@@ -19,8 +19,8 @@ MAP = REPO / "docs" / "architecture.md"
 LAYERS = {
     "base": {"errors", "defaults", "paths", "fsutil", "durations", "yamlpos", "jobid"},
     "core": {"envfile", "layers", "catalog", "shell", "keys", "topology", "topology_checks", "engines",
-             "runtimes", "edf", "jobscript", "jobtext", "weights", "exposure", "apikey", "allocation", "phases",
-             "rootcause", "accounting"},
+             "runtimes", "edf", "jobscript", "jobtext", "scripttext", "weights", "exposure", "apikey", "allocation",
+             "phases", "rootcause", "accounting"},
     "edge": {"slurm", "rundir", "http", "httpclient", "readiness"},
     "injob": {"launch", "gateway_app", "fabric", "cores"},
     "operator": {"ops", "access", "diagnose", "verify", "bench"},
