@@ -151,14 +151,3 @@ def ping(base_url: str, served: str | None = None, api_key: str | None = None, t
             detail = "the answer has no choices"
     result.checks.append(Check("chat", url, ok, status, round(spent, 4) if status else None, detail))
     return result
-
-
-def format_ping(results: list[PingResult]) -> str:
-    lines = []
-    for r in results:
-        lines.append(f"{r.base_url}: {'ok' if r.ok else 'FAILED'} (model {r.served_model_name or '?'})")
-        for c in r.checks:
-            took = f"{c.latency_s * 1000:.0f} ms" if c.latency_s is not None else "-"
-            what = "GET /v1/models" if c.name == "models" else "POST /v1/chat/completions (max_tokens=1)"
-            lines.append(f"  {what}: {c.status or 'no answer'} in {took}: {c.detail}")
-    return "\n".join(lines) + "\n"
