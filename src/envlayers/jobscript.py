@@ -72,7 +72,13 @@ class JobSubmission:
         return f"JobSubmission({', '.join(f'{name}={getattr(self, name)!r}' for name in self._FIELDS)})"
 
     def submit_command(self) -> str:
-        return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
+        return shlex.join(self.sbatch_argv())
+
+    def sbatch_argv(self) -> list[str]:
+        """The sbatch line that submits :attr:`script` (on stdin)."""
+        from .slurm import sbatch_argv
+
+        return sbatch_argv(self.sbatch_args)
 
     def dry_run_text(self) -> str:
         from .launch.srun import srun_dry_line
@@ -100,7 +106,7 @@ class JobSubmission:
 
     def to_json(self) -> dict:
         return {
-            "target": self.target, "sbatch": ["sbatch", "--parsable", *self.sbatch_args], "script": self.script,
+            "target": self.target, "sbatch": self.sbatch_argv(), "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
         }
