@@ -59,7 +59,13 @@ class JobSubmission:
     reasons: list[str] = field(default_factory=list)
 
     def submit_command(self) -> str:
-        return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
+        return shlex.join(self.sbatch_argv())
+
+    def sbatch_argv(self) -> list[str]:
+        """The sbatch line that submits :attr:`script` (on stdin)."""
+        from .slurm import sbatch_argv
+
+        return sbatch_argv(self.sbatch_args)
 
     def dry_run_text(self) -> str:
         from .launch.srun import srun_dry_line
@@ -87,7 +93,7 @@ class JobSubmission:
 
     def to_json(self) -> dict:
         return {
-            "target": self.target, "sbatch": ["sbatch", "--parsable", *self.sbatch_args], "script": self.script,
+            "target": self.target, "sbatch": self.sbatch_argv(), "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
         }
