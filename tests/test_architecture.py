@@ -36,7 +36,6 @@ PENDING = {
     ("envlayers.ops.wait", "envlayers.launch.replicas"),
     ("envlayers.access.handover", "envlayers.launch.successor"),
     ("envlayers.cli.serving_format", "envlayers.launch.replicas"),
-    ("envlayers.jobscript", "envlayers.launch.srun"),  # the srun step's argv belongs with the other Slurm argv
 }
 
 
@@ -134,9 +133,9 @@ OPERATOR_OR_CLI = ("operator", "cli")
     pytest.param("engines import no launch, edge, operator or cli module",
                  lambda s, d: _top(s) == "engines" and _layer(d) in ("injob", "edge", *OPERATOR_OR_CLI),
                  id="engines-pure"),
-    pytest.param("the core imports nothing above it but jobscript's slurm",
+    pytest.param("the core imports nothing above it but slurm's argv builders",
                  lambda s, d: _layer(s) == "core" and _layer(d) in ("injob", "edge", *OPERATOR_OR_CLI)
-                 and (s, d) != ("envlayers.jobscript", "envlayers.slurm"),
+                 and d != "envlayers.slurm",
                  id="core-below-edges"),
     pytest.param("the base imports only the base",
                  lambda s, d: _layer(s) == "base" and _layer(d) != "base",

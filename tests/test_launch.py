@@ -16,7 +16,7 @@ import pytest
 from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
 from envlayers.launch.prepare import Allocation, LaunchFailure, Node, launch_keys, prepare
-from envlayers.launch.srun import srun_dry_line
+from envlayers.jobscript import srun_dry_line
 from envlayers.slurm import ranks_step_argv
 from envlayers.launch.ranks import rank_script
 from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S, Supervisor
