@@ -61,6 +61,7 @@ class JobSubmission:
         self.warnings = [] if warnings is None else warnings
         self.blockers = [] if blockers is None else blockers
         self.reasons = [] if reasons is None else reasons
+        self.router_line: str | None = None  # ROUTER=smg: the router's command line (engines/router.py)
 
     def _values(self) -> tuple:
         return tuple(getattr(self, name) for name in self._FIELDS)
@@ -96,6 +97,9 @@ class JobSubmission:
             "# The srun step that starts them, one rank per node (the job fills in the ${...}):",
             f"#   {c(srun_dry_line(self.plan.nodes, self.edf))}",
         ]
+        if self.router_line is not None:
+            out += ["# The router the launcher starts on node 0, outside the container, once every replica is live:",
+                    f"#   {c(self.router_line)}"]
         return "\n".join(out) + "\n"
 
     def to_json(self) -> dict:
@@ -103,6 +107,7 @@ class JobSubmission:
             "target": self.target, "sbatch": ["sbatch", "--parsable", *self.sbatch_args], "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
+            **({"router": self.router_line} if self.router_line is not None else {}),
         }
 
 
@@ -291,8 +296,26 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if partition:
         sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
-    return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines)
+    job = JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
+                        budget, warnings, blockers, topology.reason_lines(plan) + fit_lines)
+    job.router_line = _router_line(env, text, plan)
+    return job
+
+
+def _router_line(env: Env, text: Mapping[str, str], plan: Plan) -> str | None:
+    """ROUTER=smg: the router's command line in front of every replica (``${ENVLAYERS_NODE_ADDR_<i>}`` for
+    replica i's node); a ROUTER the plan cannot have is refused naming the layer line."""
+    from .engines.router import plan_router
+
+    try:
+        router = plan_router(text, plan.shape, plan.api_port,
+                             [f"http://${{ENVLAYERS_NODE_ADDR_{r.node_index}}}:{r.port}" for r in plan.readiness_ranks()],
+                             bool(text.get("SERVER_API_KEY_FILE")))
+    except EnvLayersError as err:
+        if err.where in env.bindings:
+            err.where = f"{env.bindings[err.where].origin}: {err.where}"
+        raise
+    return None if router is None else router.line()
 
 
 def with_plan_parallelism(env: Env, plan: Plan) -> Env:

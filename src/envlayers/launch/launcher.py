@@ -138,6 +138,7 @@ class Launcher:
         self.meter = None
         self.survivors = None  # launch.replicas.Survivors (replicas shape)
         self.chain = None  # launch.successor.Chain (SUCCESSORS)
+        self.router = None  # launch.router.Router (ROUTER=smg, replicas shape): started once live
         self.records = RecordWriter(say)  # the records written once the ranks run: a refused write is said
         self.t0 = time.monotonic()
 
@@ -167,12 +168,14 @@ class Launcher:
         self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1
         for line in lp.lines:
             say(line)
+        self.router = self.make_router(lp, api_key)  # ROUTER: refused before srun when the plan cannot have it
         from .meter import Meter, job_start_time
 
         from .health import OwnRequests
 
         own = OwnRequests()  # the health watch's one-token completions, left out of the request counters
         self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ), own=own)
+        self.meter.router = self.router  # with a router, its counters are the requests (launch/router.py)
         for name, text in lp.files.items():
             try:
                 atomic_write(self.run_dir / name, text)
@@ -206,7 +209,24 @@ class Launcher:
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
                                      health=health if health.enabled else None, successor=self.chain,
                                      generate=generates, diag=self.slurm_diag)
+        self.supervisor.router = self.router
         self.supervisor.run()
+
+    def make_router(self, lp: LaunchPlan, api_key: str | None):
+        """The router ``ROUTER`` asks for (launch/router.py), not yet started; None without one."""
+        from ..engines.router import check
+        from ..errors import EnvLayersError
+
+        try:
+            if check(self.keys, lp.plan.shape, lp.plan.api_port) is None:
+                return None
+        except EnvLayersError as err:
+            raise LaunchFailure(str(err)) from None
+        from .router import Router
+
+        host = lp.targets[0].url.split("//", 1)[1].rsplit(":", 1)[0]  # node 0's host as the replicas print it
+        return Router(self.keys, lp.plan.shape, lp.plan.api_port, [t.probe_url for t in lp.targets], self.run_dir,
+                      api_key, say, url_host=host)
 
     def unwritable(self, err: OSError, name: str) -> LaunchFailure:
         """A file the launcher must write before any rank starts, refused by the OS: the job ends, saying
@@ -258,13 +278,19 @@ class Launcher:
     def on_live(self, lp: LaunchPlan, elapsed: float) -> None:
         from ..readiness import Endpoint
 
-        ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, [t.url for t in lp.targets],
+        if self.router is not None:  # one URL in front of the replicas (launch/router.py)
+            self.router.start()
+        urls = [self.router.url] if self.router is not None else [t.url for t in lp.targets]
+        ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, urls,
                       lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
                       restart=lp.restart, key_file=lp.key_file if lp.api_key else None, metrics=lp.metrics,
                       node_local=lp.node_local)
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
+        if self.router is not None:
+            data["replica_urls"] = [t.url for t in lp.targets]
+            data["router"] = self.router.record()
         self.records.write(self.run_dir / "endpoint.json", json.dumps(data, indent=2) + "\n")  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
             from .raycluster import joined_line
@@ -279,6 +305,8 @@ class Launcher:
             self.chain.went_live(elapsed)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        if self.router is not None:  # first: no request is routed to a replica that is stopping
+            self.router.stop()
         if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
             self.proc.stop(sig, grace_s)
             return

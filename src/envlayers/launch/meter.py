@@ -76,6 +76,7 @@ class Meter:
                  job_start: float | None = None, own=None):
         self.lp, self.say, self.api_key, self.clock, self.wall, self.fetch = lp, say, api_key, clock, wall, fetch
         self.own = own  # launch.health.OwnRequests: the launcher's own requests, left out of the counters
+        self.router = None  # launch.router.Router (ROUTER=smg): set by the launcher
         self._finished_seen = 0.0  # the most finished requests of clients reported so far
         self.stop_after_s = idle_seconds(keys, "IDLE_STOP_AFTER_S")
         self.warn_after_s = idle_seconds(keys, "IDLE_WARN_AFTER_S")
@@ -196,6 +197,8 @@ class Meter:
     def sample(self) -> Counters | None:
         """The request counters summed over every serving rank; None when one of them cannot be read. The
         gateway's one /metrics holds every replica's samples, each labelled ``replica``: see :meth:`_gateway`."""
+        if self.router is not None:  # ROUTER: every client request once, none of ours
+            return self.router.counters()
         if not self.lp.metrics:
             return None
         total = None
