@@ -180,7 +180,7 @@ class Router:
         """The ``router`` entry of endpoint.json."""
         return {"kind": "smg", "base_url": self.url, "port": self.plan.port, "policy": self.plan.policy,
                 "metrics_url": f"http://127.0.0.1:{self.plan.metrics_port}/metrics", "workers": list(self.workers),
-                "log": str(self.run_dir / "router.log")}
+                "log": str(self.run_dir / "router.log"), "pid": self.proc.pid if self.proc is not None else None}
 
     def tick(self) -> None:
         """Once per supervision pass: the job ends when the router is gone (its one URL is the endpoint)."""
