@@ -131,6 +131,7 @@ METRICS = """\
 # TYPE smg_http_responses_total counter
 smg_http_responses_total{path="/v1/chat/completions",status_code="200",error_code=""} 7
 smg_http_responses_total{path="/v1/completions",status_code="503",error_code="x"} 1
+smg_http_responses_total{path="/v1/chat/completions",status_code="401",error_code=""} 5
 smg_http_responses_total{path="/v1/models",status_code="200",error_code=""} 40
 smg_http_responses_total{path="/health",status_code="200",error_code=""} 9
 smg_worker_requests_active{worker="http://10.0.0.1:8000"} 2

@@ -254,14 +254,19 @@ class Meter:
         self.tracker.feed(now, first)
         if first is None:
             why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
-                   else f"no request counters at {', '.join(metrics_urls(self.lp))}")
+                   else f"no request counters at {', '.join(self._counter_urls())}")
             what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
             self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")
         elif self.stop_after_s or self.warn_after_s:
             bits = [f"stop after {self.stop_after_s:g}s" if self.stop_after_s else None,
                     f"warn after {self.warn_after_s:g}s" if self.warn_after_s else None]
             self.say(f"ENVLAYERS-STAGE: idle release: {', '.join(b for b in bits if b)} without a request "
-                     f"(request counters from {', '.join(metrics_urls(self.lp))})")
+                     f"(request counters from {', '.join(self._counter_urls())})")
+
+    def _counter_urls(self) -> list[str]:
+        if self.router is not None:
+            return [self.router.record()["metrics_url"] + " (the router's)"]
+        return metrics_urls(self.lp)
 
     def timeline(self, end_wall: float | None = None, died_wall: float | None = None) -> dict:
         t = self.tracker

@@ -35,8 +35,10 @@ from .idle import Counters, parse_prometheus
 
 READY_TIMEOUT_S = 60.0
 PORT_SCAN = 64
-# the paths whose answers are client requests: everything under /v1 but the model list, and SGLang's native ones
+# the answers that are client requests: on every path under /v1 but the model list, and SGLang's native one;
+# a request refused for its key (401, 403) is nobody's use of the endpoint, so it keeps no job from idle release
 _REQUEST_PATH_RE = re.compile(r'^smg_http_responses_total\{[^}]*path="(/v1/(?!models)[^"]*|/generate)"')
+_REFUSED_RE = re.compile(r'status_code="40[13]"')
 _HEALTH_RE = re.compile(r'^smg_worker_health\{worker="([^"]*)"\}\s+(\S+)')
 _ACTIVE = "smg_worker_requests_active"
 
@@ -64,10 +66,10 @@ def choose_port(first: int, avoid: Sequence[int], free: Callable[[int], bool] = 
 
 def read_counters(text: str) -> Counters | None:
     """The router's client requests: finished = every answer on a request path (``smg_http_responses_total``,
-    all status codes), in flight = ``smg_worker_requests_active`` summed. None without the family."""
+    every status but a refused key's 401/403), in flight = ``smg_worker_requests_active`` summed. None without the family."""
     finished, seen = 0.0, False
     for line in text.splitlines():
-        if _REQUEST_PATH_RE.match(line):
+        if _REQUEST_PATH_RE.match(line) and not _REFUSED_RE.search(line):
             finished += float(line.rsplit(None, 1)[1])
         if line.startswith("smg_http_responses_total"):
             seen = True
