@@ -104,9 +104,9 @@ def test_the_dry_run_shows_the_routers_command_line(tmp_path):
     job = prepare(REPO, "qwen38", "replicas", env_file=serve_env, python="/usr/bin/python3",
                   environ={"EDF_PATH": str(edf), "HOME": str(tmp_path)})
     text = job.dry_run_text()
-    assert "# The router the launcher starts on node 0, outside the container, once every replica is live:" in text
-    assert ("#   smg launch --host 0.0.0.0 --port 30000 --worker-urls 'http://${ENVLAYERS_NODE_ADDR_0}:8000' "
-            "'http://${ENVLAYERS_NODE_ADDR_1}:8000' --policy cache_aware") in text
+    assert "# The router the launcher starts on node 0, outside the container, once every replica is live\n" in text
+    assert ("#   smg launch --host 0.0.0.0 --port 30000 --worker-urls http://NODE0:8000 http://NODE1:8000 "
+            "--policy cache_aware") in text
     assert job.to_json()["router"].startswith("smg launch")
     plain = prepare(REPO, "qwen38", "replicas", python="/usr/bin/python3",
                     environ={"EDF_PATH": str(edf), "HOME": str(tmp_path)})

@@ -98,7 +98,8 @@ class JobSubmission:
             f"#   {c(srun_dry_line(self.plan.nodes, self.edf))}",
         ]
         if self.router_line is not None:
-            out += ["# The router the launcher starts on node 0, outside the container, once every replica is live:",
+            out += ["# The router the launcher starts on node 0, outside the container, once every replica is live",
+                    "# (NODE<i> stands for replica i's node address, which the launcher fills in):",
                     f"#   {c(self.router_line)}"]
         return "\n".join(out) + "\n"
 
@@ -303,13 +304,13 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
 
 
 def _router_line(env: Env, text: Mapping[str, str], plan: Plan) -> str | None:
-    """ROUTER=smg: the router's command line in front of every replica (``${ENVLAYERS_NODE_ADDR_<i>}`` for
-    replica i's node); a ROUTER the plan cannot have is refused naming the layer line."""
+    """ROUTER=smg: the router's command line in front of every replica (``NODE<i>`` for replica i's node
+    address); a ROUTER the plan cannot have is refused naming the layer line."""
     from .engines.router import plan_router
 
     try:
         router = plan_router(text, plan.shape, plan.api_port,
-                             [f"http://${{ENVLAYERS_NODE_ADDR_{r.node_index}}}:{r.port}" for r in plan.readiness_ranks()],
+                             [f"http://NODE{r.node_index}:{r.port}" for r in plan.readiness_ranks()],
                              bool(text.get("SERVER_API_KEY_FILE")))
     except EnvLayersError as err:
         if err.where in env.bindings:
