@@ -107,9 +107,10 @@ def main() -> int:
         else:
             model_dir = tmp / "tiny"
             subprocess.run([f"{args.venv}/bin/python", str(REPO / "tests/realengine/tiny_model.py"), str(model_dir)],
-                           check=True, timeout=600)
+                           check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             exe, model = [f"{args.venv}/bin/vllm"], str(model_dir)
-            extra = ["--served-model-name", "m", "--max-model-len", "512"]
+            extra = ["--served-model-name", "m", "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager"]
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         env["VLLM_API_KEY"] = key
         for i, port in enumerate(ports):
             start([*exe, "serve", model, "--host", "127.0.0.1", "--port", str(port), *extra], env, f"server-{i}.log")
