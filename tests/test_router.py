@@ -113,6 +113,19 @@ def test_the_dry_run_shows_the_routers_command_line(tmp_path):
     assert "router" not in plain.dry_run_text() and "router" not in plain.to_json()
 
 
+def test_the_dry_run_warns_when_the_launchers_python_has_no_router(tmp_path, monkeypatch):
+    import importlib.util
+
+    from envlayers.jobscript import prepare
+
+    serve_env = tmp_path / "serve.env"
+    serve_env.write_text("ROUTER=smg\n")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    job = prepare(REPO, "qwen38", "replicas", env_file=serve_env, environ={"EDF_PATH": str(tmp_path),
+                                                                             "HOME": str(tmp_path)})
+    assert any(w.startswith(f"ROUTER=smg: smg is not installed in {sys.executable}") for w in job.warnings)
+
+
 def test_the_dry_run_refuses_a_router_for_one_server_naming_the_line(tmp_path):
     from envlayers.jobscript import prepare
 

@@ -300,6 +300,12 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     job = JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines)
     job.router_line = _router_line(env, text, plan)
+    if job.router_line is not None and (python or sys.executable) == sys.executable:
+        import importlib.util
+
+        if importlib.util.find_spec("smg") is None:  # the launcher starts it from the job's Python, this one
+            job.warnings.append(f"ROUTER=smg: smg is not installed in {sys.executable}, which runs the launcher; "
+                                "the job would end when the router cannot start: pip install 'envlayers[router]'")
     return job
 
 
