@@ -12,6 +12,8 @@ for every concurrency runs --rounds interleaved pairs (direct then router, route
 of `python3 -m envlayers bench URL --json`, and prints TTFT and end-to-end p50 and p99 for each side,
 and the router's share: router minus direct, per percentile, the median over the rounds.
 
+``ROUTER_POLICY`` in the environment picks smg's policy (default cache_aware, as the launcher's).
+
 Through the router half the requests go to the second server, so at concurrency 16 the direct side
 (one server) carries twice the router side's per-server load: with the stand-in (no compute) that
 is noise; with a real engine compare at concurrency 1, or read the 16 figures as "one URL vs one
