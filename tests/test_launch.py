@@ -360,6 +360,19 @@ def test_a_lone_exit_is_blamed_once_the_settle_time_passed(tmp_path):
     assert 1000 + 5 + EXIT_SETTLE_S <= clock.t <= 1000 + 5 + EXIT_SETTLE_S + 2 * POLL_S
 
 
+@pytest.mark.parametrize("code, at_once", [("137", True), ("139", True), ("134", True), ("143", False),
+                                           ("130", False), ("3", False), ("1", False)])
+def test_a_rank_killed_by_a_signal_is_blamed_at_once_others_after_the_settle_time(tmp_path, code, at_once):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step)
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(5, lambda: exited(tmp_path, 1, int(code), 10.0))
+    with pytest.raises(LaunchFailure, match=f"rank 1 on n2 exited with code {code}"):
+        sup.run()
+    waited = clock.t - 1000 - 5
+    assert (waited <= 2 * POLL_S) if at_once else (EXIT_SETTLE_S <= waited <= EXIT_SETTLE_S + 2 * POLL_S)
+
+
 @pytest.mark.parametrize("rank_start", [3, 12])
 def test_a_rank_that_never_starts_fails_at_the_rank_start_budget_not_before(tmp_path, rank_start):
     clock, step = Clock(), Step()

@@ -10,7 +10,7 @@ the dry run prints, so the operator sees the very srun line the job runs.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -154,7 +154,7 @@ def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
                 return plan, []
             line = (f"ENVLAYERS-TOPOLOGY: rdzv_port={port} (RDZV_PORT={start} is in use on the head node; the first "
                     f"free port above it)")
-            return plan._replace(rdzv_port=port), [line]
+            return replace(plan, rdzv_port=port), [line]
     last = min(start + span, 65536) - 1
     raise LaunchFailure(f"no free rendezvous port on the head node in {start}-{last} (RDZV_PORT and the {span - 1} "
                         "ports above it are in use); set RDZV_PORT to a free range in your SERVE_ENV_FILE")
