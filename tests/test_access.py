@@ -541,7 +541,8 @@ def _info(states: dict[str, str]):
 
 
 def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
-    from envlayers.access.chain import chain_links, moved_line, newest_live
+    from envlayers.access.chain import chain_links, newest_live
+    from envlayers.cli.access_format import moved_line
 
     first = _link(tmp_path, "41", "42", live=True, ended=True)
     _link(tmp_path, "42", "43", live=True)

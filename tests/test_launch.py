@@ -15,8 +15,9 @@ import pytest
 
 from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
-from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
-                                      srun_dry_line)
+from envlayers.launch.prepare import Allocation, LaunchFailure, Node, launch_keys, prepare
+from envlayers.jobscript import srun_dry_line
+from envlayers.slurm import ranks_step_argv
 from envlayers.launch.ranks import rank_script
 from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S, Supervisor
 from envlayers.readiness import Endpoint, Probe
@@ -40,9 +41,9 @@ def alloc(tmp_path: Path, nodes=(N1, N2), **kw) -> Allocation:
     (None, []),
 ], ids=["container-engine", "runtime-none"])
 def test_srun_line_has_one_task_per_node_every_cpu_and_the_edf(edf, want):
-    assert srun_argv(2, "192", edf, "/r/ranks.sh") == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                                                       "--cpus-per-task=192", "--kill-on-bad-exit=1", *want,
-                                                       "bash", "/r/ranks.sh"]
+    assert ranks_step_argv(2, "192", edf, "/r/ranks.sh") == ["srun", "--nodes=2", "--ntasks=2",
+                                                             "--ntasks-per-node=1", "--cpus-per-task=192",
+                                                             "--kill-on-bad-exit=1", *want, "bash", "/r/ranks.sh"]
 
 
 def test_the_dry_run_srun_line_is_the_jobs_with_the_cpu_count_left_to_the_job(tmp_path):

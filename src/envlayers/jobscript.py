@@ -60,11 +60,15 @@ class JobSubmission:
     router_line: str | None = None  # ROUTER=smg: the router's command line (engines/router.py)
 
     def submit_command(self) -> str:
-        return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
+        return shlex.join(self.sbatch_argv())
+
+    def sbatch_argv(self) -> list[str]:
+        """The sbatch line that submits :attr:`script` (on stdin)."""
+        from .slurm import sbatch_argv
+
+        return sbatch_argv(self.sbatch_args)
 
     def dry_run_text(self) -> str:
-        from .launch.srun import srun_dry_line
-
         delim = _delimiter(self.script, "ENVLAYERS_JOB")
         c = comment_text
         out = [
@@ -92,7 +96,7 @@ class JobSubmission:
 
     def to_json(self) -> dict:
         return {
-            "target": self.target, "sbatch": ["sbatch", "--parsable", *self.sbatch_args], "script": self.script,
+            "target": self.target, "sbatch": self.sbatch_argv(), "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
             **({"router": self.router_line} if self.router_line is not None else {}),
@@ -493,3 +497,12 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], envi
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "
                         "(the job would fail at its first srun)")
     return name
+
+
+def srun_dry_line(nodes: int, edf: str | None) -> str:
+    """The srun step that starts the ranks (:func:`envlayers.slurm.ranks_step_argv`) as the dry run prints it:
+    the CPU count and the run directory are what the job fills in (``${SLURM_CPUS_ON_NODE}``, ``${RUN_DIR}``)."""
+    from .engines import quote
+    from .slurm import ranks_step_argv
+
+    return " ".join(quote(w) for w in ranks_step_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))

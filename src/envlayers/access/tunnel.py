@@ -115,14 +115,16 @@ class TunnelSpec:
         cancel = shlex.join(self.gateway.ssh_argv("-S", sock, "-O", "cancel", "-R", self.forward,
                                                   self.gateway.destination))
         # the mark keeps --keep-alive from taking the port back when this master ends later
-        return [*self._step_head(), "bash", "-c", f"touch {shlex.quote(sock + '.handed-over')}; {cancel}"]
+        return self._step(["bash", "-c", f"touch {shlex.quote(sock + '.handed-over')}; {cancel}"])
 
-    def _step_head(self) -> list[str]:
-        return ["srun", "--overlap", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1",
-                f"--nodelist={self.node}", "--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}"]
+    def _step(self, command: list[str]) -> list[str]:
+        from .. import slurm
+
+        return slurm.overlap_step_argv(self.job_id, self.node, command,
+                                       options=["--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}"])
 
     def srun_argv(self) -> list[str]:
-        return [*self._step_head(), "bash", "-c", self.node_script()]
+        return self._step(["bash", "-c", self.node_script()])
 
 
 def api_target(acc: JobAccess, replica: int = 0) -> tuple[str, int]:

@@ -3,7 +3,7 @@
 Pure: no process, no file, no network. :func:`prepare` returns a :class:`LaunchPlan` (the lines
 to print, the rank commands, the nodes and their addresses, the budgets, the srun argv and the
 text of the files to write); ``launch.launcher`` gathers the :class:`Allocation` facts, writes the
-files and hands the plan to the supervision loop. :func:`srun_argv` (``launch.srun``) is also what
+files and hands the plan to the supervision loop. :func:`envlayers.slurm.ranks_step_argv` is also what
 the dry run prints, so the operator sees the very srun line the job runs.
 """
 
@@ -14,13 +14,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from .. import engines, topology
+from .. import engines, slurm, topology
 from ..engines import RankCommand
 from ..defaults import DEFAULT_READY_TIMEOUT_S
 from ..errors import LaunchFailure
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from . import raycluster
-from .srun import srun_argv, srun_dry_line  # noqa: F401  (srun_dry_line: re-exported, the dry run's line)
 
 DEFAULT_RANK_START_TIMEOUT_S = 300
 DEFAULT_MIN_REPLICAS = 1
@@ -234,7 +233,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                            f"http://{local or nodes[r.node_index].address}:{r.port}/v1",
                            local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
-    srun = srun_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
+    srun = slurm.ranks_step_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
                      str(alloc.run_dir / "ranks.sh"))
     served = keys.get("VLLM_SERVED_MODEL", "")
     launch_json = json.dumps({
