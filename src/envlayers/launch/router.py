@@ -24,8 +24,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -86,14 +84,14 @@ def worker_health(text: str) -> dict[str, bool]:
 
 
 def _get(url: str, api_key: str | None, timeout_s: float = 2.0) -> tuple[int | None, str]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    """(status, text) of a GET through the one HTTP client; (None, "") when nothing answered."""
+    from ..httpclient import HttpError, get
+
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - node 0's own router
-            return resp.status, resp.read(4 << 20).decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, ""
-    except (OSError, ValueError):
-        return None, ""
+        resp = get(url, timeout_s, api_key=api_key, accept=None)
+    except HttpError as err:
+        return err.status, ""
+    return resp.status, resp.text()
 
 
 class Router:
