@@ -261,8 +261,8 @@ def test_refusal_names_the_cost_and_the_fix(env, message):
         pytest.param(keys(nodes=2, gpn=8, tp=2, inst=8, engine="sglang"),
                      "INFERENCE_ENGINE: the plan is data-parallel (8 instances of tp x pp = 2 GPU(s), each fits a "
                      "node), but SGLang puts several instances behind one endpoint through its router (sgl-router), "
-                     "which the launcher does not start; hint: INFERENCE_MODE=replicas for one SGLang server per node "
-                     "(an endpoint each), or INFERENCE_ENGINE=vllm", id="sglang-data-parallel"),
+                     "not through a data-parallel launch; hint: INFERENCE_MODE=replicas and ROUTER=smg for one SGLang "
+                     "server per node behind one router URL, or INFERENCE_ENGINE=vllm", id="sglang-data-parallel"),
         pytest.param(keys(nodes=2, gpn=8, tp=16, backend="ray", engine="sglang"),
                      "INFERENCE_ENGINE: the plan is ray (DISTRIBUTED_BACKEND=ray), but SGLang has no Ray executor: it "
                      "spans nodes with its own rendezvous (--nnodes, --dist-init-addr); hint: set "

@@ -36,9 +36,9 @@ ENGINE_SHAPES: dict[str, tuple[str, ...]] = {
 }
 _SGLANG_WHY = {
     "data-parallel": ("SGLang puts several instances behind one endpoint through its router (sgl-router), "
-                      "which the launcher does not start",
-                      "INFERENCE_MODE=replicas for one SGLang server per node (an endpoint each), "
-                      "or INFERENCE_ENGINE=vllm"),
+                      "not through a data-parallel launch",
+                      "INFERENCE_MODE=replicas and ROUTER=smg for one SGLang server per node behind one router "
+                      "URL, or INFERENCE_ENGINE=vllm"),
     "ray": ("SGLang has no Ray executor: it spans nodes with its own rendezvous (--nnodes, --dist-init-addr)",
             "set DISTRIBUTED_BACKEND= (empty): SGLang then uses its own rendezvous"),
     "gateway": ("the Ray Serve gateway starts a vllm serve with the Ray executor for each instance; SGLang has "
