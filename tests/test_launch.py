@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from envlayers.errors import KeyValueError
 from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
 from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
@@ -520,7 +521,7 @@ def test_stall_detector_off_with_zero(tmp_path):
 
 @pytest.mark.parametrize("value", ["15m", "-1", "1.5"])
 def test_a_stall_window_that_is_not_whole_seconds_stops_the_launch_naming_the_key(tmp_path, value):
-    with pytest.raises(LaunchFailure, match=rf"STARTUP_STALL_S='{re.escape(value)}': not a whole number of seconds"):
+    with pytest.raises(KeyValueError, match=rf"^STARTUP_STALL_S: must be a whole number of seconds, got '{re.escape(value)}'; hint"):
         prepare({**PIPELINE, "STARTUP_STALL_S": value}, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
 
 

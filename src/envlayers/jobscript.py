@@ -30,7 +30,6 @@ READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
 MASTER_REF = "${ENVLAYERS_MASTER_ADDR}"
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 MAX_SERVE_TIME_S = 365 * 86400  # SERVE_TIME's bound where Slurm cannot be asked for the partition's MaxTime
-_SECONDS_RE = re.compile(r"[0-9]+\Z")
 # Slurm partition names, a comma-separated list of them allowed (sbatch -p a,b)
 _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -182,13 +181,12 @@ def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=Non
 
 def ready_timeout_s(env: Mapping[str, str]) -> int:
     """AGENT_READY_TIMEOUT_SECONDS, else VLLM_READY_TIMEOUT_SECONDS, else the default (empty counts as unset)."""
+    from . import keys
+
     for key in READY_KEYS:
-        value = env.get(key)
-        if value:
-            if not _SECONDS_RE.match(value.strip()) or int(value) <= 0:
-                raise EnvLayersError(f"must be a positive number of seconds, got {value!r}", where=key,
-                                     hint=f"e.g. {DEFAULT_READY_TIMEOUT_S}")
-            return int(value)
+        value = keys.value(env, key)
+        if value is not None:
+            return value
     return DEFAULT_READY_TIMEOUT_S
 
 
@@ -214,7 +212,7 @@ def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str],
 def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, time: str = DEFAULT_TIME,
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: Mapping[str, str] | None = None) -> JobSubmission:
-    from . import engines, topology
+    from . import engines, keys, topology
     from .layers import LaunchSources, merge, refuse_secrets, stack_sources
     from .shell import render
     from .durations import parse_duration  # not .slurm: a dry run does not need subprocess
@@ -224,10 +222,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file))
     env = merge(sources, target)
     refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
-    plan = topology.plan(env.text(), topology.stacking(sources, env))
+    plan = topology.plan(keys.located(env), topology.stacking(sources, env))
     env = with_plan_parallelism(env, plan)  # a PP the plan derived is the job's PP too
     env_text = render(env, "sh", with_header=False)
-    text = env.text()
+    text = keys.located(env)  # key -> text, and the file:line each key's errors name
+    keys.check(text)  # a bad value of a key the job reads is refused here, not after the allocation
     build_env = dict(text)
     warnings = shell_overridden_warnings(env, environ) + unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):

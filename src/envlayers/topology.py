@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Literal, Mapping, NamedTuple
 
-from envlayers.errors import TopologyError
+from envlayers.errors import KeyValueError, TopologyError
 from envlayers import topology_checks as chk
 from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner's public names)
     BACKENDS,
@@ -170,7 +170,7 @@ def _tp_pp(env: Mapping[str, str], nodes: int, gpn: int, instances: int) -> chk.
             return None
         try:
             return chk.count(env, key, None)
-        except TopologyError:
+        except KeyValueError:
             return None
 
     guess = chk.derive(nodes, gpn, instances, given("TENSOR_PARALLEL_SIZE"), given("PIPELINE_PARALLEL_SIZE"))
