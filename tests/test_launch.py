@@ -580,6 +580,14 @@ def test_a_failed_launch_records_the_reason_and_code(tmp_path):
     assert abs(end["ended_at"] - __import__("time").time()) < 60
 
 
+def test_a_bad_launch_key_in_the_job_is_an_error_line_naming_the_key_not_a_launcher_crash(tmp_path):
+    proc = run_main(tmp_path, "    from envlayers.launch.health import health_settings\n"
+                              "    health_settings({'HEALTH_FAIL_AFTER_S': '5m'})")
+    assert proc.returncode == 1
+    assert "ENVLAYERS-ERROR: HEALTH_FAIL_AFTER_S: must be a whole number of seconds, got '5m'; hint: " in proc.stdout
+    assert "launcher failed" not in proc.stdout
+
+
 def test_a_failed_launch_quotes_each_ranks_root_cause_from_far_up_its_log(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

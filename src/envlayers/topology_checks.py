@@ -20,12 +20,13 @@ MODES: tuple[str, ...] = ("single", "pipeline", "replicas")
 BACKENDS: tuple[str, ...] = ("native", "ray")
 """Valid values of ``DISTRIBUTED_BACKEND``."""
 
-DEFAULT_NODES = 1
-DEFAULT_GPUS_PER_NODE = 4
-DEFAULT_INSTANCES = 1
-DEFAULT_SERVER_PORT = 8000
-DEFAULT_RDZV_PORT = 29500
-DEFAULT_DP_RPC_PORT = 13345
+# the defaults the planner names in its messages: the table's (envlayers.keys)
+DEFAULT_NODES = keys.BY_NAME["INFERENCE_NODES"].default
+DEFAULT_GPUS_PER_NODE = keys.BY_NAME["GPUS_PER_NODE"].default
+DEFAULT_INSTANCES = keys.BY_NAME["NUMBER_OF_INSTANCES"].default
+DEFAULT_SERVER_PORT = keys.BY_NAME["SERVER_PORT"].default
+DEFAULT_RDZV_PORT = keys.BY_NAME["RDZV_PORT"].default
+DEFAULT_DP_RPC_PORT = keys.BY_NAME["DATA_PARALLEL_RPC_PORT"].default
 
 SHAPES: tuple[str, ...] = ("single", "pipeline", "replicas", "data-parallel", "ray", "gateway")
 

@@ -87,11 +87,10 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
     job_id = environ.get("SLURM_JOB_ID", "0")
     names = slurm.hostnames(environ.get("SLURM_JOB_NODELIST", ""))
     left = slurm.remaining_s(job_id) if environ.get("SLURM_JOB_ID") else None
-    from ..topology import DEFAULT_RDZV_PORT
+    from .. import keys
     from .prepare import RDZV_SCAN_PORTS
 
-    rdzv = environ.get("RDZV_PORT", "").strip()
-    start = int(rdzv) if rdzv.isdigit() and 0 < int(rdzv) < 65536 else DEFAULT_RDZV_PORT
+    start = keys.value(launch_keys(environ), "RDZV_PORT")  # a bad value: the same error the plan gives
     return Allocation(job_id=job_id, run_dir=run_dir, nodes=resolve_nodes(names),
                       cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
                       restart=restart_count(environ), ifaces=fabric.local_ipv4(),
