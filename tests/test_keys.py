@@ -270,3 +270,11 @@ def test_in_the_job_a_bad_budget_ends_the_launch_instead_of_the_default(tmp_path
     launch = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "m", "VLLM_SERVED_MODEL": "s", name: "soon"}
     with pytest.raises(KeyValueError, match=rf"^{name}: must be a positive number of seconds, got 'soon'"):
         prepare(launch, Allocation("1", tmp_path, (Node("n1", "10.0.0.1", True),)))
+
+
+@pytest.mark.parametrize("env, want", [
+    pytest.param({}, None, id="absent"), pytest.param({"INFERENCE_ENGINE": " "}, None, id="empty"),
+    pytest.param({"INFERENCE_ENGINE": " vllm "}, "vllm", id="stripped"),
+])
+def test_a_text_key_reads_as_its_stripped_text_or_none(env, want):
+    assert keys.text(env, "INFERENCE_ENGINE") == want

@@ -274,7 +274,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if limit_s and budget > limit_s:
         warnings.append(f"readiness budget {budget}s exceeds the time limit {time}; the job clamps it to 90% "
                         "of the time left")
-    partition = _partition(env, text)
+    partition = _partition(text)
     script = job_script(
         job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
@@ -307,13 +307,14 @@ def with_plan_parallelism(env: Env, plan: Plan) -> Env:
     return Env(env.target, env.sources, bindings)
 
 
-def _partition(env: Env, text: Mapping[str, str]) -> str:
-    b = env.bindings.get("SLURM_PARTITION")
-    value = text.get("SLURM_PARTITION") or ""
+def _partition(text: Mapping[str, str]) -> str:
+    """``SLURM_PARTITION``: absent or empty -> "" (no ``--partition``), else a checked list of names."""
+    from . import keys
+
+    value = text.get("SLURM_PARTITION", "")
     if value and not _PARTITION_RE.match(value):
-        raise EnvLayersError(f"SLURM_PARTITION {_shown(value)} is not a partition name",
-                             where=str(b.origin) if b else "SLURM_PARTITION",
-                             hint="letters, digits, '.', '_' and '-', several separated by commas (no $ or spaces)")
+        raise keys.error(text, "SLURM_PARTITION", f"{_shown(value)} is not a partition name",
+                         hint="letters, digits, '.', '_' and '-', several separated by commas (no $ or spaces)")
     return value
 
 

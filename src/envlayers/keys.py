@@ -352,6 +352,12 @@ def value(env: Mapping[str, str], name: str, default: object = _UNSET, *, shown:
     return parsed
 
 
+def text(env: Mapping[str, str], name: str) -> str | None:
+    """A text key whose absence and emptiness mean the same (nothing): its stripped text, or ``None``."""
+    raw = env.get(BY_NAME[name].name)
+    return raw.strip() or None if raw is not None else None
+
+
 def _word(v: object) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 

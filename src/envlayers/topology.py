@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Literal, Mapping, NamedTuple
 
 from envlayers.errors import KeyValueError, TopologyError
+from envlayers import keys
 from envlayers import topology_checks as chk
 from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner's public names)
     BACKENDS,
@@ -234,7 +235,7 @@ def plan(env: Mapping[str, str], layered: Stacking | None = None) -> Plan:
     dp_port = chk.port(env, "DATA_PARALLEL_RPC_PORT", DEFAULT_DP_RPC_PORT)
     backend = chk.backend(env)
     ray_serve = chk.use_ray_serve(env)
-    engine = (env.get("INFERENCE_ENGINE") or "").strip() or None
+    engine = keys.text(env, "INFERENCE_ENGINE")
     derived = tuple(f"{name}={value} ({why})" for name, value, why in
                     (("tp", tp, par.tp_derived), ("pp", pp, par.pp_derived)) if why)
     if (layered is not None and layered.nodes_above and par.pp_derived is None and mode != "replicas"

@@ -191,7 +191,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
     # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
-    if (keys.get("CONTAINER_RUNTIME") or "").strip() == "podman":
+    if keytable.text(keys, "CONTAINER_RUNTIME") == "podman":
         from ..runtimes.podman import container_name, rank_wrappers
 
         wrappers, podman_lines = rank_wrappers(keys, plan, alloc.job_id, commands)

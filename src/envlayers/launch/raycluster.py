@@ -69,7 +69,7 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     if plan.shape == "gateway":
         minimum, grace = min_replicas, replace_timeout_s(env, budget_s)
     # the gateway's replicas read the endpoint's key from its file (0600): Ray's processes never carry it
-    key_file = (env.get("SERVER_API_KEY_FILE") or "").strip()
+    key_file = keys.text(env, "SERVER_API_KEY_FILE")
     key_words = ["--api-key-file", key_file] if key_file else []
     common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes),
               "--auth-token-file", str(run_dir / TOKEN_FILE)]
