@@ -278,3 +278,9 @@ def test_in_the_job_a_bad_budget_ends_the_launch_instead_of_the_default(tmp_path
 ])
 def test_a_text_key_reads_as_its_stripped_text_or_none(env, want):
     assert keys.text(env, "INFERENCE_ENGINE") == want
+
+
+def test_no_hint_asks_to_delete_a_key():
+    """A layer can set a key (empty too) but never unset one a lower layer sets."""
+    hints = [k.hint for k in keys.KEYS if k.hint] + [keys._hint(k, None) for k in keys.KEYS]
+    assert [h for h in hints if any(w in h.lower() for w in ("delete", "unset", "remove"))] == []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from typing import Callable, Mapping
 
 from .defaults import DEFAULT_READY_TIMEOUT_S
@@ -401,6 +400,8 @@ def render_markdown(template: str | None = None) -> str:
     """docs/keys.md: the hand-written prose of ``data/keys-doc.md`` with the tables generated from
     :data:`KEYS`, one per ``@@keys <section>@@`` line. Every key of the table is on the page exactly once."""
     if template is None:
+        from importlib import resources
+
         template = resources.files("envlayers").joinpath("data", DOC_TEMPLATE).read_text(encoding="utf-8")
     lines = template.split("\n")
     out, seen = [], set()
