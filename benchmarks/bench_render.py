@@ -8,7 +8,9 @@ wall clock, and beside it the CPU time of the process, which other work on a sha
 - `env_layers render experiment:glm53`, as a ratio to `python3 -c pass` (goal: <= 5x);
 - `env_layers serve --model glm53 --dry-run` from the repository root (what `SUBMIT=0 cluster/serve-only.sbatch`
   runs), as a ratio to `python3 -c pass` (goal: <= 8x);
-- bash sourcing the same layer files under `set -a`, for scale.
+- bash sourcing the same layer files under `set -a`, for scale;
+- the floor the libraries set: importing click and PyYAML (what every render uses), and Jinja2 besides
+  (what every dry run uses, for the job script's template), nothing of envlayers.
 `env_layers` is the console script beside PYTHON (default: this interpreter), else `PYTHON -m envlayers`.
 --imports adds where the dry run's imports go: `python3 -X importtime`'s cumulative time of each module the
 dry run imports at the top level (medians of 5 runs; -X importtime inflates every figure alike).
@@ -68,6 +70,8 @@ def process_figures(runs: int, python: str) -> None:
         "env_layers serve --model glm53 --dry-run": ([*cli, "serve", "--model", "glm53", "--dry-run"], ENV),
         "bash: set -a; . layers (no merge, no provenance)":
             (["bash", "-c", f"set -a; for f in {layers}; do . $f; done"], ENV),
+        "floor of a render: import click, yaml": ([python, "-c", "import click, yaml"], ENV),
+        "floor of a dry run: import click, yaml, jinja2": ([python, "-c", "import click, yaml, jinja2"], ENV),
     }
     for argv, env in cases.values():  # warm-up: writes the bytecode cache, fills the page cache
         run_once(argv, env)

@@ -143,6 +143,17 @@ def test_node_script_keeps_only_the_lines_that_say_how_the_forward_went(tmp_path
         "Error: remote port forwarding failed for listen port 8001"]
 
 
+def test_a_hostile_remote_bind_in_the_takeover_script_stays_text(tmp_path):
+    canary = tmp_path / "canary"
+    env = _fake_ssh(tmp_path, 'case " $* " in *" check "*) exit 0 ;; *" forward "*) exit 1 ;; *) sleep 5 ;; esac\n')
+    bind = f"\"$(touch {canary})`touch {canary}`'"
+    spec = TunnelSpec("5", "n1", 8000, gw.Gateway("me@gw"), bind, 8001, takeover=True, takeover_wait_s=0)
+    proc = subprocess.run(["bash", "-c", spec.node_script()], input="recorded\n", capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert not canary.exists()
+    assert proc.returncode == 1 and f"ENVLAYERS-TUNNEL: {bind}:8001 is still held after 0s; giving up" in proc.stdout
+
+
 def test_keep_alive_restarts_a_dropped_ssh_a_bounded_number_of_times(tmp_path):
     count = tmp_path / "starts"
     env = _fake_ssh(tmp_path, f"echo x >> {count}; exit 255\n")
@@ -530,7 +541,8 @@ def _info(states: dict[str, str]):
 
 
 def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
-    from envlayers.access.chain import chain_links, moved_line, newest_live
+    from envlayers.access.chain import chain_links, newest_live
+    from envlayers.cli.access_format import moved_line
 
     first = _link(tmp_path, "41", "42", live=True, ended=True)
     _link(tmp_path, "42", "43", live=True)

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from envlayers.bench import load, report
 from envlayers.cli import cli
+from envlayers.cli.bench_format import format_bench
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -160,7 +161,7 @@ def test_failed_requests_are_counted_with_their_reason(engines):
     assert summary["error_kinds"][0]["count"] == 6
     assert summary["error_kinds"][0]["error"].startswith("HTTP 404: The model `no-such-model` does not exist")
     assert summary["requests_per_s"] == 0 and summary["ttft_s"]["p50"] is None
-    assert "6 failed: HTTP 404" in report.format_table(report.report(s, [load.run_level(s, 1)],
+    assert "6 failed: HTTP 404" in format_bench(report.report(s, [load.run_level(s, 1)],
                                                                      {"base_url": e.url, "model": "x"}))
 
 
@@ -247,7 +248,7 @@ def test_a_stream_that_stalls_after_two_chunks_is_reported_as_stalled_mid_stream
         assert "TimeoutError" not in sample.error and "no answer" not in sample.error
         silent_s = float(sample.error.rsplit("then nothing for ", 1)[1].rstrip("s"))
         assert silent_s >= 0.9  # the read timeout (1 s) after the last chunk, give or take the rounding
-    table = report.format_table(report.report(s, [run], {"base_url": server.url, "model": SERVED}))
+    table = format_bench(report.report(s, [run], {"base_url": server.url, "model": SERVED}))
     assert "failed: stalled mid-stream: 2 chunks in " in table
 
 
@@ -366,7 +367,7 @@ def test_no_usage_in_the_stream_leaves_the_prompt_count_unknown(tokenizing_engin
     assert data["levels"][0]["prompt_tokens"] == {"p50": None, "min": None, "max": None, "reported": 0}
     assert data["prompt"]["tokens_counted_p50"] is None and data["prompt"]["words_asked"] == 10
     assert "10 words asked (--input-tokens is a length in words); the engine reported no prompt token count" \
-        in report.format_table(data)
+        in format_bench(data)
 
 
 @pytest.mark.parametrize("words", [1, 2, 37])
@@ -408,7 +409,7 @@ def test_generator_cpu_counts_the_work_done_in_the_generator(engines, monkeypatc
     summary = report.summarize(load.run_level(s, 2))
     assert summary["ok"] == 4
     assert summary["generator_cpu_s_per_request"] >= 0.06
-    assert "gen CPU" in report.format_table(report.report(s, [load.run_level(s, 1)],
+    assert "gen CPU" in format_bench(report.report(s, [load.run_level(s, 1)],
                                                           {"base_url": e.url, "model": SERVED}))
 
 

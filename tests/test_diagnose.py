@@ -93,7 +93,8 @@ POSITIVE = [
     pytest.param("vllm-fs-enotconn.log", "container-fs-freeze", "vllm-fs-enotconn.log:8",
                  {"container-fs-freeze"}, id="container-fs-freeze-mount-gone"),
     pytest.param("launcher-run-dir-full.out", "run-dir-unwritable", "launcher-run-dir-full.out:2",
-                 {"run-dir-unwritable"}, id="run-dir-unwritable"),
+                 {"run-dir-unwritable"}, id="run-dir-unwritable"),    pytest.param("launcher-engine-core-lost.out", "engine-core-lost", "launcher-engine-core-lost.out:4",
+                 {"engine-core-lost"}, id="engine-core-lost"),
 ]
 
 

@@ -232,6 +232,16 @@ def test_valid_source_loads(tmp_path):
     assert edf.edf_name("r", "replicas", tmp_path) == "test-r-latest-intranode"
 
 
+def test_sources_that_say_the_same_on_other_lines_are_equal(tmp_path):
+    from dataclasses import FrozenInstanceError, replace
+
+    src = edf.load_catalog(_root(tmp_path, VALID))["r"]
+    assert src.lines and replace(src, lines={}) == src and "lines" not in repr(src)
+    assert replace(src, remote_image="other:1") != src
+    with pytest.raises(FrozenInstanceError):
+        src.role = "x"
+
+
 EDF_KEYS_HINT = "Container Engine EDF keys are: base_environment, image, workdir, entrypoint, writable, mounts, env, annotations"
 PIN_HINT = (
     "pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>); "

@@ -13,7 +13,8 @@ import pytest
 from envlayers.launch.health import HealthSettings, HealthWatch, get_health, health_settings, health_url
 from envlayers.errors import KeyValueError
 from envlayers.launch.prepare import LaunchFailure, Node, min_replicas, prepare
-from envlayers.launch.replicas import ReplicaSteps, Survivors, dead_ranks, release_node, replica_srun, survives
+from envlayers.launch.replicas import ReplicaSteps, Survivors, dead_ranks, release_node, survives
+from envlayers.slurm import one_node_step_argv
 from envlayers.launch.supervise import Supervisor
 from envlayers.readiness import Probe
 from test_launch import PIPELINE, SINGLE_VLLM, Clock, Step, alloc, exited, started
@@ -53,7 +54,7 @@ def test_min_replicas_defaults_to_one():
 def test_each_replica_gets_its_own_one_node_step(tmp_path):
     lp = prepare(REPLICAS, alloc(tmp_path, nodes=NODES3))
     assert survives(lp) and not survives(prepare(PIPELINE, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"})))
-    argv = replica_srun(lp.srun, "n2")
+    argv = one_node_step_argv(lp.srun, "n2")
     assert argv[:5] == ["srun", "--nodes=1", "--nodelist=n2", "--ntasks=1", "--ntasks-per-node=1"]
     assert argv[-2:] == ["bash", str(tmp_path / "ranks.sh")]
     started_with = []
@@ -404,7 +405,7 @@ def test_status_and_wait_show_which_replicas_are_alive():
 
 # --------------------------------------------------------------------------- successors
 
-from envlayers.slurm import _split_keyvalues  # noqa: E402
+from envlayers.slurm import parse_job_fields  # noqa: E402
 
 
 @pytest.mark.parametrize("limit, startup, minutes", [
@@ -456,7 +457,7 @@ def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
         return subprocess.CompletedProcess(argv, 0, "57\n", "")
 
     chain = Chain("41", run_dir, 2, 30, say=said.append, environ={"SLURM_JOB_ID": "41", "SLURM_CONF": "/c"},
-                  clock=clock, run=run, job_fields=lambda job: _split_keyvalues(SCONTROL_41))
+                  clock=clock, run=run, job_fields=lambda job: parse_job_fields(SCONTROL_41))
     chain.tick()  # nothing submitted yet: nothing to do
     chain.went_live(10.0)
     assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", "--partition=mi200",
@@ -483,9 +484,9 @@ def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
     pytest.param({}, [], id="slurm-said-nothing"),
 ])
 def test_the_successor_keeps_what_slurm_runs_the_job_with(fields, options):
-    from envlayers.launch.successor import kept_options
+    from envlayers.slurm import resubmit_options
 
-    assert kept_options(fields) == options
+    assert resubmit_options(fields) == options
 
 
 def test_a_per_job_key_passes_down_the_chain(tmp_path):

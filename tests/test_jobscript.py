@@ -323,6 +323,8 @@ def _run_env_part(script: str, tail: str, env: dict[str, str], tmp_path: Path) -
 @pytest.mark.parametrize("snippet, x", [
     pytest.param("{{ x }}", "a", id="bare-variable"),
     pytest.param("{{ x ~ '' }}", "a", id="bare-expression"),
+    pytest.param("{{ x|sh ~ '' }}", "a", id="expression-on-a-quoted-value"),
+    pytest.param("{{ 'text' }}", "a", id="constant"),
     pytest.param("{{ x|upper }}", "a", id="unknown-filter"),
     pytest.param("{{ y|sh }}", "a", id="value-not-given"),
     pytest.param("{{ x|sh(x) }}", "a", id="argument-to-a-plain-filter"),
@@ -331,34 +333,40 @@ def _run_env_part(script: str, tail: str, env: dict[str, str], tmp_path: Path) -
     pytest.param("# {{ x|comment }}", "a\necho pwned", id="newline-in-comment"),
     pytest.param("# {{ x|comment }}", "a\recho", id="carriage-return-in-comment"),
     pytest.param("X={{ x|sh }}", "a\0b", id="nul-in-word"),
+    pytest.param("{{ x|words }}", "echo pwned", id="text-as-words"),
     pytest.param("{{ x|code }}", "echo pwned", id="plain-text-as-code"),
     pytest.param("{{ x|num }}", "4", id="text-as-number"),
     pytest.param("{{ x|num }}", True, id="bool-as-number"),
+    pytest.param("export {{ x|ident }}=1", "A;touch pwned", id="text-as-variable-name"),
+    pytest.param("{{ x|sh }", "a", id="malformed-place"),
 ])
 def test_the_template_refuses_text_outside_a_filter_or_unfit_for_it(snippet, x):
     from envlayers.jobscript import ScriptTextError
-    from envlayers.jobtext import fill
+    from envlayers.scripttext import render_text
 
     with pytest.raises(ScriptTextError):
-        fill(snippet, {"x": x})
+        render_text(snippet, x=x)
 
 
 def test_a_value_that_looks_like_a_place_stays_text():
-    from envlayers.jobtext import Code, fill
+    from envlayers.scripttext import Code, render_text
 
     values = {"x": "{{ y|code }} $(touch pwned)", "y": Code("echo pwned"), "d": Code("EOF")}
-    assert fill("A={{ x|sh }}", values) == "A='{{ y|code }} $(touch pwned)'"
-    assert fill("{{ x|heredoc(d) }}{{ d|code }}", values) == "{{ y|code }} $(touch pwned)EOF"
+    assert render_text("A={{ x|sh }}", **values) == "A='{{ y|code }} $(touch pwned)'"
+    assert render_text("{{ x|heredoc(d) }}{{ d|code }}", **values) == "{{ y|code }} $(touch pwned)EOF"
+    assert render_text("set -- {{ w|words }}", w=["a b", "$x", ""]) == "set -- 'a b' '$x' ''"
 
 
-def test_every_place_of_the_job_script_names_a_filter():
+@pytest.mark.parametrize("name", ["serve-only.sh.j2", "ranks.sh.j2", "tunnel.sh.j2"])
+def test_every_place_of_a_script_template_names_a_filter(name):
     import re
 
-    from envlayers import jobtext
+    from envlayers import scripttext
 
-    places = [m for piece in jobtext.PIECES for m in re.findall(r"\{\{(.*?)\}\}", piece)]
-    assert places and all(re.fullmatch(r" [a-z_]+\|(sh|comment|num|code|heredoc\(delimiter\)) ", p) for p in places)
-    assert not any(mark in piece for piece in jobtext.PIECES for mark in ("{%", "{#"))
+    text = (Path(scripttext.__file__).parent / "templates" / name).read_text()
+    places = re.findall(r"\{\{(.*?)\}\}", text)
+    assert places and all(re.fullmatch(r" [a-z_.]+\|(sh|words|comment|num|ident|code|heredoc\(delimiter\)) ", p)
+                          for p in places), places
 
 
 def test_partition_with_a_newline_is_refused_with_file_line(tmp_path, edf_dir):
@@ -497,3 +505,5 @@ def test_job_submissions_of_the_same_target_are_equal(edf_dir):
     job, again = (prepare(REPO, "qwen38", python=PY, environ=edf_dir) for _ in range(2))
     assert job == again and job is not again and job != prepare(REPO, "oss120b", python=PY, environ=edf_dir)
     assert repr(job).startswith("JobSubmission(target='experiment:qwen38', sbatch_args=['--nodes=1'")
+    with pytest.raises(AttributeError):  # frozen: what the dry run showed is what is submitted
+        job.script = ""

@@ -16,8 +16,9 @@ import pytest
 from envlayers.errors import KeyValueError
 from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
-from envlayers.launch.prepare import (Allocation, LaunchFailure, Node, launch_keys, prepare, srun_argv,
-                                      srun_dry_line)
+from envlayers.launch.prepare import Allocation, LaunchFailure, Node, launch_keys, prepare
+from envlayers.jobscript import srun_dry_line
+from envlayers.slurm import ranks_step_argv
 from envlayers.launch.ranks import rank_script
 from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S, Supervisor
 from envlayers.readiness import Endpoint, Probe
@@ -41,9 +42,9 @@ def alloc(tmp_path: Path, nodes=(N1, N2), **kw) -> Allocation:
     (None, []),
 ], ids=["container-engine", "runtime-none"])
 def test_srun_line_has_one_task_per_node_every_cpu_and_the_edf(edf, want):
-    assert srun_argv(2, "192", edf, "/r/ranks.sh") == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                                                       "--cpus-per-task=192", "--kill-on-bad-exit=1", *want,
-                                                       "bash", "/r/ranks.sh"]
+    assert ranks_step_argv(2, "192", edf, "/r/ranks.sh") == ["srun", "--nodes=2", "--ntasks=2",
+                                                             "--ntasks-per-node=1", "--cpus-per-task=192",
+                                                             "--kill-on-bad-exit=1", *want, "bash", "/r/ranks.sh"]
 
 
 def test_the_dry_run_srun_line_is_the_jobs_with_the_cpu_count_left_to_the_job(tmp_path):
@@ -359,6 +360,19 @@ def test_a_lone_exit_is_blamed_once_the_settle_time_passed(tmp_path):
     with pytest.raises(LaunchFailure, match="rank 1 on n2 exited with code 3"):
         sup.run()
     assert 1000 + 5 + EXIT_SETTLE_S <= clock.t <= 1000 + 5 + EXIT_SETTLE_S + 2 * POLL_S
+
+
+@pytest.mark.parametrize("code, at_once", [("137", True), ("139", True), ("134", True), ("143", False),
+                                           ("130", False), ("3", False), ("1", False)])
+def test_a_rank_killed_by_a_signal_is_blamed_at_once_others_after_the_settle_time(tmp_path, code, at_once):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step)
+    started(tmp_path, 0), started(tmp_path, 1)
+    clock.at(5, lambda: exited(tmp_path, 1, int(code), 10.0))
+    with pytest.raises(LaunchFailure, match=f"rank 1 on n2 exited with code {code}"):
+        sup.run()
+    waited = clock.t - 1000 - 5
+    assert (waited <= 2 * POLL_S) if at_once else (EXIT_SETTLE_S <= waited <= EXIT_SETTLE_S + 2 * POLL_S)
 
 
 @pytest.mark.parametrize("rank_start", [3, 12])

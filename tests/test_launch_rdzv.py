@@ -4,6 +4,8 @@ is printed and reaches every rank's command; none free ends the launch before sr
 from __future__ import annotations
 
 import socket
+import time
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,34 @@ def test_ports_in_use_sees_a_real_listener():
         port = held.getsockname()[1]
         assert port in ports_in_use(port, 1)
     assert port not in ports_in_use(port, 1)
+
+
+def test_a_port_whose_last_connection_lingers_in_time_wait_is_free():
+    # the server side closes first, as Ray's GCS or a TCP store does when a job ends: its socket stays in
+    # TIME_WAIT for a minute, during which a new listener binds the port fine, since both set SO_REUSEADDR
+    # (as gRPC and torch's TCP store do)
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        server_side, _ = listener.accept()
+        server_side.close()  # the active close: TIME_WAIT on the server's port
+        client.recv(1)
+        client.close()
+    deadline = time.monotonic() + 30
+    while tcp_states(port) != {"06"} and time.monotonic() < deadline:  # the server's socket reaches TIME_WAIT
+        time.sleep(0.01)
+    assert tcp_states(port) == {"06"}
+    assert port not in ports_in_use(port, 1)
+
+
+def tcp_states(port: int) -> set[str]:
+    """The states (/proc/net/tcp's hex codes; 06 is TIME_WAIT) of the sockets bound locally to ``port``."""
+    states = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if int(local.split(":")[1], 16) == port:
+            states.add(state)
+    return states

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envlayers.ops.report import build_report, parse_sacct, parse_since
+from envlayers.ops.report import build_report, parse_since
+from envlayers.slurm import parse_window
 
 SACCT = (Path(__file__).parent / "data" / "report" / "sacct-accounting-lab.txt").read_text()
 NOW = datetime.fromisoformat("2026-12-02T19:00:00").timestamp()
@@ -43,7 +44,7 @@ def fake_sacct(text: str, rc: int = 0, err: str = ""):
 
 
 def test_parse_sacct_recorded_output():
-    jobs = {j.job_id: j for j in parse_sacct(SACCT)}
+    jobs = {j.job_id: j for j in parse_window(SACCT)}
     assert (jobs["1001"].gpus, jobs["1001"].elapsed_s, jobs["1001"].state) == (4, 2, "COMPLETED")
     assert jobs["1000"].gpus is None  # no gres/gpu in AllocTRES: the lab before AccountingStorageTRES=gres/gpu
     assert jobs["1002"].end is None and jobs["1002"].nodes == 2 and jobs["1003"].state == "CANCELLED"

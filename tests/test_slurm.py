@@ -376,9 +376,13 @@ def test_run_timeout_is_a_slurm_error():
 
 def test_public_names():
     assert sorted(slurm.__all__) == sorted([
-        "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs", "parse_duration",
-        "parse_partitions", "parse_scontrol_job", "partition_max_times", "remaining_s", "run", "submit",
-        "unreachable"])
+        "RESUBMIT_OPTIONS", "TERMINAL_STATES", "WINDOW_FIELDS", "JobInfo", "SacctJob", "cancel",
+        "dependent_sbatch_argv", "format_time_limit", "hostnames", "job_fields", "job_info", "list_jobs",
+        "one_node_step_argv", "overlap_step_argv", "parse_duration", "parse_job_fields", "parse_parsable",
+        "parse_partitions", "parse_scontrol_job", "parse_window", "partition_max_times", "ranks_step_argv",
+        "remaining_s", "resubmit_options", "run", "sbatch_argv", "shrink_argv", "step_listed", "submit",
+        "unreachable", "window_argv", "window_jobs"])
+    assert all(hasattr(slurm, name) for name in slurm.__all__)
 
 
 def test_parse_partitions_reads_name_default_and_maxtime():
@@ -397,3 +401,79 @@ def test_format_duration_is_what_parse_duration_reads(seconds, text):
     from envlayers.durations import format_duration
 
     assert format_duration(seconds) == text and slurm.parse_duration(text) == seconds
+
+
+# ------------------------------------------------------------------ builders and calls other modules make
+
+
+def fake_run(stdout: str = "", rc: int = 0, stderr: str = ""):
+    calls = []
+
+    def run(argv, **kw):
+        calls.append((list(argv), kw))
+        return subprocess.CompletedProcess(argv, rc, stdout, stderr)
+
+    run.calls = calls
+    return run
+
+
+@pytest.mark.parametrize("seconds, text", [
+    pytest.param(600, "0:10:00", id="ten-minutes"),
+    pytest.param(3661, "1:01:01", id="hour-minute-second"),
+    pytest.param(93600, "26:00:00", id="past-a-day-in-hours"),
+])
+def test_format_time_limit(seconds, text):
+    assert slurm.format_time_limit(seconds) == text
+
+
+def test_dependent_sbatch_argv_names_the_script_file_last():
+    assert slurm.dependent_sbatch_argv("/r/41/job.sh", "after:41+7", 600, ["--partition=mi200"]) == [
+        "sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", "--partition=mi200", "/r/41/job.sh"]
+
+
+def test_sbatch_argv_without_a_script_reads_it_on_stdin():
+    assert slurm.sbatch_argv(["--nodes=2"]) == ["sbatch", "--parsable", "--nodes=2"]
+
+
+def test_resubmit_options_come_from_the_job_fields_slurm_set():
+    fields = slurm.parse_job_fields(SCONTROL_PENDING)
+    assert slurm.resubmit_options(fields) == ["--partition=mi300", "--chdir=/scratch/my runs"]
+
+
+def test_job_fields_are_empty_when_scontrol_refuses():
+    assert slurm.job_fields("9", run=fake_run(rc=1, stderr="Invalid job id specified")) == {}
+    run = fake_run(SCONTROL_RUNNING)
+    assert slurm.job_fields("1000", run=run)["Partition"] == "mi300"
+    assert run.calls[0][0] == ["scontrol", "show", "job", "-o", "1000"]
+
+
+def test_overlap_step_and_shrink_argv():
+    assert slurm.overlap_step_argv("9", "n1", ["true"], options=["--gres=none"]) == [
+        "srun", "--overlap", "--jobid=9", "--nodes=1", "--ntasks=1", "--nodelist=n1", "--gres=none", "true"]
+    assert slurm.shrink_argv("42", ["n1", "n3"]) == ["scontrol", "update", "JobId=42", "NodeList=n1,n3"]
+
+
+@pytest.mark.parametrize("stdout, rc, want", [
+    pytest.param("5.0\n5.1\n5.batch\n", 0, True, id="listed"),
+    pytest.param("5.0\n", 0, False, id="gone"),
+    pytest.param("", 1, None, id="slurm-did-not-answer"),
+])
+def test_step_listed(stdout, rc, want):
+    run = fake_run(stdout, rc)
+    assert slurm.step_listed("5.1", run=run) is want
+    assert run.calls[0][0] == ["squeue", "-h", "-s", "-j", "5", "-o", "%i"]
+
+
+def test_window_argv_and_the_error_when_sacct_cannot_tell():
+    argv = slurm.window_argv("serve-only", 0.0, "alice")
+    assert argv[:5] == ["sacct", "-X", "-P", "-n", "--name=serve-only"] and argv[-1] == "--user=alice"
+    assert slurm.window_argv("serve-only", 0.0, None)[-1] == "--allusers"
+    with pytest.raises(SlurmError, match="^sacct: error: Slurm accounting storage is disabled$"):
+        slurm.window_jobs("serve-only", 0.0, None, run=fake_run(rc=1, stderr="sacct: error: Slurm accounting "
+                                                                             "storage is disabled\n"))
+
+
+def test_run_takes_the_environment_and_directory_and_gives_no_stdin(tmp_path):
+    proc = slurm.run(["bash", "-c", 'echo "$WHO $SLURM_TIME_FORMAT $PWD"; cat'],
+                     env={"WHO": "me", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert proc.stdout == f"me standard {tmp_path}\n"  # cat read nothing: stdin is /dev/null

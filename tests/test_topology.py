@@ -415,12 +415,13 @@ def test_a_plan_uses_every_gpu_or_fits_its_node_or_is_refused(nodes, gpn, tp, pp
 
 def test_a_plan_is_an_immutable_value_whatever_its_reason_says():
     import pickle
+    from dataclasses import replace
 
     p = plan(keys(nodes=2, gpn=4, tp=8))
     assert p.reason and p.derived
-    said_otherwise = p._replace(reason="another reason", derived=())
+    said_otherwise = replace(p, reason="another reason", derived=())
     assert said_otherwise == p and hash(said_otherwise) == hash(p) and said_otherwise.reason == "another reason"
-    moved = p._replace(rdzv_port=p.rdzv_port + 1)
+    moved = replace(p, rdzv_port=p.rdzv_port + 1)
     assert moved != p and moved.rdzv_port == p.rdzv_port + 1 and moved.ranks == p.ranks
     back = pickle.loads(pickle.dumps(p))
     assert back == p and (back.reason, back.derived) == (p.reason, p.derived)
@@ -429,5 +430,5 @@ def test_a_plan_is_an_immutable_value_whatever_its_reason_says():
     with pytest.raises(AttributeError):
         p.tp = 4
     with pytest.raises(TypeError):
-        p._replace(no_such_field=1)
+        replace(p, no_such_field=1)
     assert p.tp == 8

@@ -5,10 +5,11 @@ target + options -> a :class:`JobSubmission` holding the sbatch arguments, the e
 the plan and the per-rank commands. The dry run prints a JobSubmission; a submission sends the
 same one's script to sbatch.
 
-The job script is built so that no text a user typed runs as code: its text lives in
-:mod:`envlayers.jobtext`, where every value goes through a filter (``sh`` quotes a shell word,
-``comment`` refuses a control character in a ``#`` line, ``num`` takes only an int, ``code`` takes
-only shell text this module built from checked names), and a value placed without one stops the render.
+The job script is built so that no text a user typed runs as code: its text is the jinja2 template
+templates/serve-only.sh.j2, rendered by :mod:`envlayers.scripttext`, where every value goes through a
+filter (``sh`` quotes a shell word, ``comment`` refuses a control character in a ``#`` line, ``num`` takes
+only an int, ``code`` takes only shell text this module built from checked names), and a value placed
+without one stops the render.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import os
 import re
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
-from .jobtext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, job_script, shown as _shown
+from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, render as _render, shown as _shown
 from .layers import Env, Unbound
 from .topology import Plan
 
@@ -35,47 +37,36 @@ _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+@dataclass(frozen=True)
 class JobSubmission:
     """One prepared job: the sbatch arguments, the script, the plan, the rank lines and what to tell the user.
 
     ``warnings``, ``blockers`` (shown by a dry run, refuse a real submission) and ``reasons`` (why the
-    shape, topology.reason_lines, then whether the weights fit: weights.fit) are lists of their own when
-    left out. Equal when every field is.
+    shape, topology.reason_lines, then whether the weights fit: weights.fit).
     """
 
-    _FIELDS = ("target", "sbatch_args", "script", "plan", "rank_lines", "topology", "edf", "ready_timeout_s",
-                 "warnings", "blockers", "reasons")
-
-    def __init__(self, target: str, sbatch_args: list[str], script: str, plan: Plan, rank_lines: list[str],
-                 topology: list[str], edf: str, ready_timeout_s: int, warnings: list[str] | None = None,
-                 blockers: list[str] | None = None, reasons: list[str] | None = None) -> None:
-        self.target = target
-        self.sbatch_args = sbatch_args
-        self.script = script
-        self.plan = plan
-        self.rank_lines = rank_lines
-        self.topology = topology
-        self.edf = edf
-        self.ready_timeout_s = ready_timeout_s
-        self.warnings = [] if warnings is None else warnings
-        self.blockers = [] if blockers is None else blockers
-        self.reasons = [] if reasons is None else reasons
-
-    def _values(self) -> tuple:
-        return tuple(getattr(self, name) for name in self._FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        return self._values() == other._values() if other.__class__ is self.__class__ else NotImplemented
-
-    def __repr__(self) -> str:
-        return f"JobSubmission({', '.join(f'{name}={getattr(self, name)!r}' for name in self._FIELDS)})"
+    target: str
+    sbatch_args: list[str]
+    script: str
+    plan: Plan
+    rank_lines: list[str]
+    topology: list[str]
+    edf: str
+    ready_timeout_s: int
+    warnings: list[str] = field(default_factory=list)
+    blockers: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
 
     def submit_command(self) -> str:
-        return shlex.join(["sbatch", "--parsable", *self.sbatch_args])
+        return shlex.join(self.sbatch_argv())
+
+    def sbatch_argv(self) -> list[str]:
+        """The sbatch line that submits :attr:`script` (on stdin)."""
+        from .slurm import sbatch_argv
+
+        return sbatch_argv(self.sbatch_args)
 
     def dry_run_text(self) -> str:
-        from .launch.srun import srun_dry_line
-
         delim = _delimiter(self.script, "ENVLAYERS_JOB")
         c = comment_text
         out = [
@@ -99,10 +90,21 @@ class JobSubmission:
 
     def to_json(self) -> dict:
         return {
-            "target": self.target, "sbatch": ["sbatch", "--parsable", *self.sbatch_args], "script": self.script,
+            "target": self.target, "sbatch": self.sbatch_argv(), "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
         }
+
+
+def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_per_node: int, shape: str,
+               sources, delimiter: _Code, env_text: str, edf: str, unbound: list, ready_timeout_s: int,
+               python: str, keys: str, image: str, devices: str) -> str:
+    """The job script: the sbatch header, the merged environment as a here-document, the checks of the
+    references the layers leave for the job, the launch keys, the run folder, and the launcher."""
+    return _render("serve-only.sh.j2", job_name=job_name, target=target, nodes=nodes, partition=partition,
+                   gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
+                   env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
+                   keys=keys, image=image, devices=devices)
 
 
 def comment_text(text: str) -> str:
@@ -466,3 +468,12 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], envi
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "
                         "(the job would fail at its first srun)")
     return name
+
+
+def srun_dry_line(nodes: int, edf: str | None) -> str:
+    """The srun step that starts the ranks (:func:`envlayers.slurm.ranks_step_argv`) as the dry run prints it:
+    the CPU count and the run directory are what the job fills in (``${SLURM_CPUS_ON_NODE}``, ``${RUN_DIR}``)."""
+    from .engines import quote
+    from .slurm import ranks_step_argv
+
+    return " ".join(quote(w) for w in ranks_step_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))

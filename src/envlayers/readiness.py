@@ -26,10 +26,8 @@ class Probe:
 
 def probe(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 2.0) -> Probe:
     """GET {base_url}/models once. ``base_url`` ends in /v1."""
-    import urllib.request
-
     url = base_url.rstrip("/") + "/models"
-    answer = _ask(urllib.request.Request(url, headers={"Accept": "application/json"}), api_key, timeout_s)
+    answer = _ask("GET", url, None, api_key, timeout_s)
     if isinstance(answer, Probe):
         return answer
     status, body = answer
@@ -47,13 +45,9 @@ def generates(base_url: str, served_name: str, api_key: str | None = None, timeo
     choice. ``status`` is the HTTP status of a refusal (the engine's own message in ``detail``), None when
     nothing answered within ``timeout_s``. A server can list its model and still fail here (an engine
     that dies on its first forward pass)."""
-    import urllib.request
-
     url = base_url.rstrip("/") + "/completions"
-    body = json.dumps({"model": served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}).encode()
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
-    answer = _ask(req, api_key, timeout_s, with_message=True)
+    body = {"model": served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    answer = _ask("POST", url, body, api_key, timeout_s, with_message=True)
     if isinstance(answer, Probe):
         return answer
     status, text = answer
@@ -66,33 +60,28 @@ def generates(base_url: str, served_name: str, api_key: str | None = None, timeo
     return Probe(url, True, status, "ok")
 
 
-def _ask(req, api_key: str | None, timeout_s: float, with_message: bool = False):
+def _ask(method: str, url: str, body: dict | None, api_key: str | None, timeout_s: float,
+         with_message: bool = False):
     """``(status, body)`` of one bounded request, or the not-ok Probe saying why there is none (the engine's
     own message from an error body, ``with_message``)."""
-    import urllib.error
-    import urllib.request
+    from . import httpclient
 
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read(1 << 20)
-    except urllib.error.HTTPError as err:
-        return Probe(req.full_url, False, err.code, f"HTTP {err.code}{_engine_message(err) if with_message else ''}")
-    except (urllib.error.URLError, OSError) as err:
-        return Probe(req.full_url, False, None, f"no answer: {getattr(err, 'reason', err)}")
+        answer = httpclient.request(method, url, timeout_s, json_body=body, api_key=api_key, limit=1 << 20,
+                                    error_limit=1 << 16)
+    except httpclient.HttpError as err:
+        if err.status is not None:
+            return Probe(url, False, err.status, f"HTTP {err.status}{_engine_message(err.body) if with_message else ''}")
+        return Probe(url, False, None, f"no answer: {err.reason}")
+    return answer.status, answer.body
 
 
-def _engine_message(err) -> str:
+def _engine_message(body: bytes) -> str:
     """``: <message>`` from an OpenAI-style error body, or ``""``."""
-    try:
-        data = json.loads(err.read(1 << 16))
-    except (ValueError, OSError):
-        return ""
-    message = data.get("error", data.get("message")) if isinstance(data, dict) else None
-    if isinstance(message, dict):
-        message = message.get("message")
-    return f": {' '.join(str(message).split())[:300]}" if message else ""
+    from .httpclient import engine_message
+
+    message = engine_message(body)
+    return f": {' '.join(message.split())[:300]}" if message else ""
 
 
 @dataclass

@@ -1,7 +1,13 @@
-"""Talking to Slurm: argv builders, pure parsers of Slurm's output, and one injectable runner.
+"""Talking to Slurm: every Slurm command line the project runs or prints, pure parsers of Slurm's
+output, and one injectable runner.
 
-Everything that touches Slurm goes through ``run`` (or a fake passed as ``run=``), so every other
-function here is testable by feeding text in. No policy lives here: callers decide what a state means.
+The argv builders cover the submission (``sbatch``, a successor's dependent ``sbatch``), the job's own
+steps (the ranks' ``srun``, one replica's, an ``srun --overlap`` step on one node for a tunnel or a
+``podman stop``), the running job (``scontrol update`` to shrink it, ``squeue -s`` for its steps) and
+what Slurm knows (``scontrol show``, ``squeue``, ``sacct``). Everything that touches Slurm goes through
+``run`` (or a fake passed as ``run=``), so every other function here is testable by feeding text in.
+No policy lives here: callers decide what a state means. Long-lived steps (the ranks, a tunnel) are
+started by their owners with ``subprocess.Popen`` on an argv built here.
 
 Slurm facts this module relies on (Slurm's sbatch, scontrol and squeue man pages):
 
@@ -21,17 +27,22 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .durations import parse_duration  # Slurm's duration format; slurm's API
 from .errors import SlurmError, SlurmUnreachable
 
+if TYPE_CHECKING:
+    import subprocess
+
 __all__ = [
-    "TERMINAL_STATES", "JobInfo", "cancel", "hostnames", "job_info", "list_jobs",
-    "parse_duration", "parse_partitions", "parse_scontrol_job", "partition_max_times", "remaining_s", "run",
-    "submit", "unreachable",
+    "RESUBMIT_OPTIONS", "TERMINAL_STATES", "WINDOW_FIELDS", "JobInfo", "SacctJob", "cancel",
+    "dependent_sbatch_argv", "format_time_limit", "hostnames", "job_fields", "job_info", "list_jobs",
+    "one_node_step_argv", "overlap_step_argv", "parse_duration", "parse_job_fields", "parse_parsable",
+    "parse_partitions", "parse_scontrol_job", "parse_window", "partition_max_times", "ranks_step_argv",
+    "remaining_s", "resubmit_options", "run", "sbatch_argv", "shrink_argv", "step_listed", "submit",
+    "unreachable", "window_argv", "window_jobs",
 ]
 
 TERMINAL_STATES: frozenset[str] = frozenset({
@@ -53,17 +64,24 @@ _NO_TOOLS_HINT = ("run this on a Slurm login node, or put Slurm's client tools o
                   "(for the local lab: eval \"$(cluster/slurm-lab env)\")")
 
 
-def run(argv: Sequence[str], *, input: str | None = None, timeout_s: float = 30) -> subprocess.CompletedProcess:
-    """Run one Slurm client command: no shell, always a timeout, ``SLURM_TIME_FORMAT=standard``.
+def run(argv: Sequence[str], *, input: str | None = None, timeout_s: float = 30,
+        env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """Run one Slurm client command: no shell, always a timeout, ``SLURM_TIME_FORMAT=standard``, stdin
+    ``input`` or nothing (an ``srun`` step never reads the caller's terminal).
 
-    Returns the CompletedProcess (text, captured) whatever the exit status; callers read it.
-    A missing binary is a ``SlurmError``; a command that does not answer in time a ``SlurmUnreachable``.
+    ``env`` is the environment to run in (default: this process's), ``cwd`` the directory (scontrol
+    leaves a resized job's scripts there). Returns the CompletedProcess (text, captured) whatever the
+    exit status; callers read it. A missing binary is a ``SlurmError``; a command that does not answer
+    in time a ``SlurmUnreachable``.
     """
+    import subprocess
+
     argv = [str(a) for a in argv]
-    env = dict(os.environ, SLURM_TIME_FORMAT="standard")
+    env = dict(os.environ if env is None else env, SLURM_TIME_FORMAT="standard")
+    stdin = subprocess.DEVNULL if input is None else None
     try:
-        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout_s,
-                              env=env, check=False)
+        return subprocess.run(argv, input=input, stdin=stdin, capture_output=True, text=True, timeout=timeout_s,
+                              env=env, cwd=cwd, check=False)
     except FileNotFoundError:
         raise SlurmError(f"`{argv[0]}` is not on PATH", hint=_NO_TOOLS_HINT) from None
     except subprocess.TimeoutExpired:
@@ -255,6 +273,21 @@ def _parse_sacct(text: str, job_id: str) -> JobInfo | None:
 _UNKNOWN_JOB_RE = re.compile(r"Invalid job id|does not exist|Job.*not found", re.I)
 
 
+def _show_job_argv(job_id: str) -> list[str]:
+    return ["scontrol", "show", "job", "-o", str(job_id)]
+
+
+def parse_job_fields(text: str) -> dict[str, str]:
+    """``scontrol show job -o ID`` output -> its ``Key=Value`` fields as Slurm printed them."""
+    return _split_keyvalues(text)
+
+
+def job_fields(job_id: str, run: _Runner = run) -> dict[str, str]:
+    """The raw fields ``scontrol show job -o`` prints for ``job_id`` (``{}`` when it shows none)."""
+    proc = run(_show_job_argv(job_id))
+    return parse_job_fields(proc.stdout) if proc.returncode == 0 else {}
+
+
 def job_info(job_id: str, run: _Runner = run) -> JobInfo | None:
     """The job's record: from ``scontrol show job -o`` while Slurm holds it, else from ``sacct``
     (full accounting) or ``sacct -c`` (job completion log), else ``None`` (no such job).
@@ -262,7 +295,7 @@ def job_info(job_id: str, run: _Runner = run) -> JobInfo | None:
     A controller that does not answer is a ``SlurmUnreachable``, never "no such job".
     """
     job_id = str(job_id)
-    proc = run(["scontrol", "show", "job", "-o", job_id])
+    proc = run(_show_job_argv(job_id))
     if proc.returncode == 0 and "JobId=" in proc.stdout:
         return parse_scontrol_job(proc.stdout)
     if proc.returncode != 0 and not _UNKNOWN_JOB_RE.search(proc.stderr + proc.stdout):
@@ -274,6 +307,71 @@ def job_info(job_id: str, run: _Runner = run) -> JobInfo | None:
             if info is not None:
                 return info
     return None
+
+
+# --------------------------------------------------------------------------------- sacct: a time window
+
+# the endpoint jobs of a window, for the GPU-hour report
+WINDOW_FIELDS = ("JobID", "User", "State", "Start", "End", "ElapsedRaw", "NNodes", "AllocTRES")
+
+
+@dataclass
+class SacctJob:
+    job_id: str
+    user: str
+    state: str
+    start: float | None
+    end: float | None
+    elapsed_s: int
+    nodes: int
+    gpus: int | None  # gres/gpu in AllocTRES; None when the allocation names no GPU
+
+
+def _ts(value: str) -> float | None:
+    from datetime import datetime
+
+    if not value or value in ("Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def window_argv(name: str, since: float, user: str | None) -> list[str]:
+    """``sacct`` for the jobs named ``name`` that ran since ``since`` (epoch seconds; local time, as sacct
+    reads it), of ``user`` or (``None``) of every user."""
+    from datetime import datetime
+
+    start = datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+    argv = ["sacct", "-X", "-P", "-n", f"--name={name}", f"--starttime={start}", "--endtime=now",
+            f"--format={','.join(WINDOW_FIELDS)}"]
+    return argv + ([f"--user={user}"] if user else ["--allusers"])
+
+
+def parse_window(text: str) -> list[SacctJob]:
+    """:func:`window_argv`'s output (``sacct -X -P -n --format=<WINDOW_FIELDS>``) -> jobs."""
+    jobs = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < len(WINDOW_FIELDS) or not parts[0].strip():
+            continue
+        jid, user, state, start, end, elapsed, nnodes, tres = parts[:len(WINDOW_FIELDS)]
+        gpu = re.search(r"gres/gpu=(\d+)", tres)
+        jobs.append(SacctJob(jid.strip(), user, state.split()[0] if state else "", _ts(start), _ts(end),
+                             int(elapsed) if elapsed.isdigit() else 0, int(nnodes) if nnodes.isdigit() else 0,
+                             int(gpu.group(1)) if gpu else None))
+    return jobs
+
+
+def window_jobs(name: str, since: float, user: str | None, run: _Runner = run) -> list[SacctJob]:
+    """The jobs Slurm's accounting lists for :func:`window_argv`; a ``SlurmError`` with sacct's first line
+    when it cannot (no accounting storage, no controller)."""
+    proc = run(window_argv(name, since, user))
+    if proc.returncode != 0:
+        first = next((ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()), "")
+        raise SlurmError(first or f"sacct exited with code {proc.returncode}")
+    return parse_window(proc.stdout)
 
 
 # --------------------------------------------------------------------------------- squeue
@@ -333,6 +431,18 @@ def remaining_s(job_id: str, run: _Runner = run) -> int | None:
         return None
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     return parse_duration(lines[0]) if lines else None
+
+
+def step_listed(step_id: str, run: _Runner = run) -> bool | None:
+    """Whether ``squeue -s`` still lists the step ``JOB.STEP`` (None: Slurm did not answer)."""
+    job = step_id.split(".", 1)[0]
+    try:
+        proc = run(["squeue", "-h", "-s", "-j", job, "-o", "%i"])
+    except SlurmError:
+        return None
+    if proc.returncode != 0:
+        return None
+    return step_id in proc.stdout.split()
 
 
 def hostnames(nodelist: str | None, run: _Runner = run) -> list[str]:
@@ -468,7 +578,7 @@ def partition_max_times(names: Sequence[str], run: _Runner = run) -> dict[str, i
 _JOBID_RE = re.compile(r"^(\d+)(?:_\d+)?(?:;(\S+))?$")
 
 
-def _parse_parsable(text: str) -> str | None:
+def parse_parsable(text: str) -> str | None:
     """``sbatch --parsable`` stdout -> job id (``1234`` from ``1234;cluster``), or None."""
     for line in reversed(text.splitlines()):
         m = _JOBID_RE.match(line.strip())
@@ -490,13 +600,41 @@ def _sbatch_hint(message: str) -> str:
     return "SUBMIT=0 cluster/serve-only.sbatch prints the exact sbatch line; run it by hand to see Slurm's full answer"
 
 
+def sbatch_argv(options: Sequence[str], script: str | os.PathLike | None = None) -> list[str]:
+    """``sbatch --parsable OPTIONS [SCRIPT]`` (without ``script`` sbatch reads the job script on stdin)."""
+    return ["sbatch", "--parsable", *[str(a) for a in options], *([str(script)] if script is not None else [])]
+
+
+def format_time_limit(seconds: int) -> str:
+    """Seconds -> sbatch's ``--time`` as ``H:MM:SS`` (hours past 24 as they are: ``26:00:00``)."""
+    h, rem = divmod(int(seconds), 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
+
+
+# scontrol's field -> the sbatch option that asks for it again
+RESUBMIT_OPTIONS = (("Partition", "--partition"), ("Account", "--account"), ("QOS", "--qos"),
+                    ("Reservation", "--reservation"), ("WorkDir", "--chdir"))
+
+
+def resubmit_options(fields: Mapping[str, str]) -> list[str]:
+    """The sbatch options that ask again for a job's partition, account, QOS, reservation and working
+    directory (from :func:`parse_job_fields`; a field Slurm leaves unset is left out)."""
+    return [f"{opt}={_clean(fields.get(name))}" for name, opt in RESUBMIT_OPTIONS if _clean(fields.get(name))]
+
+
+def dependent_sbatch_argv(script: str | os.PathLike, dependency: str, time_limit_s: int,
+                          options: Sequence[str] = ()) -> list[str]:
+    """Submit the job script file ``script`` again, after ``dependency`` (``after:<job>+<minutes>``), with
+    the time limit ``time_limit_s`` and ``options``."""
+    return sbatch_argv([f"--dependency={dependency}", f"--time={format_time_limit(time_limit_s)}", *options], script)
+
+
 def submit(argv_extra: Sequence[str], script: str, run: _Runner = run) -> str:
     """Submit ``script`` (the job script text, on stdin) with ``sbatch --parsable <argv_extra>``.
 
     Returns the job id. A refusal is a ``SlurmError`` carrying sbatch's own words and a hint.
     """
-    argv = ["sbatch", "--parsable", *[str(a) for a in argv_extra]]
-    proc = run(argv, input=script)
+    proc = run(sbatch_argv(argv_extra), input=script)
     if proc.returncode != 0:
         message = _first_error(proc, prefer="submission failed")
         if unreachable(proc):
@@ -504,7 +642,7 @@ def submit(argv_extra: Sequence[str], script: str, run: _Runner = run) -> str:
                                    hint="`scontrol ping` says whether slurmctld is up; before submitting again, "
                                         "`squeue --me` shows whether a submission whose answer was lost went through")
         raise SlurmError(f"sbatch refused the job: {message}", hint=_sbatch_hint(message))
-    job_id = _parse_parsable(proc.stdout)
+    job_id = parse_parsable(proc.stdout)
     if job_id is None:
         raise SlurmError(f"sbatch printed no job id (stdout: {proc.stdout.strip()[:200]!r})",
                          hint="check `squeue --me`; the job may have been submitted anyway")
@@ -524,6 +662,44 @@ def cancel(job_id: str, run: _Runner = run, signal: str | None = None) -> None:
     if proc.returncode != 0 and not _CANCEL_OK_RE.search(proc.stderr + proc.stdout):
         raise _failure(proc, f"scancel {job_id} failed: {_first_error(proc)}",
                        hint="you can cancel only your own jobs; `squeue -j ID -o %u` shows the owner")
+
+
+# --------------------------------------------------------------------------------- a running job
+
+def ranks_step_argv(nodes: int, cpus_per_task: str, edf: str | None, ranks_sh: str) -> list[str]:
+    """The job's srun step that starts one rank per node: every CPU of the node for the rank, the job ends
+    when a rank fails (--kill-on-bad-exit), and the EDF when the ranks run in a container."""
+    n = str(nodes)
+    argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
+            "--kill-on-bad-exit=1"]
+    if edf:
+        argv.append(f"--environment={edf}")
+    return argv + ["bash", ranks_sh]
+
+
+def one_node_step_argv(step: Sequence[str], node: str) -> list[str]:
+    """:func:`ranks_step_argv` for one replica: one node (``--nodelist``), one task; the rest unchanged."""
+    out = []
+    for word in step:
+        if word.startswith("--nodes="):
+            out += ["--nodes=1", f"--nodelist={node}"]
+        elif word.startswith("--ntasks="):
+            out.append("--ntasks=1")
+        else:
+            out.append(word)
+    return out
+
+
+def shrink_argv(job_id: str, keep: Sequence[str]) -> list[str]:
+    """``scontrol update`` that shrinks a running job to the nodes in ``keep``."""
+    return ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"]
+
+
+def overlap_step_argv(job_id: str, node: str, command: Sequence[str], *, options: Sequence[str] = ()) -> list[str]:
+    """A one-task step of the running job ``job_id`` on ``node`` that shares the job's resources
+    (``srun --overlap``), running ``command``; ``options`` are more srun options (``--gres=none``...)."""
+    return ["srun", "--overlap", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            *options, *command]
 
 
 def _first_error(proc: subprocess.CompletedProcess, prefer: str | None = None) -> str:

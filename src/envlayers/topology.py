@@ -31,6 +31,7 @@ refused with the idle GPUs named. On one node asking for fewer GPUs is allowed (
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal, Mapping, NamedTuple
 
 from envlayers.errors import KeyValueError, TopologyError
@@ -68,6 +69,7 @@ class RankPlan(NamedTuple):
     port: int | None
 
 
+@dataclass(frozen=True)
 class Plan:
     """What the launcher deploys. ``tp`` and ``pp`` are per server instance.
 
@@ -79,48 +81,24 @@ class Plan:
     engine's rendezvous port (pipeline) or the Ray head's port (ray, gateway);
     ``dp_rpc_port`` the data-parallel coordination port on node 0. ``reason`` and
     ``derived`` say why the shape and any derived TP/PP were chosen; two plans that deploy
-    the same are equal whatever they say.
-
-    Immutable and hashable; ``_replace(**changes)`` is a copy with some fields changed.
+    the same are equal (and hash alike) whatever they say.
     """
 
-    __slots__ = ("shape", "nodes", "gpus_per_node", "tp", "pp", "replicas", "ranks", "api_port", "rdzv_port",
-                 "notes", "backend", "dp_rpc_port", "instances_per_node", "reason", "derived")
-    _COMPARED = __slots__[:-2]  # not reason, derived
-
-    def __init__(self, shape: Shape, nodes: int, gpus_per_node: int, tp: int, pp: int, replicas: int,
-                 ranks: tuple[RankPlan, ...], api_port: int, rdzv_port: int, notes: tuple[str, ...] = (),
-                 backend: str = "native", dp_rpc_port: int = DEFAULT_DP_RPC_PORT, instances_per_node: int = 1,
-                 reason: str = "", derived: tuple[str, ...] = ()) -> None:
-        values = (shape, nodes, gpus_per_node, tp, pp, replicas, ranks, api_port, rdzv_port, notes, backend,
-                  dp_rpc_port, instances_per_node, reason, derived)
-        for name, value in zip(self.__slots__, values):
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value=None) -> None:
-        raise AttributeError(f"a Plan is immutable: {name!r} cannot change (use _replace)")
-
-    __delattr__ = __setattr__
-
-    def _values(self, names: tuple[str, ...]) -> tuple:
-        return tuple(getattr(self, name) for name in names)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._values(self._COMPARED) == other._values(self._COMPARED)
-
-    def __hash__(self) -> int:
-        return hash(self._values(self._COMPARED))
-
-    def __repr__(self) -> str:
-        return f"Plan({', '.join(f'{name}={getattr(self, name)!r}' for name in self.__slots__)})"
-
-    def __reduce__(self) -> tuple:
-        return self.__class__, self._values(self.__slots__)
-
-    def _replace(self, **changes) -> Plan:
-        return self.__class__(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
+    shape: Shape
+    nodes: int
+    gpus_per_node: int
+    tp: int
+    pp: int
+    replicas: int
+    ranks: tuple[RankPlan, ...]
+    api_port: int
+    rdzv_port: int
+    notes: tuple[str, ...] = ()
+    backend: str = "native"
+    dp_rpc_port: int = DEFAULT_DP_RPC_PORT
+    instances_per_node: int = 1
+    reason: str = field(default="", compare=False)
+    derived: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def world(self) -> int:

@@ -394,6 +394,28 @@ def test_a_rank_that_dies_after_the_endpoint_is_live_ends_the_job(netns_lab, tmp
     assert "ENVLAYERS-ERROR: rank 0 on n1 exited with code 9 after the endpoint was live" in run.out.read_text()
 
 
+def test_a_vllm_engine_core_that_dies_ends_the_job_on_the_servers_report_not_its_exit(netns_lab, tmp_path):
+    # the stand-in says what vLLM's API server says when its engine core dies, then lingers 60 s before exiting
+    # (the real 0.32 CPU build lingers about 4 s): the job must end on the line, long before the exit
+    run = Run(netns_lab, tmp_path, model="oss120b", STANDIN_CORE_DIES_AFTER_READY_SECONDS="2",
+              STANDIN_CORE_DEATH_EXIT_SECONDS="60", STANDIN_VLLM_LOG="0.32-cpu")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    said_at = time.monotonic()
+    assert run.state(timeout_s=40) == "FAILED"
+    assert time.monotonic() - said_at < 40
+    text = run.out.read_text()
+    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 lost its engine core after the endpoint was live \(its log: "
+                     r"\(APIServer pid=\d+\) WARNING .*\[shutdown\] MPClient: engine core exited unexpectedly; "
+                     r"starting cleanup\)$", text, re.M), text
+    # the server was stopped by the launcher (its own exit would have come 60 s after the line, with code 1)
+    exit_file = run.run_dir / "rank-0.exit"
+    assert not exit_file.exists() or exit_file.read_text().strip() != "1", exit_file.read_text()
+    assert json.loads((run.run_dir / "launch-end.json").read_text())["reason"].startswith("rank 0 on n1 lost its "
+                                                                                         "engine core")
+    run.assert_nothing_left()
+
+
 def test_submitting_the_wrapper_itself_with_sbatch_fails_fast_with_a_hint(netns_lab, tmp_path):
     # no GPUs asked for: the allocation cannot hold the plan (tests/slurm/test_wrapper_sbatch_e2e.py has the rest)
     job_id = netns_lab.submit(SBATCH.read_text(), "--nodes=1", "--output=slurm-%j.out", cwd=tmp_path,

@@ -40,6 +40,12 @@ Behaviour knobs (environment variables; all optional):
   STANDIN_CRASH_AFTER_READY_SECONDS=<s>
                                     serve, then crash (traceback, STANDIN_EXIT_CODE) s seconds later;
                                     on ranks > 0: s seconds after their startup lines
+  STANDIN_CORE_DIES_AFTER_READY_SECONDS=<s>
+                                    vLLM: serve, then s seconds later say what vLLM's API server says
+                                    when its engine core process dies ("[shutdown] MPClient: engine core
+                                    exited unexpectedly; starting cleanup"), answer 500 to completions and
+                                    exit (STANDIN_EXIT_CODE) STANDIN_CORE_DEATH_EXIT_SECONDS (default 4,
+                                    as the real 0.32 CPU build) later
   STANDIN_INJECT_AT=<phase>         print extra log lines at that phase (after its first lines):
   STANDIN_INJECT=<text|@file>       the lines (real newlines or the two characters \\n separate them)
   STANDIN_RANKS=0,2                 ranks the crash/hang/inject knobs apply to (default: all).
@@ -607,6 +613,10 @@ class Knobs:
                 raise KnobError(f"STANDIN_CRASH_SIGNAL={sig!r}: unknown signal")
         self.crash_after_ready_s = _number("STANDIN_CRASH_AFTER_READY_SECONDS",
                                            env.get("STANDIN_CRASH_AFTER_READY_SECONDS"), None)
+        self.core_dies_after_ready_s = _number("STANDIN_CORE_DIES_AFTER_READY_SECONDS",
+                                               env.get("STANDIN_CORE_DIES_AFTER_READY_SECONDS"), None)
+        self.core_death_exit_s = _number("STANDIN_CORE_DEATH_EXIT_SECONDS",
+                                         env.get("STANDIN_CORE_DEATH_EXIT_SECONDS"), 4.0)
         ranks = (env.get("STANDIN_RANKS") or "").strip()
         self.ranks = None
         if ranks and ranks.lower() != "all":
@@ -1335,6 +1345,7 @@ class State:
         self.started = int(time.time())
         self.gate = GateKnobs({})  # run() sets the process's own
         self.hung = False  # SIGUSR1: a hung server (install_hang_signal)
+        self.core_dead = False  # STANDIN_CORE_DIES_AFTER_READY_SECONDS: completions answer 500 (EngineDeadError)
 
 
 def _words(text: str) -> list[str]:
@@ -1508,6 +1519,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(400, f"JSON decode error: {exc}", "BadRequestError")
         if not isinstance(req, dict):
             return self._error(400, "The request body must be a JSON object.", "BadRequestError")
+        if st.core_dead:  # vLLM after its engine core died: every request fails with EngineDeadError
+            return self._error(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                               "EngineDeadError")
         model = req.get("model")
         if model is not None and model not in c.served:
             return self._error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
@@ -1933,6 +1947,15 @@ def run(engine: str, argv: list[str], entry: list[str]) -> int:
         _sleep(load * PHASE_SHARE[phase])
         script.end(phase, time.time() - t_phase)
 
+    if applies and knobs.core_dies_after_ready_s is not None and engine == "vllm":
+        _sleep(knobs.core_dies_after_ready_s)
+        if server is not None:
+            server.state.core_dead = True
+        script.api("core_client.py:818", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+                   level="WARNING")
+        _sleep(knobs.core_death_exit_s)
+        script.api("launcher.py:110", "Shutting down FastAPI HTTP server.")
+        _exit_now(knobs.exit_code)
     if applies and knobs.crash_after_ready_s is not None:
         _sleep(knobs.crash_after_ready_s)
         if knobs.crash_signal is None:

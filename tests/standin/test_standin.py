@@ -383,6 +383,26 @@ def test_crash_after_ready_serves_then_dies_with_the_code(engines):
     assert "Scheduler hit an exception" in e.text()
 
 
+def test_a_dead_engine_core_is_reported_at_once_answers_500_and_exits_later_like_vllm(engines):
+    from envlayers.engines.logsigns import core_died
+
+    port = free_port()
+    e = engines("vllm", vllm_args(port), env={"STANDIN_CORE_DIES_AFTER_READY_SECONDS": "0.3",
+                                              "STANDIN_CORE_DEATH_EXIT_SECONDS": "1", "STANDIN_EXIT_CODE": "4",
+                                              "STANDIN_VLLM_LOG": "0.32-cpu"}, port=port)
+    e.wait_for("Application startup complete.")
+    assert chat(port)[0] == 200
+    text = e.wait_for("MPClient: engine core exited unexpectedly")
+    said = next(line for line in text.splitlines() if "MPClient" in line)
+    assert core_died("vllm", said)  # the launcher's own matcher takes the stand-in's line
+    assert said.startswith("(APIServer pid=") and "[shutdown] MPClient: engine core exited unexpectedly; " \
+        "starting cleanup" in said
+    status, body = chat(port)
+    assert status == 500 and json.loads(body)["error"]["type"] == "EngineDeadError"
+    assert e.proc.poll() is None  # the server lingers after the line, as vLLM's does
+    assert e.wait_exit() == 4
+
+
 def test_inject_adds_lines_at_the_phase(engines):
     port = free_port()
     e = engines("sglang", sglang_args(port), env={"STANDIN_INJECT_AT": "init",

@@ -1,5 +1,6 @@
 """Where a chain's endpoint is now: from a job, follow ``chain.json`` (launch.successor) to the newest
-successor that serves, for ``connect`` and ``status`` (a client that kept a node URL learns the new one).
+successor that serves, for ``connect`` and ``status`` (a client that kept a node URL learns the new one;
+cli.access_format says it in words).
 
 A link serves when its run directory holds ``endpoint.json`` and no ``launch-end.json`` (the run has
 not ended) and Slurm says it runs. Each successor's run directory is beside its predecessor's
@@ -70,16 +71,3 @@ def newest_live(job_id: str, run_dir: str | Path | None, job_info: Callable | No
         return {"from": str(job_id), "to": jid, "links": [j for j, _ in links[:n + 1]], "state": info.state,
                 "base_urls": urls, "run_dir": str(folder)}
     return None
-
-
-def moved_line(moved: dict, from_state: str | None) -> str:
-    """``the endpoint moved from job A (COMPLETED) to job C, its successor (chain A -> B -> C); new base
-    URL: ...``, in the words ``connect`` and ``status`` both use."""
-    path = " -> ".join(moved["links"])
-    after = "its successor" if len(moved["links"]) == 2 else "a later successor"
-    was = f" ({from_state})" if from_state else ""
-    if from_state in ("RUNNING", "COMPLETING"):
-        was = f" ({from_state}: it drains and ends)"
-    urls = ", ".join(moved["base_urls"]) or "-"
-    return (f"the endpoint moved from job {moved['from']}{was} to job {moved['to']}, {after} (chain {path}); "
-            f"new base URL: {urls}")

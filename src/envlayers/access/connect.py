@@ -1,13 +1,13 @@
 """``connect``: what a client needs to use a job's endpoint (base URLs, model name, key or key file).
 
-Pure formatting over :class:`envlayers.access.job.JobAccess`; the key itself appears only when the
-caller asks for it and owns the key file. A job of a chain (``SUCCESSORS``) whose successor serves is
+A dict built from :class:`envlayers.access.job.JobAccess` (cli.access_format prints it); the key itself
+appears only when the caller asks for it and owns the key file. A job of a chain (``SUCCESSORS``) whose successor serves is
 followed to the newest live link (access.chain): its details are given, with a ``moved:`` line.
 """
 
 from __future__ import annotations
 
-from .chain import moved_line, newest_live
+from .chain import newest_live
 from .gateway import route_url
 from .job import JobAccess, key_file_warning, read_key
 
@@ -92,47 +92,3 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
     else:
         ssh = ["ssh", "-N", "-L", f"{port}:{host}:{port}", f"{user}@{login}"]
     return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": login}
-
-
-def format_connect(data: dict) -> str:
-    jid = data["job_id"]
-    lines = []
-    if data.get("moved"):
-        lines.append(f"moved:       {moved_line(data['moved'], data['moved'].get('from_state'))}")
-    lines.append(f"job {jid}: {data['state'] or 'unknown to Slurm'}" + ("" if data["live"] else " (endpoint not live)"))
-    reach = data["reachable_urls"]
-    for i, base in enumerate(data["base_urls"]):
-        also = f"  (by address: {reach[i]})" if i < len(reach) and reach[i] != base else ""
-        lines.append(f"base URL:    {base}{also}")
-    if not data["base_urls"]:
-        lines.append(f"base URL:    none yet (`env_layers wait {jid}`)")
-    lines.append(f"served name: {data['served_model_name'] or '-'} (what clients pass as model)")
-    if not data["api_key_required"]:
-        lines.append('API key:     none needed; OpenAI clients still want one: pass api_key="EMPTY" '
-                     "(anyone who can reach the address can use it)")
-    elif data.get("api_key"):
-        lines.append(f"API key:     {data['api_key']}")
-    elif data["api_key_file"]:
-        lines.append(f"API key:     required; it is in {data['api_key_file']} "
-                     "(send 'Authorization: Bearer <key>'; --show-key prints it)")
-    else:
-        lines.append("API key:     required; its file is not recorded in the run directory")
-    gw = data["gateway"]
-    if gw:
-        lines.append(f"gateway:     {gw['base_url']} on {gw['destination']} (tunnel open; provider_model_id "
-                     f"{gw['provider_model_id']})")
-    shut = data.get("tunnel_closed")
-    if shut:
-        lines.append(f"gateway:     {shut['base_url']} on {shut['destination']}: tunnel closed at {shut['closed_at']} "
-                     f"({shut['closed_why']}); that route leads nowhere now")
-    laptop = data.get("laptop")
-    if laptop:
-        import shlex
-
-        lines.append(f"laptop:      {shlex.join(laptop['ssh'])}  (leave it running), then base URL "
-                     f"{laptop['base_url']}" + (" with the same key" if data["api_key_required"] else ""))
-    lines.append(f"check:       env_layers ping {jid}")
-    lines.append(f"stop:        env_layers stop {jid}")
-    for w in data["warnings"]:
-        lines.append(f"warning:     {w}")
-    return "\n".join(lines) + "\n"

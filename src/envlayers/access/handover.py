@@ -107,6 +107,7 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
 def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
     """Move the gateway port from ``record``'s tunnel to a new one in job ``succ``; returns the new record.
     Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up."""
+    from .. import slurm
     from .job import open_job
     from .tunnel import TunnelSpec, _clean_env, _now, api_target, open_tunnel, write_record
 
@@ -124,8 +125,7 @@ def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
         times["connected"] = time.time()
         step = record.get("step_id")
         if step:
-            proc = subprocess.run(old.cancel_argv(step), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=60, env=_clean_env())
+            proc = slurm.run(old.cancel_argv(step), timeout_s=60, env=_clean_env())
             said = (proc.stderr or proc.stdout).strip().splitlines()
             say_old(f"forward {bind}:{rport} cancelled for the handover to job {succ} (exit {proc.returncode}"
                     + (f": {said[-1]}" if said and proc.returncode else "") + ")")

@@ -6,8 +6,6 @@ command line or in the output. Exit 0 when both checks pass, 1 when the endpoint
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -59,59 +57,31 @@ def normalize_base_url(text: str) -> str:
 
 
 def _request(url: str, body: dict | None, api_key: str | None, timeout_s: float):
-    """(status, parsed JSON or None, detail, seconds), within about ``timeout_s`` in all: urllib's
-    timeout bounds each socket operation, and a server that trickles bytes is cut off here."""
-    import threading
+    """(status, parsed JSON or None, detail, seconds), within about ``timeout_s`` in all: the timeout
+    bounds each socket operation, and a server that trickles bytes is cut off by the wall clock."""
+    from .. import httpclient
 
-    box: list = []
-    t0 = time.monotonic()
-    worker = threading.Thread(target=lambda: box.append(_request_once(url, body, api_key, timeout_s)), daemon=True)
-    worker.start()
-    worker.join(timeout_s + 1.0)
-    if not box:
-        return None, None, f"no answer: no complete reply within {timeout_s:g}s", time.monotonic() - t0
-    return box[0]
-
-
-def _request_once(url: str, body: dict | None, api_key: str | None, timeout_s: float):
-    import urllib.error
-    import urllib.request
-
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
-                                 headers={"Accept": "application/json"})
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            raw = resp.read(1 << 20)
-            status = resp.status
-    except urllib.error.HTTPError as err:
-        spent = time.monotonic() - t0
-        detail = f"HTTP {err.code}"
-        if err.code == 401:
+        answer = httpclient.request_within("POST" if body is not None else "GET", url, timeout_s, slack_s=1.0,
+                                           json_body=body, api_key=api_key, limit=1 << 20, error_limit=4096)
+    except httpclient.HttpError as err:
+        if err.incomplete:
+            return None, None, f"no answer: no complete reply within {timeout_s:g}s", err.elapsed_s
+        if err.status is None:
+            return None, None, f"no answer: {err.reason}", err.elapsed_s
+        detail = f"HTTP {err.status}"
+        if err.status == 401:
             detail += (": the endpoint wants a key (--api-key-file FILE)" if not api_key
                        else ": the key was refused")
         else:
-            try:
-                message = json.loads(err.read(4096)).get("error", {})
-                message = message.get("message") if isinstance(message, dict) else message
-                if message:
-                    detail += f": {str(message)[:200]}"
-            except (ValueError, AttributeError, OSError):
-                pass
-        return err.code, None, detail, spent
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        return None, None, f"no answer: {reason}", time.monotonic() - t0
-    spent = time.monotonic() - t0
-    try:
-        return status, json.loads(raw), "ok", spent
-    except ValueError:
-        return status, None, "the answer is not JSON", spent
+            message = httpclient.engine_message(err.body, 200)
+            if message:
+                detail += f": {message}"
+        return err.status, None, detail, err.elapsed_s
+    data = answer.json()
+    if data is None and answer.body.strip() != b"null":
+        return answer.status, None, "the answer is not JSON", answer.elapsed_s
+    return answer.status, data, "ok", answer.elapsed_s
 
 
 def ping(base_url: str, served: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> PingResult:
@@ -151,14 +121,3 @@ def ping(base_url: str, served: str | None = None, api_key: str | None = None, t
             detail = "the answer has no choices"
     result.checks.append(Check("chat", url, ok, status, round(spent, 4) if status else None, detail))
     return result
-
-
-def format_ping(results: list[PingResult]) -> str:
-    lines = []
-    for r in results:
-        lines.append(f"{r.base_url}: {'ok' if r.ok else 'FAILED'} (model {r.served_model_name or '?'})")
-        for c in r.checks:
-            took = f"{c.latency_s * 1000:.0f} ms" if c.latency_s is not None else "-"
-            what = "GET /v1/models" if c.name == "models" else "POST /v1/chat/completions (max_tokens=1)"
-            lines.append(f"  {what}: {c.status or 'no answer'} in {took}: {c.detail}")
-    return "\n".join(lines) + "\n"

@@ -166,23 +166,3 @@ def _release_successors(acc: JobAccess, stop_timeout_s: float) -> Step | None:
         said.append(f"job {jid}: tunnel {how}; {ended}" + ("" if stopped.ok else " (NOT ended or still answers)"))
     status = "failed" if failed else ("done" if any("->" in s for s in said) else "already")
     return Step("successors", status, f"{len(links)} later job(s) of the chain", said)
-
-
-_LABELS = {"route": "1. gateway route", "successors": "2c. successors (chain)", "tunnel": "2. tunnel", "containers": "2b. containers (podman)",
-           "job": "3. server and allocation",
-           "gateway-port": "4. gateway port"}
-
-
-def format_release(result: ReleaseResult) -> str:
-    lines = []
-    for s in result.steps:
-        lines.append(f"{_LABELS[s.name]}: {s.status}: {s.detail}")
-        lines += [f"     {ln}" for ln in s.lines]
-    if not result.ok:
-        lines.append(f"job {result.job_id}: NOT fully released; fix the failed step(s) and run "
-                     f"`env_layers release {result.job_id}` again")
-    elif result.already:
-        lines.append(f"job {result.job_id}: everything is already released")
-    else:
-        lines.append(f"job {result.job_id}: released")
-    return "\n".join(lines) + "\n"

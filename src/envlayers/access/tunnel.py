@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from .. import slurm
 from ..errors import EnvLayersError
 from ..fsutil import atomic_write
+from ..scripttext import Code, render
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import TUNNEL_FILE, JobAccess
 from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now, write_record  # noqa: F401 (used by handover)
@@ -96,83 +97,16 @@ class TunnelSpec:
         return shlex.join(self.gateway.ssh_argv()) + ctl + " " + shlex.join([*args, self.gateway.destination])
 
     def node_script(self) -> str:
-        ssh = shlex.join(self.ssh_argv())
-        if self.control or self.takeover:
-            ssh = self._ssh("-v", "-N", "-R", self.forward, master=True)
-        run_ssh = f"{ssh} 2> >({_FILTER} >&2)"
-        head = ('echo "ENVLAYERS-TUNNEL: node=$(hostname) step=${SLURM_JOB_ID}.${SLURM_STEP_ID} pid=$$'
-                + (f' keep_alive={self.restarts}"' if self.keep_alive else '"'))
-        lines = [head]
-        if self.control or self.takeover:
-            lines += [f"sock={CONTROL_DIR}/envlayers-tunnel-${{SLURM_JOB_ID}}.${{SLURM_STEP_ID}}.sock", 'rm -f "$sock"']
-        if self.takeover:
-            lines += ["exec 3<&0 </dev/null", *self._takeover_lines()]
-        elif not self.keep_alive:
-            # a pipeline, not `exec ssh 2> >(filter)`: bash waits for the filter, so ssh's last words (why it
-            # could not connect) reach the log before the step ends (the step's end kills what is left)
-            return "\n".join([*lines, f"{ssh} 2>&1 >/dev/null | {_FILTER} >&2", 'exit "${PIPESTATUS[0]}"']) + "\n"
-        if not self.keep_alive:  # taken over: serve until ssh ends
-            return "\n".join([*lines, 'wait "$pid"']) + "\n"
-        n = self.restarts
-        return "\n".join([
-            *lines,
-            "restarts=0 delay=2",
-            "while :; do",
-            '  if [ -z "${pid-}" ]; then',
-            "    started=$SECONDS",
-            '    rm -f "${sock:-/nonexistent}"' if (self.control or self.takeover) else "    :",
-            f"    {run_ssh} &",
-            "    pid=$!",
-            '    echo "ENVLAYERS-TUNNEL: ssh pid=$pid"',
-            "  fi",
-            '  wait "$pid"; rc=$?; pid=',
-            *(['  if [ -e "$sock.handed-over" ]; then echo "ENVLAYERS-TUNNEL: ssh exited with code $rc after the '
-               'handover to the successor\'s tunnel: not restarted"; exit 0; fi']
-              if (self.control or self.takeover) else []),
-            "  up=$((SECONDS - started))",
-            f'  if [ "$up" -ge {RESTART_RESET_S} ]; then restarts=0 delay=2; fi',
-            f'  if [ "$restarts" -ge {n} ]; then',
-            *(["    wait  # the last filter's lines (ssh's own words) before the step ends"]
-              if not self.takeover else []),
-            f'    echo "ENVLAYERS-TUNNEL: ssh exited with code $rc after ${{up}}s; giving up after {n} restarts"',
-            '    exit "$rc"',
-            "  fi",
-            "  restarts=$((restarts + 1))",
-            f'  echo "ENVLAYERS-TUNNEL: ssh exited with code $rc after ${{up}}s; restart $restarts/{n} in ${{delay}}s"',
-            '  sleep "$delay"',
-            f"  delay=$((delay * 2)); if [ $delay -gt {MAX_DELAY_S} ]; then delay={MAX_DELAY_S}; fi",
-            "done",
-        ]) + "\n"
-
-    def _takeover_lines(self) -> list[str]:
-        """Connect (a master without forwards), say so, then ask for the port until it is free."""
-        master = self._ssh("-v", "-N", master=True) + f" 2> >({_FILTER} >&2)"
-        gone = 'if ! kill -0 "$pid" 2>/dev/null; then wait "$pid"; rc=$?; echo "ENVLAYERS-TUNNEL: ssh exited with ' \
-               'code $rc before the forward was up"; exit "$rc"; fi'
-        where = f"{self.remote_bind}:{self.remote_port}"
-        return [
-            "started=$SECONDS",
-            f"{master} &",
-            "pid=$!",
-            'echo "ENVLAYERS-TUNNEL: ssh pid=$pid"',
-            # the opener (the chain follower) says "recorded" once the records are written; its end before
-            # that (killed half way) closes srun's stdin, and this step ends: nothing unrecorded stays
-            "me=$$",
-            f'( IFS= read -r word <&3; if [ "$word" != {RECORDED_WORD.decode().strip()} ]; then echo "ENVLAYERS-TUNNEL: '
-            'its opener ended before recording this tunnel: ending it"; kill "$pid" 2>/dev/null; kill "$me"; fi ) &',
-            "exec 3<&-",
-            f"until {self._ssh('-O', 'check')} >/dev/null 2>&1; do {gone}; sleep 0.05; done",
-            f'echo "{CONNECTED} taking over {where} once the earlier forward lets it go"',
-            f"until {self._ssh('-O', 'forward', '-R', self.forward)} >/dev/null 2>&1; do",
-            f"  {gone}",
-            f'  if [ $((SECONDS - started)) -ge {int(self.takeover_wait_s)} ]; then',
-            f'    echo "ENVLAYERS-TUNNEL: {where} is still held after {int(self.takeover_wait_s)}s; giving up"',
-            '    kill "$pid"; exit 1',
-            "  fi",
-            f"  sleep {TAKEOVER_POLL_S}",
-            "done",
-            f'echo "ENVLAYERS-TUNNEL: remote forward success for: listen {where} (taken over)"',
-        ]
+        """The step's bash script (templates/tunnel.sh.j2): the ssh lines are built here from checked words."""
+        control = self.control or self.takeover
+        ssh = self._ssh("-v", "-N", "-R", self.forward, master=True) if control else shlex.join(self.ssh_argv())
+        return render("tunnel.sh.j2", keep_alive=self.keep_alive, restarts=self.restarts, control=control,
+                      takeover=self.takeover, control_dir=CONTROL_DIR, ssh=Code(ssh), filter=Code(_FILTER),
+                      master=Code(self._ssh("-v", "-N", master=True)), check=Code(self._ssh("-O", "check")),
+                      forward=Code(self._ssh("-O", "forward", "-R", self.forward)),
+                      where=f"{self.remote_bind}:{self.remote_port}", takeover_wait_s=int(self.takeover_wait_s),
+                      poll_s=str(TAKEOVER_POLL_S), recorded=RECORDED_WORD.decode().strip(), connected=CONNECTED,
+                      reset_s=RESTART_RESET_S, max_delay_s=MAX_DELAY_S)
 
     def cancel_argv(self, step_id: str) -> list[str]:
         """A step of this job that cancels the forward of the tunnel step ``step_id`` (its control
@@ -181,14 +115,16 @@ class TunnelSpec:
         cancel = shlex.join(self.gateway.ssh_argv("-S", sock, "-O", "cancel", "-R", self.forward,
                                                   self.gateway.destination))
         # the mark keeps --keep-alive from taking the port back when this master ends later
-        return [*self._step_head(), "bash", "-c", f"touch {shlex.quote(sock + '.handed-over')}; {cancel}"]
+        return self._step(["bash", "-c", f"touch {shlex.quote(sock + '.handed-over')}; {cancel}"])
 
-    def _step_head(self) -> list[str]:
-        return ["srun", "--overlap", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1",
-                f"--nodelist={self.node}", "--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}"]
+    def _step(self, command: list[str]) -> list[str]:
+        from .. import slurm
+
+        return slurm.overlap_step_argv(self.job_id, self.node, command,
+                                       options=["--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}"])
 
     def srun_argv(self) -> list[str]:
-        return [*self._step_head(), "bash", "-c", self.node_script()]
+        return self._step(["bash", "-c", self.node_script()])
 
 
 def api_target(acc: JobAccess, replica: int = 0) -> tuple[str, int]:

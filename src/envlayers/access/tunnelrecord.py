@@ -102,14 +102,7 @@ def _step_listed(step_id: str) -> bool | None:
     """Whether Slurm still lists the step (None: Slurm did not answer)."""
     from .. import slurm
 
-    job = step_id.split(".", 1)[0]
-    try:
-        proc = slurm.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"])
-    except slurm.SlurmError:
-        return None
-    if proc.returncode != 0:
-        return None
-    return step_id in proc.stdout.split()
+    return slurm.step_listed(step_id)
 
 
 def closed_by_end(record: dict, info, *, step_listed: Callable[[str], bool | None] = _step_listed) -> dict | None:

@@ -1,6 +1,6 @@
 """The load generator: streamed chat completions at a fixed concurrency, bounded in count and time.
 
-Standard library only (threads and ``http.client``): the maintained generators (guidellm, aiperf,
+Standard library only (threads and :mod:`envlayers.httpclient`): the maintained generators (guidellm, aiperf,
 ``vllm bench serve``) each pull in torch or transformers and fetch a tokenizer from a model hub,
 which a cluster's compute network usually cannot reach (docs/operating.md, "Load report").
 
@@ -15,12 +15,12 @@ shared with the engine is CPU the engine did not get. Requests go only to the on
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+
+from ..httpclient import HttpError, engine_message, stream
 
 MAX_CONCURRENCY = 512
 
@@ -73,12 +73,6 @@ def prompt_for(number: int, words: int) -> str:
     return " ".join(filter(None, (str(number), prompt_text(words - 1))))
 
 
-def _connection(base_url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
-    parts = urlsplit(base_url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname, parts.port, timeout=timeout_s), parts.path.rstrip("/") + "/chat/completions"
-
-
 def _content(event: dict) -> str:
     """The text a chunk carries: content, reasoning (vLLM ``reasoning``, SGLang ``reasoning_content``)."""
     for choice in event.get("choices") or []:
@@ -101,58 +95,56 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
             "messages": [{"role": "user", "content": prompt_for(number, s.input_tokens)}]}
     if s.ignore_eos:
         body["ignore_eos"] = True
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if s.api_key:
-        headers["Authorization"] = f"Bearer {s.api_key}"
-    conn, path = _connection(s.base_url, s.timeout_s)
+    url = s.base_url.rstrip("/") + "/chat/completions"
     usage_tokens = prompt_tokens = None
     end = None
     streaming = False  # the server said 200 and the stream began
     try:
-        conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            sample.error = _http_error(resp)
-            return sample
-        streaming = True
-        while True:
-            if time.monotonic() - t0 > s.timeout_s:
-                sample.error = f"no complete reply within {s.timeout_s:g}s"
+        with stream("POST", url, s.timeout_s, json_body=body, api_key=s.api_key) as resp:
+            if resp.status != 200:
+                sample.error = f"HTTP {resp.status}"
                 return sample
-            line = resp.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            try:
-                event = json.loads(data)
-            except ValueError:
-                sample.error = "a streamed chunk is not JSON"
-                return sample
-            if isinstance(event, dict) and isinstance(event.get("usage"), dict):
-                usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
-                prompt_tokens = event["usage"].get("prompt_tokens", prompt_tokens)
-            if isinstance(event, dict) and event.get("error"):
-                sample.error = f"error in the stream: {str(event['error'])[:200]}"
-                return sample
-            if isinstance(event, dict) and _content(event):
-                sample.chunk_times.append(time.monotonic() - t0)
-        end = time.monotonic()  # the stream ended ([DONE] or the server closed it)
-    except (OSError, http.client.HTTPException) as err:
-        if streaming and isinstance(err, TimeoutError):
+            streaming = True
+            while True:
+                if time.monotonic() - t0 > s.timeout_s:
+                    sample.error = f"no complete reply within {s.timeout_s:g}s"
+                    return sample
+                line = resp.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    sample.error = "a streamed chunk is not JSON"
+                    return sample
+                if isinstance(event, dict) and isinstance(event.get("usage"), dict):
+                    usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
+                    prompt_tokens = event["usage"].get("prompt_tokens", prompt_tokens)
+                if isinstance(event, dict) and event.get("error"):
+                    sample.error = f"error in the stream: {str(event['error'])[:200]}"
+                    return sample
+                if isinstance(event, dict) and _content(event):
+                    sample.chunk_times.append(time.monotonic() - t0)
+            end = time.monotonic()  # the stream ended ([DONE] or the server closed it)
+    except HttpError as err:
+        cause = err.__cause__ if err.__cause__ is not None else err.reason
+        if err.status is not None:
+            sample.error = _http_error(err)
+        elif streaming and err.timed_out:
             sample.error = stalled(sample.chunk_times, time.monotonic() - t0)
         elif streaming:
-            sample.error = (f"the stream broke after {_chunks(len(sample.chunk_times))}: {type(err).__name__}"
-                            + (f": {err}" if str(err) else ""))
+            sample.error = (f"the stream broke after {_chunks(len(sample.chunk_times))}: {type(cause).__name__}"
+                            + (f": {cause}" if str(cause) else ""))
         else:
-            sample.error = f"no answer: {type(err).__name__}: {err}" if str(err) else f"no answer: {type(err).__name__}"
+            sample.error = (f"no answer: {type(cause).__name__}: {cause}" if str(cause)
+                            else f"no answer: {type(cause).__name__}")
         return sample
-    finally:
-        conn.close()
     sample.e2e_s = end - t0
     if not sample.chunk_times:
         sample.error = "the reply streamed no tokens"
@@ -180,16 +172,12 @@ def stalled(chunk_times: list[float], gave_up_s: float) -> str:
             f"{gave_up_s - last:.1f}s")
 
 
-def _http_error(resp: http.client.HTTPResponse) -> str:
-    detail = f"HTTP {resp.status}"
-    try:
-        message = json.loads(resp.read(4096)).get("error", {})
-        message = message.get("message") if isinstance(message, dict) else message
-        if message:
-            detail += f": {str(message)[:200]}"
-    except (ValueError, AttributeError, OSError, http.client.HTTPException):
-        pass
-    if resp.status == 401:
+def _http_error(err: HttpError) -> str:
+    detail = f"HTTP {err.status}"
+    message = engine_message(err.body, 200)
+    if message:
+        detail += f": {message}"
+    if err.status == 401:
         detail += " (the endpoint wants a key: --api-key-file FILE)"
     return detail
 

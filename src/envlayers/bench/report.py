@@ -1,4 +1,5 @@
-"""From timed requests to a load report: throughput, latency percentiles, errors; as a table, JSON and a plot.
+"""From timed requests to a load report: throughput, latency percentiles, errors; as data (JSON) and a plot
+(cli.bench_format makes the table for a terminal).
 
 Definitions (docs/operating.md, "Load report"), per concurrency level:
 - requests/s and output tokens/s: completed requests and their output tokens over the level's wall time;
@@ -93,51 +94,6 @@ def report(settings: Settings, levels: list[LevelRun], target: dict) -> dict:
                       _prompt_tokens([s for lv in levels for s in lv.samples]).items()}},
         "levels": [summarize(lv) for lv in levels],
     }
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.0f}" if x >= 0.1 else f"{x * 1000:.1f}"
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}" if x < 1000 else f"{x:.0f}"
-
-
-def format_table(data: dict) -> str:
-    t, st = data["target"], data["settings"]
-    lines = [f"bench {t['base_url']} (model {t['model']}): {st['input_tokens']} prompt words, "
-             f"{st['output_tokens']} output tokens, up to {st['requests_per_level']} requests and "
-             f"{st['duration_s_per_level']:g} s per level",
-             _prompt_line(data.get("prompt")),
-             "latencies in ms, p50/p90/p99; gen CPU: the load generator's own CPU ms per request"]
-    head = ("conc", "ok", "err", "req/s", "out tok/s", "TTFT", "ITL", "e2e", "gen CPU")
-    rows = [head]
-    for lv in data["levels"]:
-        rows.append((str(lv["concurrency"]), str(lv["ok"]), str(lv["errors"]), _num(lv["requests_per_s"]),
-                     _num(lv["output_tokens_per_s"]),
-                     *("/".join(_ms(lv[m][f"p{p}"]) for p in PERCENTILES) for m, _ in METRICS),
-                     _ms(lv.get("generator_cpu_s_per_request"))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    for r in rows:
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(r, widths)).rstrip())
-    for lv in data["levels"]:
-        if lv["cut_short"]:
-            lines.append(f"concurrency {lv['concurrency']}: the {st['duration_s_per_level']:g} s per level ran out "
-                         f"after {lv['requests']} of {st['requests_per_level']} requests")
-        for e in lv["error_kinds"]:
-            lines.append(f"concurrency {lv['concurrency']}: {e['count']} failed: {e['error']}")
-    return "\n".join(lines) + "\n"
-
-
-def _prompt_line(prompt: dict | None) -> str:
-    if not prompt:
-        return "prompt: -"
-    words = f"prompt: {prompt['words_asked']} words asked (--input-tokens is a length in words)"
-    if not prompt["tokens_counted_reported"]:
-        return f"{words}; the engine reported no prompt token count (no usage in the stream)"
-    lo, hi = prompt["tokens_counted_min"], prompt["tokens_counted_max"]
-    spread = f", {lo}..{hi}" if lo != hi else ""
-    return f"{words}, {prompt['tokens_counted_p50']:g} tokens counted by the engine (median per request{spread})"
 
 
 def plot(data: dict, path: str) -> None:

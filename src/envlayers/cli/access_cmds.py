@@ -27,7 +27,8 @@ def _dump(data) -> None:
 def connect(job_id: str, as_json: bool, show_key: bool, run_dir: str | None) -> None:
     """What a client needs to use JOB_ID's endpoint: base URL(s), model name, and whether a key is
     needed and which file holds it (never the key, unless --show-key). For the job's owner only."""
-    from ..access.connect import connect_info, format_connect
+    from ..access.connect import connect_info
+    from .access_format import format_connect
     from ..access.job import open_job
 
     data = connect_info(open_job(job_id, run_dir=run_dir), show_key=show_key)
@@ -56,7 +57,8 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     chain that serves now) or a base URL (e.g. http://127.0.0.1:8001/v1).
     Exit 0 when both answer, 1 when they do not, 2 when the check could not run."""
     from ..access.job import open_job, read_key
-    from ..access.ping import EXIT_FAILED, EXIT_OK, format_ping, normalize_base_url, ping as do_ping
+    from ..access.ping import EXIT_FAILED, EXIT_OK, normalize_base_url, ping as do_ping
+    from .access_format import format_ping, moved_line
 
     key = read_key(api_key_file) if api_key_file else None
     from ..jobid import looks_like_job_id
@@ -87,8 +89,6 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
         _dump({"ok": all(r.ok for r in results), "results": [r.to_dict() for r in results], "moved": moved})
     else:
         if moved:
-            from ..access.chain import moved_line
-
             click.echo(f"moved: {moved_line(moved, moved['from_state'])}")
         click.echo(format_ping(results), nl=False)
     ctx.exit(EXIT_OK if all(r.ok for r in results) else EXIT_FAILED)
@@ -191,7 +191,8 @@ def release(ctx: click.Context, job_id: str, as_json: bool, timeout_s: float, ru
 
     Exit 0 when everything is released (a second run says so), 1 when a step failed."""
     from ..access.job import open_job
-    from ..access.release import format_release, release as do_release
+    from ..access.release import release as do_release
+    from .access_format import format_release
 
     result = do_release(open_job(job_id, run_dir=run_dir), stop_timeout_s=timeout_s)
     if as_json:

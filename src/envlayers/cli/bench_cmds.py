@@ -114,6 +114,7 @@ def bench(ctx: click.Context, target: str, concurrency: str, requests: int, dura
     Exit 0 when every request succeeded, 1 when the endpoint failed some, 2 when it could not run."""
     from ..access.ping import ping
     from ..bench import load, report
+    from .bench_format import format_bench
 
     levels = parse_levels(concurrency)
     if max(levels) > requests:
@@ -150,7 +151,7 @@ def bench(ctx: click.Context, target: str, concurrency: str, requests: int, dura
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        click.echo(report.format_table(data), nl=False)
+        click.echo(format_bench(data), nl=False)
         if plot_file is not None:
             click.echo(f"plot: {plot_file}")
     ctx.exit(0 if all(lv["errors"] == 0 and lv["ok"] > 0 for lv in data["levels"]) else 1)

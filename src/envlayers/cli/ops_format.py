@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from .serving_format import gpu_hours_lines, replica_lines
-from .textfmt import fmt_duration
+from .textfmt import fmt_duration, table
 from .textfmt import label as _label
 
 if TYPE_CHECKING:
@@ -277,9 +277,7 @@ def format_table(rows: list[dict]) -> str:
                      fmt_duration(r["time_left_s"]) if r["time_left_s"] is not None else "-",
                      r.get("target") or "-", r.get("model_id") or "-", r.get("served_name") or "-",
                      r.get("phase") or "-", url))
-    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(table([head, *body])) + "\n"
 
 
 def phase_text(ph: dict) -> str:
@@ -372,7 +370,7 @@ def format_record(rec: dict) -> str:
             bits.append("last job, no successor")
         lines.append(_label("chain") + "; ".join(bits))
         if chain.get("moved"):
-            from ..access.chain import moved_line
+            from .access_format import moved_line
 
             lines.append(_label("moved") + moved_line(chain["moved"], rec["state"]))
     for run in rec.get("earlier_runs", []):

@@ -31,7 +31,6 @@ def gpu_hours_lines(acct: dict | None) -> list[str]:
 def replica_lines(ep: dict) -> list[tuple[str, str]]:
     """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica;
     for the gateway shape, how many Ray Serve reports healthy and the replicas' latest events."""
-    from ..launch.gatewaystate import gateway_lines
     from ..launch.replicas import replica_rows
 
     rows = replica_rows(ep)
@@ -43,4 +42,16 @@ def replica_lines(ep: dict) -> list[tuple[str, str]]:
         f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
     out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
             for r in rows if not r.get("alive")]
+    return out
+
+
+def gateway_lines(endpoint: dict) -> list[tuple[str, str]]:
+    """(label, text) for status and wait: the replicas Serve reports healthy, and the latest events."""
+    rec = endpoint.get("gateway") if isinstance(endpoint, dict) else None
+    if not isinstance(rec, dict) or rec.get("healthy") is None:
+        return []
+    out = [("replicas", f"{rec['healthy']} of {rec.get('replicas')} healthy behind the gateway (Ray Serve "
+                        f"replaces one that dies); the job ends after {rec.get('grace_s')}s below "
+                        f"MIN_REPLICAS={rec.get('min_replicas')}")]
+    out += [("replica", str(event)) for event in rec.get("events") or []]
     return out

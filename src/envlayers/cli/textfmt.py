@@ -1,7 +1,8 @@
-"""The small words every terminal record shares: durations (``1h02m05s``) and padded labels.
+"""The small words every terminal record shares: durations (``1h02m05s``), padded labels, and the one
+column-aligned table.
 
-Both of ``status``'s formatters (``ops_format``, ``serving_format``) and ``report`` use them, so they live
-here, below all three."""
+``status``'s formatters (``ops_format``, ``serving_format``), ``report`` and ``bench`` use them, so they live
+here, below all of them."""
 
 from __future__ import annotations
 
@@ -23,3 +24,12 @@ def fmt_duration(seconds: float | None) -> str:
 def label(name: str) -> str:
     """``  served name: `` -- every label of the record padded to one width."""
     return f"  {name + ':':<13}"
+
+
+def table(rows: list[tuple[str, ...]] | list[list[str]], *, right: bool = False) -> list[str]:
+    """``rows`` (the head first) as lines of columns two spaces apart, each column as wide as its widest
+    cell; cells padded on the right (``right=False``, text) or on the left (``right=True``, numbers);
+    trailing spaces dropped."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    pad = str.rjust if right else str.ljust
+    return ["  ".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip() for row in rows]

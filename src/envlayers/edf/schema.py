@@ -21,6 +21,7 @@ line and the key path. :func:`load_catalog` gives every source, validated, by ro
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,41 +84,23 @@ _SQUASHFS_SUFFIXES = (".sqsh", ".squashfs", ".sqfs")
 _PIN_HINT = "pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>); the EDF name may say -latest, the image may not"
 
 
+@dataclass(frozen=True)
 class RoleSource:
     """One validated source file: ``role``, ``name``, ``engine``, ``remote_image``, ``fabric_env``, ``edf``
     (CE keys; annotations flat, dotted keys), ``file`` (relative to the catalog root, e.g.
     containers/edfs/sglang-mi300.yaml) and ``lines`` (key path -> line in ``file``, for messages).
 
-    Immutable; two sources are equal when they say the same, whatever lines they say it on.
+    Two sources are equal when they say the same, whatever lines they say it on.
     """
 
-    __slots__ = ("role", "name", "engine", "remote_image", "fabric_env", "edf", "file", "lines")
-    _COMPARED = __slots__[:-1]  # not lines
-
-    def __init__(self, role: str, name: str, engine: str, remote_image: str, fabric_env: dict[str, str],
-                 edf: dict[str, Any], file: str, lines: dict | None = None) -> None:
-        values = (role, name, engine, remote_image, fabric_env, edf, file, {} if lines is None else lines)
-        for key, value in zip(self.__slots__, values):
-            object.__setattr__(self, key, value)
-
-    def __setattr__(self, key: str, value=None) -> None:
-        raise AttributeError(f"a RoleSource is immutable: {key!r} cannot change")
-
-    __delattr__ = __setattr__
-
-    def _values(self, keys: tuple[str, ...]) -> tuple:
-        return tuple(getattr(self, key) for key in keys)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._values(self._COMPARED) == other._values(self._COMPARED)
-
-    def __repr__(self) -> str:
-        return f"RoleSource({', '.join(f'{key}={getattr(self, key)!r}' for key in self._COMPARED)})"
-
-    def __reduce__(self) -> tuple:
-        return self.__class__, self._values(self.__slots__)
+    role: str
+    name: str
+    engine: str
+    remote_image: str
+    fabric_env: dict[str, str]
+    edf: dict[str, Any]
+    file: str
+    lines: dict = field(default_factory=dict, compare=False, repr=False)
 
     def edf_name(self, variant: str) -> str:
         return self.name if variant == "fabric" else self.name + INTRANODE_SUFFIX

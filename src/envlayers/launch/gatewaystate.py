@@ -1,6 +1,6 @@
-"""What ``status`` and ``wait`` show of the gateway shape's replicas: how many Ray Serve reports healthy,
+"""The gateway shape's replicas as data for ``status`` and ``wait``: how many Ray Serve reports healthy,
 and the last things that happened to them (a replica died, was replaced), read from the gateway's own
-lines and kept in ``endpoint.json`` under ``gateway``.
+lines and kept in ``endpoint.json`` under ``gateway`` (cli.serving_format puts it in words).
 
 The gateway (gateway_app.py, in the job on node 0) says ``ENVLAYERS-STAGE: gateway: N of M replica(s)
 healthy (...; the job ends after Gs below MIN_REPLICAS=K)`` whenever the count changes; the meter relays
@@ -51,15 +51,3 @@ class GatewayState:
             self.record["events"] = (self.record["events"] + [line.split(": ", 2)[2]])[-KEEP_EVENTS:]
             return True
         return False
-
-
-def gateway_lines(endpoint: dict) -> list[tuple[str, str]]:
-    """(label, text) for status and wait: the replicas Serve reports healthy, and the latest events."""
-    rec = endpoint.get("gateway") if isinstance(endpoint, dict) else None
-    if not isinstance(rec, dict) or rec.get("healthy") is None:
-        return []
-    out = [("replicas", f"{rec['healthy']} of {rec.get('replicas')} healthy behind the gateway (Ray Serve "
-                        f"replaces one that dies); the job ends after {rec.get('grace_s')}s below "
-                        f"MIN_REPLICAS={rec.get('min_replicas')}")]
-    out += [("replica", str(event)) for event in rec.get("events") or []]
-    return out

@@ -52,21 +52,17 @@ def health_url(base_url: str) -> str:
 
 def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
     """One ``GET /health``: (healthy, what was seen). Healthy is a 2xx answer."""
-    import urllib.error
-    import urllib.request
+    from .. import httpclient
 
     try:
-        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout_s) as resp:
-            return 200 <= resp.status < 300, f"HTTP {resp.status}"
-    except urllib.error.HTTPError as err:
-        return False, f"HTTP {err.code}"
-    except TimeoutError:
-        return False, f"no answer within {timeout_s:g}s"
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        answer = httpclient.get(url, timeout_s, accept=None, limit=0, error_limit=0)
+    except httpclient.HttpError as err:
+        if err.status is not None:
+            return False, f"HTTP {err.status}"
+        if err.timed_out:
             return False, f"no answer within {timeout_s:g}s"
-        return False, f"no answer: {reason}"
+        return False, f"no answer: {err.reason}"
+    return 200 <= answer.status < 300, f"HTTP {answer.status}"
 
 
 class OwnRequests:

@@ -98,10 +98,14 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
 
 
 def ports_in_use(start: int, count: int, host: str = "0.0.0.0") -> frozenset[int]:
-    """The ports in ``start .. start+count-1`` that this node cannot bind now (a listener holds them)."""
+    """The ports in ``start .. start+count-1`` that this node cannot bind now (a listener holds them). Bound
+    with SO_REUSEADDR, as the engines' and Ray's listeners are (gRPC, torch's TCP store): a port whose last
+    connection of such a listener lingers in TIME_WAIT (a previous job's rendezvous) is free to them, so it
+    is free here."""
     busy = set()
     for port in range(start, min(start + count, 65536)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError:

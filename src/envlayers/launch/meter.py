@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 from typing import Callable, Mapping
 
 from .. import keys as keytable
@@ -47,12 +46,13 @@ GATEWAY_FETCH_TIMEOUT_S = 5.0
 
 def fetch_metrics(url: str, api_key: str | None, timeout_s: float = 2.0) -> str | None:
     """GET a /metrics URL; None when it does not answer 200."""
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    from .. import httpclient
+
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - the job's own node URL
-            return resp.read(4 << 20).decode("utf-8", "replace") if resp.status == 200 else None
-    except (OSError, ValueError):
+        answer = httpclient.get(url, timeout_s, api_key=api_key, accept=None, limit=4 << 20, error_limit=0)
+    except httpclient.HttpError:
         return None
+    return answer.text() if answer.status == 200 else None
 
 
 def metrics_urls(lp: LaunchPlan) -> list[str]:

@@ -3,24 +3,23 @@
 Pure: no process, no file, no network. :func:`prepare` returns a :class:`LaunchPlan` (the lines
 to print, the rank commands, the nodes and their addresses, the budgets, the srun argv and the
 text of the files to write); ``launch.launcher`` gathers the :class:`Allocation` facts, writes the
-files and hands the plan to the supervision loop. :func:`srun_argv` (``launch.srun``) is also what
+files and hands the plan to the supervision loop. :func:`envlayers.slurm.ranks_step_argv` is also what
 the dry run prints, so the operator sees the very srun line the job runs.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from .. import engines, topology
+from .. import engines, slurm, topology
 from .. import keys as keytable
 from ..engines import RankCommand
 from ..errors import LaunchFailure
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from . import raycluster
-from .srun import srun_argv, srun_dry_line  # noqa: F401  (srun_dry_line: re-exported, the dry run's line)
 
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
@@ -140,7 +139,7 @@ def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
                 return plan, []
             line = (f"ENVLAYERS-TOPOLOGY: rdzv_port={port} (RDZV_PORT={start} is in use on the head node; the first "
                     f"free port above it)")
-            return plan._replace(rdzv_port=port), [line]
+            return replace(plan, rdzv_port=port), [line]
     last = min(start + span, 65536) - 1
     raise LaunchFailure(f"no free rendezvous port on the head node in {start}-{last} (RDZV_PORT and the {span - 1} "
                         "ports above it are in use); set RDZV_PORT to a free range in your SERVE_ENV_FILE")
@@ -220,7 +219,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                            f"http://{local or nodes[r.node_index].address}:{r.port}/v1",
                            local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
-    srun = srun_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
+    srun = slurm.ranks_step_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
                      str(alloc.run_dir / "ranks.sh"))
     served = keys.get("VLLM_SERVED_MODEL", "")
     launch_json = json.dumps({

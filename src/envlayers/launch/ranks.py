@@ -1,4 +1,4 @@
-"""ranks.sh: the per-node script the srun step runs, rendered from templates/ranks.sh.j2.
+"""ranks.sh: the per-node script the srun step runs, rendered from templates/ranks.sh.j2 (scripttext.py).
 
 Every value (each argv word, each variable assigned on the command) goes into the script in single
 quotes, so it reaches the engine byte for byte: a ``${HOME}``, a ``$(...)`` or a backtick inside a
@@ -8,21 +8,11 @@ the only thing the script fills in at run time is the API key, from the rank's `
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..engines import RankCommand
-
-
-def _template():
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader("envlayers", "templates"), autoescape=False,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
-                             lstrip_blocks=True)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
-    return env.get_template("ranks.sh.j2")
+from ..scripttext import Code, render
 
 
 def rank_script(commands: Iterable[RankCommand], run_dir: Path,
@@ -30,9 +20,8 @@ def rank_script(commands: Iterable[RankCommand], run_dir: Path,
     """The text of ranks.sh: SLURM_PROCID picks the rank's command; its exit code lands in rank-<r>.exit.
     ``wrappers`` (a container runtime, runtimes/): per rank, a shell line envlayers built (run first)
     and the words that go before the engine's argv (``podman run ... IMAGE``)."""
-    arms = [{"rank": rank, "env": sorted(cmd.env.items()), "argv": [shlex.quote(a) for a in cmd.argv],
-             "key_env": cmd.key_env, "key_flag": cmd.key_flag,
-             "prelude": wrappers[rank][0] if wrappers else "",
-             "wrap": [shlex.quote(w) for w in wrappers[rank][1]] if wrappers else []}
+    arms = [{"rank": rank, "env": sorted(cmd.env.items()), "argv": list(cmd.argv), "key_env": cmd.key_env,
+             "key_flag": cmd.key_flag, "prelude": Code(wrappers[rank][0]) if wrappers else None,
+             "wrap": list(wrappers[rank][1]) if wrappers else []}
             for rank, cmd in enumerate(commands)]
-    return _template().render(arms=arms, run_dir=str(run_dir))
+    return render("ranks.sh.j2", arms=arms, run_dir=str(run_dir))

@@ -7,7 +7,7 @@ default 1) are alive. Before the endpoint is live any exit still ends the job: a
 start usually shows a problem its peers share.
 
 To let a replica die alone, each one runs in its own srun step pinned to its node
-(:func:`replica_srun`; one step over all nodes would be ended by ``--kill-on-bad-exit``).
+(:func:`envlayers.slurm.one_node_step_argv`; one step over all nodes would be ended by ``--kill-on-bad-exit``).
 :class:`ReplicaSteps` holds them and answers the supervision loop like one step. Once a replica's
 step is gone its node leaves the allocation (``scontrol update JobId=J NodeList=<the rest>``,
 Slurm's way to shrink a running job), so it is no longer billed; the node the launcher runs on stays.
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from .. import slurm
 from ..errors import LaunchFailure
 from ..fsutil import atomic_write
 from .prepare import LaunchPlan
@@ -41,19 +42,6 @@ def survives(lp: LaunchPlan) -> bool:
     return lp.plan.shape == "replicas" and lp.ranks > 1
 
 
-def replica_srun(srun: Sequence[str], node: str) -> list[str]:
-    """The job's srun line for one replica: one node (``--nodelist``), one task; the rest unchanged."""
-    out = []
-    for word in srun:
-        if word.startswith("--nodes="):
-            out += ["--nodes=1", f"--nodelist={node}"]
-        elif word.startswith("--ntasks="):
-            out.append("--ntasks=1")
-        else:
-            out.append(word)
-    return out
-
-
 class ReplicaSteps:
     """One srun step per replica, seen by the supervision loop as one step. Each step's environment
     carries ``ENVLAYERS_RANK`` (ranks.sh takes its rank from it: every step's task is ``SLURM_PROCID`` 0)."""
@@ -62,7 +50,7 @@ class ReplicaSteps:
         self.lp = lp
         self.procs: dict[int, subprocess.Popen] = {}
         for rank, node in enumerate(lp.nodes):
-            self.procs[rank] = popen(replica_srun(lp.srun, node.name), env={**env, "ENVLAYERS_RANK": str(rank)},
+            self.procs[rank] = popen(slurm.one_node_step_argv(lp.srun, node.name), env={**env, "ENVLAYERS_RANK": str(rank)},
                                      start_new_session=True)
         self.survive = False  # set once live: from then on one step ending is not the job's end
 
@@ -119,12 +107,12 @@ def release_node(job_id: str, keep: Sequence[str], run_dir: Path, run: Callable 
     accounting storage (``AccountingStorageType=accounting_storage/none``) the index never comes, so
     a job shrinks once. Runs in the run directory, where scontrol leaves its resize scripts."""
     if run is None:
-        run = lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=run_dir)  # noqa: E731
+        run = lambda argv: slurm.run(argv, timeout_s=60, cwd=run_dir)  # noqa: E731
     said = "?"
     for attempt in range(RESIZE_TRIES):
         try:
-            proc = run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"])
-        except (OSError, subprocess.SubprocessError) as err:
+            proc = run(slurm.shrink_argv(job_id, keep))
+        except (OSError, slurm.SlurmError) as err:
             return f"scontrol failed: {err}"
         if proc.returncode == 0:
             return None

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import keys as keytable
+from .. import slurm
 from ..fsutil import atomic_write
 
 QUEUE_MARGIN_S = 120
@@ -57,28 +57,6 @@ def dependency(job_id: str, time_limit_s: int, startup_s: float) -> tuple[str, i
     lead = 2 * startup_s + QUEUE_MARGIN_S
     minutes = max(0, int((time_limit_s - lead) // 60))
     return f"after:{job_id}+{minutes}", minutes
-
-
-def _limit(seconds: int) -> str:
-    h, rem = divmod(int(seconds), 3600)
-    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
-
-
-# scontrol's field -> the sbatch option that asks for it again
-KEPT_OPTIONS = (("Partition", "--partition"), ("Account", "--account"), ("QOS", "--qos"),
-                ("Reservation", "--reservation"), ("WorkDir", "--chdir"))
-
-
-def kept_options(fields: Mapping[str, str]) -> list[str]:
-    """The sbatch options that keep this job's partition, account, QOS, reservation and working
-    directory (from ``scontrol show job``'s fields; a field Slurm leaves unset is left out)."""
-    from ..slurm import _clean
-
-    return [f"{opt}={_clean(fields.get(name))}" for name, opt in KEPT_OPTIONS if _clean(fields.get(name))]
-
-
-def sbatch_argv(script: Path, dep: str, time_limit_s: int, options: list[str] | tuple[str, ...] = ()) -> list[str]:
-    return ["sbatch", "--parsable", f"--dependency={dep}", f"--time={_limit(time_limit_s)}", *options, str(script)]
 
 
 def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str], None]) -> tuple[str, str] | None:
@@ -111,7 +89,7 @@ class Chain:
                  run: Callable | None = None, job_fields: Callable[[str], dict[str, str]] | None = None):
         self.job_id, self.run_dir, self.left, self.drain_s, self.say = job_id, run_dir, left, drain_s, say
         self.environ, self.clock = dict(environ), clock
-        self.run = run or (lambda argv, env: subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env))
+        self.run = run or (lambda argv, env: slurm.run(argv, env=env, timeout_s=60))
         self.job_fields = job_fields or _slurm_fields
         self.record = {"predecessor": self.environ.get("ENVLAYERS_PREDECESSOR") or None, "successor": None,
                        "dependency": None, "left": left}
@@ -143,17 +121,17 @@ class Chain:
 
         if (self.run_dir / GENERATED_NAME).is_file():  # a per-job key: the successor serves with the same one
             env["ENVLAYERS_CHAIN_KEY_FILE"] = str(self.run_dir / GENERATED_NAME)
-        argv = sbatch_argv(self.run_dir / "job.sh", dep, limit, kept_options(fields))
+        argv = slurm.dependent_sbatch_argv(self.run_dir / "job.sh", dep, limit, slurm.resubmit_options(fields))
         try:
             proc = self.run(argv, env)
-        except (OSError, subprocess.SubprocessError) as err:
+        except (OSError, slurm.SlurmError) as err:
             self.say(f"ENVLAYERS-WARN: could not submit the successor: {err}")
             return
-        if proc.returncode != 0 or not proc.stdout.strip():
+        succ = slurm.parse_parsable(proc.stdout) if proc.returncode == 0 else None
+        if succ is None:
             said = (proc.stderr or "").strip().splitlines()
             self.say(f"ENVLAYERS-WARN: could not submit the successor: {said[-1] if said else proc.returncode}")
             return
-        succ = proc.stdout.strip().split(";")[0]
         self.record.update(successor=succ, dependency=dep)
         self._write()
         self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
@@ -185,13 +163,10 @@ class Chain:
 
 def _slurm_fields(job_id: str) -> dict[str, str]:
     """``scontrol show job -o``'s fields of this job (``{}`` when Slurm does not answer)."""
-    from .. import slurm
-
     try:
-        proc = slurm.run(["scontrol", "show", "job", "-o", job_id])
+        return slurm.job_fields(job_id)
     except slurm.SlurmError:
         return {}
-    return slurm._split_keyvalues(proc.stdout) if proc.returncode == 0 else {}
 
 
 def _limit_s(text: str | None) -> int | None:

@@ -1,8 +1,9 @@
 """The supervision loop: watch the ranks until the job ends, and end it at the first sign of trouble.
 
-Watches four things: each rank's first log line (started, and on which node: once every rank
-started, the nodes they report must be the allocation's), each rank's exit file, the srun step,
-and the readiness probe: ``/v1/models`` lists the served name, then a one-token completion comes back (live
+Watches five things: each rank's first log line (started, and on which node: once every rank
+started, the nodes they report must be the allocation's), each rank's exit file, the srun step, what
+the engine's own log says of its engine core (``engines.logsigns``: vLLM reports a dead engine core
+seconds before its server exits), and the readiness probe: ``/v1/models`` lists the served name, then a one-token completion comes back (live
 means it generates). A rank that exits, the step dying, a rank that never starts within the
 rank-start budget, a startup whose logs stopped growing (``STARTUP_STALL_S``), or a readiness budget
 spent raises :class:`LaunchFailure`, naming the rank to
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
+from ..engines.logsigns import core_died
 from .prepare import LaunchFailure, LaunchPlan
 
 RANK_UP = "ENVLAYERS-STAGE: rank {rank} up on "
@@ -36,6 +38,38 @@ STOPPED_CODES = frozenset({"0", "130", "143"})
 GENERATE_TIMEOUT_S = 300.0  # one one-token completion before readiness (asked again while the budget lasts)
 NOT_YET = (429, 503)
 STALL_TAIL_LINES = 400  # refusals that mean "busy, ask again", not "cannot generate"
+# a rank whose engine core died, in a plan of several ranks: a peer's exit landing this soon is blamed instead
+# (the peer that died first can take the others' engine cores with it)
+CORE_DEATH_SETTLE_S = 0.5
+TAIL_READ_BYTES = 4 << 20  # at most this much of a rank's log is read per tick (the rest on the next ones)
+TAIL_LINE_BYTES = 64 << 10  # an unfinished line longer than this is cut to its end
+
+
+class LogTail:
+    """The complete lines a growing file gained since the last call (bytes; a line cut by the read is kept
+    for the next call)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.rest = path, 0, b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(TAIL_READ_BYTES)
+        except OSError:
+            return []
+        self.offset += len(data)
+        lines = (self.rest + data).split(b"\n")
+        self.rest = lines.pop()[-TAIL_LINE_BYTES:]
+        return [line.decode("utf-8", "replace") for line in lines]
+
+
+def by_signal(code: str) -> bool:
+    """An exit by a signal other than srun's or scancel's stop (SIGKILL, SIGSEGV, SIGABRT, ...). Such a rank did
+    not die of a peer's failure (a peer's failure ends a rank by an exception, or by srun's SIGTERM after it),
+    so it is blamed at once, without EXIT_SETTLE_S."""
+    return code.isdigit() and 128 < int(code) < 128 + 65 and code not in STOPPED_CODES
 
 
 class Step(Protocol):
@@ -98,6 +132,12 @@ class Supervisor:
         self.survivors, self.health, self.successor = survivors, health, successor
         # launch.slurmdiag: what Slurm says of the missing ranks' step and nodes (ENVLAYERS-DIAG lines)
         self.diag = diag
+        # engines.logsigns: each rank's log read as it grows; the ranks whose engine core died (when, what it said).
+        # Not in the gateway shape: there rank 0's log carries every Serve replica's output, and a replica's
+        # engine dying is the gateway's to handle (gateway_app.py replaces it)
+        self.tails: dict[int, LogTail] = {}
+        self.core_deaths: dict[int, tuple[float, str]] = {}
+        self.watch_cores = lp.plan.shape != "gateway"
 
     @property
     def run_dir(self) -> Path:
@@ -105,7 +145,8 @@ class Supervisor:
 
     def check_ranks(self) -> None:
         """Note the ranks that started; raise when a rank has exited (after letting the others' exit
-        codes land for up to EXIT_SETTLE_S, so the first failure is blamed)."""
+        codes land for up to EXIT_SETTLE_S, so the first failure is blamed; at once for a rank killed by a
+        signal, see :func:`by_signal`)."""
         n = self.lp.ranks
         for rank in range(n):
             if rank in self.started:
@@ -141,7 +182,8 @@ class Supervisor:
         now = self.clock()
         if self.first_exit_at is None:
             self.first_exit_at = now
-        if len(exits) < n and now - self.first_exit_at < EXIT_SETTLE_S:
+        killed = any(by_signal(code) for _, _, _, code in exits)
+        if len(exits) < n and not killed and now - self.first_exit_at < EXIT_SETTLE_S:
             return  # srun stops the other ranks on a bad exit: let their codes land too
         # the rank that failed first, not one that srun stopped because of it
         _, _, rank, code = min(exits)
@@ -149,6 +191,36 @@ class Supervisor:
         others = ", ".join(f"rank {r} code {c}" for _, _, r, c in sorted(exits, key=lambda e: e[2]) if r != rank)
         raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} exited with code {code} {when} the endpoint "
                             f"was live" + (f" (then: {others})" if others else ""), rank=rank)
+
+    def check_cores(self, now: float) -> None:
+        """A rank whose log says its engine core died will not serve again: end the job (or, once live,
+        drop that replica) now, not seconds later when its server has finished its cleanup and exits. In a
+        plan of several ranks a peer's exit seen within CORE_DEATH_SETTLE_S is blamed instead (check_ranks)."""
+        if not self.watch_cores:
+            return
+        dropped = self.survivors.dead if self.survivors is not None else {}
+        for rank in sorted(self.started):
+            if rank in self.core_deaths or rank in dropped:
+                continue
+            tail = self.tails.setdefault(rank, LogTail(self.run_dir / f"server-{rank}.log"))
+            said = next((line for line in tail.new_lines() if core_died(self.lp.engine, line)), None)
+            if said is None:
+                continue
+            said = said.strip()
+            said = said if len(said) <= 200 else said[:197] + "..."
+            self.core_deaths[rank] = (now, said)
+            if self.live and self.survivors is not None:
+                self.survivors.lost(rank, f"lost its engine core after the endpoint was live (its log: {said})")
+                if self.health is not None:
+                    self.health.forget(rank)
+        if not self.core_deaths or (self.live and self.survivors is not None) or self.first_exit_at is not None:
+            return
+        at, rank = min((at, rank) for rank, (at, _) in self.core_deaths.items())
+        if self.lp.ranks > 1 and now - at < CORE_DEATH_SETTLE_S:
+            return
+        when = "after" if self.live else "before"
+        raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} lost its engine core {when} the endpoint was "
+                            f"live (its log: {self.core_deaths[rank][1]})", rank=rank)
 
     def check_span(self) -> None:
         """Every node of the allocation runs a rank: the nodes the ranks report are the allocation's
@@ -281,6 +353,7 @@ class Supervisor:
             if code is not None:
                 self.step_ended(code)
             now = self.clock()
+            self.check_cores(now)
             elapsed = now - self.t0
             if len(self.started) < n and elapsed > self.lp.rank_start_s:
                 missing = sorted(set(range(n)) - self.started)

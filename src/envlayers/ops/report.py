@@ -23,7 +23,6 @@ from ..accounting import largest_waste, split, summarize
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
 
-SACCT_FIELDS = ("JobID", "User", "State", "Start", "End", "ElapsedRaw", "NNodes", "AllocTRES")
 _SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -40,57 +39,12 @@ def parse_since(text: str, now: float) -> float:
                              hint="e.g. --since 7d, --since 12h, --since 2026-11-25") from None
 
 
-@dataclass
-class SacctJob:
-    job_id: str
-    user: str
-    state: str
-    start: float | None
-    end: float | None
-    elapsed_s: int
-    nodes: int
-    gpus: int | None  # gres/gpu in AllocTRES; None when the allocation names no GPU
-
-
-def _ts(value: str) -> float | None:
-    if not value or value in ("Unknown", "None"):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
-def parse_sacct(text: str) -> list[SacctJob]:
-    """``sacct -X -P -n --format=JobID,User,State,Start,End,ElapsedRaw,NNodes,AllocTRES`` output -> jobs."""
-    jobs = []
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < len(SACCT_FIELDS) or not parts[0].strip():
-            continue
-        jid, user, state, start, end, elapsed, nnodes, tres = parts[:len(SACCT_FIELDS)]
-        gpu = re.search(r"gres/gpu=(\d+)", tres)
-        jobs.append(SacctJob(jid.strip(), user, state.split()[0] if state else "", _ts(start), _ts(end),
-                             int(elapsed) if elapsed.isdigit() else 0, int(nnodes) if nnodes.isdigit() else 0,
-                             int(gpu.group(1)) if gpu else None))
-    return jobs
-
-
-def sacct_jobs(since: float, user: str | None, run=None) -> tuple[list[SacctJob] | None, str]:
+def sacct_jobs(since: float, user: str | None, run=None) -> tuple[list[slurm.SacctJob] | None, str]:
     """The endpoint jobs Slurm's accounting knows since ``since``; ``(None, why)`` when it cannot tell."""
-    run = run or slurm.run
-    start = datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
-    argv = ["sacct", "-X", "-P", "-n", f"--name={JOB_NAME}", f"--starttime={start}", "--endtime=now",
-            f"--format={','.join(SACCT_FIELDS)}"]
-    argv += [f"--user={user}"] if user else ["--allusers"]
     try:
-        proc = run(argv)
+        return slurm.window_jobs(JOB_NAME, since, user, run=run or slurm.run), "sacct"
     except EnvLayersError as err:
         return None, str(err)
-    if proc.returncode != 0:
-        first = next((ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()), "")
-        return None, first or f"sacct exited with code {proc.returncode}"
-    return parse_sacct(proc.stdout), "sacct"
 
 
 def _owner(path: Path) -> str | None:

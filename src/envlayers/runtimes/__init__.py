@@ -1,7 +1,7 @@
 """Container runtimes: how one rank's engine command is wrapped (``CONTAINER_RUNTIME``).
 
 - ``ce``: the CSCS Container Engine; srun starts the rank inside the EDF (``srun --environment``,
-  ``launch.srun.srun_argv``); the command itself is not wrapped.
+  ``slurm.ranks_step_argv``); the command itself is not wrapped.
 - ``none``: the engine from the host's PATH; not wrapped.
 - ``podman``: srun starts ranks.sh on the host, which runs the engine in ``podman run``
   (:mod:`envlayers.runtimes.podman`): the same Plan and engine command, only the wrapper differs.

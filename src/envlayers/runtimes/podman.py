@@ -199,18 +199,19 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
 
 def stop_argv(job_id: str, node: str, name: str, grace_s: int = 10) -> list[str]:
     """Stop one container on its node, as a step of the running job (a missing one is not an error)."""
-    return ["srun", "--overlap", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            "podman", "stop", "--ignore", "-t", str(grace_s), name]
+    from .. import slurm
+
+    return slurm.overlap_step_argv(job_id, node, ["podman", "stop", "--ignore", "-t", str(grace_s), name])
 
 
 def stop_containers(job_id: str, containers: list, nodes: list, running: bool, run=None) -> tuple[str, str]:
     """(status, detail) for release: ``podman stop`` each container launch.json names, on its node,
     while the job runs (after it ended, ranks.sh's podman run --rm took its container with it)."""
-    import subprocess
+    from .. import slurm
 
     if not running:
         return "already", "the job is not running; its containers (podman run --rm) ended with it"
-    run = run or (lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=90))
+    run = run or (lambda argv: slurm.run(argv, timeout_s=90))
     done, failed = [], []
     for rank, name in enumerate(containers):
         node = nodes[rank] if rank < len(nodes) else (nodes[0] if nodes else "")
@@ -218,7 +219,7 @@ def stop_containers(job_id: str, containers: list, nodes: list, running: bool, r
             proc = run(stop_argv(job_id, node, name))
             ok = proc.returncode == 0
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        except (OSError, subprocess.TimeoutExpired) as err:
+        except (OSError, slurm.SlurmError) as err:
             ok, why = False, str(err)
         (done if ok else failed).append(name if ok else f"{name} on {node}: {why}")
     if failed:

@@ -1,7 +1,7 @@
 """Bounded HTTP to one endpoint, with the standard library only.
 
-Every request has a wall-clock limit: it runs in a daemon thread with urllib's socket timeout, and
-the caller waits at most ``timeout_s`` for the whole answer, so a server that accepts the
+Every request has a wall-clock limit (:func:`envlayers.httpclient.request_within`): the caller waits
+at most ``timeout_s`` for the whole answer, so a server that accepts the
 connection and then dribbles or stalls cannot hang a gate. The API key goes in the
 ``Authorization`` header and nowhere else: it is never part of a result or a message.
 """
@@ -13,8 +13,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-
-MAX_BODY = 8 << 20
 
 
 @dataclass
@@ -90,35 +88,13 @@ class Client:
                 for r in results]
 
     def request(self, method: str, url: str, data: bytes | None = None) -> Answer:
-        box: list[Answer] = []
-        worker = threading.Thread(target=lambda: box.append(self._blocking(method, url, data)), daemon=True)
-        started = time.monotonic()
-        worker.start()
-        worker.join(self.timeout_s + 0.5)
-        if not box:
-            return Answer(url, None, error=f"no complete answer within {self.timeout_s:g}s",
-                          elapsed_s=time.monotonic() - started)
-        return box[0]
+        from .. import httpclient
 
-    def _blocking(self, method: str, url: str, data: bytes | None) -> Answer:
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(url, data=data, method=method, headers={"Accept": "application/json"})
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if self._key:
-            req.add_header("Authorization", f"Bearer {self._key}")
-        started = time.monotonic()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return Answer(url, resp.status, resp.read(MAX_BODY), elapsed_s=time.monotonic() - started)
-        except urllib.error.HTTPError as err:
-            try:
-                body = err.read(MAX_BODY)
-            except OSError:
-                body = b""
-            return Answer(url, err.code, body, elapsed_s=time.monotonic() - started)
-        except (urllib.error.URLError, OSError, ValueError) as err:
-            reason = getattr(err, "reason", err)
-            return Answer(url, None, error=str(reason), elapsed_s=time.monotonic() - started)
+            got = httpclient.request_within(method, url, self.timeout_s, data=data, api_key=self._key,
+                                            content_type="application/json" if data is not None else None)
+        except httpclient.HttpError as err:
+            if err.status is not None:
+                return Answer(url, err.status, err.body, elapsed_s=err.elapsed_s)
+            return Answer(url, None, error=str(err.reason), elapsed_s=err.elapsed_s)
+        return Answer(url, got.status, got.body, elapsed_s=got.elapsed_s)
