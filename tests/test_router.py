@@ -36,7 +36,7 @@ def test_router_key_values(value, want):
 def test_an_unknown_router_is_refused_naming_the_key():
     with pytest.raises(EnvLayersError) as err:
         er.router_choice({"ROUTER": "vllm-router"})
-    assert err.value.where == "ROUTER" and "ROUTER=smg" in err.value.hint
+    assert err.value.key == "ROUTER" and "ROUTER=smg" in err.value.hint
 
 
 def test_a_router_outside_the_replicas_shape_is_refused():
@@ -48,7 +48,7 @@ def test_a_router_outside_the_replicas_shape_is_refused():
 def test_a_router_port_that_takes_the_servers_port_is_refused(port):
     with pytest.raises(EnvLayersError, match="collides with SERVER_PORT=8000") as err:
         er.check({"ROUTER": "smg", "ROUTER_PORT": port}, "replicas", 8000)
-    assert err.value.where == "ROUTER_PORT"
+    assert err.value.key == "ROUTER_PORT"
 
 
 @pytest.mark.parametrize("key, value", [("ROUTER_PORT", "x"), ("ROUTER_PORT", "0"), ("ROUTER_PORT", "65535"),
@@ -56,7 +56,7 @@ def test_a_router_port_that_takes_the_servers_port_is_refused(port):
 def test_bad_router_settings_are_refused_naming_the_key(key, value):
     with pytest.raises(EnvLayersError) as err:
         er.check({"ROUTER": "smg", key: value}, "replicas", 8000)
-    assert err.value.where == key
+    assert err.value.key == key
 
 
 def test_no_router_plan_without_the_key():
@@ -134,7 +134,7 @@ def test_the_dry_run_refuses_a_router_for_one_server_naming_the_line(tmp_path):
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", "experiment", env_file=serve_env, python="/usr/bin/python3",
                 environ={"EDF_PATH": str(tmp_path), "HOME": str(tmp_path)})
-    assert err.value.where == f"{serve_env}:1: ROUTER"
+    assert str(err.value).startswith(f"{serve_env}:1: ROUTER: smg routes between replicas")
 
 
 # --------------------------------------------------------------------------- counters and health

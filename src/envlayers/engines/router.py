@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..errors import EnvLayersError
+from .. import keys as launch_keys
 
 PACKAGE, VERSION = "smg", "1.13.0"
 PIN = f"{PACKAGE}=={VERSION}"  # the `router` extra of pyproject.toml says the same (tests/test_router.py)
@@ -65,37 +65,24 @@ class RouterPlan:
 
 def router_choice(keys: Mapping[str, str]) -> str | None:
     """``ROUTER``: ``smg`` -> ``"smg"``; absent, empty or ``none`` -> None (no router); else an error."""
-    raw = keys.get("ROUTER")
-    value = None if raw is None else raw.strip()
-    if value in (None, "", "none"):
+    value = launch_keys.text(keys, "ROUTER")
+    if value in (None, "none"):
         return None
     if value not in ROUTERS:
-        raise EnvLayersError(f"ROUTER={raw!r} is not a router this launcher starts", where="ROUTER",
-                             hint="ROUTER=smg (one URL in front of the replicas) or ROUTER=none")
+        raise launch_keys.error(keys, "ROUTER", f"{value!r} is not a router this launcher starts",
+                                "ROUTER=smg (one URL in front of the replicas) or ROUTER=none")
     return value
 
 
-def _port(keys: Mapping[str, str], key: str, default: int) -> int:
-    raw = keys.get(key)
-    if raw is None:
-        return default
-    value = raw.strip()
-    if not value.isdigit() or not 0 < int(value) < 65535:
-        raise EnvLayersError(f"{key}={raw!r} is not a port from 1 to 65534", where=key,
-                             hint=f"e.g. {key}={default} (the metrics take the port above it)")
-    return int(value)
-
-
 def router_port(keys: Mapping[str, str]) -> int:
-    return _port(keys, "ROUTER_PORT", DEFAULT_PORT)
+    return launch_keys.value(keys, "ROUTER_PORT")
 
 
 def router_policy(keys: Mapping[str, str]) -> str:
-    raw = keys.get("ROUTER_POLICY")
-    value = DEFAULT_POLICY if raw is None or not raw.strip() else raw.strip()
+    value = launch_keys.text(keys, "ROUTER_POLICY") or DEFAULT_POLICY
     if value not in POLICIES:
-        raise EnvLayersError(f"ROUTER_POLICY={raw!r} is not one of smg's policies", where="ROUTER_POLICY",
-                             hint=f"one of {', '.join(POLICIES)} (default {DEFAULT_POLICY})")
+        raise launch_keys.error(keys, "ROUTER_POLICY", f"{value!r} is not one of smg's policies",
+                                f"one of {', '.join(POLICIES)} (default {DEFAULT_POLICY})")
     return value
 
 
@@ -105,13 +92,13 @@ def check(keys: Mapping[str, str], shape: str, api_port: int) -> str | None:
     if choice is None:
         return None
     if shape != "replicas":
-        raise EnvLayersError(f"ROUTER={choice} routes between replicas, and this plan is the {shape} shape",
-                             where="ROUTER", hint="set INFERENCE_MODE=replicas, or ROUTER=none")
+        raise launch_keys.error(keys, "ROUTER", f"{choice} routes between replicas, and this plan is the {shape} shape",
+                                "set INFERENCE_MODE=replicas, or ROUTER=none")
     port = router_port(keys)
     if api_port in (port, port + 1):
-        raise EnvLayersError(f"ROUTER_PORT={port} collides with SERVER_PORT={api_port} on node 0 (the router and "
-                             "its metrics take ROUTER_PORT and the port above it)", where="ROUTER_PORT",
-                             hint=f"e.g. ROUTER_PORT={DEFAULT_PORT}")
+        raise launch_keys.error(keys, "ROUTER_PORT", f"{port} collides with SERVER_PORT={api_port} on node 0 (the "
+                                "router and its metrics take ROUTER_PORT and the port above it)",
+                                f"e.g. ROUTER_PORT={DEFAULT_PORT}")
     router_policy(keys)
     return choice
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from ..errors import KeyValueError
 from ..fsutil import atomic_write
 from ..rundir import RecordWriter, unrecorded_end_line
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
@@ -86,11 +87,10 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
     job_id = environ.get("SLURM_JOB_ID", "0")
     names = slurm.hostnames(environ.get("SLURM_JOB_NODELIST", ""))
     left = slurm.remaining_s(job_id) if environ.get("SLURM_JOB_ID") else None
-    from ..topology import DEFAULT_RDZV_PORT
+    from .. import keys
     from .prepare import RDZV_SCAN_PORTS
 
-    rdzv = environ.get("RDZV_PORT", "").strip()
-    start = int(rdzv) if rdzv.isdigit() and 0 < int(rdzv) < 65536 else DEFAULT_RDZV_PORT
+    start = keys.value(launch_keys(environ), "RDZV_PORT")  # a bad value: the same error the plan gives
     return Allocation(job_id=job_id, run_dir=run_dir, nodes=resolve_nodes(names),
                       cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
                       restart=restart_count(environ), ifaces=fabric.local_ipv4(),
@@ -203,12 +203,11 @@ class Launcher:
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir),
                                        write=self.records.write)
-        from .successor import DEFAULT_DRAIN_S, Chain, _whole, chain_left
+        from .successor import Chain, chain_left, drain_s
 
         left = chain_left(self.keys, self.environ)
         if left or self.environ.get("ENVLAYERS_PREDECESSOR"):
-            drain = _whole(self.keys, "SUCCESSOR_DRAIN_S", DEFAULT_DRAIN_S, "seconds the old job serves on")
-            self.chain = Chain(lp.job_id, self.run_dir, left, drain, say=say, environ=self.environ)
+            self.chain = Chain(lp.job_id, self.run_dir, left, drain_s(self.keys), say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
                                      health=health if health.enabled else None, successor=self.chain,
@@ -365,7 +364,7 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
     except HandedOver as done:  # SUCCESSORS: the successor is live, this link of the chain ends
         say(f"ENVLAYERS-STAGE: {done}; ending job {launch.job_id}")
         code, reason = 0, str(done)
-    except LaunchFailure as err:
+    except (LaunchFailure, KeyValueError) as err:  # a bad launch key ends the launch like a failure
         for line in err.lines:
             say(line)
         say(f"ENVLAYERS-ERROR: {err}")

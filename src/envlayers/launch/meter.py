@@ -17,10 +17,11 @@ import re
 import time
 from typing import Callable, Mapping
 
+from .. import keys as keytable
 from ..rundir import RecordWriter
 from .gatewaystate import GatewayState
 from .idle import Counters, IdleTracker, read_counters
-from .prepare import LaunchFailure, LaunchPlan
+from .prepare import LaunchPlan
 
 SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a line in vLLM's access log
 MIN_SAMPLE_EVERY_S = 0.5
@@ -35,17 +36,7 @@ class IdleStop(Exception):
 
 def idle_seconds(keys: Mapping[str, str], key: str) -> float | None:
     """IDLE_STOP_AFTER_S / IDLE_WARN_AFTER_S: absent or empty = never; a positive number of seconds."""
-    raw = keys.get(key)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise LaunchFailure(f"{key}={raw!r} is not a positive number of seconds (hint: e.g. {key}=1800, "
-                            "or remove the key to never stop an idle endpoint; docs/keys.md)")
-    return value
+    return keytable.value(keys, key)
 
 
 # the gateway's /metrics waits up to gateway_app.READ_TIMEOUT_S (3 s) for a slow replica's reader, then
