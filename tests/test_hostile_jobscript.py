@@ -128,7 +128,7 @@ def test_hostile_partition_is_refused(tmp_path, edf_env, value, needle):
     layer.write_text(f"SLURM_PARTITION={single_quote(value)}\n")
     with pytest.raises(EnvLayersError, match=needle) as err:
         prepare(REPO, "oss120b", env_file=layer, python=sys.executable, environ=edf_env)
-    assert str(err.value).startswith(f"{layer}:1: SLURM_PARTITION ") and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"{layer}:1: SLURM_PARTITION: ") and "\n" not in str(err.value)
 
 
 def test_carriage_return_in_a_value_is_refused(tmp_path, edf_env):

@@ -11,6 +11,7 @@ import pytest
 
 from envlayers.launch.idle import Counters, IdleTracker, parse_prometheus, read_counters
 from envlayers.launch.meter import IdleStop, Meter, idle_seconds
+from envlayers.errors import KeyValueError
 from envlayers.launch.prepare import LaunchFailure, prepare
 from envlayers.readiness import Probe
 from envlayers.launch.supervise import Supervisor
@@ -90,7 +91,7 @@ def test_idle_seconds(raw, want):
 
 @pytest.mark.parametrize("raw", ["0", "-5", "30m", "nan"])
 def test_idle_seconds_rejects_bad_values_naming_the_key(raw):
-    with pytest.raises(LaunchFailure, match=r"IDLE_STOP_AFTER_S=.* is not a positive number of seconds.*hint"):
+    with pytest.raises(KeyValueError, match=r"^IDLE_STOP_AFTER_S: must be a positive number of seconds, got .*; hint"):
         idle_seconds({"IDLE_STOP_AFTER_S": raw}, "IDLE_STOP_AFTER_S")
 
 

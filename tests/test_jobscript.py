@@ -374,7 +374,7 @@ def test_partition_with_a_newline_is_refused_with_file_line(tmp_path, edf_dir):
     mine.write_text("A=1\nSLURM_PARTITION='mi300\necho pwned'\n")
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
-    assert str(err.value).startswith(f"{mine}:2: SLURM_PARTITION 'mi300\\necho pwned' is not a partition name")
+    assert str(err.value).startswith(f"{mine}:2: SLURM_PARTITION: 'mi300\\necho pwned' is not a partition name")
 
 
 def test_env_file_path_with_a_newline_never_reaches_the_script(tmp_path, edf_dir):

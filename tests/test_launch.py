@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from envlayers.errors import KeyValueError
 from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
 from envlayers.launch.prepare import Allocation, LaunchFailure, Node, launch_keys, prepare
@@ -534,7 +535,7 @@ def test_stall_detector_off_with_zero(tmp_path):
 
 @pytest.mark.parametrize("value", ["15m", "-1", "1.5"])
 def test_a_stall_window_that_is_not_whole_seconds_stops_the_launch_naming_the_key(tmp_path, value):
-    with pytest.raises(LaunchFailure, match=rf"STARTUP_STALL_S='{re.escape(value)}': not a whole number of seconds"):
+    with pytest.raises(KeyValueError, match=rf"^STARTUP_STALL_S: must be a whole number of seconds, got '{re.escape(value)}'; hint"):
         prepare({**PIPELINE, "STARTUP_STALL_S": value}, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
 
 
@@ -591,6 +592,14 @@ def test_a_failed_launch_records_the_reason_and_code(tmp_path):
     assert end == {"restart": 0, "code": 1, "reason": "rank 1 on n2 exited with code 137 before the endpoint was live",
                    "ended_at": end["ended_at"]}
     assert abs(end["ended_at"] - __import__("time").time()) < 60
+
+
+def test_a_bad_launch_key_in_the_job_is_an_error_line_naming_the_key_not_a_launcher_crash(tmp_path):
+    proc = run_main(tmp_path, "    from envlayers.launch.health import health_settings\n"
+                              "    health_settings({'HEALTH_FAIL_AFTER_S': '5m'})")
+    assert proc.returncode == 1
+    assert "ENVLAYERS-ERROR: HEALTH_FAIL_AFTER_S: must be a whole number of seconds, got '5m'; hint: " in proc.stdout
+    assert "launcher failed" not in proc.stdout
 
 
 def test_a_failed_launch_quotes_each_ranks_root_cause_from_far_up_its_log(tmp_path):

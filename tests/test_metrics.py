@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from envlayers.cli import cli
+from envlayers.errors import KeyValueError
 from envlayers.engines import EngineError, build_rank_command
 from envlayers.readiness import Endpoint
 from envlayers.topology import plan
@@ -42,9 +43,10 @@ def test_sglang_enable_metrics_follows_its_key(value, on):
 
 
 def test_a_value_that_is_not_a_boolean_is_an_error_naming_the_key():
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(KeyValueError) as err:
         argv(SGLANG_ENABLE_METRICS="maybe")
-    assert str(err.value).startswith("SGLANG_ENABLE_METRICS: 'maybe' is not a boolean") and "hint:" in str(err.value)
+    assert str(err.value).startswith("SGLANG_ENABLE_METRICS: must be true or false (true/1/yes/on or false/0/no/off, "
+                                     "any case), got 'maybe'") and "hint:" in str(err.value)
 
 
 def test_vllm_never_gets_the_sglang_flag():

@@ -56,12 +56,13 @@ def test_worker_flags_by_the_absent_empty_rule(keys, flags):
 
 @pytest.mark.parametrize("keys, message", [
     pytest.param({"RAY_PORT_BASE": "80"}, "RAY_PORT_BASE: must be a port from 1024 to 64536 (the Ray ports take 1000 "
-                 "from it), got 80", id="port-base-low"),
+                 "from it), got '80'", id="port-base-low"),
     pytest.param({"RAY_PORT_BASE": "65000"}, "RAY_PORT_BASE: must be a port from 1024 to 64536", id="port-base-high"),
-    pytest.param({"RAY_PORT_BASE": "2x"}, "RAY_PORT_BASE: must be a port from 1024 to 64536, got '2x'", id="not-int"),
+    pytest.param({"RAY_PORT_BASE": "2x"}, "RAY_PORT_BASE: must be a port from 1024 to 64536 (the Ray ports take 1000 "
+                 "from it), got '2x'", id="not-int"),
     pytest.param({"RAY_NUM_CPUS": "0"}, "RAY_NUM_CPUS: must be a positive number of CPUs, got '0'", id="cpus-zero"),
     pytest.param({"RAY_JOIN_TIMEOUT_S": ""}, "RAY_JOIN_TIMEOUT_S: is empty; it must be a positive number of seconds; "
-                 "hint: set RAY_JOIN_TIMEOUT_S=300, the default", id="timeout-empty"),
+                 "hint: set RAY_JOIN_TIMEOUT_S=300 (its value when no layer assigns it)", id="timeout-empty"),
     pytest.param({"SERVER_PORT": "28500"}, "RAY_PORT_BASE, SERVER_PORT: SERVER_PORT = 28500 lies in the Ray port "
                  "block 28000-28999; hint: set RAY_PORT_BASE outside 27501-28500", id="service-port-in-block"),
     pytest.param({"RDZV_PORT": "28999"}, "RAY_PORT_BASE, RDZV_PORT: RDZV_PORT = 28999 lies in the Ray port block",
@@ -177,8 +178,8 @@ def test_gateway_survival_keys_reach_the_serve_app(tmp_path):
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"MIN_REPLICAS": "3"}, "MIN_REPLICAS='3': must be a whole number from 1 to 2"),
-    ({"MIN_REPLICAS": "0"}, "MIN_REPLICAS='0'"),
+    ({"MIN_REPLICAS": "3"}, "MIN_REPLICAS: must be a whole number from 1 to 2"),
+    ({"MIN_REPLICAS": "0"}, "MIN_REPLICAS: must be a positive integer, got '0'"),
     ({"GATEWAY_REPLACE_TIMEOUT_S": "soon"}, "must be a positive number of seconds"),
     ({"GATEWAY_REPLACE_TIMEOUT_S": ""}, "is empty"),
 ])

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlayers.errors import TopologyError
+from envlayers.errors import KeyValueError, TopologyError
 from envlayers.topology import Plan, RankPlan, plan, topology_lines
 
 
@@ -275,9 +275,11 @@ def test_unknown_mode_lists_the_valid_ones():
     ],
 )
 def test_non_integer_or_non_positive_count_names_the_key(key, value):
-    with pytest.raises(TopologyError) as err:
+    with pytest.raises(KeyValueError) as err:
         plan({key: value})
-    assert str(err.value) == f"{key}: must be a positive integer, got {value!r}"
+    default = {"INFERENCE_NODES": 1, "GPUS_PER_NODE": 4, "TENSOR_PARALLEL_SIZE": 4, "PIPELINE_PARALLEL_SIZE": 1}[key]
+    assert str(err.value) == (f"{key}: must be a positive integer, got {value!r}; hint: set {key}={default} (its "
+                              "value when no layer assigns it), or another positive integer")
 
 
 @pytest.mark.parametrize(
@@ -290,7 +292,7 @@ def test_non_integer_or_non_positive_count_names_the_key(key, value):
     ],
 )
 def test_empty_count_is_an_error_not_the_default(key, default):
-    with pytest.raises(TopologyError) as err:
+    with pytest.raises(KeyValueError) as err:
         plan({key: ""})
     assert str(err.value) == (
         f"{key}: is empty; it must be a positive integer; hint: set {key}={default} (its value when no layer "
@@ -311,9 +313,9 @@ def test_empty_count_is_an_error_not_the_default(key, default):
     ],
 )
 def test_bad_port_names_the_key(key, value, message):
-    with pytest.raises(TopologyError) as err:
+    with pytest.raises(KeyValueError) as err:
         plan({key: value})
-    assert str(err.value) == f"{key}: {message}"
+    assert str(err.value).startswith(f"{key}: {message}") and f"; hint: set {key}=" in str(err.value)
 
 
 def test_rendezvous_port_equal_to_server_port_is_rejected_on_a_pipeline():

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from envlayers.cli import cli
 from envlayers.envfile import parse_file
-from envlayers.errors import TopologyError
+from envlayers.errors import KeyValueError, TopologyError
 from envlayers.layers import Source, merge
 from envlayers.topology import Stacking, plan, stacking
 
@@ -180,7 +180,7 @@ def test_no_refusal_hint_asks_to_delete_or_unset_a_key():
         for layered in (None, ABOVE):
             try:
                 plan(env, layered)
-            except TopologyError as err:
+            except (TopologyError, KeyValueError) as err:  # a refused shape, or a value of the wrong type
                 refused += 1
                 if err.hint:
                     hints.add(err.hint)

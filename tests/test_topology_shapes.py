@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envlayers.errors import TopologyError
+from envlayers.errors import EnvLayersError, TopologyError
 from envlayers.topology import RankPlan, plan, reason_lines, topology_lines
 
 NAMES = {"nodes": "INFERENCE_NODES", "gpn": "GPUS_PER_NODE", "tp": "TENSOR_PARALLEL_SIZE",
@@ -231,12 +231,15 @@ PRODUCT = "NUMBER_OF_INSTANCES x TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
                      "4 x 1 uses 4 GPU(s), but INFERENCE_NODES x GPUS_PER_NODE = 2 x 4 = 8 GPU(s) are allocated; "
                      "4 GPU(s) would sit idle and be billed for the whole walltime; hint: set "
                      "PIPELINE_PARALLEL_SIZE=2, or INFERENCE_MODE=replicas for independent servers", id="ray-idle-gpus"),
-        pytest.param(keys(inst=0), "NUMBER_OF_INSTANCES: must be a positive integer, got '0'", id="instances-zero"),
+        pytest.param(keys(inst=0), "NUMBER_OF_INSTANCES: must be a positive integer, got '0'; hint: set "
+                     "NUMBER_OF_INSTANCES=1 (its value when no layer assigns it), or another positive integer",
+                     id="instances-zero"),
         pytest.param({"NUMBER_OF_INSTANCES": ""},
                      "NUMBER_OF_INSTANCES: is empty; it must be a positive integer; hint: set NUMBER_OF_INSTANCES=1 "
                      "(its value when no layer assigns it), or another positive integer", id="instances-empty"),
-        pytest.param(keys(ray_serve="yes"),
-                     "USE_RAY_SERVE: must be true or false, got 'yes'; hint: true forces the Ray Serve gateway; "
+        pytest.param(keys(ray_serve="maybe"),
+                     "USE_RAY_SERVE: must be true or false (true/1/yes/on or false/0/no/off, any case), got 'maybe'; "
+                     "hint: true forces the Ray Serve gateway; "
                      "false, the default, leaves the shape to the numbers", id="ray-serve-not-a-boolean"),
         pytest.param(keys(backend="mpi"),
                      "DISTRIBUTED_BACKEND: unknown backend 'mpi'; valid backends: native, ray; hint: set "
@@ -246,11 +249,13 @@ PRODUCT = "NUMBER_OF_INSTANCES x TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
                      "DATA_PARALLEL_RPC_PORT: is empty; it must be a TCP port (1-65535); hint: set "
                      "DATA_PARALLEL_RPC_PORT=13345 (its value when no layer assigns it), or another port", id="dp-port-empty"),
         pytest.param({"DATA_PARALLEL_RPC_PORT": "70000"},
-                     "DATA_PARALLEL_RPC_PORT: must be a TCP port (1-65535), got '70000'", id="dp-port-too-big"),
+                     "DATA_PARALLEL_RPC_PORT: must be a TCP port (1-65535), got '70000'; hint: set "
+                     "DATA_PARALLEL_RPC_PORT=13345 (its value when no layer assigns it), or another port",
+                     id="dp-port-too-big"),
     ],
 )
 def test_refusal_names_the_cost_and_the_fix(env, message):
-    with pytest.raises(TopologyError) as err:
+    with pytest.raises(EnvLayersError) as err:  # TopologyError, or KeyValueError for a value of the wrong type
         plan(env)
     assert str(err.value) == message
 
@@ -261,8 +266,8 @@ def test_refusal_names_the_cost_and_the_fix(env, message):
         pytest.param(keys(nodes=2, gpn=8, tp=2, inst=8, engine="sglang"),
                      "INFERENCE_ENGINE: the plan is data-parallel (8 instances of tp x pp = 2 GPU(s), each fits a "
                      "node), but SGLang puts several instances behind one endpoint through its router (sgl-router), "
-                     "which the launcher does not start; hint: INFERENCE_MODE=replicas for one SGLang server per node "
-                     "(an endpoint each), or INFERENCE_ENGINE=vllm", id="sglang-data-parallel"),
+                     "not through a data-parallel launch; hint: INFERENCE_MODE=replicas and ROUTER=smg for one SGLang "
+                     "server per node behind one router URL, or INFERENCE_ENGINE=vllm", id="sglang-data-parallel"),
         pytest.param(keys(nodes=2, gpn=8, tp=16, backend="ray", engine="sglang"),
                      "INFERENCE_ENGINE: the plan is ray (DISTRIBUTED_BACKEND=ray), but SGLang has no Ray executor: it "
                      "spans nodes with its own rendezvous (--nnodes, --dist-init-addr); hint: set "

@@ -101,7 +101,8 @@ def test_check_weights_empty_or_on_checks(tmp_path, value):
 def test_check_weights_other_values_are_an_error_naming_the_key(tmp_path):
     with pytest.raises(EnvLayersError) as err:
         job(tmp_path, "CHECK_WEIGHTS=maybe\n")
-    assert str(err.value).startswith(f"{tmp_path / 'mine.env'}:3: CHECK_WEIGHTS='maybe' is neither on nor off")
+    assert str(err.value).startswith(f"{tmp_path / 'mine.env'}:3: CHECK_WEIGHTS: must be true or false "
+                                     "(true/1/yes/on or false/0/no/off, any case), got 'maybe'; hint: 0 skips")
 
 
 def test_no_hf_home_is_a_warning_not_a_refusal(tmp_path):

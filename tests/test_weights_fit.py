@@ -286,7 +286,8 @@ def test_a_memory_that_is_no_number_names_its_line(tmp_path, value):
     weights_of(tmp_path, 1)
     with pytest.raises(EnvLayersError) as err:
         job(tmp_path, f"GPU_MEM_GB={value}\n")
-    assert str(err.value).startswith(f"{tmp_path / 'mine.env'}:4: GPU_MEM_GB={value!r} is not a number of GiB")
+    assert str(err.value).startswith(f"{tmp_path / 'mine.env'}:4: GPU_MEM_GB: must be a positive number of GiB, "
+                                     f"got {value!r}; hint: the memory of one GPU")
 
 
 def test_a_decimal_memory_is_taken(tmp_path):

@@ -41,6 +41,28 @@ class EdfError(EnvLayersError):
     """A container definition that is invalid or cannot be installed."""
 
 
+class KeyValueError(EnvLayersError):
+    """A launch key whose value its type refuses (``envlayers.keys``): ``key`` names it, ``where`` is the
+    ``file:line`` of the assignment when the merged Env is known (the login node), else ``None`` (in the job).
+
+    ``str(err)`` is ``file:line: KEY: message; hint: ...``. Inside the job it ends the launch before srun
+    like a :class:`LaunchFailure` (``rank`` and ``lines`` are for that)."""
+
+    rank = None
+    lines: tuple[str, ...] = ()
+
+    def __init__(self, key: str, message: str, *, where: str | None = None, hint: str | None = None):
+        super().__init__(message, where=where, hint=hint)
+        self.key = key
+
+    def __str__(self) -> str:
+        head = f"{self.where}: {self.key}" if self.where else self.key
+        text = f"{head}: {self.message}"
+        if self.hint:
+            text += f"; hint: {self.hint}"
+        return text
+
+
 class TopologyError(EnvLayersError):
     """A deployment shape that wastes or over-asks GPUs."""
 

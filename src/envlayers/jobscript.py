@@ -32,7 +32,6 @@ READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
 MASTER_REF = "${ENVLAYERS_MASTER_ADDR}"
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 MAX_SERVE_TIME_S = 365 * 86400  # SERVE_TIME's bound where Slurm cannot be asked for the partition's MaxTime
-_SECONDS_RE = re.compile(r"[0-9]+\Z")
 # Slurm partition names, a comma-separated list of them allowed (sbatch -p a,b)
 _PARTITION_RE = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\Z")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -57,6 +56,7 @@ class JobSubmission:
     warnings: list[str] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    router_line: str | None = None  # ROUTER=smg: the router's command line (engines/router.py)
 
     def submit_command(self) -> str:
         return shlex.join(self.sbatch_argv())
@@ -87,6 +87,10 @@ class JobSubmission:
             "# The srun step that starts them, one rank per node (the job fills in the ${...}):",
             f"#   {c(srun_dry_line(self.plan.nodes, self.edf))}",
         ]
+        if self.router_line is not None:
+            out += ["# The router the launcher starts on node 0, outside the container, once every replica is live",
+                    "# (NODE<i> stands for replica i's node address, which the launcher fills in):",
+                    f"#   {c(self.router_line)}"]
         return "\n".join(out) + "\n"
 
     def to_json(self) -> dict:
@@ -94,6 +98,7 @@ class JobSubmission:
             "target": self.target, "sbatch": self.sbatch_argv(), "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
+            **({"router": self.router_line} if self.router_line is not None else {}),
         }
 
 
@@ -184,13 +189,12 @@ def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=Non
 
 def ready_timeout_s(env: Mapping[str, str]) -> int:
     """AGENT_READY_TIMEOUT_SECONDS, else VLLM_READY_TIMEOUT_SECONDS, else the default (empty counts as unset)."""
+    from . import keys
+
     for key in READY_KEYS:
-        value = env.get(key)
-        if value:
-            if not _SECONDS_RE.match(value.strip()) or int(value) <= 0:
-                raise EnvLayersError(f"must be a positive number of seconds, got {value!r}", where=key,
-                                     hint=f"e.g. {DEFAULT_READY_TIMEOUT_S}")
-            return int(value)
+        value = keys.value(env, key)
+        if value is not None:
+            return value
     return DEFAULT_READY_TIMEOUT_S
 
 
@@ -216,7 +220,7 @@ def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str],
 def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, time: str = DEFAULT_TIME,
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: Mapping[str, str] | None = None) -> JobSubmission:
-    from . import engines, topology
+    from . import engines, keys, topology
     from .layers import LaunchSources, merge, refuse_secrets, stack_sources
     from .shell import render
     from .durations import parse_duration  # not .slurm: a dry run does not need subprocess
@@ -226,10 +230,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file))
     env = merge(sources, target)
     refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
-    plan = topology.plan(env.text(), topology.stacking(sources, env))
+    plan = topology.plan(keys.located(env), topology.stacking(sources, env))
     env = with_plan_parallelism(env, plan)  # a PP the plan derived is the job's PP too
     env_text = render(env, "sh", with_header=False)
-    text = env.text()
+    text = keys.located(env)  # key -> text, and the file:line each key's errors name
+    keys.check(text)  # a bad value of a key the job reads is refused here, not after the allocation
     build_env = dict(text)
     warnings = shell_overridden_warnings(env, environ) + unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):
@@ -277,7 +282,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if limit_s and budget > limit_s:
         warnings.append(f"readiness budget {budget}s exceeds the time limit {time}; the job clamps it to 90% "
                         "of the time left")
-    partition = _partition(env, text)
+    partition = _partition(text)
     script = job_script(
         job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
@@ -293,8 +298,31 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if partition:
         sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
+    router_line = _router_line(env, text, plan)
+    if router_line is not None and (python or sys.executable) == sys.executable:
+        import importlib.util
+
+        if importlib.util.find_spec("smg") is None:  # the launcher starts it from the job's Python, this one
+            warnings.append(f"ROUTER=smg: smg is not installed in {sys.executable}, which runs the launcher; "
+                            "the job would end when the router cannot start: pip install 'envlayers[router]'")
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines)
+                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines, router_line)
+
+
+def _router_line(env: Env, text: Mapping[str, str], plan: Plan) -> str | None:
+    """ROUTER=smg: the router's command line in front of every replica (``NODE<i>`` for replica i's node
+    address); a ROUTER the plan cannot have is refused naming the layer line."""
+    from .engines.router import plan_router
+
+    try:
+        router = plan_router(text, plan.shape, plan.api_port,
+                             [f"http://NODE{r.node_index}:{r.port}" for r in plan.readiness_ranks()],
+                             bool(text.get("SERVER_API_KEY_FILE")))
+    except EnvLayersError as err:
+        if err.where in env.bindings:
+            err.where = f"{env.bindings[err.where].origin}: {err.where}"
+        raise
+    return None if router is None else router.line()
 
 
 def with_plan_parallelism(env: Env, plan: Plan) -> Env:
@@ -310,13 +338,14 @@ def with_plan_parallelism(env: Env, plan: Plan) -> Env:
     return Env(env.target, env.sources, bindings)
 
 
-def _partition(env: Env, text: Mapping[str, str]) -> str:
-    b = env.bindings.get("SLURM_PARTITION")
-    value = text.get("SLURM_PARTITION") or ""
+def _partition(text: Mapping[str, str]) -> str:
+    """``SLURM_PARTITION``: absent or empty -> "" (no ``--partition``), else a checked list of names."""
+    from . import keys
+
+    value = text.get("SLURM_PARTITION", "")
     if value and not _PARTITION_RE.match(value):
-        raise EnvLayersError(f"SLURM_PARTITION {_shown(value)} is not a partition name",
-                             where=str(b.origin) if b else "SLURM_PARTITION",
-                             hint="letters, digits, '.', '_' and '-', several separated by commas (no $ or spaces)")
+        raise keys.error(text, "SLURM_PARTITION", f"{_shown(value)} is not a partition name",
+                         hint="letters, digits, '.', '_' and '-', several separated by commas (no $ or spaces)")
     return value
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, NamedTuple
 
-from envlayers.errors import TopologyError
+from envlayers.errors import KeyValueError, TopologyError
+from envlayers import keys
 from envlayers import topology_checks as chk
 from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner's public names)
     BACKENDS,
@@ -148,7 +149,7 @@ def _tp_pp(env: Mapping[str, str], nodes: int, gpn: int, instances: int) -> chk.
             return None
         try:
             return chk.count(env, key, None)
-        except TopologyError:
+        except KeyValueError:
             return None
 
     guess = chk.derive(nodes, gpn, instances, given("TENSOR_PARALLEL_SIZE"), given("PIPELINE_PARALLEL_SIZE"))
@@ -212,7 +213,7 @@ def plan(env: Mapping[str, str], layered: Stacking | None = None) -> Plan:
     dp_port = chk.port(env, "DATA_PARALLEL_RPC_PORT", DEFAULT_DP_RPC_PORT)
     backend = chk.backend(env)
     ray_serve = chk.use_ray_serve(env)
-    engine = (env.get("INFERENCE_ENGINE") or "").strip() or None
+    engine = keys.text(env, "INFERENCE_ENGINE")
     derived = tuple(f"{name}={value} ({why})" for name, value, why in
                     (("tp", tp, par.tp_derived), ("pp", pp, par.pp_derived)) if why)
     if (layered is not None and layered.nodes_above and par.pp_derived is None and mode != "replicas"

@@ -10,9 +10,9 @@ Pure; :mod:`envlayers.topology` decides the shape from what this module parses.
 
 from __future__ import annotations
 
-import re
 from typing import Mapping, NamedTuple
 
+from envlayers import keys
 from envlayers.errors import TopologyError
 
 MODES: tuple[str, ...] = ("single", "pipeline", "replicas")
@@ -20,12 +20,13 @@ MODES: tuple[str, ...] = ("single", "pipeline", "replicas")
 BACKENDS: tuple[str, ...] = ("native", "ray")
 """Valid values of ``DISTRIBUTED_BACKEND``."""
 
-DEFAULT_NODES = 1
-DEFAULT_GPUS_PER_NODE = 4
-DEFAULT_INSTANCES = 1
-DEFAULT_SERVER_PORT = 8000
-DEFAULT_RDZV_PORT = 29500
-DEFAULT_DP_RPC_PORT = 13345
+# the defaults the planner names in its messages: the table's (envlayers.keys)
+DEFAULT_NODES = keys.BY_NAME["INFERENCE_NODES"].default
+DEFAULT_GPUS_PER_NODE = keys.BY_NAME["GPUS_PER_NODE"].default
+DEFAULT_INSTANCES = keys.BY_NAME["NUMBER_OF_INSTANCES"].default
+DEFAULT_SERVER_PORT = keys.BY_NAME["SERVER_PORT"].default
+DEFAULT_RDZV_PORT = keys.BY_NAME["RDZV_PORT"].default
+DEFAULT_DP_RPC_PORT = keys.BY_NAME["DATA_PARALLEL_RPC_PORT"].default
 
 SHAPES: tuple[str, ...] = ("single", "pipeline", "replicas", "data-parallel", "ray", "gateway")
 
@@ -36,19 +37,15 @@ ENGINE_SHAPES: dict[str, tuple[str, ...]] = {
 }
 _SGLANG_WHY = {
     "data-parallel": ("SGLang puts several instances behind one endpoint through its router (sgl-router), "
-                      "which the launcher does not start",
-                      "INFERENCE_MODE=replicas for one SGLang server per node (an endpoint each), "
-                      "or INFERENCE_ENGINE=vllm"),
+                      "not through a data-parallel launch",
+                      "INFERENCE_MODE=replicas and ROUTER=smg for one SGLang server per node behind one router "
+                      "URL, or INFERENCE_ENGINE=vllm"),
     "ray": ("SGLang has no Ray executor: it spans nodes with its own rendezvous (--nnodes, --dist-init-addr)",
             "set DISTRIBUTED_BACKEND= (empty): SGLang then uses its own rendezvous"),
     "gateway": ("the Ray Serve gateway starts a vllm serve with the Ray executor for each instance; SGLang has "
                 "no Ray executor", "INFERENCE_ENGINE=vllm, or NUMBER_OF_INSTANCES=1 and USE_RAY_SERVE=false"),
 }
 
-TRUE_WORDS = ("true",)
-FALSE_WORDS = ("false",)
-
-_INT_RE = re.compile(r"[0-9]+")
 TP_PP = "TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE"
 WHERE_TP_PP = "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE"
 IDLE_COST = "would be allocated and billed for the job's full walltime while sitting idle"
@@ -58,37 +55,14 @@ IDLE_COST = "would be allocated and billed for the job's full walltime while sit
 
 
 def count(env: Mapping[str, str], key: str, default: int | None, *, default_text: str = "") -> int | None:
-    """A positive integer key; absent -> ``default`` (``None``: derived later), empty -> error."""
-    value = env.get(key)
-    if value is None:
-        return default
-    text = value.strip()
-    if text == "":
-        shown = default_text or str(default)
-        raise TopologyError(
-            "is empty; it must be a positive integer",
-            where=key,
-            hint=f"set {key}={shown} (its value when no layer assigns it), or another positive integer",
-        )
-    if not _INT_RE.fullmatch(text) or int(text) <= 0:
-        raise TopologyError(f"must be a positive integer, got {value!r}", where=key)
-    return int(text)
+    """A positive integer key (``envlayers.keys``); absent -> ``default`` (``None``: derived later), empty -> error
+    whose hint suggests ``default_text`` (a derived value) or the default."""
+    return keys.value(env, key, default, shown=default_text or None)
 
 
 def port(env: Mapping[str, str], key: str, default: int) -> int:
-    value = env.get(key)
-    if value is None:
-        return default
-    text = value.strip()
-    if text == "":
-        raise TopologyError(
-            "is empty; it must be a TCP port (1-65535)",
-            where=key,
-            hint=f"set {key}={default} (its value when no layer assigns it), or another port",
-        )
-    if not _INT_RE.fullmatch(text) or not 1 <= int(text) <= 65535:
-        raise TopologyError(f"must be a TCP port (1-65535), got {value!r}", where=key)
-    return int(text)
+    """A TCP port key (``envlayers.keys``); absent -> ``default``, empty -> error."""
+    return keys.value(env, key, default)
 
 
 def mode(env: Mapping[str, str]) -> str | None:
@@ -123,17 +97,8 @@ def backend(env: Mapping[str, str]) -> str | None:
 
 
 def use_ray_serve(env: Mapping[str, str]) -> bool:
-    """``USE_RAY_SERVE``: absent or empty -> false; ``true``/``false`` (any case); else an error."""
-    value = env.get("USE_RAY_SERVE")
-    if value is None or value.strip() == "":
-        return False
-    word = value.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise TopologyError(f"must be true or false, got {value!r}", where="USE_RAY_SERVE",
-                        hint="true forces the Ray Serve gateway; false, the default, leaves the shape to the numbers")
+    """``USE_RAY_SERVE``: a boolean key (``envlayers.keys``' one rule); absent or empty -> false."""
+    return keys.value(env, "USE_RAY_SERVE")
 
 
 # --------------------------------------------------------------------------- derivation

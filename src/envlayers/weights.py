@@ -31,6 +31,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
+from . import keys
 from .errors import EnvLayersError
 from .layers import Env
 
@@ -38,22 +39,14 @@ if TYPE_CHECKING:
     from .topology import Plan
 
 KEY = "CHECK_WEIGHTS"
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 # org/name as the hub spells repository ids; anything else (an absolute path, ./x, a bare name) is not checked
 _HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.index.json")
 
 
-def enabled(text: Mapping[str, str], where: str = KEY) -> bool:
-    """``CHECK_WEIGHTS``: absent or empty -> on; 1/true/yes/on -> on; 0/false/no/off -> off; else an error."""
-    raw = (text.get(KEY) or "").strip().lower()
-    if not raw or raw in _ON:
-        return True
-    if raw in _OFF:
-        return False
-    raise EnvLayersError(f"{KEY}={text.get(KEY)!r} is neither on nor off", where=where,
-                         hint="0 skips the weights check before submission (weights that come another way); "
-                              "1 or absent checks them")
+def enabled(text: Mapping[str, str]) -> bool:
+    """``CHECK_WEIGHTS``: absent or empty -> on, else a boolean (``envlayers.keys``' one rule)."""
+    return keys.value(text, KEY)
 
 
 def hub_id(model: str | None, cwd: Path | None = None) -> str | None:
@@ -134,8 +127,7 @@ def check(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, s
 def locate(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, str],
            cwd: Path | None = None) -> Located:
     """:func:`check`'s findings, with the snapshot the job's cache holds."""
-    b = env.bindings.get(KEY)
-    if not enabled(text, str(b.origin) if b else KEY):
+    if not enabled(text):
         return Located([], [])
     model_b = env.bindings.get("INFERENCE_MODEL")
     model = hub_id(text.get("INFERENCE_MODEL"), cwd)
@@ -328,19 +320,7 @@ def estimate(snapshot: Path) -> Estimate | None:
 
 def gpu_mem_gib(env: Env, text: Mapping[str, str]) -> float | None:
     """``GPU_MEM_GB``: GiB of memory per GPU; absent or empty -> None (no fit check); else a positive number."""
-    raw = (text.get(MEM_KEY) or "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value != value or value == float("inf"):
-        b = env.bindings.get(MEM_KEY)
-        raise EnvLayersError(f"{MEM_KEY}={text.get(MEM_KEY)!r} is not a number of GiB",
-                             where=str(b.origin) if b else MEM_KEY, hint="the memory of one GPU in GiB, e.g. 128 for an MI300A, 64 for one MI250X GCD; "
-                                  "empty skips the fit check")
-    return value
+    return keys.value(text, MEM_KEY)
 
 
 def _gib(n: float) -> str:

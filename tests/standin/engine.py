@@ -1368,6 +1368,9 @@ def _key_required(engine: str, path: str) -> bool:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as uvicorn sets it for the real engines: without it a keep-alive client (a router)
+    # waits out the delayed ACK (~40 ms) between the headers and the body of every answer
+    disable_nagle_algorithm = True
     server_version = "uvicorn"
     sys_version = ""
     timeout = 30

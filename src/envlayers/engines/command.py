@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Iterable, Mapping, NamedTuple
 
+from .. import keys
 from ..errors import EnvLayersError
 from ..shell import dq_escape
 
@@ -86,7 +87,7 @@ def server_host(env: Mapping[str, str]) -> str:
     (0.0.0.0), which the publish needs; SERVER_HOST then decides only where the node publishes the port
     (runtimes/podman.py)."""
     value = env.get("SERVER_HOST")
-    if (env.get("CONTAINER_RUNTIME") or "").strip() == "podman" and (value is None or value.strip() != ""):
+    if keys.text(env, "CONTAINER_RUNTIME") == "podman" and (value is None or value.strip() != ""):
         return DEFAULT_SERVER_HOST
     if value is None:
         return DEFAULT_SERVER_HOST

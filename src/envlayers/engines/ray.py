@@ -8,12 +8,11 @@ How the job runs these lines is :mod:`envlayers.launch.raycluster`'s business.
 
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
+from .. import keys
 from ..errors import EnvLayersError
 
-DEFAULT_PORT_BASE = 28000
 PORT_BLOCK = 1000
 
 # RAY_PORT_BASE + offset: every port a Ray node would otherwise take at a fixed default (10001, 52365,
@@ -30,42 +29,20 @@ PORT_OFFSETS: tuple[tuple[str, int, bool], ...] = (  # flag, offset, head only
     ("--dashboard-port", 7, True),
 )
 WORKER_PORTS = (100, PORT_BLOCK - 1)  # --min-worker-port / --max-worker-port offsets
-_INT_RE = re.compile(r"[0-9]+\Z")
 
 
 class RayKeyError(EnvLayersError):
     """A Ray launch key the cluster cannot be started with."""
 
 
-def whole_key(env: Mapping[str, str], key: str, default: int | None, what: str, *, empty_ok: bool) -> int | None:
-    """A positive whole number key: absent -> ``default``; empty -> None when ``empty_ok``, else an error."""
-    value = env.get(key)
-    if value is None:
-        return default
-    text = value.strip()
-    if text == "":
-        if empty_ok:
-            return None
-        raise RayKeyError(f"is empty; it must be {what}", where=key,
-                          hint=f"set {key}={default}, the default")
-    if not _INT_RE.match(text) or int(text) <= 0:
-        raise RayKeyError(f"must be {what}, got {value!r}", where=key)
-    return int(text)
-
-
 def port_base(env: Mapping[str, str]) -> int | None:
     """``RAY_PORT_BASE``: absent -> 28000, empty -> None (Ray's own port defaults), a value -> it."""
-    base = whole_key(env, "RAY_PORT_BASE", DEFAULT_PORT_BASE, f"a port from 1024 to {65535 - PORT_BLOCK + 1}",
-                     empty_ok=True)
-    if base is not None and not 1024 <= base <= 65535 - PORT_BLOCK + 1:
-        raise RayKeyError(f"must be a port from 1024 to {65535 - PORT_BLOCK + 1} (the Ray ports take "
-                          f"{PORT_BLOCK} from it), got {base}", where="RAY_PORT_BASE")
-    return base
+    return keys.value(env, "RAY_PORT_BASE")
 
 
 def num_cpus(env: Mapping[str, str]) -> int | None:
     """``RAY_NUM_CPUS``: absent or empty -> None (Ray counts the node's CPUs), a value -> it."""
-    return whole_key(env, "RAY_NUM_CPUS", None, "a positive number of CPUs", empty_ok=True)
+    return keys.value(env, "RAY_NUM_CPUS")
 
 
 def check_ports(env: Mapping[str, str], plan) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Mapping
 
 from envlayers.engines.command import (
-    EngineError,
     RankCommand,
     command_env,
     extra_args,
@@ -26,6 +25,7 @@ from envlayers.engines.command import (
     required,
     server_host,
 )
+from envlayers import keys
 from envlayers.topology import Plan, RankPlan
 
 COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
@@ -61,24 +61,10 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, 
     return RankCommand(argv=tuple(argv), env=command_env(env), key_flag=KEY_FLAG if has_key(env) else None)
 
 
-METRICS_ON: tuple[str, ...] = ("true", "1", "yes", "on")
-METRICS_OFF: tuple[str, ...] = ("false", "0", "no", "off")
-
-
 def metrics_enabled(env: Mapping[str, str]) -> bool:
     """``SGLANG_ENABLE_METRICS``: absent -> on (vLLM serves /metrics always, SGLang only with
-    ``--enable-metrics``), empty or a false word -> off, a true word -> on, anything else -> error."""
-    value = env.get("SGLANG_ENABLE_METRICS")
-    if value is None:
-        return True
-    word = value.strip().lower()
-    if word == "" or word in METRICS_OFF:
-        return False
-    if word in METRICS_ON:
-        return True
-    raise EngineError(f"{value!r} is not a boolean; it turns SGLang's /metrics on or off",
-                      where="SGLANG_ENABLE_METRICS",
-                      hint="use true or false (empty also means off; the default is on)")
+    ``--enable-metrics``), empty -> off, else a boolean (``envlayers.keys``' one rule)."""
+    return keys.value(env, "SGLANG_ENABLE_METRICS")
 
 
 def metrics_flag(env: Mapping[str, str]) -> list[str]:

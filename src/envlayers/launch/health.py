@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..errors import LaunchFailure
+from .. import keys as keytable
 from ..rundir import server_root
 
-DEFAULT_HEALTH_FAIL_AFTER_S = 600
 INTERVAL_MAX_S = 30.0
 TIMEOUT_MAX_S = 60.0
 
@@ -40,11 +39,7 @@ def health_settings(keys: Mapping[str, str]) -> HealthSettings:
     """``HEALTH_FAIL_AFTER_S`` (default 600, ``0`` turns the watch off); the probe interval is a fifth of
     it, at most 30s, and each probe may take half of it, at most 60s. A value that is not a whole
     number of seconds is an error naming the key."""
-    raw = (keys.get("HEALTH_FAIL_AFTER_S") or "").strip()
-    if raw and not raw.isdigit():
-        raise LaunchFailure(f"HEALTH_FAIL_AFTER_S={raw!r}: not a whole number of seconds "
-                            f"(hint: 600, the default, or 0 to turn the health watch off)")
-    fail = int(raw) if raw else DEFAULT_HEALTH_FAIL_AFTER_S
+    fail = keytable.value(keys, "HEALTH_FAIL_AFTER_S")
     return HealthSettings(fail, min(INTERVAL_MAX_S, max(1.0, fail / 5)), min(TIMEOUT_MAX_S, max(1.0, fail / 2)))
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from ..errors import KeyValueError
 from ..fsutil import atomic_write
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, RecordWriter, server_log_name,
                       unrecorded_end_line, write_json)
@@ -87,11 +88,10 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
     job_id = environ.get("SLURM_JOB_ID", "0")
     names = slurm.hostnames(environ.get("SLURM_JOB_NODELIST", ""))
     left = slurm.remaining_s(job_id) if environ.get("SLURM_JOB_ID") else None
-    from ..topology import DEFAULT_RDZV_PORT
+    from .. import keys
     from .prepare import RDZV_SCAN_PORTS
 
-    rdzv = environ.get("RDZV_PORT", "").strip()
-    start = int(rdzv) if rdzv.isdigit() and 0 < int(rdzv) < 65536 else DEFAULT_RDZV_PORT
+    start = keys.value(launch_keys(environ), "RDZV_PORT")  # a bad value: the same error the plan gives
     return Allocation(job_id=job_id, run_dir=run_dir, nodes=resolve_nodes(names),
                       cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
                       restart=restart_count(environ), ifaces=fabric.local_ipv4(),
@@ -143,6 +143,7 @@ class Launcher:
         self.meter = None
         self.survivors = None  # launch.replicas.Survivors (replicas shape)
         self.chain = None  # launch.successor.Chain (SUCCESSORS)
+        self.router = None  # launch.router.Router (ROUTER=smg, replicas shape): started once live
         self.records = RecordWriter(say)  # the records written once the ranks run: a refused write is said
         self.t0 = time.monotonic()
 
@@ -172,6 +173,7 @@ class Launcher:
         self.min_replicas = min_replicas(self.keys, lp.plan.replicas) if survives(lp) else 1
         for line in lp.lines:
             say(line)
+        self.router = self.make_router(lp, api_key)  # ROUTER: refused before srun when the plan cannot have it
         from .meter import Meter
         from .timeline import job_start_time
 
@@ -179,6 +181,7 @@ class Launcher:
 
         own = OwnRequests()  # the health watch's one-token completions, left out of the request counters
         self.meter = Meter(lp, self.keys, say, api_key=api_key, job_start=job_start_time(self.environ), own=own)
+        self.meter.router = self.router  # with a router, its counters are the requests (launch/router.py)
         for name, text in lp.files.items():
             try:
                 atomic_write(self.run_dir / name, text)
@@ -202,17 +205,33 @@ class Launcher:
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir),
                                        write=self.records.write_json)
-        from .successor import DEFAULT_DRAIN_S, Chain, _whole, chain_left
+        from .successor import Chain, chain_left, drain_s
 
         left = chain_left(self.keys, self.environ)
         if left or self.environ.get("ENVLAYERS_PREDECESSOR"):
-            drain = _whole(self.keys, "SUCCESSOR_DRAIN_S", DEFAULT_DRAIN_S, "seconds the old job serves on")
-            self.chain = Chain(lp.job_id, self.run_dir, left, drain, say=say, environ=self.environ)
+            self.chain = Chain(lp.job_id, self.run_dir, left, drain_s(self.keys), say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
                                      health=health if health.enabled else None, successor=self.chain,
                                      generate=generates, diag=self.slurm_diag)
+        self.supervisor.router = self.router
         self.supervisor.run()
+
+    def make_router(self, lp: LaunchPlan, api_key: str | None):
+        """The router ``ROUTER`` asks for (launch/router.py), not yet started; None without one."""
+        from ..engines.router import check
+        from ..errors import EnvLayersError
+
+        try:
+            if check(self.keys, lp.plan.shape, lp.plan.api_port) is None:
+                return None
+        except EnvLayersError as err:
+            raise LaunchFailure(str(err)) from None
+        from .router import Router
+
+        host = lp.targets[0].url.split("//", 1)[1].rsplit(":", 1)[0]  # node 0's host as the replicas print it
+        return Router(self.keys, lp.plan.shape, lp.plan.api_port, [t.probe_url for t in lp.targets], self.run_dir,
+                      api_key, say, url_host=host)
 
     def unwritable(self, err: OSError, name: str) -> LaunchFailure:
         """A file the launcher must write before any rank starts, refused by the OS: the job ends, saying
@@ -264,13 +283,22 @@ class Launcher:
     def on_live(self, lp: LaunchPlan, elapsed: float) -> None:
         from ..readiness import Endpoint
 
-        ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, [t.url for t in lp.targets],
+        if self.router is not None:  # one URL in front of the replicas (launch/router.py)
+            self.router.start()
+        urls = [self.router.url] if self.router is not None else [t.url for t in lp.targets]
+        ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, urls,
                       lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
-                      restart=lp.restart, key_file=lp.key_file if lp.api_key else None, metrics=lp.metrics,
+                      restart=lp.restart, key_file=lp.key_file if lp.api_key else None,
+                      # the router serves no /metrics on its URL (its own are on node 0's loopback, endpoint.json
+                      # names them): no metrics line that would 404
+                      metrics=False if self.router is not None else lp.metrics,
                       node_local=lp.node_local)
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
+        if self.router is not None:
+            data["replica_urls"] = [t.url for t in lp.targets]
+            data["router"] = self.router.record()
         self.records.write_json(self.run_dir / ENDPOINT, data)  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
             from .raycluster import joined_line
@@ -285,6 +313,8 @@ class Launcher:
             self.chain.went_live(elapsed)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
+        if self.router is not None:  # first: no request is routed to a replica that is stopping
+            self.router.stop()
         if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
             self.proc.stop(sig, grace_s)
             return
@@ -336,7 +366,7 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
     except HandedOver as done:  # SUCCESSORS: the successor is live, this link of the chain ends
         say(f"ENVLAYERS-STAGE: {done}; ending job {launch.job_id}")
         code, reason = 0, str(done)
-    except LaunchFailure as err:
+    except (LaunchFailure, KeyValueError) as err:  # a bad launch key ends the launch like a failure
         for line in err.lines:
             say(line)
         say(f"ENVLAYERS-ERROR: {err}")

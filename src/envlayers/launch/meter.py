@@ -14,11 +14,12 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping
 
+from .. import keys as keytable
 from ..rundir import RecordWriter, server_log_name
 from .counters import RequestCounters, fetch_metrics, metrics_urls
 from .gatewaylog import GatewayRelay
 from .idle import Counters, IdleTracker
-from .prepare import LaunchFailure, LaunchPlan
+from .prepare import LaunchPlan
 from .timeline import Timeline
 
 SAMPLE_EVERY_S = 5.0  # each sample is a GET /metrics per serving rank, and a line in vLLM's access log
@@ -32,17 +33,7 @@ class IdleStop(Exception):
 
 def idle_seconds(keys: Mapping[str, str], key: str) -> float | None:
     """IDLE_STOP_AFTER_S / IDLE_WARN_AFTER_S: absent or empty = never; a positive number of seconds."""
-    raw = keys.get(key)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise LaunchFailure(f"{key}={raw!r} is not a positive number of seconds (hint: e.g. {key}=1800, "
-                            "or remove the key to never stop an idle endpoint; docs/keys.md)")
-    return value
+    return keytable.value(keys, key)
 
 
 class Meter:
@@ -57,6 +48,7 @@ class Meter:
         # a write the OS refuses is said once, and the job goes on
         self.timeline = Timeline(lp, RecordWriter(say), clock=clock, wall=wall, job_start=job_start)
         self.relay: GatewayRelay | None = None  # the gateway shape, once live
+        self.router = None  # launch.router.Router (ROUTER=smg): set by the launcher
         self.tracker: IdleTracker | None = None
         self.next_sample = 0.0
         self.next_write = 0.0
@@ -64,6 +56,8 @@ class Meter:
         self.sample_every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, (self.stop_after_s or 1e9) / 10))
 
     def sample(self) -> Counters | None:
+        if self.router is not None:  # ROUTER: every client request once, none of ours
+            return self.router.counters()
         return self.counters.sample()
 
     def tick(self, now: float, started: int, live: bool) -> None:
@@ -113,14 +107,19 @@ class Meter:
         self.tracker.feed(now, first)
         if first is None:
             why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
-                   else f"no request counters at {', '.join(metrics_urls(self.lp))}")
+                   else f"no request counters at {', '.join(self._counter_urls())}")
             what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
             self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")
         elif self.stop_after_s or self.warn_after_s:
             bits = [f"stop after {self.stop_after_s:g}s" if self.stop_after_s else None,
                     f"warn after {self.warn_after_s:g}s" if self.warn_after_s else None]
             self.say(f"ENVLAYERS-STAGE: idle release: {', '.join(b for b in bits if b)} without a request "
-                     f"(request counters from {', '.join(metrics_urls(self.lp))})")
+                     f"(request counters from {', '.join(self._counter_urls())})")
+
+    def _counter_urls(self) -> list[str]:
+        if self.router is not None:
+            return [self.router.record()["metrics_url"] + " (the router's)"]
+        return metrics_urls(self.lp)
 
     def write(self, *, final: bool, end_wall: float | None = None, died_wall: float | None = None,
               how: str | None = None) -> None:

@@ -14,16 +14,13 @@ from pathlib import Path
 from typing import Mapping
 
 from .. import engines, slurm, topology
+from .. import keys as keytable
 from ..engines import RankCommand
-from ..defaults import DEFAULT_READY_TIMEOUT_S
 from ..errors import LaunchFailure
 from ..rundir import LAUNCH, RANKS_SH, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from . import raycluster
 
-DEFAULT_RANK_START_TIMEOUT_S = 300
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_STARTUP_STALL_S = 900  # weight loading from a slow file system can be quiet for minutes
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
 JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S",
@@ -89,7 +86,7 @@ class LaunchPlan:
     lines: tuple[str, ...]  # printed before srun, in order
     files: Mapping[str, str]  # run-dir file name -> text
     metrics: bool = True  # the engine serves /metrics (vLLM always; SGLang unless SGLANG_ENABLE_METRICS is off)
-    stall_s: int = DEFAULT_STARTUP_STALL_S  # STARTUP_STALL_S: no rank's log grew for this long before live; 0: off
+    stall_s: int = keytable.BY_NAME["STARTUP_STALL_S"].default  # STARTUP_STALL_S: no rank's log grew for this long before live; 0: off
     node_local: bool = False  # SERVER_HOST binds loopback: reached on node 0 itself or through `env_layers tunnel`
 
     @property
@@ -108,30 +105,19 @@ def launch_keys(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def int_key(env: Mapping[str, str], key: str, default: int) -> int:
-    value = env.get(key)
-    return int(value) if value and value.strip().isdigit() else default
-
-
 def startup_stall_s(keys: Mapping[str, str]) -> int:
     """``STARTUP_STALL_S``: absent or empty -> 900, ``0`` -> the stall detector is off, a whole number of
-    seconds -> it; anything else ends the launch before srun, naming the key."""
-    raw = (keys.get("STARTUP_STALL_S") or "").strip()
-    if raw and not raw.isdigit():
-        raise LaunchFailure(f"STARTUP_STALL_S={raw!r}: not a whole number of seconds (hint: "
-                            f"{DEFAULT_STARTUP_STALL_S}, the default, or 0 to turn the stall detector off)")
-    return int(raw) if raw else DEFAULT_STARTUP_STALL_S
+    seconds -> it; anything else ends the launch before srun, naming the key (``envlayers.keys``)."""
+    return keytable.value(keys, "STARTUP_STALL_S")
 
 
 def min_replicas(keys: Mapping[str, str], replicas: int) -> int:
     """``MIN_REPLICAS``: a whole number from 1 to the number of replicas, else an error naming the key."""
-    raw = (keys.get("MIN_REPLICAS") or "").strip()
-    if not raw:
-        return DEFAULT_MIN_REPLICAS
-    if not raw.isdigit() or not 1 <= int(raw) <= replicas:
-        raise LaunchFailure(f"MIN_REPLICAS={raw!r}: must be a whole number from 1 to {replicas} (the replicas "
-                            f"this job runs); hint: the default 1 keeps serving while any replica is alive")
-    return int(raw)
+    n = keytable.value(keys, "MIN_REPLICAS")
+    if n > replicas:
+        raise keytable.error(keys, "MIN_REPLICAS", f"must be a whole number from 1 to {replicas} (the replicas "
+                             f"this job runs), got {n}", "the default 1 keeps serving while any replica is alive")
+    return n
 
 
 RDZV_SCAN_PORTS = 64
@@ -192,19 +178,19 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
         lines.append("ENVLAYERS-WARN: SGLang takes the API key only on its command line (--api-key): other users "
                      "of the node can read it in /proc/<pid>/cmdline while the server runs (a known limit, "
                      "docs/keys.md)")
-    budget = int_key(keys, "ENVLAYERS_READY_TIMEOUT_S", DEFAULT_READY_TIMEOUT_S)
+    budget = keytable.value(keys, "ENVLAYERS_READY_TIMEOUT_S")
     left = alloc.time_left_s
     if left is not None and budget > CLAMP * left:
         clamped = int(CLAMP * left)
         lines.append(f"ENVLAYERS-WARN: readiness budget {budget}s exceeds the allocation; clamping to {clamped}s "
                      f"(90% of the {left}s left)")
         budget = clamped
-    rank_start_s = int_key(keys, "ENVLAYERS_RANK_START_TIMEOUT", DEFAULT_RANK_START_TIMEOUT_S)
+    rank_start_s = keytable.value(keys, "ENVLAYERS_RANK_START_TIMEOUT")
     stall_s = startup_stall_s(keys)
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
     # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
-    if (keys.get("CONTAINER_RUNTIME") or "").strip() == "podman":
+    if keytable.text(keys, "CONTAINER_RUNTIME") == "podman":
         from ..runtimes.podman import container_name, rank_wrappers
 
         wrappers, podman_lines = rank_wrappers(keys, plan, alloc.job_id, commands)

@@ -25,25 +25,24 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..engines.ray import head_argv, whole_key
+from .. import keys
+from ..engines.ray import head_argv
 from ..rundir import GATEWAY_APP, RAY_CLUSTER, RAY_NODE, RAY_TOKEN, ray_pids_name, read_json
 
 RAY_SHAPES = ("ray", "gateway")
 PYTHON = "python3"  # the ranks' Python: the container's, or the host's with CONTAINER_RUNTIME=none
-DEFAULT_JOIN_TIMEOUT_S = 300
 TEMP_ROOT = "/tmp"  # Ray's socket paths must stay short (a Unix socket path has at most 107 bytes)
 
 
 def join_timeout_s(env: Mapping[str, str]) -> int:
     """``RAY_JOIN_TIMEOUT_S``: seconds the head waits for every node to join; absent -> 300, empty -> error."""
-    return whole_key(env, "RAY_JOIN_TIMEOUT_S", DEFAULT_JOIN_TIMEOUT_S, "a positive number of seconds",
-                     empty_ok=False)
+    return keys.value(env, "RAY_JOIN_TIMEOUT_S")
 
 
 def replace_timeout_s(env: Mapping[str, str], budget_s: int) -> int:
     """``GATEWAY_REPLACE_TIMEOUT_S``: seconds the gateway runs with fewer than MIN_REPLICAS healthy replicas
     while Serve replaces them; absent -> the readiness budget (a new replica starts a new server)."""
-    return whole_key(env, "GATEWAY_REPLACE_TIMEOUT_S", budget_s, "a positive number of seconds", empty_ok=False)
+    return keys.value(env, "GATEWAY_REPLACE_TIMEOUT_S", budget_s)
 
 
 def gateway_cap(plan) -> int:
@@ -68,7 +67,7 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     if plan.shape == "gateway":
         minimum, grace = min_replicas, replace_timeout_s(env, budget_s)
     # the gateway's replicas read the endpoint's key from its file (0600): Ray's processes never carry it
-    key_file = (env.get("SERVER_API_KEY_FILE") or "").strip()
+    key_file = keys.text(env, "SERVER_API_KEY_FILE")
     key_words = ["--api-key-file", key_file] if key_file else []
     common = ["--run-dir", str(run_dir), "--job", job_id, "--address", address, "--nodes", str(plan.nodes),
               "--auth-token-file", str(run_dir / RAY_TOKEN)]

@@ -204,7 +204,9 @@ class Survivors:
                             for r, n in enumerate(self.lp.nodes)]
         data["min_replicas"] = self.minimum
         live = [t for t in self.lp.targets if t.rank not in self.dead]
-        if live:
+        if "router" in data:  # the router's one URL stays the endpoint; the live replicas behind it
+            data["replica_urls"] = [t.url for t in live]
+        elif live:
             data["base_urls"] = [t.url for t in live]
             data["addresses"] = [t.address for t in live]
             if "base_url" in data:

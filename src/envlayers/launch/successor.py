@@ -27,31 +27,26 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from .. import keys as keytable
 from .. import slurm
-from ..errors import LaunchFailure
 from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, read_json, write_json
 
 QUEUE_MARGIN_S = 120
-DEFAULT_DRAIN_S = 60
 
 
 class HandedOver(Exception):
     """The successor is live and this job drained: the orderly end of a link in the chain."""
 
 
-def _whole(keys: Mapping[str, str], key: str, default: int, hint: str) -> int:
-    raw = (keys.get(key) or "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit():
-        raise LaunchFailure(f"{key}={raw!r}: not a whole number ({hint})")
-    return int(raw)
+def drain_s(keys: Mapping[str, str]) -> int:
+    """``SUCCESSOR_DRAIN_S``: seconds this job serves on once its successor is live (``envlayers.keys``)."""
+    return keytable.value(keys, "SUCCESSOR_DRAIN_S")
 
 
 def chain_left(keys: Mapping[str, str], environ: Mapping[str, str]) -> int:
     """Successors still to submit: ``ENVLAYERS_CHAIN_LEFT`` set by the predecessor, else ``SUCCESSORS``."""
-    n = _whole(keys, "SUCCESSORS", 0, "hint: SUCCESSORS=2 keeps the endpoint up for three time limits")
-    left = (environ.get("ENVLAYERS_CHAIN_LEFT") or "").strip()
+    n = keytable.value(keys, "SUCCESSORS")
+    left = environ.get("ENVLAYERS_CHAIN_LEFT", "").strip()  # set by the predecessor's sbatch, never by a layer
     return int(left) if left.isdigit() else n
 
 

@@ -131,6 +131,7 @@ class Supervisor:
         # launch.health.HealthWatch (a serving rank that stops answering /health once live),
         # launch.successor.Chain (hands over to a successor job once that one is live)
         self.survivors, self.health, self.successor = survivors, health, successor
+        self.router = None  # launch.router.Router (ROUTER=smg): set by the launcher
         # launch.slurmdiag: what Slurm says of the missing ranks' step and nodes (ENVLAYERS-DIAG lines)
         self.diag = diag
         # engines.logsigns: each rank's log read as it grows; the ranks whose engine core died (when, what it said).
@@ -373,6 +374,8 @@ class Supervisor:
             # --- end meter ---
             if self.live and self.health is not None:
                 self.check_health()
+            if self.live and self.router is not None:
+                self.router.tick()  # launch/router.py: the router gone ends the job
             if self.live and self.successor is not None:
                 self.successor.tick()  # raises HandedOver once the successor is live and drained
             self.sleep(POLL_S)

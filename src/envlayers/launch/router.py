@@ -1,0 +1,224 @@
+"""Running the router (ROUTER=smg) on node 0: start it once every replica is live, watch it, read its counters.
+
+The launcher runs on node 0 outside any container, so the router runs there too, beside rank 0's
+engine, with every ``CONTAINER_RUNTIME``: it is smg's Python entry in the launcher's own Python (the
+``router`` extra installs it), never inside the engine's image. Its output goes to
+``$RUN_DIR/router.log``. Its argv comes from ``engines.router``; the API key reaches it in its
+environment (never its command line).
+
+Its port is checked free on node 0 before it starts, as the rendezvous port is: the first free port
+from ``ROUTER_PORT`` up (and the one above it, for the metrics) is taken, and a line says when it moved.
+:meth:`Router.start` waits until smg answers ``/v1/models`` with every replica registered (or at least
+one after :data:`READY_TIMEOUT_S`); :meth:`tick` ends the job when the router exits; :meth:`counters`
+reads the router's ``/metrics`` for idle release and the GPU-hour report: a request through the router
+counts once, however many workers smg tried for it, and the launcher's own health probes (sent to the
+replicas directly) never show there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
+from ..errors import EnvLayersError, LaunchFailure
+from .idle import Counters, parse_prometheus
+
+READY_TIMEOUT_S = 60.0
+PORT_SCAN = 64
+# the answers that are client requests: on every path under /v1 but the model list, and SGLang's native one;
+# a request refused for its key (401, 403) is nobody's use of the endpoint, so it keeps no job from idle release
+_REQUEST_PATH_RE = re.compile(r'^smg_http_responses_total\{[^}]*path="(/v1/(?!models)[^"]*|/generate)"')
+_REFUSED_RE = re.compile(r'status_code="40[13]"')
+_HEALTH_RE = re.compile(r'^smg_worker_health\{worker="([^"]*)"\}\s+(\S+)')
+_ACTIVE = "smg_worker_requests_active"
+
+
+def port_free(port: int, host: str = "0.0.0.0") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(first: int, avoid: Sequence[int], free: Callable[[int], bool] = port_free,
+                span: int = PORT_SCAN) -> int:
+    """The first port from ``first`` up whose port and the one above it are free and not in ``avoid``."""
+    for port in range(first, min(first + span, 65535)):
+        if port in avoid or port + 1 in avoid:
+            continue
+        if free(port) and free(port + 1):
+            return port
+    raise LaunchFailure(f"no free router port on node 0 in {first}-{first + span - 1} (ROUTER_PORT and the ports "
+                        "above it are in use); set ROUTER_PORT to a free range in your SERVE_ENV_FILE")
+
+
+def read_counters(text: str) -> Counters | None:
+    """The router's client requests: finished = every answer on a request path (``smg_http_responses_total``,
+    every status but a refused key's 401/403), in flight = ``smg_worker_requests_active`` summed. None without the family."""
+    finished, seen = 0.0, False
+    for line in text.splitlines():
+        if _REQUEST_PATH_RE.match(line) and not _REFUSED_RE.search(line):
+            finished += float(line.rsplit(None, 1)[1])
+        if line.startswith("smg_http_responses_total"):
+            seen = True
+    values = parse_prometheus(text)
+    in_flight = values.get(_ACTIVE, 0.0)
+    if not seen and _ACTIVE not in values and "smg_http_requests_total" not in text:
+        return None
+    return Counters(finished, in_flight)
+
+
+def worker_health(text: str) -> dict[str, bool]:
+    """Each worker URL smg knows and whether its own health checks call it healthy."""
+    return {m.group(1): float(m.group(2)) > 0 for m in map(_HEALTH_RE.match, text.splitlines()) if m}
+
+
+def _get(url: str, api_key: str | None, timeout_s: float = 2.0) -> tuple[int | None, str]:
+    """(status, text) of a GET through the one HTTP client; (None, "") when nothing answered."""
+    from ..httpclient import HttpError, get
+
+    try:
+        resp = get(url, timeout_s, api_key=api_key, accept=None)
+    except HttpError as err:
+        return err.status, ""
+    return resp.status, resp.text()
+
+
+class Router:
+    """One router process beside the launcher on node 0."""
+
+    def __init__(self, keys: Mapping[str, str], shape: str, api_port: int, worker_urls: Sequence[str],
+                 run_dir: Path, api_key: str | None, say: Callable[[str], None], *, url_host: str,
+                 python: str = sys.executable, popen: Callable = subprocess.Popen,
+                 get: Callable[..., tuple[int | None, str]] = _get, free: Callable[[int], bool] = port_free,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.keys, self.shape, self.api_port = keys, shape, api_port
+        self.workers = [worker_root(u) for u in worker_urls]
+        self.run_dir, self.api_key, self.say, self.url_host = run_dir, api_key, say, url_host
+        self.python, self.popen, self.get, self.free = python, popen, get, free
+        self.clock, self.sleep = clock, sleep
+        self.proc = None
+        self.plan: RouterPlan | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.url_host}:{self.plan.port}/v1"
+
+    @property
+    def local(self) -> str:
+        """Where the launcher reaches it: loopback for a wildcard or loopback bind, else the bound host."""
+        host = self.plan.host
+        if host in ("0.0.0.0", "0", "::", "") or host.startswith("127.") or host in ("localhost", "::1"):
+            return "127.0.0.1"
+        return host
+
+    def start(self) -> None:
+        """Choose the port, start smg, wait until it routes to the replicas; LaunchFailure when it cannot."""
+        try:
+            wanted = plan_router(self.keys, self.shape, self.api_port, self.workers, self.api_key is not None)
+        except EnvLayersError as err:
+            raise LaunchFailure(str(err)) from None
+        port = choose_port(wanted.port, [self.api_port], self.free)
+        self.plan = plan_router(self.keys, self.shape, self.api_port, self.workers, self.api_key is not None,
+                                port=port)
+        if port != wanted.port:
+            self.say(f"ENVLAYERS-TOPOLOGY: router_port={port} (ROUTER_PORT={wanted.port} or the port above it is in "
+                     "use on node 0; the first free pair above it)")
+        self.say(f"ENVLAYERS-STAGE: starting the router on node 0: {self.plan.line()}")
+        env = {k: v for k, v in os.environ.items() if k != "SERVER_API_KEY"}
+        env["NO_COLOR"] = "1"
+        if self.api_key is not None:
+            env[KEY_ENV] = self.api_key
+        log = open(self.run_dir / "router.log", "ab")  # noqa: SIM115 - the child holds it
+        try:
+            self.proc = self.popen([self.python, "-c", ENTRY, *self.plan.argv[2:]], stdout=log,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        finally:
+            log.close()
+        self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = self.clock() + timeout_s
+        base = f"http://{self.local}:{self.plan.port}"
+        healthy: dict[str, bool] = {}
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise LaunchFailure(f"the router exited with code {code} before it answered; see "
+                                    f"{self.run_dir / 'router.log'} (is smg installed in {self.python}? "
+                                    "pip install 'envlayers[router]')")
+            status, _ = self.get(f"{base}/v1/models", self.api_key)
+            if status == 200:
+                _, text = self.get(f"http://127.0.0.1:{self.plan.metrics_port}/metrics", None)
+                healthy = worker_health(text)
+                if sum(healthy.values()) >= len(self.workers):
+                    break
+            if self.clock() >= deadline:
+                if status == 200 and any(healthy.values()):
+                    self.say(f"ENVLAYERS-WARN: the router routes to {sum(healthy.values())} of {len(self.workers)} "
+                             f"replicas after {timeout_s:.0f}s; it adds the others once their /health answers")
+                    break
+                self.stop()
+                raise LaunchFailure(f"the router did not route to any replica within {timeout_s:.0f}s (last "
+                                    f"answer on /v1/models: {status}); see {self.run_dir / 'router.log'}")
+            self.sleep(0.5)
+        self.say(f"ENVLAYERS-STAGE: router live at {self.url} in front of {len(self.workers)} replica(s) "
+                 f"(policy {self.plan.policy}; metrics at http://127.0.0.1:{self.plan.metrics_port}/metrics on "
+                 "node 0)")
+
+    def record(self) -> dict:
+        """The ``router`` entry of endpoint.json."""
+        return {"kind": "smg", "base_url": self.url, "port": self.plan.port, "policy": self.plan.policy,
+                "metrics_url": f"http://127.0.0.1:{self.plan.metrics_port}/metrics", "workers": list(self.workers),
+                "log": str(self.run_dir / "router.log"), "pid": self.proc.pid if self.proc is not None else None}
+
+    def tick(self) -> None:
+        """Once per supervision pass: the job ends when the router is gone (its one URL is the endpoint)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise LaunchFailure(f"the router exited with code {self.proc.returncode} after the endpoint was live; "
+                                f"see {self.run_dir / 'router.log'}")
+
+    def metrics(self) -> str | None:
+        status, text = self.get(f"http://127.0.0.1:{self.plan.metrics_port}/metrics", None)
+        return text if status == 200 else None
+
+    def counters(self) -> Counters | None:
+        text = self.metrics()
+        return read_counters(text) if text is not None else None
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+def endpoint_with_router(data: dict, router: Router) -> dict:
+    """endpoint.json's data with the router's URL as the one base URL; the replicas stay in ``replicas``."""
+    data = dict(data)
+    data["replica_urls"] = data.get("base_urls")
+    data["base_urls"] = [router.url]
+    if "base_url" in data:
+        data["base_url"] = router.url
+    data["router"] = router.record()
+    return data

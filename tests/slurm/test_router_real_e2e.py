@@ -1,0 +1,103 @@
+"""ROUTER=smg with the REAL vLLM (its CPU build) as the workers on two lab nodes: the real router binary in
+front of two real `vllm serve`, the per-job key, the official openai client through one URL, and a replica's
+server SIGKILLed while a client keeps asking (the failed requests counted and printed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_real_vllm_e2e import RealRun, answers_openai, meter  # noqa: F401  (meter: the module's fixture)
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
+
+pytestmark = [pytest.mark.slurm, pytest.mark.real_vllm]
+
+
+def finished(address: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{address}:8000/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def replica_serve_pid(run: RealRun, rank: int) -> int:
+    """Replica ``rank``'s own `vllm serve` (its step's environment carries ENVLAYERS_RANK)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (b"/vllm\0serve\0" in cmdline and f"SLURM_JOB_ID={run.job_id}".encode() in environ
+                and f"ENVLAYERS_RANK={rank}".encode() in environ):
+            found.append(int(proc.name))
+    assert len(found) == 1, f"replica {rank}'s vllm serve of job {run.job_id}: {found}"
+    return found[0]
+
+
+def test_real_vllm_replicas_behind_the_router_answer_through_one_url_and_survive_a_killed_one(
+        netns_lab, tmp_path, meter):  # noqa: F811
+    run = RealRun(netns_lab, tmp_path, meter, "replicas + router: 2 nodes, SIGKILL of replica 1", EXPERIMENT="replicas",
+                  model="oss120b", layer="SERVER_API_KEY_FILE=generate\n"
+                                         "ROUTER=smg\nROUTER_POLICY=round_robin\nHEALTH_FAIL_AFTER_S=20\n")
+    run.submit()
+    text = run.wait_live()
+    bases, served = run.block(text)
+    assert bases == [f"http://{netns_lab.nodes['n1']}:30000/v1"], text  # one URL: the router's
+    ep = run.endpoint()
+    key = Path(ep["api_key_file"]).read_text().strip()
+    answers_openai(bases[0], served, api_key=key)
+    addresses = [r["address"] for r in ep["replicas"]]
+    before = [finished(a) for a in addresses]
+    client = openai.OpenAI(base_url=bases[0], api_key=key, max_retries=0, timeout=120)
+    for _ in range(4):
+        client.chat.completions.create(model=served, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    after = [finished(a) for a in addresses]
+    assert all(b - a >= 2 for a, b in zip(before, after)), (before, after)  # round robin reached both
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=bases[0], api_key="wrong-key-1234", max_retries=0).chat.completions.create(
+            model=served, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+
+    results: list[tuple[float, str | None]] = []
+    stop = threading.Event()
+
+    def ask():
+        c = openai.OpenAI(base_url=bases[0], api_key=key, max_retries=0, timeout=60)
+        while not stop.is_set():
+            t = time.monotonic()
+            try:
+                c.chat.completions.create(model=served, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+                results.append((t, None))
+            except Exception as err:  # noqa: BLE001 - counted, not raised
+                results.append((t, f"{type(err).__name__}: {err}"[:160]))
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    time.sleep(3)
+    t_kill = time.monotonic()
+    os.kill(replica_serve_pid(run, 1), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not re.search(r"^ENVLAYERS-ERROR: replica rank 1 on n2 ", run.text(), re.M):
+        time.sleep(0.5)
+    time.sleep(12)  # past the router's 2 failed health checks 5 s apart
+    stop.set()
+    asker.join(120)
+    failed = [(round(t - t_kill, 2), e) for t, e in results if e is not None]
+    print(f"\nROUTER-REAL-KILL: {len(results)} requests, {len(failed)} failed; at s after SIGKILL: {failed}")
+    assert re.search(r"^ENVLAYERS-ERROR: replica rank 1 on n2 ", run.text(), re.M), run.text()[-3000:]
+    assert len(results) >= 10 and not failed, failed
+    answers_openai(bases[0], served, api_key=key)  # the endpoint keeps answering with one replica
+    assert key not in run.text()
+    run.cancel()

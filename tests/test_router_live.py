@@ -1,0 +1,98 @@
+"""The real router binary (smg, the `router` extra) on loopback in front of two stand-in servers, started as
+the launcher starts it (launch/router.py with its real process and HTTP): readiness, the key, cache-aware
+routing, its counters, its stop. Skipped where smg is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
+
+from envlayers.launch.router import Router  # noqa: E402
+
+STANDIN = Path(__file__).resolve().parent / "standin"
+KEY = "test-key-" + "x" * 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def served(port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(None, 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def chat(base: str, text: str, key: str = KEY) -> int:
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}).encode()
+    req = urllib.request.Request(f"{base}/chat/completions", body, {"Content-Type": "application/json",
+                                                                   "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.fixture
+def servers(tmp_path):
+    ports, procs = [free_port(), free_port()], []
+    env = {**os.environ, "STANDIN_LOAD_SECONDS": "0.2", "VLLM_API_KEY": KEY}
+    for port in ports:
+        procs.append(subprocess.Popen([str(STANDIN / "bin" / "vllm"), "serve", "m", "--host", "127.0.0.1", "--port",
+                                       str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+    deadline = time.monotonic() + 30
+    for port in ports:
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+    yield ports
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def test_the_real_router_routes_a_repeated_prefix_to_one_replica_and_checks_the_key(servers, tmp_path):
+    said = []
+    router = Router({"ROUTER": "smg", "SERVER_HOST": "127.0.0.1", "ROUTER_PORT": str(free_port())}, "replicas",
+                    servers[0], [f"http://127.0.0.1:{p}/v1" for p in servers], tmp_path, KEY, said.append,
+                    url_host="127.0.0.1")
+    try:
+        router.start()
+        assert said[-1].startswith(f"ENVLAYERS-STAGE: router live at {router.url} in front of 2 replica(s) "
+                                   "(policy cache_aware")
+        assert KEY.encode() not in Path(f"/proc/{router.proc.pid}/cmdline").read_bytes()
+        assert chat(router.url, "hi", key="wrong-key-123") == 401 and chat(router.url, "hi", key="") == 401
+        before = [served(p) for p in servers]
+        prefix = "You are a careful assistant. " * 40
+        for i in range(6):
+            assert chat(router.url, prefix + f"question {i}") == 200
+        got = [served(p) - b for p, b in zip(servers, before)]
+        assert sorted(got) == [0, 6], got  # every request with the shared prefix went to one replica
+        deadline = time.monotonic() + 10
+        while (router.counters() is None or router.counters().finished < 6) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        counters = router.counters()
+        assert counters.finished == 6 and counters.in_flight == 0  # each once; the two refused keys not at all
+        router.tick()
+    finally:
+        router.stop()
+    assert router.proc.poll() is not None
