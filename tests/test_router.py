@@ -270,7 +270,7 @@ def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
     lp = type("Lp", (), {"nodes": nodes, "targets": targets, "ranks": 2, "run_dir": tmp_path})()
     written = {}
     s = Survivors(lp, object(), 1, say=lambda line: None, tail=lambda p: [], release=lambda keep: None,
-                  write=lambda path, text: written.update(json.loads(text)), background=lambda fn: fn())
+                  write=lambda path, data: written.update(data), background=lambda fn: fn())
     s.went_live({"base_url": "http://n1:30000/v1", "base_urls": ["http://n1:30000/v1"], "router": {"kind": "smg"}})
     s.lost(1, "exited with code 137 after the endpoint was live")
     assert written["base_urls"] == ["http://n1:30000/v1"] and written["base_url"] == "http://n1:30000/v1"

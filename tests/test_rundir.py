@@ -36,7 +36,7 @@ def test_the_copied_scripts_are_the_files_rundir_names():
 _NAMES = [rundir.ENDPOINT, rundir.LAUNCH, rundir.LAUNCH_END, rundir.CHAIN, rundir.TUNNEL, rundir.ACCOUNTING,
           rundir.SERVE_ENV, rundir.API_KEY, rundir.RAY_TOKEN, rundir.RAY_CLUSTER, rundir.GATEWAY_STATE,
           rundir.RANKS_SH, rundir.JOB_SH]
-_SPELLED = re.compile(r"""["'](%s)["']|f["'](server-\{|rank-\{|ray-pids-\{)""" % "|".join(map(re.escape, _NAMES)))
+_SPELLED = re.compile(r"""(["'])(%s)\1|f["'](server-\{|rank-\{|ray-pids-\{)""" % "|".join(map(re.escape, _NAMES)))
 # the standard-library scripts that run inside the job, and the owner itself
 _ALLOWED = {"rundir.py", "gateway_app.py", "launch/raynode.py"}
 
@@ -57,6 +57,7 @@ def test_the_name_check_sees_a_spelled_name():  # the test above can fail
     assert _SPELLED.search('path = run_dir / "endpoint.json"')
     assert _SPELLED.search('log = run_dir / f"server-{rank}.log"')
     assert not _SPELLED.search('say("no endpoint.json yet")')
+    assert not _SPELLED.search("\"\"\"endpoint.json's data\"\"\"")
 
 
 def test_write_json_replaces_the_record_whole_and_read_json_reads_it_back(tmp_path):
