@@ -76,19 +76,19 @@ def test_pipeline_ranks_only_rank_zero_serves_the_api():
         RankPlan(3, 3, False, None),
     )
     assert p.readiness_ranks() == (RankPlan(0, 0, True, 8000),)
-    assert p.readiness_ports() == ((0, 8000),)
+    assert ports(p) == ((0, 8000),)
 
 
 def test_replicas_every_node_serves_the_api_on_the_same_port():
     p = plan(keys(nodes=2, mode="replicas", SERVER_PORT="9000"))
     assert p.replicas == 2
     assert p.ranks == (RankPlan(0, 0, True, 9000), RankPlan(1, 1, True, 9000))
-    assert p.readiness_ports() == ((0, 9000), (1, 9000))
+    assert ports(p) == ((0, 9000), (1, 9000))
 
 
 def test_replicas_smaller_than_a_node_are_allowed_on_one_node():
     p = plan(keys(nodes=1, tp=2, mode="replicas"))
-    assert (p.shape, p.world, p.gpus_used) == ("replicas", 2, 2)
+    assert (p.shape, p.world, p.world * p.replicas) == ("replicas", 2, 2)
     assert p.notes == ("each replica uses 2 of the 4 GPU(s) on its node",)
 
 
@@ -410,7 +410,7 @@ def test_a_plan_uses_every_gpu_or_fits_its_node_or_is_refused(nodes, gpn, tp, pp
         assert all(r.serves_api and r.port == p.api_port for r in p.ranks)
     else:
         assert p.shape == "single" and nodes == 1 and tp * pp <= gpn
-    assert p.gpus_used <= nodes * gpn
+    assert p.world * p.replicas <= nodes * gpn
 
 
 def test_a_plan_is_an_immutable_value_whatever_its_reason_says():
@@ -432,3 +432,8 @@ def test_a_plan_is_an_immutable_value_whatever_its_reason_says():
     with pytest.raises(TypeError):
         replace(p, no_such_field=1)
     assert p.tp == 8
+
+
+def ports(p) -> tuple[tuple[int, int], ...]:
+    """``(node_index, port)`` of every rank that must answer before the endpoint is live."""
+    return tuple((r.node_index, r.port) for r in p.readiness_ranks() if r.port is not None)

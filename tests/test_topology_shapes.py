@@ -57,14 +57,14 @@ def test_shape_from_the_allocation(env, shape, tp, pp, instances, per_node, back
     p = plan(env)
     assert (p.shape, p.tp, p.pp, p.replicas, p.instances_per_node, p.backend) == (
         shape, tp, pp, instances, per_node, backend)
-    assert p.gpus_used <= p.nodes * p.gpus_per_node
+    assert p.world * p.replicas <= p.nodes * p.gpus_per_node
 
 
 def test_data_parallel_ranks_node_zero_serves_the_others_are_headless():
     p = plan(keys(nodes=2, gpn=8, tp=2, inst=8))
     assert p.ranks == (RankPlan(0, 0, True, 8000), RankPlan(1, 1, False, None))
     assert [p.dp_start_rank(r) for r in p.ranks] == [0, 4]
-    assert p.readiness_ports() == ((0, 8000),)
+    assert [(r.node_index, r.port) for r in p.readiness_ranks()] == [(0, 8000)]
     assert (p.multi_node, p.edf_topology, p.dp_rpc_port) == (True, "pipeline", 13345)
 
 
@@ -316,9 +316,9 @@ def test_no_accepted_plan_idles_a_gpu_on_several_nodes_or_over_asks(
         assert err.where and err.hint or "must be" in err.message
         return
     total = nodes * gpn
-    assert p.gpus_used <= total
+    assert p.world * p.replicas <= total
     if nodes > 1:
-        assert p.gpus_used == total
+        assert p.world * p.replicas == total
     # a value the user set is never changed
     assert tp is None or p.tp == tp
     assert pp is None or p.pp == pp

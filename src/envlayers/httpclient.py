@@ -123,10 +123,6 @@ def get(url: str, timeout_s: float, **kw) -> Response:
     return request("GET", url, timeout_s, **kw)
 
 
-def post_json(url: str, payload: Any, timeout_s: float, **kw) -> Response:
-    return request("POST", url, timeout_s, json_body=payload, **kw)
-
-
 def request_within(method: str, url: str, timeout_s: float, *, slack_s: float = 0.5, **kw) -> Response:
     """:func:`request`, and the whole answer within ``timeout_s + slack_s`` by the wall clock: the request
     runs in a daemon thread, left behind (and raised as ``incomplete``) when the time is up."""

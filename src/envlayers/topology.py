@@ -52,7 +52,6 @@ from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner
 
 Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
 
-DEFAULT_PIPELINE_PARALLEL_SIZE = 1
 TOPOLOGY_PREFIX = "ENVLAYERS-TOPOLOGY:"
 
 class RankPlan(NamedTuple):
@@ -117,11 +116,6 @@ class Plan:
             return "pipeline"
         return "replicas" if self.shape == "replicas" else "single"
 
-    @property
-    def gpus_used(self) -> int:
-        """GPUs all instances together use."""
-        return self.world * self.replicas
-
     def readiness_ranks(self) -> tuple[RankPlan, ...]:
         """The ranks that must answer ``/v1/models`` before the endpoint is live.
 
@@ -129,10 +123,6 @@ class Plan:
         server that always says OK, or none: never probe them); every replica for replicas.
         """
         return tuple(r for r in self.ranks if r.serves_api)
-
-    def readiness_ports(self) -> tuple[tuple[int, int], ...]:
-        """``(node_index, port)`` for every rank in :meth:`readiness_ranks`."""
-        return tuple((r.node_index, r.port) for r in self.readiness_ranks() if r.port is not None)
 
     def dp_start_rank(self, rank: RankPlan) -> int:
         """The first data-parallel rank a node runs (``--data-parallel-start-rank``)."""

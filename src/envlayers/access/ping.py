@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import EnvLayersError
 
-EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
+EXIT_OK, EXIT_FAILED = 0, 1
 
 
 @dataclass

@@ -262,11 +262,6 @@ def describe_timeout(result: "WaitResult", timeout_s: float) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ status
 
-# The words every operator command uses, in this order, in text and --json (docs/operating.md#one-vocabulary)
-VOCABULARY = (("target", "TARGET"), ("model_id", "MODEL ID"), ("served_name", "SERVED NAME"),
-              ("state", "STATE"), ("phase", "PHASE"), ("url", "URL"))
-
-
 def format_table(rows: list[dict]) -> str:
     head = ("JOBID", "STATE", "NODES", "TIME LEFT", "TARGET", "MODEL ID", "SERVED NAME", "PHASE", "URL")
     body = []

@@ -211,14 +211,3 @@ class Router:
             proc.wait(5)
         except ProcessLookupError:
             pass
-
-
-def endpoint_with_router(data: dict, router: Router) -> dict:
-    """endpoint.json's data with the router's URL as the one base URL; the replicas stay in ``replicas``."""
-    data = dict(data)
-    data["replica_urls"] = data.get("base_urls")
-    data["base_urls"] = [router.url]
-    if "base_url" in data:
-        data["base_url"] = router.url
-    data["router"] = router.record()
-    return data
