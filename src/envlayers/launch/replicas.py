@@ -65,7 +65,7 @@ class ReplicaSteps:
 
     def end(self, rank: int, grace_s: float = 8.0) -> int | None:
         """Stop one replica's step (SIGTERM to its srun, then SIGKILL); its exit code."""
-        return _stop(self.procs[rank], signal.SIGTERM, grace_s)
+        return stop_group(self.procs[rank], signal.SIGTERM, grace_s)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
         for proc in self.procs.values():
@@ -76,10 +76,12 @@ class ReplicaSteps:
                     pass
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
-            _stop(proc, signal.SIGKILL, max(0.1, deadline - time.monotonic()), already_sent=True)
+            stop_group(proc, signal.SIGKILL, max(0.1, deadline - time.monotonic()), already_sent=True)
 
 
-def _stop(proc, sig, grace_s: float, already_sent: bool = False) -> int | None:
+def stop_group(proc, sig, grace_s: float, already_sent: bool = False) -> int | None:
+    """Stop a process started in its own session: ``sig`` to its group (unless ``already_sent``), SIGKILL
+    after ``grace_s``; its exit code."""
     if proc.poll() is not None:
         return proc.returncode
     try:

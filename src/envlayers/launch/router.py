@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
 from .idle import Counters, parse_prometheus
+from .replicas import stop_group
 
 READY_TIMEOUT_S = 60.0
 PORT_SCAN = 64
@@ -197,17 +198,5 @@ class Router:
         return read_counters(text) if text is not None else None
 
     def stop(self, grace_s: float = 8.0) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(5)
-        except ProcessLookupError:
-            pass
+        if self.proc is not None:
+            stop_group(self.proc, signal.SIGTERM, grace_s)
