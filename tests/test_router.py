@@ -67,7 +67,7 @@ def test_the_router_argv_names_every_replica_and_binds_server_host():
     rp = er.plan_router({"ROUTER": "smg", "SERVER_HOST": "10.0.0.1", "ROUTER_POLICY": "round_robin"}, "replicas",
                         8000, WORKERS, True)
     assert rp.argv == ("smg", "launch", "--host", "10.0.0.1", "--port", "30000", "--worker-urls", *WORKERS,
-                       "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", "30001",
+                       "--policy", "round_robin", "--prometheus-host", "10.0.0.1", "--prometheus-port", "30001",
                        "--health-check-interval-secs", "5", "--health-failure-threshold", "2",
                        "--shutdown-grace-period-secs", "5", "--disable-tokenizer-autoload", "--log-level", "warn")
     assert "--api-key" not in rp.argv
@@ -276,3 +276,14 @@ def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
     assert written["base_urls"] == ["http://n1:30000/v1"] and written["base_url"] == "http://n1:30000/v1"
     assert written["replica_urls"] == ["http://n1:8000/v1"]
     assert [r["alive"] for r in written["replicas"]] == [True, False]
+
+
+def test_the_block_names_the_routers_own_metrics_url():
+    from envlayers.readiness import Endpoint
+
+    ep = Endpoint("7", "s", "m", "vllm", "replicas", ["http://n1:30000/v1"], False, "/r",
+                  metrics_at="http://n1:30001/metrics")
+    assert "metrics: http://n1:30001/metrics\n" in ep.block()
+    assert json.loads(ep.to_json())["metrics_at"] == "http://n1:30001/metrics"
+    plain = Endpoint("7", "s", "m", "vllm", "replicas", ["http://n1:8000/v1"], False, "/r")
+    assert "metrics: http://n1:8000/metrics\n" in plain.block()

@@ -313,3 +313,37 @@ def test_packaged_baselines_cover_every_catalog_model_and_say_how():
 ])
 def test_base_url_of(spec, base):
     assert base_url_of(spec) == base
+
+
+def test_metrics_on_a_port_of_their_own_are_read_there_not_at_the_root():
+    # a router (ROUTER=smg) answers inference on its port and Prometheus text on the port above it:
+    # endpoint.json's metrics_at names that URL, and the gate reads it instead of the root's /metrics (a 404)
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = b"# TYPE smg_router_requests_total counter\nsmg_router_requests_total 3\n"
+            code = 200 if self.path == "/metrics" else 404
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body) if code == 200 else 0))
+            self.end_headers()
+            if code == 200:
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2.0)  # the router's own port: nothing there
+        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+        check = gates.check_metrics(client, Target("t", [client.base_url], served=SERVED, engine="vllm",
+                                                   metrics_url=url))
+        assert (check.status, check.url) == ("pass", url) and "smg_router_requests_total" in check.evidence[0]
+        assert gates.check_metrics(client, Target("t", [client.base_url], served=SERVED, engine="vllm")).status \
+            == "fail"
+    finally:
+        srv.shutdown()
+        srv.server_close()

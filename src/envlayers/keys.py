@@ -291,7 +291,7 @@ KEYS: tuple[Key, ...] = (
         doc='replicas shape: `smg` starts one router on node 0 in front of every replica, and the endpoint is its one URL (docs/topology.md, "One URL in front of the replicas"); `none`: no router; anything else, or a shape other than replicas, is refused before submission naming the line',
         absent='no router: an URL per replica', empty='no router'),
     Key('ROUTER_PORT', PORT_PAIR, default=30000, if_empty=ERROR, section='lasting',
-        doc="the router's port on node 0 (the port above it serves its metrics on loopback); the first free pair from it up is taken; equal to `SERVER_PORT` or the port below it is refused",
+        doc="the router's port on node 0 (the port above it serves its Prometheus metrics, bound where the router is); the first free pair from it up is taken; equal to `SERVER_PORT` or the port below it is refused",
         absent='30000', empty='error', hint='e.g. ROUTER_PORT=30000 (the metrics take the port above it)'),
     Key('ROUTER_POLICY', WORD, section='lasting',
         doc="the router's policy: `cache_aware`, `round_robin`, `power_of_two`, `least_load`, `prefix_hash`, `consistent_hashing`, `random`",

@@ -103,13 +103,17 @@ class Endpoint:
     restart: int = 0  # SLURM_RESTART_COUNT of the run that went live
     key_file: str | None = None  # SERVER_API_KEY_FILE: the printed curl reads the key from it
     node_local: bool = False  # SERVER_HOST binds loopback: only the node itself, or `env_layers tunnel`, reach it
+    metrics_at: str | None = None  # the Prometheus URL when it is not the base URL's root (a router's own port)
 
     @property
     def base_url(self) -> str:
         return self.base_urls[0]
 
     def metrics_url(self, base_url: str | None = None) -> str:
-        """Prometheus text at the server root: ``http://host:port/metrics`` (not under /v1)."""
+        """Prometheus text at the server root: ``http://host:port/metrics`` (not under /v1); ``metrics_at`` when
+        set (a router serves its metrics on a port of their own)."""
+        if base_url is None and self.metrics_at:
+            return self.metrics_at
         return server_root(base_url or self.base_url) + "/metrics"
 
     def curl(self, base_url: str | None = None) -> str:

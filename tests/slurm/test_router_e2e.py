@@ -54,6 +54,10 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
     assert len(ep["replica_urls"]) == 2 and ep["router"]["kind"] == "smg"
     block = text.split(BANNER, 1)[1]
     assert "http://n1:30000/v1" in block and ":8000/v1" not in block  # one URL in the block
+    # the router's Prometheus text on the port above its own, bound where it is: named in the block, readable
+    assert "\nmetrics: http://n1:30001/metrics\n" in block and ep["metrics_at"] == "http://n1:30001/metrics"
+    scraped = urllib.request.urlopen(reachable(ep["metrics_at"], netns_lab), timeout=10).read().decode()
+    assert "# TYPE " in scraped
     key = (run.run_dir / "api-key").read_text().strip()
     assert key not in run.out.read_text() and key not in (run.run_dir / "router.log").read_text()
     router_pid = ep["router"]["pid"]

@@ -11,7 +11,8 @@ circuit breaker on one that keeps failing, and serves its Prometheus text on a p
 
 Keys (docs/keys.md): ``ROUTER`` (``smg`` or ``none``; absent or empty: no router, an URL per replica),
 ``ROUTER_PORT`` (default 30000, smg's own), ``ROUTER_POLICY`` (default ``cache_aware``). The metrics
-port is ``ROUTER_PORT`` + 1 on loopback: only the launcher (on node 0) reads it.
+port is ``ROUTER_PORT`` + 1, bound where the router is (SERVER_HOST), as the engines serve theirs: the
+launcher reads it for idle release and accounting, ``verify`` and Prometheus scrapers from outside.
 
 The API key never enters the argv: ``launch.router`` hands it to smg through the process environment
 (``--api-key`` is set by a two-line Python entry, :data:`ENTRY`), so ``/proc/<pid>/cmdline`` does not
@@ -112,7 +113,7 @@ def bind_host(keys: Mapping[str, str]) -> str:
 def router_argv(*, host: str, port: int, metrics_port: int, workers: Sequence[str], policy: str) -> list[str]:
     """``smg launch`` for the replicas' roots (``http://host:port``, no ``/v1``)."""
     return ["smg", "launch", "--host", host, "--port", str(port), "--worker-urls", *workers,
-            "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--policy", policy, "--prometheus-host", host, "--prometheus-port", str(metrics_port),
             "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
             "--health-failure-threshold", str(HEALTH_FAILURES),
             "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S),

@@ -289,9 +289,8 @@ class Launcher:
         ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, urls,
                       lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
                       restart=lp.restart, key_file=lp.key_file if lp.api_key else None,
-                      # the router serves no /metrics on its URL (its own are on node 0's loopback, endpoint.json
-                      # names them): no metrics line that would 404
-                      metrics=False if self.router is not None else lp.metrics,
+                      # a router serves its /metrics on the port above its own (launch/router.py)
+                      metrics=lp.metrics, metrics_at=self.router.metrics_url if self.router is not None else None,
                       node_local=lp.node_local)
         data = json.loads(ep.to_json())
         data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls

@@ -116,6 +116,11 @@ class Router:
         return f"http://{self.url_host}:{self.plan.port}/v1"
 
     @property
+    def metrics_url(self) -> str:
+        """The router's Prometheus text, where clients reach it: node 0, the port above the router's."""
+        return f"http://{self.url_host}:{self.plan.metrics_port}/metrics"
+
+    @property
     def local(self) -> str:
         """Where the launcher reaches it: loopback for a wildcard or loopback bind, else the bound host."""
         host = self.plan.host
@@ -160,7 +165,7 @@ class Router:
                                     "pip install 'envlayers[router]')")
             status, _ = self.get(f"{base}/v1/models", self.api_key)
             if status == 200:
-                _, text = self.get(f"http://127.0.0.1:{self.plan.metrics_port}/metrics", None)
+                _, text = self.get(f"http://{self.local}:{self.plan.metrics_port}/metrics", None)
                 healthy = worker_health(text)
                 if sum(healthy.values()) >= len(self.workers):
                     break
@@ -180,7 +185,7 @@ class Router:
     def record(self) -> dict:
         """The ``router`` entry of endpoint.json."""
         return {"kind": "smg", "base_url": self.url, "port": self.plan.port, "policy": self.plan.policy,
-                "metrics_url": f"http://127.0.0.1:{self.plan.metrics_port}/metrics", "workers": list(self.workers),
+                "metrics_url": self.metrics_url, "workers": list(self.workers),
                 "log": str(self.run_dir / "router.log"), "pid": self.proc.pid if self.proc is not None else None}
 
     def tick(self) -> None:
@@ -190,7 +195,7 @@ class Router:
                                 f"see {self.run_dir / 'router.log'}")
 
     def metrics(self) -> str | None:
-        status, text = self.get(f"http://127.0.0.1:{self.plan.metrics_port}/metrics", None)
+        status, text = self.get(f"http://{self.local}:{self.plan.metrics_port}/metrics", None)
         return text if status == 200 else None
 
     def counters(self) -> Counters | None:

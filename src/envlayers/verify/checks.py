@@ -234,12 +234,13 @@ def check_accuracy(client: Client, target: "Target", prompts: list[Prompt], base
 
 
 def check_metrics(client: Client, target: "Target") -> Check:
-    check = Check("metrics", "fail", "", url=client.root + "/metrics")
+    url = target.metrics_url or client.root + "/metrics"
+    check = Check("metrics", "fail", "", url=url)
     if target.metrics_off is not None:
         check.status = "skip"
         check.summary = f"turned off for this job (SGLANG_ENABLE_METRICS={target.metrics_off!r})"
         return check
-    answer = client.get("/metrics", at_root=True)
+    answer = client.request("GET", url)
     if answer.status == 200:
         names = sorted({line.split()[2] for line in answer.body.decode("utf-8", "replace").splitlines()
                         if line.startswith("# TYPE ") and len(line.split()) > 2})

@@ -37,6 +37,7 @@ class Target:
     reasoning_parser: str | None = None  # what the catalog entry names; "" none; None unknown
     tool_call_parser: str | None = None
     metrics_off: str | None = None  # the SGLANG_ENABLE_METRICS value that turned /metrics off
+    metrics_url: str | None = None  # Prometheus text elsewhere than the base URL's root (endpoint.json: metrics_at)
     gdr_level: str | None = None
     multi_node: bool | None = None
     job_id: str | None = None
@@ -125,6 +126,7 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
     t = Target(label=f"job {job.job_id}", base_urls=urls, served=str(data.get("served_model_name") or ""),
                engine=data.get("engine"), model=data.get("model") or env.get("INFERENCE_MODEL"),
                catalog_model=target_name.partition(":")[2] or env.get("MODEL") or None, job_id=job.job_id)
+    t.metrics_url = data.get("metrics_at") or None  # a router's own metrics port
     t.gdr_level = env.get("NCCL_NET_GDR_LEVEL") or None
     t.multi_node = data.get("shape") == "pipeline" or len(data.get("nodes") or []) > len(urls)
     if t.engine == "sglang" and "SGLANG_ENABLE_METRICS" in env:
