@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envlayers import engines
-from envlayers.launch.launcher import ports_in_use
+from envlayers.launch.ports import ports_in_use
 from envlayers.launch.prepare import LaunchFailure, choose_rdzv_port
 from envlayers.topology import plan
 

@@ -287,3 +287,29 @@ def test_the_block_names_the_routers_own_metrics_url():
     assert json.loads(ep.to_json())["metrics_at"] == "http://n1:30001/metrics"
     plain = Endpoint("7", "s", "m", "vllm", "replicas", ["http://n1:8000/v1"], False, "/r")
     assert "metrics: http://n1:8000/metrics\n" in plain.block()
+
+
+def test_a_router_port_left_in_time_wait_by_the_previous_router_is_free():
+    # the previous job's router (a Rust listener: SO_REUSEADDR) closed its connections first: TIME_WAIT on its
+    # port for a minute; the next job's router binds it fine, so the check must not move the port for it
+    import socket as so
+    import time as tm
+
+    from envlayers.launch.ports import port_free
+    from test_launch_rdzv import tcp_states
+
+    with so.socket() as listener:
+        listener.setsockopt(so.SOL_SOCKET, so.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = so.create_connection(("127.0.0.1", port))
+        server_side, _ = listener.accept()
+        server_side.close()
+        client.recv(1)
+        client.close()
+        assert not port_free(port)  # held by a listener
+    deadline = tm.monotonic() + 30
+    while tcp_states(port) != {"06"} and tm.monotonic() < deadline:
+        tm.sleep(0.01)
+    assert tcp_states(port) == {"06"} and port_free(port)

@@ -26,6 +26,7 @@ from ..errors import KeyValueError
 from ..fsutil import atomic_write
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, RecordWriter, server_log_name,
                       unrecorded_end_line, write_json)
+from .ports import ports_in_use
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
 
@@ -96,22 +97,6 @@ def allocation(run_dir: Path, environ: Mapping[str, str]) -> Allocation:
                       cpus_on_node=environ.get("SLURM_CPUS_ON_NODE", "1"), time_left_s=left,
                       restart=restart_count(environ), ifaces=fabric.local_ipv4(),
                       busy_ports=ports_in_use(start, RDZV_SCAN_PORTS) if len(names) > 1 else frozenset())
-
-
-def ports_in_use(start: int, count: int, host: str = "0.0.0.0") -> frozenset[int]:
-    """The ports in ``start .. start+count-1`` that this node cannot bind now (a listener holds them). Bound
-    with SO_REUSEADDR, as the engines' and Ray's listeners are (gRPC, torch's TCP store): a port whose last
-    connection of such a listener lingers in TIME_WAIT (a previous job's rendezvous) is free to them, so it
-    is free here."""
-    busy = set()
-    for port in range(start, min(start + count, 65536)):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError:
-                busy.add(port)
-    return frozenset(busy)
 
 
 def restart_count(environ: Mapping[str, str]) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
 from .idle import Counters, parse_prometheus
+from .ports import port_free
 from .replicas import stop_group
 
 READY_TIMEOUT_S = 60.0
@@ -40,15 +40,6 @@ _REQUEST_PATH_RE = re.compile(r'^smg_http_responses_total\{[^}]*path="(/v1/(?!mo
 _REFUSED_RE = re.compile(r'status_code="40[13]"')
 _HEALTH_RE = re.compile(r'^smg_worker_health\{worker="([^"]*)"\}\s+(\S+)')
 _ACTIVE = "smg_worker_requests_active"
-
-
-def port_free(port: int, host: str = "0.0.0.0") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def choose_port(first: int, avoid: Sequence[int], free: Callable[[int], bool] = port_free,
