@@ -210,14 +210,6 @@ class Lab:
     def cancel(self, jobid: str) -> None:
         self.run(["scancel", jobid], check=False)
 
-    def wait_schedulable(self, nodes: list[str], timeout_s: float = 300.0) -> None:
-        """Block until Slurm can start a job on all of ``nodes``: a job shrunk with ``scontrol update
-        NodeList=`` (the replicas shape giving a dead replica's node back) keeps the released node from the
-        scheduler for a while (about 90 s here) after the job ended; a test after it expects that node."""
-        job = self.submit("#!/bin/bash\ntrue\n", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}",
-                          "--time=00:01:00")
-        self.wait_job(job, timeout_s=timeout_s)
-
     def cancel_all_submitted(self) -> None:
         """scancel every job this object submitted that is still active (used at teardown)."""
         for jobid in self._submitted:

@@ -117,4 +117,3 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
     # the requests idle release and the report count are the router's: each once (never more than were sent)
     assert 0 < acct["live"]["requests"] <= len(results) + 7 and acct["live"]["counters_readable"], acct["live"]
     run.assert_nothing_left()
-    netns_lab.wait_schedulable(["n1", "n2"])  # n2 was given back by a resize: the next test expects it
