@@ -69,6 +69,12 @@ def test_a_port_whose_last_connection_lingers_in_time_wait_is_free():
     # the server side closes first, as Ray's GCS or a TCP store does when a job ends: its socket stays in
     # TIME_WAIT for a minute, during which a new listener binds the port fine, since both set SO_REUSEADDR
     # (as gRPC and torch's TCP store do)
+    port = time_wait_port()
+    assert port not in ports_in_use(port, 1)
+
+
+def time_wait_port() -> int:
+    """A port whose only socket is a SO_REUSEADDR listener's connection in TIME_WAIT (the server closed first)."""
     with socket.socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("0.0.0.0", 0))
@@ -79,11 +85,12 @@ def test_a_port_whose_last_connection_lingers_in_time_wait_is_free():
         server_side.close()  # the active close: TIME_WAIT on the server's port
         client.recv(1)
         client.close()
+        assert port in ports_in_use(port, 1)  # held while the listener lives
     deadline = time.monotonic() + 30
     while tcp_states(port) != {"06"} and time.monotonic() < deadline:  # the server's socket reaches TIME_WAIT
         time.sleep(0.01)
     assert tcp_states(port) == {"06"}
-    assert port not in ports_in_use(port, 1)
+    return port
 
 
 def tcp_states(port: int) -> set[str]:

@@ -292,24 +292,7 @@ def test_the_block_names_the_routers_own_metrics_url():
 def test_a_router_port_left_in_time_wait_by_the_previous_router_is_free():
     # the previous job's router (a Rust listener: SO_REUSEADDR) closed its connections first: TIME_WAIT on its
     # port for a minute; the next job's router binds it fine, so the check must not move the port for it
-    import socket as so
-    import time as tm
-
     from envlayers.launch.ports import port_free
-    from test_launch_rdzv import tcp_states
+    from test_launch_rdzv import time_wait_port
 
-    with so.socket() as listener:
-        listener.setsockopt(so.SOL_SOCKET, so.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        client = so.create_connection(("127.0.0.1", port))
-        server_side, _ = listener.accept()
-        server_side.close()
-        client.recv(1)
-        client.close()
-        assert not port_free(port)  # held by a listener
-    deadline = tm.monotonic() + 30
-    while tcp_states(port) != {"06"} and tm.monotonic() < deadline:
-        tm.sleep(0.01)
-    assert tcp_states(port) == {"06"} and port_free(port)
+    assert port_free(time_wait_port())
