@@ -296,3 +296,39 @@ def test_a_router_port_left_in_time_wait_by_the_previous_router_is_free():
     from test_launch_rdzv import time_wait_port
 
     assert port_free(time_wait_port())
+
+
+# --------------------------------------------------------------------------- the elastic pool's keys
+
+
+def test_max_replicas_without_a_router_is_refused_naming_the_key():
+    with pytest.raises(EnvLayersError, match="the pool grows behind the router") as err:
+        er.check({"MAX_REPLICAS": "3"}, "replicas", 8000)
+    assert err.value.key == "MAX_REPLICAS" and "ROUTER=smg" in err.value.hint
+
+
+@pytest.mark.parametrize("value, want", [pytest.param(None, None, id="absent"), pytest.param("", None, id="empty"),
+                                         pytest.param("2", 2, id="as-started"), pytest.param("5", 5, id="above")])
+def test_max_replicas_values(value, want):
+    keys = {"ROUTER": "smg", **({} if value is None else {"MAX_REPLICAS": value})}
+    assert er.max_replicas(keys, 2) == want
+
+
+@pytest.mark.parametrize("value", ["1", "0", "x"])
+def test_max_replicas_below_the_started_replicas_or_not_a_count_is_refused(value):
+    with pytest.raises(EnvLayersError) as err:
+        er.plan_router({"ROUTER": "smg", "MAX_REPLICAS": value}, "replicas", 8000, WORKERS, False)
+    assert err.value.key == "MAX_REPLICAS"
+
+
+def test_the_dry_run_refuses_max_replicas_below_the_replicas_naming_the_line(tmp_path):
+    from envlayers.jobscript import prepare
+
+    serve_env = tmp_path / "serve.env"
+    serve_env.write_text("ROUTER=smg\nMAX_REPLICAS=1\n")
+    edf = tmp_path / "edf"
+    edf.mkdir()
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", "replicas", env_file=serve_env, python="/usr/bin/python3",
+                environ={"EDF_PATH": str(edf), "HOME": str(tmp_path)})
+    assert str(err.value).startswith(f"{serve_env}:2: MAX_REPLICAS: 1 is fewer than the 2 replicas")

@@ -10,7 +10,8 @@ checks the workers' ``/health`` itself, retries a failed request on another work
 circuit breaker on one that keeps failing, and serves its Prometheus text on a port of its own.
 
 Keys (docs/keys.md): ``ROUTER`` (``smg`` or ``none``; absent or empty: no router, an URL per replica),
-``ROUTER_PORT`` (default 30000, smg's own), ``ROUTER_POLICY`` (default ``cache_aware``). The metrics
+``ROUTER_PORT`` (default 30000, smg's own), ``ROUTER_POLICY`` (default ``cache_aware``), ``MAX_REPLICAS``
+(the elastic pool, ``launch.pool``: checked here against the replicas the plan starts). The metrics
 port is ``ROUTER_PORT`` + 1, bound where the router is (SERVER_HOST), as the engines serve theirs: the
 launcher reads it for idle release and accounting, ``verify`` and Prometheus scrapers from outside.
 
@@ -91,6 +92,9 @@ def check(keys: Mapping[str, str], shape: str, api_port: int) -> str | None:
     """The router this plan runs (``"smg"``) or None; an error when ROUTER asks for one the plan cannot have."""
     choice = router_choice(keys)
     if choice is None:
+        if launch_keys.value(keys, "MAX_REPLICAS") is not None:
+            raise launch_keys.error(keys, "MAX_REPLICAS", "the pool grows behind the router, and ROUTER is not set",
+                                    "set ROUTER=smg (and INFERENCE_MODE=replicas), or leave MAX_REPLICAS empty")
         return None
     if shape != "replicas":
         raise launch_keys.error(keys, "ROUTER", f"{choice} routes between replicas, and this plan is the {shape} shape",
@@ -102,6 +106,16 @@ def check(keys: Mapping[str, str], shape: str, api_port: int) -> str | None:
                                 f"e.g. ROUTER_PORT={DEFAULT_PORT}")
     router_policy(keys)
     return choice
+
+
+def max_replicas(keys: Mapping[str, str], replicas: int) -> int | None:
+    """``MAX_REPLICAS``: how many replicas the elastic pool may grow to (None: it does not grow); fewer than
+    the ``replicas`` the job starts with is an error naming the key (its line on the login node)."""
+    n = launch_keys.value(keys, "MAX_REPLICAS")
+    if n is not None and n < replicas:
+        raise launch_keys.error(keys, "MAX_REPLICAS", f"{n} is fewer than the {replicas} replicas the job starts with",
+                                f"MAX_REPLICAS={replicas + 1} or more to let the pool grow, or empty for no growth")
+    return n
 
 
 def bind_host(keys: Mapping[str, str]) -> str:
@@ -127,6 +141,7 @@ def plan_router(keys: Mapping[str, str], shape: str, api_port: int, workers: Seq
     (``launch.router``) instead of ``ROUTER_PORT``."""
     if check(keys, shape, api_port) is None:
         return None
+    max_replicas(keys, len(workers))
     port = router_port(keys) if port is None else port
     host, policy = bind_host(keys), router_policy(keys)
     argv = router_argv(host=host, port=port, metrics_port=port + 1, workers=workers, policy=policy)
