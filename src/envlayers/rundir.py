@@ -62,6 +62,7 @@ ENDPOINT = "endpoint.json"  # readiness.Endpoint, written once live; replicas an
 LAUNCH = "launch.json"  # what the launcher planned (launch.prepare), written before srun
 LAUNCH_END = "launch-end.json"  # how the launcher ended: restart, code, reason, ended_at
 CHAIN = "chain.json"  # the job's link in a chain of successors (launch.successor)
+POOL = "pool.json"  # the elastic pool: replica jobs added and released, each decision (launch.pool)
 TUNNEL = "tunnel.json"  # the login node's tunnel to the endpoint (access.tunnelrecord)
 ACCOUNTING = "accounting.json"  # the GPU-hour timeline (launch.timeline, envlayers.accounting)
 SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines

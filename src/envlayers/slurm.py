@@ -629,6 +629,13 @@ def dependent_sbatch_argv(script: str | os.PathLike, dependency: str, time_limit
     return sbatch_argv([f"--dependency={dependency}", f"--time={format_time_limit(time_limit_s)}", *options], script)
 
 
+def pool_sbatch_argv(script: str | os.PathLike, time_limit_s: int | None, options: Sequence[str] = ()) -> list[str]:
+    """Submit the job script file ``script`` again as one replica of an elastic pool: one node, the time
+    limit ``time_limit_s`` (None: the script's own), and ``options`` (:func:`resubmit_options`)."""
+    limit = [] if time_limit_s is None else [f"--time={format_time_limit(time_limit_s)}"]
+    return sbatch_argv(["--nodes=1", *limit, *options], script)
+
+
 def submit(argv_extra: Sequence[str], script: str, run: _Runner = run) -> str:
     """Submit ``script`` (the job script text, on stdin) with ``sbatch --parsable <argv_extra>``.
 

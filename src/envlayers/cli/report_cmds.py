@@ -91,6 +91,13 @@ def format_report(rep) -> str:
         for g in groups:
             lines.append(f"  {t(g[key])}: {g['jobs']} run(s), {fmt_h(g['allocated_gpu_hours'])} GPU-hours allocated")
             lines.append("    " + split_text(g))
+    for pool in rep.pools:
+        lines.append(f"elastic pool of job {t(pool['job_id'])}: {fmt_h(pool['gpu_hours_total'])} GPU-hours with its "
+                     f"replica job(s) {t(', '.join(pool['replica_jobs']) or 'none')} "
+                     f"({fmt_h(pool['gpu_hours_replica_jobs'])} of them)")
+        for d in pool["decisions"]:
+            lines.append(f"  {t(str(d.get('action')))}{' ' + t(str(d['job'])) if d.get('job') else ''}: "
+                         f"{t(str(d.get('why')))}")
     if rep.largest_waste:
         lines.append(f"largest waste: {t(rep.largest_waste)}")
     return "\n".join(lines) + "\n"

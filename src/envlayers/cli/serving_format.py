@@ -36,12 +36,18 @@ def replica_lines(ep: dict) -> list[tuple[str, str]]:
     rows = replica_rows(ep)
     if not rows:
         return gateway_lines(ep)
+    pool = ep.get("pool") if isinstance(ep.get("pool"), dict) else None
+    added = [r for r in (pool or {}).get("replicas") or [] if isinstance(r, dict)]
     alive = [r for r in rows if r.get("alive")]
     out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
         f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "
         f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
     out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
             for r in rows if not r.get("alive")]
+    if pool is not None:
+        out.append(("pool", f"{len(alive) + len(added)} replicas serve, up to MAX_REPLICAS={pool.get('max_replicas')}"
+                            + "".join(f"; replica job {r.get('job')} on {r.get('node')} ({r.get('url')})"
+                                      for r in added)))
     return out
 
 

@@ -120,6 +120,11 @@ class Launcher:
         self.run_dir = run_dir
         self.environ = dict(environ)
         self.keys = launch_keys(environ)
+        from .pool import POOL_OF_ENV, member_keys
+
+        self.pool_of = (self.environ.get(POOL_OF_ENV) or "").strip() or None  # a replica job of an elastic pool
+        if self.pool_of is not None:
+            self.keys = member_keys(self.keys)
         self.job_id = self.environ.get("SLURM_JOB_ID", "0")
         self.restart = restart_count(self.environ)
         self.proc: subprocess.Popen | None = None
@@ -129,6 +134,8 @@ class Launcher:
         self.survivors = None  # launch.replicas.Survivors (replicas shape)
         self.chain = None  # launch.successor.Chain (SUCCESSORS)
         self.router = None  # launch.router.Router (ROUTER=smg, replicas shape): started once live
+        self.pool = None  # launch.pool.Pool (MAX_REPLICAS): started once the router is live
+        self.time_left_s: int | None = None  # the walltime left when the launch began (None: unlimited)
         self.records = RecordWriter(say)  # the records written once the ranks run: a refused write is said
         self.t0 = time.monotonic()
 
@@ -145,6 +152,7 @@ class Launcher:
         from ..readiness import generates, probe
 
         alloc = allocation(self.run_dir, self.environ)
+        self.time_left_s = alloc.time_left_s
         try:
             key_file, api_key = self.api_key()
         except OSError as err:
@@ -193,7 +201,11 @@ class Launcher:
         from .successor import Chain, chain_left, drain_s
 
         left = chain_left(self.keys, self.environ)
-        if left or self.environ.get("ENVLAYERS_PREDECESSOR"):
+        if self.pool_of is not None:  # a replica job ends with the pool's job (launch/pool.py)
+            from .pool import Member
+
+            self.chain = Member(self.pool_of, self.run_dir, say)
+        elif left or self.environ.get("ENVLAYERS_PREDECESSOR"):
             self.chain = Chain(lp.job_id, self.run_dir, left, drain_s(self.keys), say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,
@@ -217,6 +229,21 @@ class Launcher:
         host = lp.targets[0].url.split("//", 1)[1].rsplit(":", 1)[0]  # node 0's host as the replicas print it
         return Router(self.keys, lp.plan.shape, lp.plan.api_port, [t.probe_url for t in lp.targets], self.run_dir,
                       api_key, say, url_host=host)
+
+    def make_pool(self, lp: LaunchPlan, elapsed: float):
+        """The elastic pool ``MAX_REPLICAS`` asks for (launch/pool.py), or None when it may not grow."""
+        from ..engines.router import max_replicas
+
+        started = len(lp.targets)
+        most = max_replicas(self.keys, started)
+        if most is None or most <= started:
+            return None
+        from .pool import Pool
+
+        left = None if self.time_left_s is None else self.time_left_s - (time.monotonic() - self.t0)
+        return Pool(self.keys, job_id=lp.job_id, run_dir=self.run_dir, engine=lp.engine, router=self.router,
+                    started=started, max_replicas=most, startup_s=elapsed, time_left_s=left, environ=self.environ,
+                    api_key=self.router.api_key, say=say)
 
     def unwritable(self, err: OSError, name: str) -> LaunchFailure:
         """A file the launcher must write before any rank starts, refused by the OS: the job ends, saying
@@ -270,6 +297,7 @@ class Launcher:
 
         if self.router is not None:  # one URL in front of the replicas (launch/router.py)
             self.router.start()
+            self.pool = self.make_pool(lp, elapsed)
         urls = [self.router.url] if self.router is not None else [t.url for t in lp.targets]
         ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, urls,
                       lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
@@ -295,10 +323,16 @@ class Launcher:
             self.survivors.went_live(data)
         if self.chain is not None:
             self.chain.went_live(elapsed)
+        if self.pool is not None:
+            self.pool.went_live(data)
+            if self.supervisor is not None:
+                self.supervisor.pool = self.pool
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
         if self.router is not None:  # first: no request is routed to a replica that is stopping
             self.router.stop()
+        if self.pool is not None:  # every replica job the pool submitted ends with this job
+            self.pool.stop()
         if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
             self.proc.stop(sig, grace_s)
             return

@@ -75,6 +75,36 @@ def worker_health(text: str) -> dict[str, bool]:
     return {m.group(1): float(m.group(2)) > 0 for m in map(_HEALTH_RE.match, text.splitlines()) if m}
 
 
+_OUTCOME_RE = re.compile(r'^smg_worker_cb_outcomes_total\{worker="([^"]*)"[^}]*\}\s+(\S+)')
+_ACTIVE_RE = re.compile(r'^smg_worker_requests_active\{worker="([^"]*)"\}\s+(\S+)')
+
+
+def worker_requests(text: str) -> dict[str, float]:
+    """Each worker URL smg routed to and a count that moves with every request it got: the requests
+    finished (``smg_worker_cb_outcomes_total``, every outcome) plus those in flight."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _OUTCOME_RE.match(line) or _ACTIVE_RE.match(line)
+        if m:
+            try:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+            except ValueError:
+                continue
+    return out
+
+
+def _call(method: str, url: str, api_key: str | None, body: dict | None = None,
+          timeout_s: float = 5.0) -> tuple[int | None, str]:
+    """(status, text) of one request to smg's control API; (None, what failed) when nothing answered."""
+    from ..httpclient import HttpError, request
+
+    try:
+        resp = request(method, url, timeout_s, json_body=body, api_key=api_key)
+    except HttpError as err:
+        return err.status, str(err)
+    return resp.status, resp.text()
+
+
 def _get(url: str, api_key: str | None, timeout_s: float = 2.0) -> tuple[int | None, str]:
     """(status, text) of a GET through the one HTTP client; (None, "") when nothing answered."""
     from ..httpclient import HttpError, get
@@ -93,12 +123,13 @@ class Router:
                  run_dir: Path, api_key: str | None, say: Callable[[str], None], *, url_host: str,
                  python: str = sys.executable, popen: Callable = subprocess.Popen,
                  get: Callable[..., tuple[int | None, str]] = _get, free: Callable[[int], bool] = port_free,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 call: Callable[..., tuple[int | None, str]] = _call):
         self.keys, self.shape, self.api_port = keys, shape, api_port
         self.workers = [worker_root(u) for u in worker_urls]
         self.run_dir, self.api_key, self.say, self.url_host = run_dir, api_key, say, url_host
         self.python, self.popen, self.get, self.free = python, popen, get, free
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.call = clock, sleep, call
         self.proc = None
         self.plan: RouterPlan | None = None
 
@@ -192,6 +223,41 @@ class Router:
     def counters(self) -> Counters | None:
         text = self.metrics()
         return read_counters(text) if text is not None else None
+
+    # smg's worker API (``POST /workers``, ``GET /workers``, ``DELETE /workers/{id}``): the elastic pool's
+    # replicas join and leave the rotation while the router runs (launch/pool.py)
+    def add_worker(self, url: str) -> str | None:
+        """Ask smg to route to ``url`` too (it checks the worker, then adds it); None when it accepted, else why not."""
+        body = {"url": worker_root(url)}
+        if self.api_key is not None:
+            body["api_key"] = self.api_key  # what smg sends to this worker, as to the others
+        status, text = self.call("POST", f"http://{self.local}:{self.plan.port}/workers", self.api_key, body)
+        return None if status in (200, 201, 202) else f"POST /workers answered {status}: {text.strip()[:200]}"
+
+    def listed(self) -> dict[str, tuple[str, bool]] | None:
+        """smg's workers: URL -> (its id, ready and healthy); None when smg did not answer."""
+        import json
+
+        status, text = self.call("GET", f"http://{self.local}:{self.plan.port}/workers", self.api_key)
+        if status != 200:
+            return None
+        try:
+            rows = json.loads(text).get("workers") or []
+        except (ValueError, AttributeError):
+            return None
+        return {str(w.get("url")): (str(w.get("id")), bool(w.get("is_healthy")) and w.get("status") == "ready")
+                for w in rows if isinstance(w, dict)}
+
+    def remove_worker(self, url: str) -> str | None:
+        """Take ``url`` out of the rotation (smg drains it); None when done or it was not there, else why not."""
+        listed = self.listed()
+        if listed is None:
+            return "GET /workers did not answer"
+        entry = listed.get(worker_root(url))
+        if entry is None:
+            return None
+        status, text = self.call("DELETE", f"http://{self.local}:{self.plan.port}/workers/{entry[0]}", self.api_key)
+        return None if status in (200, 202, 204, 404) else f"DELETE /workers answered {status}: {text.strip()[:200]}"
 
     def stop(self, grace_s: float = 8.0) -> None:
         if self.proc is not None:

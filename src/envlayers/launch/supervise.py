@@ -132,6 +132,7 @@ class Supervisor:
         # launch.successor.Chain (hands over to a successor job once that one is live)
         self.survivors, self.health, self.successor = survivors, health, successor
         self.router = None  # launch.router.Router (ROUTER=smg): set by the launcher
+        self.pool = None  # launch.pool.Pool (MAX_REPLICAS): set by the launcher once the router is live
         # launch.slurmdiag: what Slurm says of the missing ranks' step and nodes (ENVLAYERS-DIAG lines)
         self.diag = diag
         # engines.logsigns: each rank's log read as it grows; the ranks whose engine core died (when, what it said).
@@ -376,6 +377,8 @@ class Supervisor:
                 self.check_health()
             if self.live and self.router is not None:
                 self.router.tick()  # launch/router.py: the router gone ends the job
+            if self.live and self.pool is not None:
+                self.pool.tick()  # launch/pool.py: grows and shrinks the router's pool
             if self.live and self.successor is not None:
                 self.successor.tick()  # raises HandedOver once the successor is live and drained
             self.sleep(POLL_S)

@@ -22,7 +22,7 @@ from .. import slurm
 from ..accounting import largest_waste, split, summarize
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
-from ..rundir import ACCOUNTING
+from ..rundir import ACCOUNTING, POOL, read_json
 
 _SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -119,13 +119,14 @@ class Report:
     largest_waste: str | None = None
     suggest_stop_s: float = 1800.0
     skipped: list[str] = field(default_factory=list)  # "path: why" of accounting.json files left out
+    pools: list[dict] = field(default_factory=list)  # elastic pools (MAX_REPLICAS): a job and its replica jobs
 
     def to_dict(self) -> dict:
         return {"since": self.since, "until": self.until, "run_roots": self.roots,
                 "slurm_accounting": self.slurm_accounting, "jobs": self.jobs, "by_model": self.by_model,
                 "by_shape": self.by_shape, "missing": self.missing, "largest_waste": self.largest_waste,
                 "suggest_idle_stop_after_s": self.suggest_stop_s,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "pools": self.pools}
 
 
 def build_report(roots: list[Path], since: float, user: str | None, *, now: float | None = None,
@@ -158,6 +159,7 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
                          "shape": f"{tl.get('shape', '?')} {tl.get('nodes', '?')}x{_per_node(tl)} GPUs",
                          "ended": tl.get("how"), "timeline": tl, "split": sp,
                          "slurm_state": by_id[jid].state if jid in by_id else None})
+    rep.pools = pools(rep.jobs)
     for j in sjobs or []:
         if j.job_id not in seen and j.state not in ("PENDING",):
             gpus = j.gpus
@@ -173,3 +175,29 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
 def _per_node(tl: Mapping) -> str:
     gpus, nodes = tl.get("gpus"), tl.get("nodes")
     return str(gpus // nodes) if isinstance(gpus, int) and isinstance(nodes, int) and nodes else "?"
+
+
+def pools(jobs: list[dict]) -> list[dict]:
+    """Each job with an elastic pool (``pool.json`` in its run directory, launch/pool.py): its replica jobs,
+    their GPU-hours (from their own accounting records, when the report has them) added to the job's, and
+    every grow and shrink decision. Each replica job's entry in ``jobs`` gets ``pool_of``."""
+    by_id = {j["job_id"]: j for j in jobs}
+    out = []
+    for job in jobs:
+        rec = read_json(Path(job["run_dir"]) / POOL)
+        if not isinstance(rec, dict) or not isinstance(rec.get("jobs"), list):
+            continue
+        members = [m for m in rec["jobs"] if isinstance(m, dict) and isinstance(m.get("job"), str)]
+        own = job["split"]["allocated_gpu_hours"]
+        hours = 0.0
+        for m in members:
+            member = by_id.get(m["job"])
+            if member is not None:
+                member["pool_of"] = job["job_id"]
+                hours += member["split"]["allocated_gpu_hours"]
+        decisions = [d for d in rec.get("decisions") or [] if isinstance(d, dict)]
+        out.append({"job_id": job["job_id"], "max_replicas": rec.get("max_replicas"),
+                    "replica_jobs": [m["job"] for m in members], "gpu_hours_own": own,
+                    "gpu_hours_replica_jobs": round(hours, 4), "gpu_hours_total": round(own + hours, 4),
+                    "decisions": decisions})
+    return out

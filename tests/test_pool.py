@@ -1,0 +1,193 @@
+"""The elastic pool's wiring (launch/pool.py) with a fake clock, fake Slurm, a fake router and fake /metrics;
+the report's pool entry (ops/report.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envlayers.launch.pool import POOL_OF_ENV, Member, Pool, member_keys
+from envlayers.launch.successor import HandedOver
+
+WAITING = ('vllm:num_requests_waiting{engine="0"} %d\nvllm:request_queue_time_seconds_sum{engine="0"} %g\n'
+           'vllm:request_queue_time_seconds_count{engine="0"} %d\n')
+
+
+class FakeRouter:
+    def __init__(self):
+        self.workers = ["http://n0:8000", "http://n1:8000"]
+        self.api_key = "sk-test"
+        self.calls: list[tuple] = []
+        self.healthy: set[str] = set()
+        self.counts: dict[str, float] = {}
+
+    def add_worker(self, url):
+        self.calls.append(("add", url))
+        return None
+
+    def listed(self):
+        return {u: (f"id-{u}", u in self.healthy) for u in self.workers + sorted(self.healthy)}
+
+    def remove_worker(self, url):
+        self.calls.append(("remove", url))
+        return None
+
+    def metrics(self):
+        return "\n".join(f'smg_worker_cb_outcomes_total{{worker="{u}",outcome="success"}} {n}'
+                         for u, n in self.counts.items()) + "\n"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def world(tmp_path):
+    run_dir = tmp_path / "100"
+    run_dir.mkdir()
+    (run_dir / "job.sh").write_text("#!/bin/bash\n")
+    (run_dir / "api-key").write_text("sk-test\n")
+    clock, router, lines, submitted, cancelled, metrics = Clock(), FakeRouter(), [], [], [], {"wait": 0}
+
+    def run(argv, env):
+        submitted.append((argv, env))
+        return subprocess.CompletedProcess(argv, 0, f"{200 + len(submitted)}\n", "")
+
+    def fetch(url, api_key):
+        q = metrics["wait"]
+        return WAITING % (q, 0.0, 0) if "n0" in url else WAITING % (0, 0.0, 0)
+
+    keys = {"SCALE_UP_WAIT_S": "5", "SCALE_UP_WINDOW_S": "20", "IDLE_STOP_AFTER_S": "30"}
+    pool = Pool(keys, job_id="100", run_dir=run_dir, engine="vllm", router=router, started=2, max_replicas=3,
+                startup_s=30.0, time_left_s=3600.0, environ={"SLURM_JOB_ID": "100", "SLURM_CONF": "/c",
+                                                             "HOME": "/h", "ENVLAYERS_CHAIN_LEFT": "2"},
+                api_key="sk-test", say=lines.append, clock=clock, wall=lambda: clock.t + 1e9, run=run,
+                fields=lambda job: {"Partition": "debug", "Account": "proj"}, state=lambda job: "RUNNING",
+                fetch=fetch, cancel=cancelled.append)
+    return pool, clock, router, lines, submitted, cancelled, metrics, run_dir
+
+
+def ticks(pool, clock, seconds, step=5.0):
+    end = clock.t + seconds
+    while clock.t < end:
+        clock.t += step
+        pool.tick()
+
+
+def test_member_keys_make_one_replica_without_router_pool_or_idle_stop():
+    keys = {"ROUTER": "smg", "MAX_REPLICAS": "3", "INFERENCE_NODES": "2", "NUMBER_OF_INSTANCES": "2",
+            "IDLE_STOP_AFTER_S": "60", "SUCCESSORS": "1", "MIN_REPLICAS": "2", "SERVER_PORT": "8000"}
+    assert member_keys(keys) == {"INFERENCE_NODES": "1", "NUMBER_OF_INSTANCES": "1", "SERVER_PORT": "8000"}
+
+
+def test_the_pool_grows_by_a_one_node_replica_job_that_keeps_partition_account_and_key(world):
+    pool, clock, router, lines, submitted, *_ = world
+    world[6]["wait"] = 3  # requests wait on n0, and none leaves the queue: the wait grows
+    ticks(pool, clock, 20)
+    assert not submitted
+    ticks(pool, clock, 15)
+    (argv, env), = submitted
+    assert argv[:3] == ["sbatch", "--parsable", "--nodes=1"]
+    assert "--partition=debug" in argv and "--account=proj" in argv and argv[-1].endswith("/100/job.sh")
+    limit = next(a for a in argv if a.startswith("--time="))
+    assert limit <= "--time=1:00:00"
+    assert env[POOL_OF_ENV] == "100" and env["ENVLAYERS_CHAIN_KEY_FILE"].endswith("/100/api-key")
+    assert "SLURM_JOB_ID" not in env and env["SLURM_CONF"] == "/c" and "ENVLAYERS_CHAIN_LEFT" not in env
+    assert any(line.startswith("ENVLAYERS-POOL: grow: requests waited") and "replica job 201" in line
+               for line in lines)
+    ticks(pool, clock, 100)
+    assert len(submitted) == 1, "no second grow while the first is pending"
+
+
+def grown(world):
+    pool, clock, router, lines, submitted, cancelled, metrics, run_dir = world
+    metrics["wait"] = 3
+    ticks(pool, clock, 40)
+    member = run_dir.parent / "201"
+    member.mkdir()
+    (member / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"], "nodes": ["n2"]}))
+    ticks(pool, clock, 5)
+    assert router.calls == [("add", "http://n2:8000/v1")]
+    router.healthy.add("http://n2:8000")
+    router.counts["http://n2:8000"] = 1
+    ticks(pool, clock, 5)
+    assert pool.policy.added == ["201"]
+    return pool
+
+
+def test_a_live_replica_job_joins_the_router_and_endpoint_json_lists_it(world):
+    pool = grown(world)
+    lines, run_dir = world[3], world[7]
+    assert any("replica job 201 joined the router" in line and "3 replicas serve" in line for line in lines)
+    data = {"router": {"workers": []}}
+    pool.went_live(data)
+    assert data["pool"]["replicas"] == [{"job": "201", "url": "http://n2:8000/v1", "node": "n2"}]
+    assert data["router"]["workers"][-1] == "http://n2:8000"
+    rec = json.loads((run_dir / "pool.json").read_text())
+    assert rec["jobs"][0]["job"] == "201" and rec["jobs"][0]["live_at"] is not None
+    assert [d["action"] for d in rec["decisions"]] == ["grow"]
+
+
+def test_an_added_replica_idle_past_the_bound_leaves_the_router_then_its_job_is_cancelled(world):
+    pool = grown(world)
+    clock, router, lines, cancelled, metrics = world[1], world[2], world[3], world[5], world[6]
+    metrics["wait"] = 0
+    ticks(pool, clock, 20)
+    router.counts["http://n2:8000"] = 2  # a request reached it: the idle clock restarts
+    ticks(pool, clock, 25)
+    assert not cancelled
+    ticks(pool, clock, 10)
+    assert router.calls[-1] == ("remove", "http://n2:8000/v1") and cancelled == ["201"]
+    assert any(line.startswith("ENVLAYERS-POOL: shrink: replica job 201") for line in lines)
+    assert pool.policy.added == []
+
+
+def test_the_pools_end_cancels_every_replica_job_still_running(world):
+    pool, clock, router, lines, submitted, cancelled, metrics, _ = world
+    metrics["wait"] = 3
+    ticks(pool, clock, 40)
+    pool.stop()
+    assert cancelled == ["201"]
+    assert lines[-1] == "ENVLAYERS-POOL: job 100 ends: cancelled its replica job(s) 201"
+
+
+def test_a_replica_job_that_ends_before_live_is_given_up(world):
+    pool, clock, router, lines, submitted, cancelled, metrics, _ = world
+    pool.state = lambda job: "FAILED"
+    metrics["wait"] = 3
+    ticks(pool, clock, 60)
+    assert any("replica job 201 did not join: it ended (FAILED)" in line for line in lines)
+    assert cancelled[0] == "201" and pool.policy.pending != "201"
+    assert [argv[-1] for argv, _ in submitted][1:], "the pool tries again once the window passed anew"
+
+
+def test_a_member_ends_once_the_pools_job_recorded_its_end(tmp_path):
+    run_dir = tmp_path / "201"
+    run_dir.mkdir()
+    member = Member("100", run_dir, lambda line: None)
+    member.tick()
+    (tmp_path / "100").mkdir()
+    (tmp_path / "100" / "launch-end.json").write_text("{}")
+    with pytest.raises(HandedOver, match="job 100"):
+        member.tick()
+
+
+def test_the_report_adds_the_replica_jobs_gpu_hours_to_the_pools_job(tmp_path):
+    from envlayers.ops.report import pools
+
+    parent = tmp_path / "100"
+    parent.mkdir()
+    (parent / "pool.json").write_text(json.dumps({"max_replicas": 3, "jobs": [{"job": "201"}],
+                                                  "decisions": [{"action": "grow", "job": None, "why": "w"}]}))
+    jobs = [{"job_id": "100", "run_dir": str(parent), "split": {"allocated_gpu_hours": 2.0}},
+            {"job_id": "201", "run_dir": str(tmp_path / "201"), "split": {"allocated_gpu_hours": 0.5}}]
+    (entry,) = pools(jobs)
+    assert entry["gpu_hours_total"] == 2.5 and entry["replica_jobs"] == ["201"]
+    assert jobs[1]["pool_of"] == "100"
