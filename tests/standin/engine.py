@@ -81,6 +81,10 @@ Behaviour knobs (environment variables; all optional):
   STANDIN_WRONG_ANSWERS=1           answer the accuracy gate's prompts wrongly (env_layers verify)
   STANDIN_LOG_STREAM=stdout|stderr  override where log lines go
   STANDIN_TTFT_S=<s>                streamed replies: seconds before the first token (default 0)
+  STANDIN_MAX_RUNNING=<n>           completions run at most n at a time; the others wait in a queue
+                                    (vllm:num_requests_waiting / sglang:num_queue_reqs, and the queue-time
+                                    histogram vllm:request_queue_time_seconds / sglang:queue_time_seconds)
+  STANDIN_REQUEST_S=<s>             each completion holds its place s seconds before it is answered
   STANDIN_TOKENS_PER_S=<r>          streamed replies: tokens per second after it, per request
                                     (default unpaced); with ``ignore_eos: true`` a reply is padded to
                                     max_tokens, as the real engines generate to the limit
@@ -596,6 +600,10 @@ class StreamPace:
 class Knobs:
     def __init__(self, env):
         self.load_s = _number("STANDIN_LOAD_SECONDS", env.get("STANDIN_LOAD_SECONDS"), 1.0)
+        self.max_running = _number("STANDIN_MAX_RUNNING", env.get("STANDIN_MAX_RUNNING"), None, int)
+        if self.max_running == 0:
+            raise KnobError("STANDIN_MAX_RUNNING=0: must be positive (unset it for no cap)")
+        self.request_s = _number("STANDIN_REQUEST_S", env.get("STANDIN_REQUEST_S"), 0.0)
         self.crash_at = _phase("STANDIN_CRASH_AT", env.get("STANDIN_CRASH_AT"))
         self.hang_at = _phase("STANDIN_HANG_AT", env.get("STANDIN_HANG_AT"))
         self.inject_at = _phase("STANDIN_INJECT_AT", env.get("STANDIN_INJECT_AT"))
@@ -1322,6 +1330,29 @@ def shape_reply(cfg: "Config", gate: GateKnobs, text: str, last_user: str, tools
 # ----------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
+def queued(st: "State"):
+    """Wait for one of STANDIN_MAX_RUNNING places (counted as waiting, the wait added to the queue-time
+    histogram), then hold it STANDIN_REQUEST_S before the request is answered."""
+    slots = st.slots
+    if slots is not None:
+        started = time.monotonic()
+        with st.lock:
+            st.counters["waiting"] += 1
+        slots.acquire()
+        with st.lock:
+            st.counters["waiting"] -= 1
+            st.counters["queue_s"] += time.monotonic() - started
+            st.counters["queued"] += 1
+    try:
+        if st.knobs.request_s:
+            time.sleep(st.knobs.request_s)
+        yield
+    finally:
+        if slots is not None:
+            slots.release()
+
+
+@contextlib.contextmanager
 def in_flight(st: "State"):
     """Count a completion request as running while it is answered: the engines' in-flight gauges
     (vllm:num_requests_running, sglang:num_running_reqs) that idle release reads next to the finished
@@ -1341,7 +1372,10 @@ class State:
         self.dummy = dummy
         self.ready = dummy  # SGLang: /health says 503 until "fired up"; a dummy server is always healthy
         self.lock = threading.Lock()
-        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "in_flight": 0}
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "in_flight": 0, "waiting": 0,
+                         "queue_s": 0.0, "queued": 0}
+        cap = getattr(knobs, "max_running", None)
+        self.slots = threading.BoundedSemaphore(cap) if cap else None
         self.started = int(time.time())
         self.gate = GateKnobs({})  # run() sets the process's own
         self.hung = False  # SIGUSR1: a hung server (install_hang_signal)
@@ -1449,7 +1483,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
         elif method == "POST":
             if path in ("/v1/chat/completions", "/v1/completions"):
-                with in_flight(st):
+                with queued(st), in_flight(st):
                     return self._completion(chat=path == "/v1/chat/completions")
             if path in ("/health", "/ping", "/v1/models"):
                 return self._send(405, {"detail": "Method Not Allowed"})
@@ -1483,7 +1517,7 @@ class Handler(BaseHTTPRequestHandler):
             rows = [
                 ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
                  n["in_flight"]),
-                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
+                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", n["waiting"]),
                 ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", 0.0),
                 ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of "
                                                                "queried tokens.", n["prompt_tokens"]),
@@ -1499,7 +1533,7 @@ class Handler(BaseHTTPRequestHandler):
             lab = f'{{model_name="{name}"}}'
             rows = [
                 ("sglang:num_running_reqs", "gauge", "The number of running requests.", n["in_flight"]),
-                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", n["waiting"]),
                 ("sglang:token_usage", "gauge", "The token usage.", 0.0),
                 ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
                 ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", 0.0),
@@ -1511,6 +1545,11 @@ class Handler(BaseHTTPRequestHandler):
         out = []
         for metric, kind, helptext, value in rows:
             out += [f"# HELP {metric} {helptext}", f"# TYPE {metric} {kind}", f"{metric}{lab} {float(value)}"]
+        hist = "vllm:request_queue_time_seconds" if c.engine == "vllm" else "sglang:queue_time_seconds"
+        inf = lab[:-1] + ',le="+Inf"}'
+        out += [f"# HELP {hist} Histogram of time spent in WAITING phase for request.", f"# TYPE {hist} histogram",
+                f"{hist}_bucket{inf} {float(n['queued'])}", f"{hist}_count{lab} {float(n['queued'])}",
+                f"{hist}_sum{lab} {float(n['queue_s'])}"]
         return "\n".join(out) + "\n"
 
     def _completion(self, chat: bool) -> None:

@@ -560,3 +560,33 @@ def test_vllm_on_the_ray_executor_without_a_cluster_address_fails_loudly(engines
     assert "without RAY_ADDRESS: vLLM would start a private one-node Ray instance" in e.text()
     assert "Starting vLLM API server" not in e.text()
     assert "RAY_ADDRESS" in json.loads(record.read_text())["ray"]["error"]
+
+
+def test_max_running_queues_requests_and_the_metrics_show_the_wait(engines):
+    import threading
+
+    port = free_port()
+    e = engines("vllm", vllm_args(port), env={"STANDIN_MAX_RUNNING": "1", "STANDIN_REQUEST_S": "0.6"}, port=port)
+    e.wait_for("Application startup complete.")
+    body = {"model": "hpcagent-bench-vllm", "prompt": "one", "max_tokens": 1}
+    answers: list[int] = []
+    clients = [threading.Thread(target=lambda: answers.append(http(port, "/v1/completions", body)[0]))
+               for _ in range(3)]
+    for c in clients:
+        c.start()
+    deadline = time.monotonic() + 5
+    waiting = 0.0
+    while time.monotonic() < deadline and waiting < 1:
+        text = http(port, "/metrics")[1].decode()
+        waiting = float(next(line.rsplit(None, 1)[1] for line in text.splitlines()
+                             if line.startswith("vllm:num_requests_waiting")))
+    assert waiting >= 1, "requests above STANDIN_MAX_RUNNING wait"
+    for c in clients:
+        c.join(10)
+    assert answers == [200, 200, 200]
+    text = http(port, "/metrics")[1].decode()
+    values = {line.split("{")[0]: float(line.rsplit(None, 1)[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["vllm:request_queue_time_seconds_count"] == 3
+    assert values["vllm:request_queue_time_seconds_sum"] >= 0.6 + 1.2 - 0.3  # the 2nd waited ~0.6 s, the 3rd ~1.2 s
+    assert values["vllm:num_requests_waiting"] == 0
