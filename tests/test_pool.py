@@ -191,3 +191,29 @@ def test_the_report_adds_the_replica_jobs_gpu_hours_to_the_pools_job(tmp_path):
     (entry,) = pools(jobs)
     assert entry["gpu_hours_total"] == 2.5 and entry["replica_jobs"] == ["201"]
     assert jobs[1]["pool_of"] == "100"
+
+
+def test_a_launcher_started_as_a_pool_replica_plans_one_replica_and_watches_the_pools_job(tmp_path):
+    from envlayers.launch.launcher import Launcher
+
+    environ = {"ENVLAYERS_KEYS": "ROUTER MAX_REPLICAS INFERENCE_NODES INFERENCE_MODE IDLE_STOP_AFTER_S",
+               "ROUTER": "smg", "MAX_REPLICAS": "3", "INFERENCE_NODES": "2", "INFERENCE_MODE": "replicas",
+               "IDLE_STOP_AFTER_S": "60", POOL_OF_ENV: "100", "SLURM_JOB_ID": "201"}
+    launch = Launcher(tmp_path / "201", environ)
+    assert launch.pool_of == "100"
+    assert {k: v for k, v in launch.keys.items() if not k.startswith("ENVLAYERS_")} == {
+        "INFERENCE_NODES": "1", "INFERENCE_MODE": "replicas"}
+    plain = Launcher(tmp_path / "100", {k: v for k, v in environ.items() if k != POOL_OF_ENV})
+    assert plain.pool_of is None and plain.keys["MAX_REPLICAS"] == "3"
+
+
+def test_a_replica_job_smg_never_calls_healthy_is_given_up(world):
+    pool, clock, router, lines, submitted, cancelled, metrics, run_dir = world
+    metrics["wait"] = 3
+    ticks(pool, clock, 40)
+    member = run_dir.parent / "201"
+    member.mkdir()
+    (member / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"], "nodes": ["n2"]}))
+    ticks(pool, clock, 200)
+    assert any("replica job 201 did not join: smg did not call it healthy within 120s" in line for line in lines)
+    assert cancelled[0] == "201"

@@ -120,6 +120,7 @@ class Pool:
         self.decisions: list[dict] = []
         self.last_count: dict[str, float] = {}  # added replica's job -> the router's count for it
         self.last_request: dict[str, float] = {}
+        self.endpoint_seen: dict[str, float] = {}  # replica job -> when its endpoint.json was seen (clock)
         self.endpoint: dict | None = None
         self._written: tuple | None = None
         self.say(f"ENVLAYERS-POOL: elastic pool: {started} replica(s), up to MAX_REPLICAS={max_replicas} while "
@@ -215,7 +216,7 @@ class Pool:
             urls = base_urls(ep)
             if urls:
                 rec["url"], rec["node"] = urls[0], ((ep.get("nodes") or [None])[0])
-                rec["endpoint_at"] = now
+                self.endpoint_seen[job] = now
                 said = self.router.add_worker(urls[0])
                 if said is not None:
                     return self._failed(job, f"smg did not take it: {said}")
@@ -237,7 +238,7 @@ class Pool:
             self.last_request[job] = now
             self.say(f"ENVLAYERS-POOL: replica job {job} joined the router after {startup:.0f}s: "
                      f"{self.policy.size} replicas serve (MAX_REPLICAS={self.policy.bounds.max_replicas})")
-        elif now - rec["endpoint_at"] > JOIN_TIMEOUT_S:
+        elif now - self.endpoint_seen[job] > JOIN_TIMEOUT_S:
             self._failed(job, f"smg did not call it healthy within {JOIN_TIMEOUT_S:.0f}s")
 
     def _failed(self, job: str, why: str) -> None:
