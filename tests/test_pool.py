@@ -217,3 +217,13 @@ def test_a_replica_job_smg_never_calls_healthy_is_given_up(world):
     ticks(pool, clock, 200)
     assert any("replica job 201 did not join: smg did not call it healthy within 120s" in line for line in lines)
     assert cancelled[0] == "201"
+
+
+def test_status_lists_the_pools_added_replicas():
+    from envlayers.cli.serving_format import replica_lines
+
+    ep = {"replicas": [{"rank": 0, "node": "n1", "alive": True}, {"rank": 1, "node": "n2", "alive": True}],
+          "pool": {"max_replicas": 3, "replicas": [{"job": "201", "url": "http://n3:8000/v1", "node": "n3"}]}}
+    assert ("pool", "3 replicas serve, up to MAX_REPLICAS=3; replica job 201 on n3 (http://n3:8000/v1)") \
+        in replica_lines(ep)
+    assert all(label != "pool" for label, _ in replica_lines({"replicas": ep["replicas"]}))
