@@ -5,9 +5,9 @@ reads the engines' and the router's ``/metrics``, feeds :class:`QueueWait` and :
 and carries out what they decide.
 
 The queue wait is what a request waits in an engine's queue before it runs. Each engine's reading
-gives the requests waiting now and its queue-time histogram (vLLM ``vllm:request_queue_time_seconds``,
-SGLang ``sglang:queue_time_seconds``): between two readings the requests that left the queue waited
-``d(sum) / d(count)`` on average. While requests wait and none left the queue, the wait grows with the
+gives the requests waiting now and its queue-time histogram's sum and count (vLLM
+``vllm:request_queue_time_seconds_sum`` and ``_count``, SGLang ``sglang:queue_time_seconds_sum`` and
+``_count``): between two readings the requests that left the queue waited ``d(sum) / d(count)`` on average. While requests wait and none left the queue, the wait grows with the
 time between the readings. The pool's wait is the worst of its engines'.
 
 :class:`PoolPolicy` grows by one replica once the wait stayed above ``SCALE_UP_WAIT_S`` for
@@ -24,10 +24,11 @@ from typing import Mapping
 
 from .idle import parse_prometheus
 
-# each engine's queue: (waiting gauge, queue-time histogram's base name)
-QUEUE_METRICS: dict[str, tuple[str, str]] = {
-    "vllm": ("vllm:num_requests_waiting", "vllm:request_queue_time_seconds"),
-    "sglang": ("sglang:num_queue_reqs", "sglang:queue_time_seconds"),
+# each engine's queue: (waiting gauge, queue-time histogram's sum, its count)
+QUEUE_METRICS: dict[str, tuple[str, str, str]] = {
+    "vllm": ("vllm:num_requests_waiting", "vllm:request_queue_time_seconds_sum",
+             "vllm:request_queue_time_seconds_count"),
+    "sglang": ("sglang:num_queue_reqs", "sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count"),
 }
 
 
@@ -46,10 +47,10 @@ def read_queue(engine: str, text: str) -> QueueReading | None:
     if names is None:
         return None
     values = parse_prometheus(text)
-    gauge, hist = names
+    gauge, total, count = names
     if gauge not in values:
         return None
-    s, c = values.get(hist + "_sum"), values.get(hist + "_count")
+    s, c = values.get(total), values.get(count)
     return QueueReading(values[gauge], s, c) if s is not None and c is not None else QueueReading(values[gauge])
 
 
