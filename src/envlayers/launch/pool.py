@@ -205,6 +205,7 @@ class Pool:
         self.jobs[job] = {"job": job, "submitted_at": round(self.wall(), 3), "live_at": None, "url": None,
                           "node": None, "released_at": None, "ended": None}
         self.next_state = now + STATE_EVERY_S
+        self._write()
         self.say(f"ENVLAYERS-POOL: grow: {why}: submitted replica job {job} ({shlex.join(argv)}"
                  + ("; it keeps this job's API key)" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ")"))
 
@@ -236,6 +237,7 @@ class Pool:
             rec["live_at"] = round(self.wall(), 3)
             self.policy.joined(job, startup)
             self.last_request[job] = now
+            self._write()  # endpoint.json lists it before the line says so
             self.say(f"ENVLAYERS-POOL: replica job {job} joined the router after {startup:.0f}s: "
                      f"{self.policy.size} replicas serve (MAX_REPLICAS={self.policy.bounds.max_replicas})")
         elif now - self.endpoint_seen[job] > JOIN_TIMEOUT_S:
@@ -257,6 +259,7 @@ class Pool:
         self.policy.released(job)
         rec["released_at"] = round(self.wall(), 3)
         self._end(job, f"released: {why}")
+        self._write()
         self.say(f"ENVLAYERS-POOL: shrink: replica job {job} ({rec['url']}) {why}: removed from the router, job "
                  f"cancelled; {self.policy.size} replicas serve")
 
