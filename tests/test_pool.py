@@ -123,8 +123,13 @@ def grown(world):
 
 
 def test_a_live_replica_job_joins_the_router_and_endpoint_json_lists_it(world):
-    pool = grown(world)
     lines, run_dir = world[3], world[7]
+    data = {"router": {"workers": []}}
+    world[0].went_live(data)
+    pool = grown(world)
+    assert data["pool"]["replicas"] == [{"job": "201", "url": "http://n2:8000/v1", "node": "n2"}]
+    written = json.loads((run_dir / "endpoint.json").read_text())
+    assert written["pool"]["replicas"][0]["job"] == "201", "written as the replica joined"
     assert any("replica job 201 joined the router" in line and "3 replicas serve" in line for line in lines)
     data = {"router": {"workers": []}}
     pool.went_live(data)

@@ -25,6 +25,7 @@ end) and every decision; ``env_layers report`` adds the replica jobs' GPU-hours 
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from pathlib import Path
@@ -134,6 +135,7 @@ class Pool:
     def went_live(self, endpoint: dict) -> None:
         """The endpoint.json data the launcher wrote: the pool's replicas are listed there."""
         self.endpoint = endpoint
+        self._written = None  # this record has no pool yet
         self._write()
 
     def time_left(self, now: float) -> float | None:
@@ -291,7 +293,7 @@ class Pool:
     def _write(self) -> None:
         """pool.json, and the pool's replicas in endpoint.json, when they changed."""
         rec = self.record()
-        seen = (rec, self.endpoint is not None)
+        seen = (json.dumps(rec, sort_keys=True), self.endpoint is not None)  # text: the records are mutated in place
         if seen == self._written:
             return
         self._written = seen
