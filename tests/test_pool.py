@@ -232,3 +232,20 @@ def test_status_lists_the_pools_added_replicas():
     assert ("pool", "3 replicas serve, up to MAX_REPLICAS=3; replica job 201 on n3 (http://n3:8000/v1)") \
         in replica_lines(ep)
     assert all(label != "pool" for label, _ in replica_lines({"replicas": ep["replicas"]}))
+
+
+def test_the_report_text_names_the_pool_its_replica_jobs_and_each_decision():
+    from types import SimpleNamespace
+
+    from envlayers.cli.report_cmds import format_report
+
+    rep = SimpleNamespace(since=0.0, slurm_accounting="not asked: --no-sacct", missing=[], skipped=[], roots=["/r"],
+                          jobs=[], by_model=[], by_shape=[], largest_waste=None,
+                          pools=[{"job_id": "100", "replica_jobs": ["201"], "gpu_hours_total": 2.5,
+                                  "gpu_hours_replica_jobs": 0.5, "gpu_hours_own": 2.0,
+                                  "decisions": [{"action": "grow", "job": None, "why": "waited"},
+                                                {"action": "shrink", "job": "201", "why": "idle"}]}])
+    rep.jobs = [{}]  # the pools are listed once jobs are
+    text = format_report(rep)
+    assert "elastic pool of job 100: 2.50 GPU-hours with its replica job(s) 201 (0.50 of them)" in text
+    assert "\n  grow: waited\n  shrink 201: idle\n" in text
