@@ -8,7 +8,8 @@ The queue wait is what a request waits in an engine's queue before it runs. Each
 gives the requests waiting now and its queue-time histogram's sum and count (vLLM
 ``vllm:request_queue_time_seconds_sum`` and ``_count``, SGLang ``sglang:queue_time_seconds_sum`` and
 ``_count``): between two readings the requests that left the queue waited ``d(sum) / d(count)`` on
-average. While requests wait and none left the queue, the wait grows with the time between the readings. The pool's wait is the worst of its engines'.
+average. While requests wait and none left the queue, the wait grows with the time between the readings.
+The pool's wait is the worst of its engines'.
 
 :class:`PoolPolicy` grows by one replica once the wait stayed above ``SCALE_UP_WAIT_S`` for
 ``SCALE_UP_WINDOW_S``: never above ``MAX_REPLICAS``, never while a grown replica is still on its way,
