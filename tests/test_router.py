@@ -274,7 +274,7 @@ def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
     s.went_live({"base_url": "http://n1:30000/v1", "base_urls": ["http://n1:30000/v1"], "router": {"kind": "smg"}})
     s.lost(1, "exited with code 137 after the endpoint was live")
     assert written["base_urls"] == ["http://n1:30000/v1"] and written["base_url"] == "http://n1:30000/v1"
-    assert written["replica_urls"] == ["http://n1:8000/v1"]
+    assert written["replica_urls"] == ["http://n1:8000/v1"] and written["replica_addresses"] == ["10.0.0.1"]
     assert [r["alive"] for r in written["replicas"]] == [True, False]
 
 

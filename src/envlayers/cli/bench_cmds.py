@@ -51,9 +51,12 @@ def check_plot_path(path: str) -> None:
         raise EnvLayersError("--plot needs matplotlib, which is not installed", hint=INSTALL_HINT) from None
 
 
-def resolve_target(target: str, *, model: str | None, api_key_file: str | None, replica: int,
+def resolve_target(target: str, *, model: str | None, api_key_file: str | None, replica: int | None,
                    run_dir: str | None) -> tuple[str, str | None, str | None, str]:
-    """(base URL, served model or None, key or None, what it is) for a job id or a URL."""
+    """(base URL, served model or None, key or None, what it is) for a job id or a URL.
+
+    Without ``replica`` the job's first base URL (the router's, when the job has one); with it, that
+    replica's own URL (behind a router too, to measure what the router adds)."""
     from ..access.job import open_job, read_key
     from ..access.ping import normalize_base_url
     from ..jobid import looks_like_job_id
@@ -63,9 +66,13 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
         return normalize_base_url(target), model, key, "url"
     acc = open_job(target.strip(), run_dir=run_dir)
     acc.require_live("bench")
-    urls = acc.probe_urls
-    if replica >= len(urls):
-        raise EnvLayersError(f"--replica {replica}: job {acc.job_id} has {len(urls)} base URL(s)",
+    from ..ops import replica_urls
+
+    urls = acc.probe_urls if replica is None else replica_urls(acc.endpoint)
+    if replica is None:
+        replica = 0
+    elif replica >= len(urls):
+        raise EnvLayersError(f"--replica {replica}: job {acc.job_id} has {len(urls)} replica URL(s)",
                              hint=f"give --replica 0..{len(urls) - 1}")
     if key is None and acc.key_required:
         if not acc.key_file:
@@ -94,8 +101,9 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
 @click.option("--model", default=None, help="The model name to ask for (default: the job's, or the first listed).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Read the key from FILE (default with a JOBID: the job's key file, when it needs one).")
-@click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True, metavar="I",
-              help="With a JOBID: which base URL to load when the job has several (replicas).")
+@click.option("--replica", type=click.IntRange(min=0), default=None, metavar="I",
+              help="With a JOBID: load replica I's own URL (0-based) instead of the job's first base URL; "
+                   "behind a router (ROUTER=smg) this bypasses it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_file", default=None, metavar="FILE.png",
               help="Also write a PNG of latency and throughput against concurrency (needs the bench extra).")

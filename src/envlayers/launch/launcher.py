@@ -282,6 +282,7 @@ class Launcher:
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
         if self.router is not None:
             data["replica_urls"] = [t.url for t in lp.targets]
+            data["replica_addresses"] = [t.address for t in lp.targets]  # addresses[0] is the router's node
             data["router"] = self.router.record()
         self.records.write_json(self.run_dir / ENDPOINT, data)  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
