@@ -69,6 +69,7 @@ API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
 RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
 RAY_CLUSTER = "ray-cluster.json"  # the Ray cluster node 0 saw form (written by launch/raynode.py)
 GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last events (written by gateway_app.py)
+ROUTER_STATE = "router-state.json"  # which replicas the router (ROUTER=smg) calls healthy (launch.router)
 GATEWAY_APP = "gateway_app.py"  # the Serve application, copied here for node 0
 RAY_NODE = "raynode.py"  # the Ray node helper, copied here for every node
 RANKS_SH = "ranks.sh"  # the script srun runs on every rank
@@ -346,6 +347,9 @@ class JobFiles:
             state = read_gateway_state(self.run_dir)
             if state is not None:
                 data["gateway"] = state.to_dict()
+            routed = read_router_state(self.run_dir) if "router" in data else None
+            if routed is not None:
+                data["router_state"] = routed.to_dict()
         return data
 
     def launch_end(self) -> dict | None:
@@ -507,6 +511,35 @@ def read_gateway_state(run_dir: Path) -> GatewayState | None:
     """The gateway's state file in ``run_dir`` (``None`` without one: not the gateway shape, or not yet)."""
     data = read_json(Path(run_dir) / GATEWAY_STATE)
     return None if data is None else GatewayState.from_dict(data)
+
+
+@dataclass
+class RouterState:
+    """``router-state.json``: each worker URL the router knows and whether its own health checks call it
+    healthy (smg's ``smg_worker_health``), and when the launcher last read that (Unix time)."""
+
+    workers: dict[str, bool] = field(default_factory=dict)
+    at: float | None = None
+
+    @property
+    def healthy(self) -> int:
+        return sum(self.workers.values())
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RouterState":
+        workers = data.get("workers")
+        at = data.get("at")
+        return cls({str(k): v for k, v in workers.items() if isinstance(v, bool)} if isinstance(workers, dict) else {},
+                   float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None)
+
+    def to_dict(self) -> dict:
+        return {"workers": dict(self.workers), "at": self.at}
+
+
+def read_router_state(run_dir: Path) -> RouterState | None:
+    """The router's state file in ``run_dir`` (``None`` without one: no router, or not read yet)."""
+    data = read_json(Path(run_dir) / ROUTER_STATE)
+    return None if data is None else RouterState.from_dict(data)
 
 
 def replica_rows(endpoint: Mapping | None) -> list[dict]:

@@ -115,6 +115,12 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
     assert ep["base_urls"] == ["http://n1:30000/v1"] and [r["alive"] for r in ep["replicas"]] == [True, False]
     assert ep["replica_urls"] == [ep["replicas"][0]["base_url"]]
     assert ep["replica_addresses"] == [netns_lab.nodes["n1"]]
+    # smg's own health checks, as the launcher last read them: said once, and shown by status
+    run.wait_for(r"^ENVLAYERS-WARN: router: http://\S+:8000 marked down by its health checks \(1 of 2 replica", timeout_s=30)
+    status = env_layers(run, "status", run.job_id)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(r"router: +1 of 2 replica\(s\) healthy in the router's own checks \(down: http://\S+:8000\)",
+                     status.stdout), status.stdout
     # the job's end takes the router with it
     run.lab.run(["scancel", run.job_id])
     run.state(timeout_s=60)

@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
+from ..rundir import ROUTER_STATE, RecordWriter, RouterState
 from .idle import Counters, parse_prometheus
 from .ports import port_free
 from .replicas import stop_group
@@ -93,12 +94,15 @@ class Router:
                  run_dir: Path, api_key: str | None, say: Callable[[str], None], *, url_host: str,
                  python: str = sys.executable, popen: Callable = subprocess.Popen,
                  get: Callable[..., tuple[int | None, str]] = _get, free: Callable[[int], bool] = port_free,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time, write: Callable[[Path, dict], object] | None = None):
         self.keys, self.shape, self.api_port = keys, shape, api_port
         self.workers = [worker_root(u) for u in worker_urls]
         self.run_dir, self.api_key, self.say, self.url_host = run_dir, api_key, say, url_host
         self.python, self.popen, self.get, self.free = python, popen, get, free
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.wall = clock, sleep, wall
+        self.write = write if write is not None else RecordWriter(say).write_json
+        self.health: dict[str, bool] | None = None  # what smg's health checks said at the last read
         self.proc = None
         self.plan: RouterPlan | None = None
 
@@ -190,8 +194,25 @@ class Router:
         return text if status == 200 else None
 
     def counters(self) -> Counters | None:
+        """The router's request counters (None when its /metrics did not answer); on the way, what its
+        health checks say of each worker goes to ``router-state.json`` for ``status``, and a change is said."""
         text = self.metrics()
-        return read_counters(text) if text is not None else None
+        if text is None:
+            return None
+        self.note_health(worker_health(text))
+        return read_counters(text)
+
+    def note_health(self, health: dict[str, bool]) -> None:
+        """Record smg's view of its workers when it changed; one line per worker that went down or came back."""
+        if not health or health == self.health:
+            return
+        before = self.health or {}
+        for url, ok in health.items():
+            if before.get(url, True) != ok:
+                self.say(f"ENVLAYERS-{'STAGE' if ok else 'WARN'}: router: {url} {'healthy again' if ok else 'marked down'}"
+                         f" by its health checks ({sum(health.values())} of {len(health)} replica(s) healthy)")
+        self.health = dict(health)
+        self.write(self.run_dir / ROUTER_STATE, RouterState(dict(health), round(self.wall(), 3)).to_dict())
 
     def stop(self, grace_s: float = 8.0) -> None:
         if self.proc is not None:
