@@ -94,16 +94,6 @@ def test_a_record_writer_says_a_refused_write_once_and_again_after_a_success(tmp
     assert json.loads((tmp_path / rundir.ACCOUNTING).read_text()) == {"a": 3}
 
 
-@pytest.mark.parametrize("url, root", [
-    pytest.param("http://n1:8000/v1", "http://n1:8000", id="v1"),
-    pytest.param("http://n1:8000/v1/", "http://n1:8000", id="v1-slash"),
-    pytest.param("http://n1:8000", "http://n1:8000", id="root"),
-    pytest.param("http://n1:8000/", "http://n1:8000", id="root-slash"),
-])
-def test_server_root_of_a_base_url(url, root):
-    assert rundir.server_root(url) == root
-
-
 @pytest.mark.parametrize("data, urls", [
     pytest.param({"base_urls": ["a", "b"], "base_url": "a"}, ["a", "b"], id="replicas"),
     pytest.param({"base_url": "a"}, ["a"], id="one"),

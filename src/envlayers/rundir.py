@@ -527,13 +527,6 @@ def base_urls(data: Mapping | None) -> list[str]:
     return [b for b in (data.get("base_urls") or [data.get("base_url")]) if b]
 
 
-def server_root(base_url: str) -> str:
-    """An OpenAI base URL (``http://host:port/v1``) -> the server's root (``http://host:port``), where
-    ``/metrics`` and ``/health`` are."""
-    base = base_url.rstrip("/")
-    return base[:-3] if base.endswith("/v1") else base
-
-
 def chain_of(run_dir: "str | os.PathLike | None") -> dict | None:
     """The run directory's chain.json (``None`` when the job is no link of a chain)."""
     if not run_dir:

@@ -7,6 +7,7 @@ followed to the newest live link (access.chain): its details are given, with a `
 
 from __future__ import annotations
 
+from ..urls import host_port_base
 from .chain import newest_live
 from .gateway import route_url
 from .job import JobAccess, key_file_warning, read_key
@@ -77,7 +78,7 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
         parts = urlsplit(gateway["base_url"])
         port = parts.port
         ssh = ["ssh", "-N", "-L", f"{port}:{parts.hostname}:{port}", gateway["destination"]]
-        return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": gateway["destination"]}
+        return {"ssh": ssh, "base_url": host_port_base("127.0.0.1", port), "through": gateway["destination"]}
     urls = acc.probe_urls
     if not urls:
         return None
@@ -91,4 +92,4 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
         ssh = ["ssh", "-N", "-J", f"{user}@{login}", "-L", f"{port}:127.0.0.1:{port}", f"{user}@{nodes[0]}"]
     else:
         ssh = ["ssh", "-N", "-L", f"{port}:{host}:{port}", f"{user}@{login}"]
-    return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": login}
+    return {"ssh": ssh, "base_url": host_port_base("127.0.0.1", port), "through": login}

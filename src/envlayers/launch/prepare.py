@@ -19,6 +19,7 @@ from ..engines import RankCommand
 from ..errors import LaunchFailure
 from ..rundir import LAUNCH, RANKS_SH, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
+from ..urls import host_port_base
 from . import raycluster
 
 CLAMP = 0.9
@@ -215,8 +216,8 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                                                   min_replicas(keys, plan.replicas) if plan.shape == "gateway" else 1)
         lines += ray_lines
         ray_files = raycluster.files(plan.shape)
-    targets = tuple(Target(r.rank, f"http://{local or nodes[r.node_index].url_host}:{r.port}/v1",
-                           f"http://{local or nodes[r.node_index].address}:{r.port}/v1",
+    targets = tuple(Target(r.rank, host_port_base(local or nodes[r.node_index].url_host, r.port),
+                           host_port_base(local or nodes[r.node_index].address, r.port),
                            local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
     srun = slurm.ranks_step_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,

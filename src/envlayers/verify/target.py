@@ -17,6 +17,7 @@ from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 from .. import rundir
 from ..jobid import looks_like_job_id
+from ..urls import api_base
 from .client import Client
 
 
@@ -56,7 +57,7 @@ def is_url(spec: str) -> bool:
 
 
 def base_url_of(spec: str) -> str:
-    """``http://host:port`` or ``.../v1`` or ``.../v1/`` -> ``http://host:port/v1``."""
+    """``http://host:port`` or ``.../v1`` or ``.../v1/`` -> ``http://host:port/v1`` (``urls.api_base``)."""
     from urllib.parse import urlsplit
 
     url = spec.rstrip("/")
@@ -64,7 +65,7 @@ def base_url_of(spec: str) -> str:
     if not parts.hostname:
         raise CannotVerify(f"{spec!r} is not a URL with a host", where="URL",
                            hint="give the base URL the endpoint block prints, e.g. http://nid001234:8000/v1")
-    return url if parts.path.endswith("/v1") else (url + "/v1" if parts.path in ("", "/") else url)
+    return api_base(url)
 
 
 def read_key(path: str, where: str) -> str:
