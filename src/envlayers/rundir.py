@@ -53,9 +53,6 @@ _RANK_UP_RE = re.compile(r"^rank (\d+) up on (\S+)")
 _ALL_STARTED_RE = re.compile(r"^all (\d+) ranks? (?:started|launched)")
 _LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
 TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
-_SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
-_RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
-_RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
 
 # --- every file of a run directory, by name ---
 ENDPOINT = "endpoint.json"  # readiness.Endpoint, written once live; replicas and gateway-state add to what status shows
@@ -72,25 +69,59 @@ GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last 
 GATEWAY_APP = "gateway_app.py"  # the Serve application, copied here for node 0
 RAY_NODE = "raynode.py"  # the Ray node helper, copied here for every node
 RANKS_SH = "ranks.sh"  # the script srun runs on every rank
-JOB_SH = "job.sh"
+JOB_SH = "job.sh"  # the job script itself, copied by the job script (a successor resubmits it)
+CORE_LIMIT = "core-limit.txt"  # every rank's core-dump limit, one line each, written by ranks.sh (cores)
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """A file of one rank, ``<prefix><rank><suffix>``. The job's scripts get the two parts (:data:`SCRIPT_NAMES`)
+    and put the rank between them in bash."""
+
+    prefix: str
+    suffix: str
+
+    def name(self, rank: int) -> str:
+        return f"{self.prefix}{rank}{self.suffix}"
+
+    @property
+    def glob(self) -> str:
+        return f"{self.prefix}*{self.suffix}"
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return re.compile(f"^{re.escape(self.prefix)}(\\d+){re.escape(self.suffix)}$")
+
+
+SERVER_LOG = RankFile("server-", ".log")  # one rank's output
+RANK_EXIT = RankFile("rank-", ".exit")  # one rank's exit code, written by ranks.sh
+RAY_PIDS = RankFile("ray-pids-", ".txt")  # every process launch/raynode.py started on that rank's node
+RUN_FOLDER = "run-"  # ``run-<n>/``: an earlier run of a requeued job, moved there by the job script
 
 
 def server_log_name(rank: int) -> str:
     """``server-<rank>.log``: one rank's output."""
-    return f"server-{rank}.log"
+    return SERVER_LOG.name(rank)
 
 
 def rank_exit_name(rank: int) -> str:
     """``rank-<rank>.exit``: one rank's exit code, written by ranks.sh."""
-    return f"rank-{rank}.exit"
+    return RANK_EXIT.name(rank)
 
 
-RANK_EXIT_GLOB = "rank-*.exit"
+RANK_EXIT_GLOB = RANK_EXIT.glob
 
 
 def ray_pids_name(rank: int) -> str:
     """``ray-pids-<rank>.txt``: every process launch/raynode.py started on that rank's node."""
-    return f"ray-pids-{rank}.txt"
+    return RAY_PIDS.name(rank)
+
+
+# the names the job's scripts write (templates/, through ``scripttext``): passed in as ``files``, so that the
+# bash spells no name of its own
+SCRIPT_NAMES = {"serve_env": SERVE_ENV, "job_sh": JOB_SH, "run_folder": RUN_FOLDER, "core_limit": CORE_LIMIT,
+                "server_log": SERVER_LOG, "rank_exit": RANK_EXIT}
+_RUN_SUBDIR_RE = re.compile(f"^{re.escape(RUN_FOLDER)}(\\d+)$")
 # the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
 _UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); "
                             r"the job ends before any rank")
@@ -310,7 +341,7 @@ class JobFiles:
         return self.run_dir / server_log_name(rank) if self.run_dir else None
 
     def server_logs(self) -> dict[int, Path]:
-        return {} if self.previous_at_top else self._numbered(_SERVER_LOG_RE)
+        return {} if self.previous_at_top else self._numbered(SERVER_LOG.pattern)
 
     def earlier_runs(self) -> dict[int, Path]:
         """n -> ``run-<n>/``: the folders earlier runs of a requeued job were moved into."""
@@ -330,7 +361,7 @@ class JobFiles:
         if self.previous_at_top:
             return {}
         exits: dict[int, int | None] = {}
-        for rank, path in self._numbered(_RANK_EXIT_RE).items():
+        for rank, path in self._numbered(RANK_EXIT.pattern).items():
             try:
                 text = path.read_text().strip().split()
                 exits[rank] = int(text[0]) if text and text[0].lstrip("-").isdigit() else None
