@@ -26,7 +26,7 @@ class JobAccess:
 
     job: ops.TrackedJob
     endpoint: dict | None  # endpoint.json, once live
-    launch: dict | None  # launch.json
+    launch: rundir.LaunchRecord | None  # launch.json
     serve_env: dict[str, str]  # serve.env's literal values
 
     @property
@@ -39,9 +39,10 @@ class JobAccess:
 
     @property
     def served(self) -> str | None:
-        for data in (self.endpoint, self.launch):
-            if data and data.get("served_model_name"):
-                return str(data["served_model_name"])
+        if self.endpoint and self.endpoint.get("served_model_name"):
+            return str(self.endpoint["served_model_name"])
+        if self.launch is not None and self.launch.served_model_name:
+            return self.launch.served_model_name
         return self.serve_env.get("VLLM_SERVED_MODEL") or None
 
     @property

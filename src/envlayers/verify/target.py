@@ -111,8 +111,8 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
         raise CannotVerify(f"job {job.job_id} has ended ({state}): its endpoint is gone",
                            hint="verify a running job (`env_layers status` lists them)")
     env = rundir.read_serve_env(files.run_dir)
-    launch = files.launch() or {}
-    target_name = str(launch.get("target") or "")
+    launch = files.launch()
+    target_name = launch.target if launch is not None and launch.target is not None else ""
     urls = ops.endpoint_urls(data)
     t = Target(label=f"job {job.job_id}", base_urls=urls, served=str(data.get("served_model_name") or ""),
                engine=data.get("engine"), model=data.get("model") or env.get("INFERENCE_MODEL"),
