@@ -26,6 +26,7 @@ from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME,
 from .errors import EnvLayersError
 from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, render as _render, shown as _shown
 from .layers import Env, Unbound
+from .rundir import SCRIPT_NAMES
 from .topology import Plan
 
 READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
@@ -110,7 +111,7 @@ def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_p
     return _render("serve-only.sh.j2", job_name=job_name, target=target, nodes=nodes, partition=partition,
                    gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
                    env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
-                   keys=keys, image=image, devices=devices)
+                   keys=keys, image=image, devices=devices, files=SCRIPT_NAMES)
 
 
 def comment_text(text: str) -> str:

@@ -7,6 +7,7 @@ Exit statuses: 0 every request succeeded, 1 the endpoint failed the preflight or
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -57,11 +58,12 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
 
     Without ``replica`` the job's first base URL (the router's, when the job has one); with it, that
     replica's own URL (behind a router too, to measure what the router adds)."""
-    from ..access.job import open_job, read_key
+    from ..access.job import open_job
+    from ..apikey import read_key
     from ..access.ping import normalize_base_url
     from ..jobid import looks_like_job_id
 
-    key = read_key(api_key_file) if api_key_file else None
+    key = read_key(api_key_file, named_by="--api-key-file", serving=False, owner=os.getuid()) if api_key_file else None
     if not looks_like_job_id(target):  # 1234, a step (1234.0, 1234.batch), 0 and arrays: the job-id parser says
         return normalize_base_url(target), model, key, "url"
     acc = open_job(target.strip(), run_dir=run_dir)
@@ -78,7 +80,7 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
         if not acc.key_file:
             raise EnvLayersError(f"job {acc.job_id} needs a key and its key file is not recorded",
                                  hint="give it with --api-key-file FILE")
-        key = read_key(acc.key_file)
+        key = acc.read_key()
     return urls[replica], model or acc.served, key, f"job {acc.job_id}"
 
 

@@ -32,6 +32,7 @@ from ..rundir import ROUTER_STATE, RecordWriter, RouterState
 from .idle import Counters, parse_prometheus
 from .ports import port_free
 from .replicas import stop_group
+from ..urls import host_port_base
 
 READY_TIMEOUT_S = 60.0
 PORT_SCAN = 64
@@ -108,7 +109,7 @@ class Router:
 
     @property
     def url(self) -> str:
-        return f"http://{self.url_host}:{self.plan.port}/v1"
+        return host_port_base(self.url_host, self.plan.port)
 
     @property
     def metrics_url(self) -> str:
@@ -150,7 +151,7 @@ class Router:
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = self.clock() + timeout_s
-        base = f"http://{self.local}:{self.plan.port}"
+        models = host_port_base(self.local, self.plan.port) + "/models"
         healthy: dict[str, bool] = {}
         while True:
             code = self.proc.poll()
@@ -158,7 +159,7 @@ class Router:
                 raise LaunchFailure(f"the router exited with code {code} before it answered; see "
                                     f"{self.run_dir / 'router.log'} (is smg installed in {self.python}? "
                                     "pip install 'envlayers[router]')")
-            status, _ = self.get(f"{base}/v1/models", self.api_key)
+            status, _ = self.get(models, self.api_key)
             if status == 200:
                 _, text = self.get(f"http://{self.local}:{self.plan.metrics_port}/metrics", None)
                 healthy = worker_health(text)
