@@ -22,7 +22,6 @@ import stat
 from pathlib import Path
 
 from .errors import EnvLayersError
-from .rundir import API_KEY
 
 KEY_CHARS = "A-Za-z0-9._~+/=-"
 MIN_LEN, MAX_LEN = 8, 512
@@ -100,6 +99,8 @@ def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
 def write_key(run_dir: "str | os.PathLike[str]", key: str) -> Path:
     """Write ``key`` to ``run_dir/api-key``, created with mode 0600 (never wider, whatever the umask; an
     earlier file there is replaced). Returns the path."""
+    from .rundir import API_KEY  # inside the job only: checking a key file on the login node needs no run directory
+
     path = Path(run_dir) / API_KEY
     try:
         path.unlink()
