@@ -26,8 +26,6 @@ import stat
 from pathlib import Path
 
 from .errors import EnvLayersError
-from .fsutil import user_name
-from .rundir import API_KEY
 
 KEY_CHARS = "A-Za-z0-9._~+/=-"
 MIN_LEN, MAX_LEN = 8, 512
@@ -65,6 +63,8 @@ def read_key(path: "str | os.PathLike[str]", where: str | None = None, *, named_
         raise EnvLayersError(f"cannot read the key file: {err.strerror or err}", where=where,
                              hint="make it a file you can read (chmod 600)") from None
     if owner is not None and st.st_uid != owner:
+        from .fsutil import user_name  # a client's copy only: the dry run never checks an owner
+
         raise EnvLayersError(f"the key file belongs to {user_name(st.st_uid)}, not to you ({user_name(owner)})",
                              where=where, hint="only the key file's owner may print or use the key")
     try:
@@ -149,6 +149,8 @@ def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
 def write_key(run_dir: "str | os.PathLike[str]", key: str) -> Path:
     """Write ``key`` to ``run_dir/api-key``, created with mode 0600 (never wider, whatever the umask; an
     earlier file there is replaced). Returns the path."""
+    from .rundir import API_KEY  # inside the job only: checking a key file on the login node needs no run directory
+
     path = Path(run_dir) / API_KEY
     try:
         path.unlink()
