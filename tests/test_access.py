@@ -375,7 +375,8 @@ def test_connect_warns_about_a_key_file_others_can_read(tmp_path, no_slurm):
     key_file.write_text("k\n")
     key_file.chmod(0o644)
     proc = cli("connect", "77", "--run-dir", str(_run_dir(tmp_path, key_file)), env=no_slurm)
-    assert f"warning:     the key file {key_file} has mode 0644: others can read it; chmod 600" in proc.stdout
+    assert (f"warning:     the key file {key_file} is readable or writable by others (mode 0644); run `chmod 600 "
+            f"{key_file}`") in proc.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")

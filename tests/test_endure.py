@@ -448,7 +448,7 @@ SCONTROL_41 = ("JobId=41 JobName=serve-only UserId=alice(1000) GroupId=alice(100
 
 def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
     from envlayers.launch.successor import Chain, HandedOver
-    from envlayers.rundir import chain_of
+    from envlayers.rundir import CHAIN, ChainRecord, chain_of, read_json
 
     clock, said, calls = Clock(), [], []
     run_dir = tmp_path / "41"
@@ -464,7 +464,8 @@ def test_the_chain_submits_once_live_and_hands_over_after_the_drain(tmp_path):
     chain.went_live(10.0)
     assert calls == [(["sbatch", "--parsable", "--dependency=after:41+7", "--time=0:10:00", "--partition=mi200",
                        "--account=lab-acct", "--chdir=/home/alice/bench", str(run_dir / "job.sh")], "1", "41", False)]
-    assert chain_of(run_dir) == {"predecessor": None, "successor": "57", "dependency": "after:41+7", "left": 2}
+    assert read_json(run_dir / CHAIN) == {"predecessor": None, "successor": "57", "dependency": "after:41+7", "left": 2}
+    assert chain_of(run_dir) == ChainRecord(successor="57", dependency="after:41+7", left=2)
     assert said[-1] == ("ENVLAYERS-STAGE: successor job 57: sbatch --parsable --dependency=after:41+7 --time=0:10:00 "
                         f"--partition=mi200 --account=lab-acct --chdir=/home/alice/bench {run_dir / 'job.sh'}")
     chain.tick()  # the successor is not live yet
@@ -514,7 +515,7 @@ def test_a_per_job_key_passes_down_the_chain(tmp_path):
                     f"{second / GENERATED_NAME} (mode 0600): clients keep their key"]
     # no generated key in the first job (a named key file): nothing to pass on, the job script names it
     (first / GENERATED_NAME).unlink()
-    chain.record["successor"] = None
+    chain.record.successor = None
     chain.went_live(1.0)
     assert "ENVLAYERS_CHAIN_KEY_FILE" not in envs[1]
     # the file went away: a new key, said in words
@@ -534,4 +535,4 @@ def test_the_last_link_submits_nothing(tmp_path):
                   run=lambda argv, env: pytest.fail("submitted"), job_fields=lambda job: {"TimeLimit": "10:00"})
     chain.went_live(3.0)
     assert said == ["ENVLAYERS-STAGE: last job of the chain (after job 41): no successor"]
-    assert chain_of(tmp_path)["predecessor"] == "41"
+    assert chain_of(tmp_path).predecessor == "41"

@@ -365,7 +365,7 @@ def test_every_place_of_a_script_template_names_a_filter(name):
 
     text = (Path(scripttext.__file__).parent / "templates" / name).read_text()
     places = re.findall(r"\{\{(.*?)\}\}", text)
-    assert places and all(re.fullmatch(r" [a-z_.]+\|(sh|words|comment|num|ident|code|heredoc\(delimiter\)) ", p)
+    assert places and all(re.fullmatch(r" [a-z_.]+\|(sh|dq|words|comment|num|ident|code|heredoc\(delimiter\)) ", p)
                           for p in places), places
 
 

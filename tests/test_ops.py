@@ -683,6 +683,20 @@ def test_endpoint_urls_use_addresses_when_given():
     assert ops.endpoint_urls(None) == []
 
 
+def test_replica_urls_are_the_replicas_own_behind_a_router_and_the_base_urls_without_one():
+    routed = {"base_urls": ["http://n1:30000/v1"], "addresses": ["10.0.0.1", "10.0.0.2"],
+              "replica_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "replica_addresses": ["10.0.0.1", "10.0.0.2"]}
+    assert ops.endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
+    assert ops.replica_urls(routed) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    # replica 0 gone: the router's URL stays on node 0, the one replica left keeps its own address
+    routed.update(replica_urls=["http://n2:8000/v1"], replica_addresses=["10.0.0.2"])
+    assert ops.replica_urls(routed) == ["http://10.0.0.2:8000/v1"]
+    assert ops.endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
+    plain = {"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "addresses": ["10.0.0.1", "10.0.0.2"]}
+    assert ops.replica_urls(plain) == ops.endpoint_urls(plain) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    assert ops.replica_urls(None) == []
+
+
 def test_cli_commands_are_registered_and_cheap_to_import():
     import subprocess as sp
     import sys

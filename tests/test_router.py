@@ -248,6 +248,45 @@ def test_the_router_gone_after_live_ends_the_job(tmp_path):
         r.tick()
 
 
+def test_the_routers_view_of_its_workers_goes_to_its_state_file_and_each_change_is_said(tmp_path):
+    from envlayers.cli.serving_format import replica_lines
+    from envlayers.rundir import ROUTER_STATE, JobFiles, read_router_state
+
+    healthy = METRICS.replace("} 0\n", "} 1\n")
+    answers = {"text": healthy}
+    r, _, said, _ = make_router(tmp_path, lambda url: (200, answers["text"]))
+    r.start()
+    del said[:]
+    assert r.counters() == Counters(8.0, 3.0)
+    assert read_router_state(tmp_path).workers == {w: True for w in WORKERS} and said == []  # first view: no change
+    assert r.counters() is not None and said == []  # unchanged: nothing said, nothing rewritten
+    answers["text"] = METRICS  # smg marks replica 1 down
+    r.counters()
+    assert said == [f"ENVLAYERS-WARN: router: {WORKERS[1]} marked down by its health checks (1 of 2 replica(s) healthy)"]
+    assert read_router_state(tmp_path).workers == {WORKERS[0]: True, WORKERS[1]: False}
+    answers["text"] = healthy
+    r.counters()
+    assert said[-1] == f"ENVLAYERS-STAGE: router: {WORKERS[1]} healthy again by its health checks (2 of 2 replica(s) healthy)"
+    answers["text"] = METRICS
+    r.counters()
+    # status reads it beside endpoint.json and shows the router's own count
+    (tmp_path / "endpoint.json").write_text(json.dumps({
+        "base_url": "http://n1:30000/v1", "router": {"kind": "smg"}, "min_replicas": 1,
+        "replicas": [{"rank": 0, "node": "n1", "alive": True}, {"rank": 1, "node": "n2", "alive": True}]}))
+    ep = JobFiles("1", None, tmp_path).endpoint_data()
+    assert ep["router_state"]["workers"][WORKERS[1]] is False and (tmp_path / ROUTER_STATE).is_file()
+    assert ("router", f"1 of 2 replica(s) healthy in the router's own checks (down: {WORKERS[1]})") in replica_lines(ep)
+
+
+def test_a_router_state_file_with_bad_values_reads_as_what_is_valid(tmp_path):
+    from envlayers.rundir import ROUTER_STATE, read_router_state
+
+    (tmp_path / ROUTER_STATE).write_text('{"workers": {"http://a:1": true, "http://b:1": "yes"}, "at": true}')
+    state = read_router_state(tmp_path)
+    assert state.workers == {"http://a:1": True} and state.at is None and state.healthy == 1
+    assert read_router_state(tmp_path / "nowhere") is None
+
+
 def test_the_meter_reads_the_routers_counters_not_the_replicas(tmp_path):
     from envlayers.launch.meter import Meter
 
@@ -274,7 +313,7 @@ def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
     s.went_live({"base_url": "http://n1:30000/v1", "base_urls": ["http://n1:30000/v1"], "router": {"kind": "smg"}})
     s.lost(1, "exited with code 137 after the endpoint was live")
     assert written["base_urls"] == ["http://n1:30000/v1"] and written["base_url"] == "http://n1:30000/v1"
-    assert written["replica_urls"] == ["http://n1:8000/v1"]
+    assert written["replica_urls"] == ["http://n1:8000/v1"] and written["replica_addresses"] == ["10.0.0.1"]
     assert [r["alive"] for r in written["replicas"]] == [True, False]
 
 

@@ -94,16 +94,6 @@ def test_a_record_writer_says_a_refused_write_once_and_again_after_a_success(tmp
     assert json.loads((tmp_path / rundir.ACCOUNTING).read_text()) == {"a": 3}
 
 
-@pytest.mark.parametrize("url, root", [
-    pytest.param("http://n1:8000/v1", "http://n1:8000", id="v1"),
-    pytest.param("http://n1:8000/v1/", "http://n1:8000", id="v1-slash"),
-    pytest.param("http://n1:8000", "http://n1:8000", id="root"),
-    pytest.param("http://n1:8000/", "http://n1:8000", id="root-slash"),
-])
-def test_server_root_of_a_base_url(url, root):
-    assert rundir.server_root(url) == root
-
-
 @pytest.mark.parametrize("data, urls", [
     pytest.param({"base_urls": ["a", "b"], "base_url": "a"}, ["a", "b"], id="replicas"),
     pytest.param({"base_url": "a"}, ["a"], id="one"),
@@ -125,7 +115,7 @@ def test_chain_of_a_run_that_is_no_link_is_none(tmp_path):
     rundir.write_json(tmp_path / rundir.CHAIN, {"predecessor": None, "successor": None, "left": 0})
     assert rundir.chain_of(tmp_path) is None
     rundir.write_json(tmp_path / rundir.CHAIN, {"predecessor": "41", "successor": None, "left": 0})
-    assert rundir.chain_of(tmp_path)["predecessor"] == "41"
+    assert rundir.chain_of(tmp_path) == rundir.ChainRecord(predecessor="41", left=0)
 
 
 def test_a_serving_endpoint_is_one_whose_run_has_not_ended(tmp_path):
@@ -158,3 +148,103 @@ def test_status_reads_the_gateway_state_with_endpoint_json_and_only_then(tmp_pat
     rundir.write_json(tmp_path / rundir.ENDPOINT, {"job_id": "5"})
     assert files.endpoint_data()["gateway"]["healthy"] == 1
     assert rundir.JobFiles("5", None, tmp_path, previous_at_top=True).endpoint_data() is None
+
+
+# --- the records: a dataclass per JSON file; the file's text is the writer's, old and odd files still read
+
+LAUNCH_TEXT = """{
+  "job_id": "42",
+  "restart": 1,
+  "target": "experiment:qwen38",
+  "engine": "vllm",
+  "model": "Qwen/Qwen3-8B",
+  "served_model_name": "q",
+  "shape": "single",
+  "nodes": [
+    "n1"
+  ],
+  "addresses": [
+    "10.0.0.1"
+  ],
+  "ready_timeout_s": 7200
+}
+"""
+
+
+def test_launch_json_keeps_its_text():
+    record = rundir.LaunchRecord(job_id="42", restart=1, target="experiment:qwen38", engine="vllm",
+                                 model="Qwen/Qwen3-8B", served_model_name="q", shape="single", nodes=["n1"],
+                                 addresses=["10.0.0.1"], ready_timeout_s=7200)
+    assert rundir.json_text(record.to_dict()) == LAUNCH_TEXT
+    assert rundir.LaunchRecord.from_dict(json.loads(LAUNCH_TEXT)) == record
+
+
+def test_launch_json_names_containers_only_when_there_are_some():
+    assert "containers" not in rundir.LaunchRecord().to_dict()
+    assert list(rundir.LaunchRecord(containers=["c0"]).to_dict())[-1] == "containers"
+
+
+def test_launch_end_json_keeps_its_text():
+    record = rundir.LaunchEnd(restart=2, code=0, reason="idle stop after 30s", ended_at=1234.568)
+    assert rundir.json_text(record.to_dict()) == ('{\n  "restart": 2,\n  "code": 0,\n  "reason": "idle stop after 30s",'
+                                                   '\n  "ended_at": 1234.568\n}\n')
+
+
+def test_chain_json_keeps_its_text():
+    record = rundir.ChainRecord(predecessor="40", successor="57", dependency="after:41+7", left=2)
+    assert rundir.json_text(record.to_dict()) == ('{\n  "predecessor": "40",\n  "successor": "57",\n'
+                                                   '  "dependency": "after:41+7",\n  "left": 2\n}\n')
+
+
+@pytest.mark.parametrize("kind", [rundir.LaunchRecord, rundir.LaunchEnd, rundir.ChainRecord, rundir.AccountingRecord,
+                                  rundir.GatewayState])
+def test_an_old_record_reads_with_unknown_fields_ignored_and_missing_ones_empty(kind):
+    record = kind.from_dict({"from_a_later_version": 1})
+    assert record == kind.from_dict({}) and "from_a_later_version" not in record.to_dict()
+    assert kind.from_dict(record.to_dict()) == record
+
+
+def test_a_launch_json_from_before_restarts_were_recorded_is_the_first_run():
+    assert rundir.LaunchRecord.from_dict({"job_id": "7"}).restart == 0
+    assert rundir.LaunchRecord.from_dict({"restart": -1}).restart == 0
+
+
+@pytest.mark.parametrize("data, want", [
+    pytest.param({"nodes": "n1", "restart": True, "shape": 3}, rundir.LaunchRecord(), id="launch"),
+    pytest.param({"code": "0", "ended_at": "soon", "reason": ["x"]}, rundir.LaunchEnd(), id="launch-end"),
+    pytest.param({"left": 1.5, "dependency": 7}, rundir.ChainRecord(), id="chain"),
+])
+def test_a_mistyped_field_reads_as_absent(data, want):
+    assert type(want).from_dict(data) == want
+
+
+@pytest.mark.parametrize("successor, want", [
+    pytest.param("57", "57", id="text"),
+    pytest.param(57, "57", id="number"),
+    pytest.param("../57", None, id="a-path"),
+    pytest.param("\u00b2", None, id="unicode-digit"),
+    pytest.param(True, None, id="bool"),
+])
+def test_a_chains_successor_is_a_job_id_never_a_path(successor, want):
+    assert rundir.ChainRecord.from_dict({"successor": successor}).successor == want
+
+
+def test_the_accounting_record_keeps_values_as_written_for_the_accounting_check():
+    from envlayers.accounting import problem
+
+    record = rundir.AccountingRecord.from_dict({"job_start": 1.0, "gpus": -4, "junk": 1})
+    assert record.gpus == -4 and problem(record.to_dict()) == "gpus is -4, not a whole number from 0 to 1000000"
+
+
+def test_job_files_read_the_records(tmp_path):
+    rundir.write_json(tmp_path / rundir.LAUNCH, {"job_id": "7", "restart": 3, "shape": "replicas"})
+    rundir.write_json(tmp_path / rundir.LAUNCH_END, {"code": 1, "reason": "rank 0 exited"})
+    rundir.write_json(tmp_path / rundir.ACCOUNTING, {"job_start": 5.0})
+    files = rundir.JobFiles("7", None, tmp_path)
+    assert files.launch() == rundir.LaunchRecord(job_id="7", restart=3, shape="replicas")
+    assert files.recorded_restart() == 3
+    assert files.launch_end() == rundir.LaunchEnd(code=1, reason="rank 0 exited")
+    assert files.accounting() == rundir.AccountingRecord(job_start=5.0)
+    empty = rundir.JobFiles("8", None, tmp_path / "none")
+    assert empty.launch() is None and empty.launch_end() is None and empty.accounting() is None
+    assert empty.recorded_restart() is None

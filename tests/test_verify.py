@@ -204,7 +204,8 @@ def test_key_from_file_is_used_and_never_printed(standin, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     pytest.param(["--model", "other"], "not 'other'", id="served-name-not-listed"),
-    pytest.param(["--api-key-file", "/nonexistent/key"], "cannot read the API key file", id="key-file-missing"),
+    pytest.param(["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: the key file does not exist",
+                 id="key-file-missing"),
 ])
 def test_could_not_run_is_exit_2_with_one_line(standin, args, message):
     server = standin("vllm", VL_ALL)

@@ -9,15 +9,15 @@ file:line and the key path. The precedence of the layers is written once, in ``l
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
 from typing import NamedTuple
 
 from .envfile import Assignment, Origin
 from .errors import CatalogError
 
-SETUPS = Path("experiments") / "setups.yaml"
-LAYERS_DIR = Path("experiments") / "layers"
+SETUPS = os.path.join("experiments", "setups.yaml")  # str paths, as in paths.py: a render needs no pathlib
+LAYERS_DIR = os.path.join("experiments", "layers")
 
 _ENTRY_KEYS = {"description", "layers", "env"}
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -41,7 +41,7 @@ class Entry(NamedTuple):
 
 
 class Catalog(NamedTuple):
-    root: Path
+    root: str | os.PathLike
     experiments: dict
     models: dict  # by name: setups.yaml's models and the layer-file-only ones
     skipped: tuple = ()  # (file, why) of model-*.env files whose name cannot be a model's
@@ -71,9 +71,9 @@ def _lookup(table: dict[str, Entry], name: str, what: str) -> Entry:
     raise CatalogError(f"unknown {what} {_clip(name)} (valid: {valid})", where=where, hint=hint)
 
 
-def model_file(name: str) -> Path:
+def model_file(name: str) -> str:
     """experiments/layers/model-<name>.env: the layer file that is a model by itself."""
-    return LAYERS_DIR / f"{MODEL_FILE_PREFIX}{name}{MODEL_FILE_SUFFIX}"
+    return os.path.join(LAYERS_DIR, f"{MODEL_FILE_PREFIX}{name}{MODEL_FILE_SUFFIX}")
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -88,40 +88,44 @@ def parse_target(target: str) -> tuple[str, str]:
     return exp, model
 
 
-def load(root: Path) -> Catalog:
+def load(root: str | os.PathLike) -> Catalog:
     """Read and validate ``experiments/setups.yaml`` under ``root``; every error names file:line."""
     from . import yamlpos
 
-    setups = str(Path(root) / SETUPS)
-    text = yamlpos.read_text(setups, str(SETUPS), CatalogError, missing_hint="pass --root DIR or set ENVLAYERS_ROOT")
-    catalog = _parse(root, yamlpos.parse(text, str(SETUPS), CatalogError))
+    setups = os.path.join(root, SETUPS)
+    text = yamlpos.read_text(setups, SETUPS, CatalogError, missing_hint="pass --root DIR or set ENVLAYERS_ROOT")
+    catalog = _parse(root, yamlpos.parse(text, SETUPS, CatalogError))
     models = dict(catalog.models)
     skipped = []
-    for name, path in _model_files(Path(root)):
+    for name, path in _model_files(root):
+        rel = os.path.join(LAYERS_DIR, os.path.basename(path))
         if not _ENTRY_NAME.fullmatch(name):
-            rel = str(path.relative_to(root))
             shown = rel if rel.isprintable() else _clip(rel)  # a control character is never printed raw
             skipped.append((shown, f"{_clip(name)} cannot be a model name: use letters, digits, '-', '_' and '.'"))
         elif name not in models:
-            rel = str(path.relative_to(root))
             models[name] = Entry("models", name, Origin(rel, 1), _first_comment(path), source=FROM_LAYER_FILE)
     return catalog._replace(models=dict(sorted(models.items())), skipped=tuple(skipped))
 
 
-def _model_files(root: Path) -> list[tuple[str, Path]]:
+def _model_files(root: str | os.PathLike) -> list[tuple[str, str]]:
     """(name, path) of every experiments/layers/model-<name>.env (a regular file), by name."""
-    folder = root / LAYERS_DIR
-    if not folder.is_dir():
+    folder = os.path.join(root, LAYERS_DIR)
+    try:
+        entries = os.listdir(folder)
+    except OSError:  # no folder (or not one): no model files
         return []
     out = []
-    for path in folder.glob(f"{MODEL_FILE_PREFIX}*{MODEL_FILE_SUFFIX}"):
-        name = path.name[len(MODEL_FILE_PREFIX):-len(MODEL_FILE_SUFFIX)]
-        if name and path.is_file():
+    for file in entries:
+        if not (file.startswith(MODEL_FILE_PREFIX) and file.endswith(MODEL_FILE_SUFFIX)):
+            continue
+        name = file[len(MODEL_FILE_PREFIX):-len(MODEL_FILE_SUFFIX)]
+        path = os.path.join(folder, file)
+        if name and os.path.isfile(path):
             out.append((name, path))
     return sorted(out)
 
 
-def _first_comment(path: Path) -> str:
+def _first_comment(path: str) -> str:
     """The text of the file's first comment line, when a comment comes before any assignment; else ""."""
     try:
         with open(path, "rb") as fh:
@@ -142,7 +146,7 @@ def _first_comment(path: Path) -> str:
     return ""
 
 
-def _parse(root: Path, doc) -> Catalog:
+def _parse(root: str | os.PathLike, doc) -> Catalog:
     if doc.root is None:
         doc.fail((), "empty file", "it needs 'experiments:' and 'models:'")
     top = doc.mapping(doc.root, (), "a mapping of version, experiments and models")

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EnvLayersError
-
-LIMIT_FILE = "core-limit.txt"
+from .rundir import CORE_LIMIT
 _LIMIT_LINE = re.compile(r"^rank=(?P<rank>\d+)\s+limit=(?P<value>\S+)$")
 _PID_CORE = re.compile(r"^core\.\d+$")
 ET_CORE = 4
@@ -119,7 +118,7 @@ def find_core_files(folder: str | os.PathLike) -> list[CoreFile]:
     return found
 
 
-def parse_core_limits(text: str, origin: str = LIMIT_FILE) -> list[CoreLimit]:
+def parse_core_limits(text: str, origin: str = CORE_LIMIT) -> list[CoreLimit]:
     """``rank=<r> limit=<value>`` lines; blank lines and ``#`` comments are skipped."""
     limits = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -142,7 +141,7 @@ def check_cores(folder: str | os.PathLike, limit_file: str | os.PathLike | None 
     if not base.is_dir():
         raise EnvLayersError(f"no such directory: {base}")
     report = CoreReport(folder=str(base), cores=find_core_files(base))
-    limits_path = Path(limit_file) if limit_file is not None else base / LIMIT_FILE
+    limits_path = Path(limit_file) if limit_file is not None else base / CORE_LIMIT
     if limit_file is not None and not limits_path.is_file():
         raise EnvLayersError(f"no such file: {limits_path}")
     if limits_path.is_file():

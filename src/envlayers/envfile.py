@@ -13,8 +13,8 @@ text, its references as ``${NAME}``, ``${NAME-default}``, ``${NAME:-default}``.
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
 from typing import NamedTuple
 
 from .errors import LayerSyntaxError
@@ -142,11 +142,11 @@ class Assignment(NamedTuple):
     text: str  # the statement as written, for explain and errors
 
 
-def parse_file(path: Path, display: str | None = None) -> list[Assignment]:
+def parse_file(path: str | os.PathLike, display: str | None = None) -> list[Assignment]:
     """Parse one layer file. ``display`` is the name used in messages (a relative path)."""
     from .yamlpos import NOT_REGULAR_HINT, NotRegularFile, read_regular  # the one bounded read of a named file
 
-    name = display or str(path)
+    name = display or os.fspath(path)
     try:
         raw = read_regular(path)
     except FileNotFoundError:

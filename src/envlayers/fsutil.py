@@ -1,5 +1,6 @@
 """Writing files: atomically (a reader sees the old file or the new one, never a partial one), and
-the ``-o PATH`` of a command, which may also name a device, a FIFO or a symlink.
+the ``-o PATH`` of a command, which may also name a device, a FIFO or a symlink; and the name of a
+file's owner (:func:`user_name`).
 """
 
 from __future__ import annotations
@@ -159,3 +160,13 @@ def write_output(path: "str | os.PathLike[str]", text: str, option: str = "--out
             atomic_write(target, text)
     except OSError as err:
         raise fail(err.strerror or str(err)) from None
+
+
+def user_name(uid: int) -> str:
+    """The login name of ``uid`` (the number as text when the system does not know it)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

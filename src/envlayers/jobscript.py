@@ -26,6 +26,7 @@ from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME,
 from .errors import EnvLayersError
 from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, render as _render, shown as _shown
 from .layers import Env, Unbound
+from .rundir import SCRIPT_NAMES
 from .topology import Plan
 
 READY_KEYS = ("AGENT_READY_TIMEOUT_SECONDS", "VLLM_READY_TIMEOUT_SECONDS")
@@ -110,7 +111,7 @@ def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_p
     return _render("serve-only.sh.j2", job_name=job_name, target=target, nodes=nodes, partition=partition,
                    gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
                    env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
-                   keys=keys, image=image, devices=devices)
+                   keys=keys, image=image, devices=devices, files=SCRIPT_NAMES)
 
 
 def comment_text(text: str) -> str:
@@ -249,7 +250,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         rank_lines = _podman_lines(podman, text, plan, commands, rank_lines)
     budget = ready_timeout_s(text)
     blockers: list[str] = []
-    edf_name = _edf(root, text, plan, blockers, environ)
+    edf_name, role_source = _edf(root, text, plan, blockers, environ)
     _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
@@ -273,7 +274,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     # -- end of the public-bind refusal
     from . import weights  # a hub id must be in the job's HF cache, and fit the GPUs' memory (weights.py)
 
-    found = weights.locate(root, env, text, environ)
+    found = weights.locate(root, env, text, environ, role_source=role_source)
     fit_lines, fit_warnings, fit_blockers = weights.fit(found, plan, env, text)
     warnings += found.warnings + fit_warnings
     blockers += found.blockers + fit_blockers
@@ -312,6 +313,8 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
 def _router_line(env: Env, text: Mapping[str, str], plan: Plan) -> str | None:
     """ROUTER=smg: the router's command line in front of every replica (``NODE<i>`` for replica i's node
     address); a ROUTER the plan cannot have is refused naming the layer line."""
+    if "ROUTER" not in text:
+        return None  # absent: no router (engines/router.py, router_choice), and nothing of it to import
     from .engines.router import plan_router
 
     try:
@@ -476,12 +479,15 @@ def _podman_lines(s, text: Mapping[str, str], plan: Plan, commands, rank_lines: 
     return out
 
 
-def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], environ: Mapping[str, str]) -> str:
+def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
+         environ: Mapping[str, str]) -> tuple[str, "edf.RoleSource | None"]:
+    """The EDF the ranks run with (``""`` without the Container Engine) and its role's validated source,
+    read once for the job script and the weights check."""
     from .runtimes import runtime_name
 
     runtime = runtime_name(text)
     if runtime in ("none", "podman"):
-        return ""
+        return "", None
     from . import edf
 
     role = text.get("CONTAINER_ROLE")
@@ -491,12 +497,13 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str], envi
     if role not in edf.roles(root):
         raise EnvLayersError(f"unknown EDF role {role!r} (valid: {', '.join(edf.roles(root))})",
                              where="CONTAINER_ROLE", hint="see containers/edfs/")
-    name = edf.edf_name(role, plan.edf_topology, root)
+    src = edf.load_catalog(root)[role]
+    name = src.edf_name(edf.variant_for(plan.edf_topology))
     installed = edf.edf_search_dir(environ) / f"{name}.toml"
     if not installed.is_file():
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "
                         "(the job would fail at its first srun)")
-    return name
+    return name, src
 
 
 def srun_dry_line(nodes: int, edf: str | None) -> str:

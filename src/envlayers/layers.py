@@ -8,15 +8,15 @@ for the shell that sources the render (the job) to expand.
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
 from . import catalog as cat
 from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file, value_text
 from .errors import StackError
 
-SERVE_ENV = Path("experiments") / "serve-only.env"  # the launcher's own layer
+SERVE_ENV = os.path.join("experiments", "serve-only.env")  # the launcher's own layer
 SECRET_KEYS = ("SERVER_API_KEY",)  # never in a layer, so never in a render, a job script or a log
 _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # the catalog's rule for experiment and model names
 
@@ -75,11 +75,11 @@ class LaunchSources(NamedTuple):
     ``env_file`` (SERVE_ENV_FILE) go on top of everything.
     """
 
-    base_env: "Path | None" = None
-    env_file: "Path | None" = None
+    base_env: "str | os.PathLike | None" = None
+    env_file: "str | os.PathLike | None" = None
 
 
-def stack_sources(root: Path, target: str, extra_files: tuple[Path, ...] = (),
+def stack_sources(root: str | os.PathLike, target: str, extra_files: tuple[str | os.PathLike, ...] = (),
                   launch: LaunchSources | None = None) -> list[Source]:
     """The stack for EXPERIMENT:MODEL, lowest precedence first. The one place the order is written:
 
@@ -100,13 +100,13 @@ def stack_sources(root: Path, target: str, extra_files: tuple[Path, ...] = (),
         out = _catalog_sources(root, experiment, model)
     out += [_path_source(root, path, "--layer") for path in extra_files]
     if launch is not None:
-        out.append(_path_source(root, root / SERVE_ENV, str(SERVE_ENV)))
+        out.append(_path_source(root, os.path.join(root, SERVE_ENV), SERVE_ENV))
         if launch.env_file is not None:
             out.append(_path_source(root, launch.env_file, "SERVE_ENV_FILE"))
     return out
 
 
-def _catalog_sources(root: Path, experiment: str, model: str) -> list[Source]:
+def _catalog_sources(root: str | os.PathLike, experiment: str, model: str) -> list[Source]:
     catalog = cat.load(root)
     exp, mod = catalog.experiment(experiment), catalog.model(model)
     model_layer = mod.model_layer or (f"model-{model}.env", mod.origin)
@@ -120,9 +120,9 @@ def _catalog_sources(root: Path, experiment: str, model: str) -> list[Source]:
     return [s for s in out if s.assignments or not s.label.startswith(str(cat.SETUPS))]
 
 
-def _path_source(root: Path, path: Path, what: str) -> Source:
+def _path_source(root: str | os.PathLike, path: str | os.PathLike, what: str) -> Source:
     label = _checked_label(_display(root, path), what)
-    return Source(label, tuple(parse_file(Path(path), label)))
+    return Source(label, tuple(parse_file(path, label)))
 
 
 def _checked_label(label: str, where: str) -> str:
@@ -133,24 +133,25 @@ def _checked_label(label: str, where: str) -> str:
     return label
 
 
-def _display(root: Path, path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)
+def _display(root: str | os.PathLike, path: str | os.PathLike) -> str:
+    """``path`` relative to ``root`` when it is under it (links resolved), else as given."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+        return os.path.relpath(real, top)
+    return os.fspath(path)
 
 
-def _file_source(root: Path, name: str, ref: Origin | None) -> Source:
-    rel = cat.LAYERS_DIR / name
-    path = root / rel
+def _file_source(root: str | os.PathLike, name: str, ref: Origin | None) -> Source:
+    rel = os.path.join(cat.LAYERS_DIR, name)
+    path = os.path.join(root, rel)
     _checked_label(name, str(ref or rel))
     if "/" in name or name in ("", ".", ".."):
         raise StackError(f"layer '{name}' must be a file name in {cat.LAYERS_DIR}", where=str(ref or rel),
                          hint="write just the file name, e.g. replicas.env")
-    if not path.is_file():
+    if not os.path.isfile(path):
         raise StackError(f"layer file {rel} not found", where=str(ref or rel),
                          hint=f"create it, or fix the name (files in {cat.LAYERS_DIR})")
-    return Source(str(rel), tuple(parse_file(path, str(rel))))
+    return Source(rel, tuple(parse_file(path, rel)))
 
 
 def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
@@ -187,7 +188,7 @@ def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
     return env
 
 
-def load_env(root: Path, target: str, extra_files: tuple[Path, ...] = (), strict: bool = False,
+def load_env(root: str | os.PathLike, target: str, extra_files: tuple[str | os.PathLike, ...] = (), strict: bool = False,
              launch: LaunchSources | None = None) -> Env:
     return merge(stack_sources(root, target, extra_files, launch), target, strict)
 

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 
 from .defaults import BANNER
-from .rundir import server_root
+from .urls import server_root
 
 NO_KEY = "EMPTY"  # what to pass as api_key to a keyless endpoint: OpenAI clients refuse to start without one
 

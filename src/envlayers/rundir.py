@@ -22,14 +22,17 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
   previous run's (:func:`top_is_previous`), and :class:`JobFiles` then shows none of them as current.
 
 This module owns the run directory: every file's name (the constants below; no other module spells
-one), the readers of its records and the one writer of a JSON record (:func:`write_json`, atomic through
+one, and the job's scripts get theirs from :data:`SCRIPT_NAMES`), the record type of each JSON file (a
+dataclass with ``from_dict``/``to_dict``: :class:`LaunchRecord`, :class:`LaunchEnd`, :class:`ChainRecord`,
+:class:`AccountingRecord`, :class:`GatewayState`; endpoint.json's is ``readiness.Endpoint``, whose file the
+launcher extends), their readers, and the one writer of a JSON record (:func:`write_json`, atomic through
 ``fsutil.atomic_write``). The two scripts the job copies into the run directory and runs with the standard
 library only (``gateway_app.py``, ``launch/raynode.py``) repeat the names of the files they write; a test
 keeps them equal to the ones here.
 
 Parsing here is pure (text in, records out); ``locate`` and ``JobFiles`` only read files.
 ``FileTail`` is the one reader of a growing file (and ``tail_lines`` of a file's last lines).
-Unknown fields in the JSON files are ignored, missing ones are ``None``.
+Unknown fields in the JSON files are ignored, missing or mistyped ones are ``None`` (or empty lists).
 """
 
 from __future__ import annotations
@@ -53,46 +56,79 @@ _RANK_UP_RE = re.compile(r"^rank (\d+) up on (\S+)")
 _ALL_STARTED_RE = re.compile(r"^all (\d+) ranks? (?:started|launched)")
 _LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
 TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
-_SERVER_LOG_RE = re.compile(r"^server-(\d+)\.log$")
-_RANK_EXIT_RE = re.compile(r"^rank-(\d+)\.exit$")
-_RUN_SUBDIR_RE = re.compile(r"^run-(\d+)$")
 
 # --- every file of a run directory, by name ---
 ENDPOINT = "endpoint.json"  # readiness.Endpoint, written once live; replicas and gateway-state add to what status shows
-LAUNCH = "launch.json"  # what the launcher planned (launch.prepare), written before srun
-LAUNCH_END = "launch-end.json"  # how the launcher ended: restart, code, reason, ended_at
-CHAIN = "chain.json"  # the job's link in a chain of successors (launch.successor)
+LAUNCH = "launch.json"  # LaunchRecord: what the launcher planned (launch.prepare), written before srun
+LAUNCH_END = "launch-end.json"  # LaunchEnd: how the launcher ended: restart, code, reason, ended_at
+CHAIN = "chain.json"  # ChainRecord: the job's link in a chain of successors (launch.successor)
 POOL = "pool.json"  # the elastic pool: replica jobs added and released, each decision (launch.pool)
 TUNNEL = "tunnel.json"  # the login node's tunnel to the endpoint (access.tunnelrecord)
-ACCOUNTING = "accounting.json"  # the GPU-hour timeline (launch.timeline, envlayers.accounting)
+ACCOUNTING = "accounting.json"  # AccountingRecord: the GPU-hour timeline (launch.timeline, envlayers.accounting)
 SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines
 API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
 RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
 RAY_CLUSTER = "ray-cluster.json"  # the Ray cluster node 0 saw form (written by launch/raynode.py)
 GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last events (written by gateway_app.py)
+ROUTER_STATE = "router-state.json"  # which replicas the router (ROUTER=smg) calls healthy (launch.router)
 GATEWAY_APP = "gateway_app.py"  # the Serve application, copied here for node 0
 RAY_NODE = "raynode.py"  # the Ray node helper, copied here for every node
 RANKS_SH = "ranks.sh"  # the script srun runs on every rank
-JOB_SH = "job.sh"
+JOB_SH = "job.sh"  # the job script itself, copied by the job script (a successor resubmits it)
+CORE_LIMIT = "core-limit.txt"  # every rank's core-dump limit, one line each, written by ranks.sh (cores)
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """A file of one rank, ``<prefix><rank><suffix>``. The job's scripts get the two parts (:data:`SCRIPT_NAMES`)
+    and put the rank between them in bash."""
+
+    prefix: str
+    suffix: str
+
+    def name(self, rank: int) -> str:
+        return f"{self.prefix}{rank}{self.suffix}"
+
+    @property
+    def glob(self) -> str:
+        return f"{self.prefix}*{self.suffix}"
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return re.compile(f"^{re.escape(self.prefix)}(\\d+){re.escape(self.suffix)}$")
+
+
+SERVER_LOG = RankFile("server-", ".log")  # one rank's output
+RANK_EXIT = RankFile("rank-", ".exit")  # one rank's exit code, written by ranks.sh
+RAY_PIDS = RankFile("ray-pids-", ".txt")  # every process launch/raynode.py started on that rank's node
+RUN_FOLDER = "run-"  # ``run-<n>/``: an earlier run of a requeued job, moved there by the job script
 
 
 def server_log_name(rank: int) -> str:
     """``server-<rank>.log``: one rank's output."""
-    return f"server-{rank}.log"
+    return SERVER_LOG.name(rank)
 
 
 def rank_exit_name(rank: int) -> str:
     """``rank-<rank>.exit``: one rank's exit code, written by ranks.sh."""
-    return f"rank-{rank}.exit"
+    return RANK_EXIT.name(rank)
 
 
-RANK_EXIT_GLOB = "rank-*.exit"
+RANK_EXIT_GLOB = RANK_EXIT.glob
 
 
 def ray_pids_name(rank: int) -> str:
     """``ray-pids-<rank>.txt``: every process launch/raynode.py started on that rank's node."""
-    return f"ray-pids-{rank}.txt"
+    return RAY_PIDS.name(rank)
+
+
+# the names the job's scripts write (templates/, through ``scripttext``): passed in as ``files``, so that the
+# bash spells no name of its own
+SCRIPT_NAMES = {"serve_env": SERVE_ENV, "job_sh": JOB_SH, "run_folder": RUN_FOLDER, "core_limit": CORE_LIMIT,
+                "server_log": SERVER_LOG, "rank_exit": RANK_EXIT}
+_RUN_SUBDIR_RE = re.compile(f"^{re.escape(RUN_FOLDER)}(\\d+)$")
 # the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
+_JOB_ID_RE = re.compile(r"[0-9]+")
 _UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); "
                             r"the job ends before any rank")
 _UNRECORDED_END_RE = re.compile(r"^the launcher ended with code (-?\d+) but could not record it in (.+) "
@@ -311,7 +347,7 @@ class JobFiles:
         return self.run_dir / server_log_name(rank) if self.run_dir else None
 
     def server_logs(self) -> dict[int, Path]:
-        return {} if self.previous_at_top else self._numbered(_SERVER_LOG_RE)
+        return {} if self.previous_at_top else self._numbered(SERVER_LOG.pattern)
 
     def earlier_runs(self) -> dict[int, Path]:
         """n -> ``run-<n>/``: the folders earlier runs of a requeued job were moved into."""
@@ -320,18 +356,15 @@ class JobFiles:
     def recorded_restart(self) -> int | None:
         """The ``restart`` of the top-level launch.json, whichever run wrote it (0 when it has none,
         ``None`` when there is no readable launch.json)."""
-        data = self._json(LAUNCH)
-        if data is None:
-            return None
-        value = data.get("restart", 0)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+        record = self._record(LAUNCH, LaunchRecord)
+        return None if record is None else record.restart
 
     def rank_exits(self) -> dict[int, int | None]:
         """rank -> exit code from ``rank-<rank>.exit`` (``None`` when the file does not hold a number)."""
         if self.previous_at_top:
             return {}
         exits: dict[int, int | None] = {}
-        for rank, path in self._numbered(_RANK_EXIT_RE).items():
+        for rank, path in self._numbered(RANK_EXIT.pattern).items():
             try:
                 text = path.read_text().strip().split()
                 exits[rank] = int(text[0]) if text and text[0].lstrip("-").isdigit() else None
@@ -347,18 +380,22 @@ class JobFiles:
             state = read_gateway_state(self.run_dir)
             if state is not None:
                 data["gateway"] = state.to_dict()
+            routed = read_router_state(self.run_dir) if "router" in data else None
+            if routed is not None:
+                data["router_state"] = routed.to_dict()
         return data
 
-    def launch_end(self) -> dict | None:
+    def launch_end(self) -> LaunchEnd | None:
         """``launch-end.json`` of the current run: how the launcher ended (``None``: it did not say)."""
-        return None if self.previous_at_top else self._json(LAUNCH_END)
+        return None if self.previous_at_top else self._record(LAUNCH_END, LaunchEnd)
 
-    def launch(self) -> dict | None:
-        return None if self.previous_at_top else self._json(LAUNCH)
+    def launch(self) -> LaunchRecord | None:
+        """``launch.json`` of the current run: what the launcher planned (``None`` before it started)."""
+        return None if self.previous_at_top else self._record(LAUNCH, LaunchRecord)
 
-    def accounting(self) -> dict | None:
+    def accounting(self) -> AccountingRecord | None:
         """``accounting.json`` of the current run: its GPU-hour timeline (``launch.timeline``), or ``None``."""
-        return None if self.previous_at_top else self._json(ACCOUNTING)
+        return None if self.previous_at_top else self._record(ACCOUNTING, AccountingRecord)
 
     def read_job_output(self) -> LauncherReport:
         """The current run's launcher lines (nothing while the top-level files are a previous run's)."""
@@ -371,6 +408,9 @@ class JobFiles:
 
     def _json(self, name: str) -> dict | None:
         return None if self.run_dir is None else read_json(self.run_dir / name)
+
+    def _record(self, name: str, kind):
+        return None if self.run_dir is None else read_record(self.run_dir / name, kind)
 
     def _numbered(self, pattern: re.Pattern) -> dict[int, Path]:
         if self.run_dir is None or not self.run_dir.is_dir():
@@ -472,6 +512,155 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+# --- the records: one dataclass per JSON file, ``from_dict`` tolerant (unknown fields ignored; a missing or
+# mistyped one is ``None``, or the empty list), ``to_dict`` the file's fields in the order the writer writes them
+
+def _whole(data: Mapping, key: str) -> int | None:
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(data: Mapping, key: str) -> float | None:
+    value = data.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(data: Mapping, key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _job_id(data: Mapping, key: str) -> str | None:
+    """A job id: digits, as text or as the number a hand-edited file may hold (``41`` for ``"41"``); never a
+    path (a chain's successor names a folder beside this one)."""
+    value = data.get(key)
+    text = str(value) if isinstance(value, str) or _whole(data, key) is not None else ""
+    return text if _JOB_ID_RE.fullmatch(text) else None
+
+
+def _texts(data: Mapping, key: str) -> list[str]:
+    value = data.get(key)
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+@dataclass
+class LaunchRecord:
+    """``launch.json``: what the launcher planned, written before srun (``launch.prepare``). ``restart`` is
+    Slurm's ``SLURM_RESTART_COUNT`` of the run that wrote it (0 when the file has none: the first run);
+    ``containers`` (podman only, in the file only when there are some): each rank's container name."""
+
+    job_id: str | None = None
+    restart: int = 0
+    target: str | None = None
+    engine: str | None = None
+    model: str | None = None  # INFERENCE_MODEL (None when empty)
+    served_model_name: str | None = None
+    shape: str | None = None
+    nodes: list[str] = field(default_factory=list)
+    addresses: list[str] = field(default_factory=list)
+    ready_timeout_s: int | None = None
+    containers: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LaunchRecord":
+        restart = _whole(data, "restart")
+        return cls(_text(data, "job_id"), restart if restart is not None and restart >= 0 else 0,
+                   _text(data, "target"), _text(data, "engine"), _text(data, "model"),
+                   _text(data, "served_model_name"), _text(data, "shape"), _texts(data, "nodes"),
+                   _texts(data, "addresses"), _whole(data, "ready_timeout_s"), _texts(data, "containers"))
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "restart": self.restart, "target": self.target, "engine": self.engine,
+                "model": self.model, "served_model_name": self.served_model_name, "shape": self.shape,
+                "nodes": list(self.nodes), "addresses": list(self.addresses), "ready_timeout_s": self.ready_timeout_s,
+                **({"containers": list(self.containers)} if self.containers else {})}
+
+
+@dataclass
+class LaunchEnd:
+    """``launch-end.json``: how the launcher ended, written on every orderly end (``launch.launcher``):
+    the run's ``restart``, the exit ``code``, the ``reason`` and ``ended_at`` (epoch seconds)."""
+
+    restart: int | None = None
+    code: int | None = None
+    reason: str | None = None
+    ended_at: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LaunchEnd":
+        return cls(_whole(data, "restart"), _whole(data, "code"), _text(data, "reason"), _number(data, "ended_at"))
+
+    def to_dict(self) -> dict:
+        return {"restart": self.restart, "code": self.code, "reason": self.reason, "ended_at": self.ended_at}
+
+
+@dataclass
+class ChainRecord:
+    """``chain.json``: the job's link in a chain of successors (``launch.successor``): the job before it, the
+    successor it submitted (a job id) with its ``--dependency``, and how many successors are ``left``."""
+
+    predecessor: str | None = None
+    successor: str | None = None
+    dependency: str | None = None
+    left: int | None = None
+
+    @property
+    def is_link(self) -> bool:
+        """Whether the job is a link of a chain at all (a predecessor, a successor, or successors to come)."""
+        return bool(self.predecessor or self.successor or self.left)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ChainRecord":
+        return cls(_job_id(data, "predecessor"), _job_id(data, "successor"), _text(data, "dependency"),
+                   _whole(data, "left"))
+
+    def to_dict(self) -> dict:
+        return {"predecessor": self.predecessor, "successor": self.successor, "dependency": self.dependency,
+                "left": self.left}
+
+
+@dataclass
+class AccountingRecord:
+    """``accounting.json``: the job's GPU-hour timeline (``launch.timeline``) and its ``split``
+    (``envlayers.accounting``). Its fields are kept as written, not made to fit a type: the file may be
+    hand-edited or cut short, and ``accounting.problem`` names a value no sum can take (the report lists such
+    a file as skipped, status shows it as it is)."""
+
+    job_id: object = None
+    restart: object = None
+    gpus: object = None
+    nodes: object = None
+    shape: object = None
+    engine: object = None
+    model: object = None
+    served: object = None
+    job_start: object = None  # epoch seconds; a record without one is no timeline
+    ranks_up_at: object = None
+    phases: object = None  # phase -> epoch seconds rank 0's log entered it
+    live_at: object = None
+    last_request_at: object = None
+    live: object = None  # the idle tracker's serving / idle seconds (``launch.idle``)
+    idle_stop_after_s: object = None
+    died_at: object = None
+    ended_at: object = None
+    final: object = None  # the launcher's last write (its end)
+    how: object = None  # how the job ended, in a few words
+    split: object = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "AccountingRecord":
+        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def read_record(path: Path, kind):
+    """The record of type ``kind`` (a class above) in ``path``; ``None`` when :func:`read_json` has none."""
+    data = read_json(path)
+    return None if data is None else kind.from_dict(data)
+
+
 @dataclass
 class GatewayState:
     """``gateway-state.json``: what the gateway (gateway_app.py) last saw of its replicas: how many Ray Serve
@@ -489,15 +678,8 @@ class GatewayState:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "GatewayState":
-        def whole(key):
-            value = data.get(key)
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-        status = data.get("serve_status")
-        events = data.get("events")
-        return cls(whole("healthy"), whole("replicas"), whole("min_replicas"), whole("grace_s"),
-                   status if isinstance(status, str) else None,
-                   [str(e) for e in events][-cls.KEEP_EVENTS:] if isinstance(events, list) else [])
+        return cls(_whole(data, "healthy"), _whole(data, "replicas"), _whole(data, "min_replicas"),
+                   _whole(data, "grace_s"), _text(data, "serve_status"), _texts(data, "events")[-cls.KEEP_EVENTS:])
 
     def to_dict(self) -> dict:
         return {"healthy": self.healthy, "replicas": self.replicas, "min_replicas": self.min_replicas,
@@ -508,6 +690,35 @@ def read_gateway_state(run_dir: Path) -> GatewayState | None:
     """The gateway's state file in ``run_dir`` (``None`` without one: not the gateway shape, or not yet)."""
     data = read_json(Path(run_dir) / GATEWAY_STATE)
     return None if data is None else GatewayState.from_dict(data)
+
+
+@dataclass
+class RouterState:
+    """``router-state.json``: each worker URL the router knows and whether its own health checks call it
+    healthy (smg's ``smg_worker_health``), and when the launcher last read that (Unix time)."""
+
+    workers: dict[str, bool] = field(default_factory=dict)
+    at: float | None = None
+
+    @property
+    def healthy(self) -> int:
+        return sum(self.workers.values())
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RouterState":
+        workers = data.get("workers")
+        at = data.get("at")
+        return cls({str(k): v for k, v in workers.items() if isinstance(v, bool)} if isinstance(workers, dict) else {},
+                   float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None)
+
+    def to_dict(self) -> dict:
+        return {"workers": dict(self.workers), "at": self.at}
+
+
+def read_router_state(run_dir: Path) -> RouterState | None:
+    """The router's state file in ``run_dir`` (``None`` without one: no router, or not read yet)."""
+    data = read_json(Path(run_dir) / ROUTER_STATE)
+    return None if data is None else RouterState.from_dict(data)
 
 
 def replica_rows(endpoint: Mapping | None) -> list[dict]:
@@ -528,21 +739,12 @@ def base_urls(data: Mapping | None) -> list[str]:
     return [b for b in (data.get("base_urls") or [data.get("base_url")]) if b]
 
 
-def server_root(base_url: str) -> str:
-    """An OpenAI base URL (``http://host:port/v1``) -> the server's root (``http://host:port``), where
-    ``/metrics`` and ``/health`` are."""
-    base = base_url.rstrip("/")
-    return base[:-3] if base.endswith("/v1") else base
-
-
-def chain_of(run_dir: "str | os.PathLike | None") -> dict | None:
+def chain_of(run_dir: "str | os.PathLike | None") -> ChainRecord | None:
     """The run directory's chain.json (``None`` when the job is no link of a chain)."""
     if not run_dir:
         return None
-    data = read_json(Path(run_dir) / CHAIN)
-    if data is None or not (data.get("predecessor") or data.get("successor") or data.get("left")):
-        return None
-    return data
+    record = read_record(Path(run_dir) / CHAIN, ChainRecord)
+    return record if record is not None and record.is_link else None
 
 
 def read_serve_env(run_dir: Path | None) -> dict[str, str]:
@@ -588,9 +790,9 @@ def chain_links(job_id: str, run_dir: "str | Path | None") -> list[tuple[str, Pa
     links = [(str(job_id), Path(run_dir))]
     seen = {str(job_id)}
     while len(links) < MAX_LINKS:
-        data = read_json(links[-1][1] / CHAIN)
-        succ = str(data.get("successor") or "") if data is not None else ""
-        if not succ.isdigit() or succ in seen:  # a job id, never a path (chain.json may be edited by hand)
+        record = read_record(links[-1][1] / CHAIN, ChainRecord)
+        succ = record.successor if record is not None else None
+        if succ is None or succ in seen:  # a job id (ChainRecord), never a path
             break
         seen.add(succ)
         links.append((succ, links[-1][1].parent / succ))

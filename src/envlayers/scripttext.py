@@ -5,6 +5,8 @@ Every ``{{ ... }}`` in a template must end in one of these filters, which makes 
 
 - ``sh``: one shell word, single-quoted (a NUL byte is refused);
 - ``words``: a list of shell words, each quoted as ``sh`` does, joined by spaces;
+- ``dq``: text inside a double-quoted string (``"$run_dir/{{ name|dq }}"``): ``\\``, ``$``, backquote and ``"``
+  escaped with a backslash, so it stays text (a NUL byte is refused);
 - ``comment``: the rest of a ``#`` line (a control character, which would end the comment, is refused);
 - ``num``: an ``int`` and nothing else;
 - ``ident``: a shell variable name and nothing else;
@@ -33,6 +35,7 @@ from .errors import EnvLayersError
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DQ_SPECIAL = re.compile(r'[\\$`"]')  # what bash still reads inside double quotes
 
 
 class ScriptTextError(EnvLayersError):
@@ -59,6 +62,13 @@ def sh(value) -> Quoted:
     if "\0" in text:
         raise ScriptTextError(f"a NUL byte cannot be written into a script: {shown(text)}")
     return Quoted(shlex.quote(text))
+
+
+def dq(value) -> Quoted:
+    text = str(value)
+    if "\0" in text:
+        raise ScriptTextError(f"a NUL byte cannot be written into a script: {shown(text)}")
+    return Quoted(_DQ_SPECIAL.sub(lambda m: "\\" + m.group(0), text))
 
 
 def words(values) -> Quoted:
@@ -100,7 +110,7 @@ def heredoc(value, delimiter) -> Quoted:
     return Quoted(text)
 
 
-FILTERS = {"sh": sh, "words": words, "comment": comment, "num": num, "ident": ident, "code": code,
+FILTERS = {"sh": sh, "dq": dq, "words": words, "comment": comment, "num": num, "ident": ident, "code": code,
            "heredoc": heredoc}
 
 

@@ -6,7 +6,6 @@ the variables that sourcing the layer files in stack order gives.
 
 from __future__ import annotations
 
-import json
 import re
 
 from .envfile import Value, value_text
@@ -69,6 +68,8 @@ def render(env, fmt: str = "sh", with_header: bool = True) -> str:
 
     refuse_secrets(env)
     if fmt == "json":
+        import json  # only this format: a render in sh or env does not load the json module
+
         return json.dumps({k: value_text(b.value) for k, b in env.bindings.items()}, indent=2) + "\n"
     prefix = "export " if fmt == "sh" else ""
     body = "".join(f"{prefix}{k}={bash_value(b.value, dotenv=fmt == 'env')}\n" for k, b in env.bindings.items())

@@ -80,9 +80,11 @@ def snapshot_with_weights(hub: Path, model: str) -> Path | None:
     return None
 
 
-def _cache_setting(env: Env, text: Mapping[str, str], root: Path) -> tuple[str | None, str | None, str]:
+def _cache_setting(env: Env, text: Mapping[str, str], root: Path,
+                   role_source=None) -> tuple[str | None, str | None, str]:
     """(key, value, where) of the setting that names the server's hub cache: HF_HUB_CACHE before HF_HOME,
-    the EDF's before the layers' (Container Engine only). (None, None, why) when nothing sets it."""
+    the EDF's before the layers' (Container Engine only). (None, None, why) when nothing sets it.
+    ``role_source``: CONTAINER_ROLE's validated source when the caller has read it, else it is read here."""
     from .runtimes import runtime_name
 
     edf_env: Mapping[str, str] = {}
@@ -92,7 +94,7 @@ def _cache_setting(env: Env, text: Mapping[str, str], root: Path) -> tuple[str |
         from .edf.schema import source
 
         try:
-            src = source(role, root)
+            src = source(role, root) if role_source is None else role_source
         except EnvLayersError:
             src = None  # an unknown role is reported where the EDF is chosen
         edf_env = (src.edf.get("env") or {}) if src else {}
@@ -125,15 +127,16 @@ def check(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, s
 
 
 def locate(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, str],
-           cwd: Path | None = None) -> Located:
-    """:func:`check`'s findings, with the snapshot the job's cache holds."""
+           cwd: Path | None = None, *, role_source=None) -> Located:
+    """:func:`check`'s findings, with the snapshot the job's cache holds. ``role_source``: the
+    ``edf.RoleSource`` of CONTAINER_ROLE when the caller has read it (the dry run has), else read here."""
     if not enabled(text):
         return Located([], [])
     model_b = env.bindings.get("INFERENCE_MODEL")
     model = hub_id(text.get("INFERENCE_MODEL"), cwd)
     if model is None or model_b is None:
         return Located([], [])  # a local path, or a reference: the engine reports a missing folder itself
-    key, edf_value, where = _cache_setting(env, text, root)
+    key, edf_value, where = _cache_setting(env, text, root, role_source)
     if key is None:
         return Located([f"HF_HOME is {where}: the weights of {model} cannot be checked before submission (the job "
                         f"reads its environment's HF_HOME, else ~/.cache/huggingface); set HF_HOME in a layer, or "

@@ -24,7 +24,7 @@ composed nodes, which PyYAML gives as they are.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any, NoReturn
 
 from .errors import EnvLayersError
@@ -308,13 +308,13 @@ def _syntax_error(text: str, file: str, error: type[EnvLayersError], err: Except
                  hint="fix the YAML syntax")
 
 
-def read(path: str | Path, file: str, error: type[EnvLayersError],
+def read(path: str | os.PathLike, file: str, error: type[EnvLayersError],
          missing_hint: str = "pass --root DIR, or create it") -> Doc:
     """Read and compose the YAML file ``path``; ``file`` is how errors name it."""
     return parse(read_text(path, file, error, missing_hint), file, error)
 
 
-def read_text(path: str | Path, file: str, error: type[EnvLayersError],
+def read_text(path: str | os.PathLike, file: str, error: type[EnvLayersError],
               missing_hint: str = "pass --root DIR, or create it") -> str:
     """The text of the YAML file ``path``, with :func:`read`'s checks (a regular, bounded, UTF-8 file),
     not yet parsed: a caller with a parse cache keyed by the text (the catalog's) starts here."""
@@ -360,7 +360,7 @@ def _kind(mode: int) -> str:
     return "not a file"  # (no other kind of file exists on Linux)
 
 
-def read_regular(path: str | Path, limit: int = MAX_BYTES) -> bytes:
+def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES) -> bytes:
     """The bytes of the regular file ``path``: the one read of a file an operator names (a YAML file here, a
     layer in :mod:`envlayers.envfile`). It never blocks and never grows without bound: the file is opened
     without waiting (a FIFO has no writer to wait for), anything but a regular file (a FIFO, ``/dev/zero``,
@@ -368,7 +368,6 @@ def read_regular(path: str | Path, limit: int = MAX_BYTES) -> bytes:
     whether its size says so or the read finds more. A directory is ``IsADirectoryError``; the rest of
     what ``open`` raises (``FileNotFoundError``, ``PermissionError``, ...) comes through as it is."""
     import errno
-    import os
     import stat
 
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))

@@ -36,7 +36,7 @@ TUNNEL = ("tunnel", "12345", "--to", "me@gw.example.org", "--remote-port", "8001
     pytest.param(("ping", "ftp://gw/v1"), ("'ftp://gw/v1' is neither a job id nor an http(s) URL",), id="ping-scheme"),
     pytest.param(("ping", "http://127.0.0.1:99999/v1"), ("has an invalid port",), id="ping-port"),
     pytest.param(("ping", "http://127.0.0.1:8001/v1", "--api-key-file", "/nonexistent/key"),
-                 ("/nonexistent/key: cannot read the key file",), id="ping-key-file"),
+                 ("--api-key-file /nonexistent/key: the key file does not exist",), id="ping-key-file"),
     pytest.param(("connect", "12 34"), ("'12 34' is not a Slurm job id",), id="connect-job-id"),
     pytest.param(("release", "abc"), ("'abc' is not a Slurm job id",), id="release-job-id"),
 ])

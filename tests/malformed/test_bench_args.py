@@ -31,7 +31,7 @@ URL = "http://127.0.0.1:9/v1"  # discard port: nothing answers
     pytest.param(("--plot", "bench.svg"), ("--plot 'bench.svg': the plot is a PNG",), id="plot-not-png"),
     pytest.param(("--plot", "/nonexistent/dir/bench.png"), ("/nonexistent/dir is not a writable folder",),
                  id="plot-no-folder"),
-    pytest.param(("--api-key-file", "/nonexistent/key"), ("/nonexistent/key: cannot read the key file",),
+    pytest.param(("--api-key-file", "/nonexistent/key"), ("--api-key-file /nonexistent/key: the key file does not exist",),
                  id="key-file-missing"),
 ])
 def test_bad_bench_options(args, needles):

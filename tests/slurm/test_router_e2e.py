@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_bench_e2e import env_layers
 from test_endure_e2e import engine_pid
 from test_serve_e2e import BANNER, Run
 
@@ -76,6 +77,13 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
         openai.OpenAI(base_url=base, api_key="wrong-key-1234", max_retries=0).chat.completions.create(
             model=SERVED, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
 
+    # `bench JOBID` loads the router's URL; `--replica 1` that replica's own URL, past the router
+    for extra, want in (((), base), (("--replica", "1"), reachable(ep["replica_urls"][1], netns_lab))):
+        done = env_layers(run, "bench", run.job_id, *extra, "--concurrency", "1", "--requests", "2",
+                          "--output-tokens", "4", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["target"]["base_url"] == want
+
     # a client keeps asking while replica 1's engine is SIGKILLed
     results: list[tuple[float, str | None]] = []
     stop = threading.Event()
@@ -106,6 +114,13 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
     ep = run.endpoint()
     assert ep["base_urls"] == ["http://n1:30000/v1"] and [r["alive"] for r in ep["replicas"]] == [True, False]
     assert ep["replica_urls"] == [ep["replicas"][0]["base_url"]]
+    assert ep["replica_addresses"] == [netns_lab.nodes["n1"]]
+    # smg's own health checks, as the launcher last read them: said once, and shown by status
+    run.wait_for(r"^ENVLAYERS-WARN: router: http://\S+:8000 marked down by its health checks \(1 of 2 replica", timeout_s=30)
+    status = env_layers(run, "status", run.job_id)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(r"router: +1 of 2 replica\(s\) healthy in the router's own checks \(down: http://\S+:8000\)",
+                     status.stdout), status.stdout
     # the job's end takes the router with it
     run.lab.run(["scancel", run.job_id])
     run.state(timeout_s=60)
@@ -115,5 +130,7 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
     assert not Path(f"/proc/{router_pid}").exists()
     acct = json.loads((run.run_dir / "accounting.json").read_text())
     # the requests idle release and the report count are the router's: each once (never more than were sent)
-    assert 0 < acct["live"]["requests"] <= len(results) + 7 and acct["live"]["counters_readable"], acct["live"]
+    # sent through it besides the asker's: 6 round-robin chats, 1 refused for its key, bench's 2 and its check
+    # (bench --replica 1 went past the router)
+    assert 0 < acct["live"]["requests"] <= len(results) + 6 + 1 + 3 and acct["live"]["counters_readable"], acct["live"]
     run.assert_nothing_left()

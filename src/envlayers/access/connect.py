@@ -7,9 +7,11 @@ followed to the newest live link (access.chain): its details are given, with a `
 
 from __future__ import annotations
 
+from ..apikey import mode_warning
+from ..urls import host_port_base
 from .chain import newest_live
 from .gateway import route_url
-from .job import JobAccess, key_file_warning, read_key
+from .job import JobAccess
 
 
 def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None, follow: bool = True) -> dict:
@@ -48,7 +50,7 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         "warnings": [],
     }
     if acc.key_required and acc.key_file:
-        warning = key_file_warning(acc.key_file)
+        warning = mode_warning(acc.key_file, "the key file")
         if warning:
             data["warnings"].append(warning)
     if show_key:
@@ -57,7 +59,7 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         elif not acc.key_file:
             data["warnings"].append("the key's file is not recorded in the run directory")
         else:
-            data["api_key"] = read_key(acc.key_file, uid)
+            data["api_key"] = acc.read_key(uid)
     return data
 
 
@@ -77,7 +79,7 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
         parts = urlsplit(gateway["base_url"])
         port = parts.port
         ssh = ["ssh", "-N", "-L", f"{port}:{parts.hostname}:{port}", gateway["destination"]]
-        return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": gateway["destination"]}
+        return {"ssh": ssh, "base_url": host_port_base("127.0.0.1", port), "through": gateway["destination"]}
     urls = acc.probe_urls
     if not urls:
         return None
@@ -91,4 +93,4 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
         ssh = ["ssh", "-N", "-J", f"{user}@{login}", "-L", f"{port}:127.0.0.1:{port}", f"{user}@{nodes[0]}"]
     else:
         ssh = ["ssh", "-N", "-L", f"{port}:{host}:{port}", f"{user}@{login}"]
-    return {"ssh": ssh, "base_url": f"http://127.0.0.1:{port}/v1", "through": login}
+    return {"ssh": ssh, "base_url": host_port_base("127.0.0.1", port), "through": login}

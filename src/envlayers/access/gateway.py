@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import EnvLayersError
+from ..urls import host_port_base
 
 # ssh options the tunnel always sets; a user's -o cannot weaken them (ssh keeps the first value given)
 FORCED_OPTIONS = ("ExitOnForwardFailure=yes", "BatchMode=yes")
@@ -159,7 +160,7 @@ def check_port(value: int, where: str) -> int:
 
 
 def route_url(remote_bind: str, remote_port: int) -> str:
-    return f"http://{remote_bind}:{remote_port}/v1"
+    return host_port_base(remote_bind, remote_port)
 
 
 def find_holder_commands(remote_port: int, holder: "PortHolder | None" = None) -> list[str]:

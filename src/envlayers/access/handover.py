@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import TUNNEL, chain_of, serving_endpoint
+from ..rundir import TUNNEL, ChainRecord, chain_of, serving_endpoint
 from .gateway import Gateway
 from .job import JobAccess
 
@@ -47,8 +47,8 @@ SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still ru
 
 def follows(acc: JobAccess) -> bool:
     """Whether ``acc``'s job hands over to a successor still to come (so its tunnel must follow)."""
-    chain = chain_of(acc.run_dir) or {}
-    return bool(chain.get("successor") or chain.get("left"))
+    chain = chain_of(acc.run_dir)
+    return chain is not None and bool(chain.successor or chain.left)
 
 
 def start_follower(acc: JobAccess, record: dict) -> dict:
@@ -191,8 +191,8 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
         if not record or record.get("state") != "open":
             say(f"the tunnel of job {cur.name} is {(record or {}).get('state', 'gone')}: the follower ends")
             return 0
-        chain = chain_of(cur) or {}
-        succ = str(chain.get("successor") or "")
+        chain = chain_of(cur) or ChainRecord()
+        succ = chain.successor  # a job id (digits), never a path
         sdir = cur.parent / succ if succ else None
         try:
             if sdir is not None and serving_endpoint(sdir) is not None:
@@ -232,12 +232,13 @@ def _record_end(run_dir: Path, why: str) -> None:
             pass
 
 
-def _chain_ended(cur: Path, record: dict, chain: dict, succ: str, job_info: Callable) -> tuple[int, str] | None:
+def _chain_ended(cur: Path, record: dict, chain: ChainRecord, succ: str | None,
+                 job_info: Callable) -> tuple[int, str] | None:
     """(exit code, why) once the current link ended and no successor will serve; ``None`` while one may."""
     info = job_info(str(record.get("job_id") or cur.name))
     if info is not None and not info.finished:
         return None
-    if not succ and not chain.get("left"):
+    if not succ and not chain.left:
         return 0, f"job {cur.name} ended, the last of its chain: the follower ends"
     later = job_info(succ) if succ else None
     if later is not None and not later.finished:

@@ -2,28 +2,22 @@
 
 Only the job's owner gets connection details: the caller must be the user Slurm runs the job as
 (``UserId``) and own the run directory. The API key itself is read only from a file the caller
-owns; everything else names the file, never the key.
+owns (``apikey.read_key`` with ``owner``, :meth:`JobAccess.read_key`); everything else names the file,
+never the key.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from .. import ops, rundir
 from ..errors import EnvLayersError
+from ..fsutil import user_name
 from .tunnelrecord import read_record, settle
 
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 @dataclass
@@ -32,7 +26,7 @@ class JobAccess:
 
     job: ops.TrackedJob
     endpoint: dict | None  # endpoint.json, once live
-    launch: dict | None  # launch.json
+    launch: rundir.LaunchRecord | None  # launch.json
     serve_env: dict[str, str]  # serve.env's literal values
 
     @property
@@ -45,9 +39,10 @@ class JobAccess:
 
     @property
     def served(self) -> str | None:
-        for data in (self.endpoint, self.launch):
-            if data and data.get("served_model_name"):
-                return str(data["served_model_name"])
+        if self.endpoint and self.endpoint.get("served_model_name"):
+            return str(self.endpoint["served_model_name"])
+        if self.launch is not None and self.launch.served_model_name:
+            return self.launch.served_model_name
         return self.serve_env.get("VLLM_SERVED_MODEL") or None
 
     @property
@@ -77,6 +72,14 @@ class JobAccess:
         if wants_generated(value):  # a per-job key: the launcher writes it in the run directory
             return str(self.run_dir / rundir.API_KEY) if self.run_dir else None
         return value
+
+    def read_key(self, uid: int | None = None) -> str:
+        """The job's key from :attr:`key_file` (set), read by the one reader (``apikey.read_key``) as a
+        client's copy: only from a file the caller (``uid``, default this process's user) owns."""
+        from ..apikey import read_key
+
+        return read_key(self.key_file, named_by=f"job {self.job_id}'s key file", serving=False,
+                        owner=os.getuid() if uid is None else uid)
 
     @property
     def live(self) -> bool:
@@ -128,36 +131,3 @@ def open_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, s
     check_owner(job, uid)
     files = job.files
     return JobAccess(job, files.endpoint_data(), files.launch(), rundir.read_serve_env(files.run_dir))
-
-
-def read_key(path: str, uid: int | None = None) -> str:
-    """The key in ``path``, only when the caller owns the file; one line, surrounding space stripped."""
-    uid = os.getuid() if uid is None else uid
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except OSError as err:
-        raise EnvLayersError(f"cannot read the key file {p}: {err.strerror}", where=str(p),
-                             hint="the job's SERVER_API_KEY_FILE must be readable here") from None
-    if st.st_uid != uid:
-        raise EnvLayersError(f"the key file {p} belongs to {user_name(st.st_uid)}, not to you ({user_name(uid)})",
-                             where=str(p), hint="only the key file's owner may print or use the key")
-    try:
-        key = p.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise EnvLayersError(f"cannot read the key file {p}: {err}", where=str(p)) from None
-    if not key or "\n" in key:
-        raise EnvLayersError(f"the key file {p} is {'empty' if not key else 'more than one line'}", where=str(p),
-                             hint="put the key alone on the file's one line")
-    return key
-
-
-def key_file_warning(path: str) -> str | None:
-    """A line when the key file can be read by others than its owner."""
-    try:
-        mode = Path(path).expanduser().stat().st_mode & 0o777
-    except OSError:
-        return None
-    if mode & 0o077:
-        return f"the key file {path} has mode {mode:04o}: others can read it; chmod 600 {path}"
-    return None

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import EnvLayersError
+from ..urls import api_base
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -50,10 +51,7 @@ def normalize_base_url(text: str) -> str:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise EnvLayersError(f"{text!r} has an invalid port", hint="e.g. http://127.0.0.1:8001/v1") from None
-    path = parts.path.rstrip("/")
-    if not path.endswith("/v1"):
-        path += "/v1"
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    return api_base(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
 
 
 def _request(url: str, body: dict | None, api_key: str | None, timeout_s: float):

@@ -84,13 +84,13 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
         detail = f"{detail}, {stopped_follower}" if detail else stopped_follower
     steps.append(Step("tunnel", {"closed": "done"}.get(status, status), detail))
     # -- podman (runtimes/podman.py): each rank's container stopped by its stable name, while the job runs
-    containers = (acc.launch or {}).get("containers") or []
+    containers = acc.launch.containers if acc.launch is not None else []
     if containers:
         from ..runtimes.podman import stop_containers
 
         info = acc.job.info
         steps.append(Step("containers", *stop_containers(acc.job_id, list(containers),
-                                                         list((acc.launch or {}).get("nodes") or []),
+                                                         list(acc.launch.nodes),
                                                          bool(info and info.running))))
     # -- end of podman
     # -- a chain of successors: the later links first, so that none starts when this job ends

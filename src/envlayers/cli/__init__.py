@@ -8,7 +8,6 @@ stderr and its exit code (:class:`errors_as_one_line`).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -75,8 +74,11 @@ class errors_as_one_line:  # noqa: N801 - used as a context manager, like contex
 
 
 def _available(name: str) -> bool:
-    module = COMMANDS[name][0]
-    return importlib.util.find_spec(f"{__name__}.{module}") is not None
+    """Whether the command's module is present (a trimmed install may leave one out); only ``--help``
+    asks, a command that runs is simply imported."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"{__name__}.{COMMANDS[name][0]}") is not None
 
 
 class LazyGroup(click.Group):
@@ -86,10 +88,15 @@ class LazyGroup(click.Group):
         return [name for name in COMMANDS if _available(name)]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or not _available(name):
+        if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        try:
+            return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{module}":
+                raise  # the module is there and one of its own imports is missing: a real error
+            return None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
@@ -124,7 +131,7 @@ def cli(ctx: click.Context, root: str | None) -> None:
     ctx.obj = {"root": root}
 
 
-def get_root(ctx):
+def get_root(ctx) -> str:
     from ..paths import find_root
 
     obj = ctx.find_root().obj or {}

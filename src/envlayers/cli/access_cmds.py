@@ -7,6 +7,7 @@ Exit statuses: 0 done, 1 the endpoint/tunnel/release failed, 2 bad input or coul
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -56,11 +57,12 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     TARGET is a job id (its endpoint, every replica; for a job of a chain of successors, the job of the
     chain that serves now) or a base URL (e.g. http://127.0.0.1:8001/v1).
     Exit 0 when both answer, 1 when they do not, 2 when the check could not run."""
-    from ..access.job import open_job, read_key
+    from ..access.job import open_job
+    from ..apikey import read_key
     from ..access.ping import EXIT_FAILED, EXIT_OK, normalize_base_url, ping as do_ping
     from .access_format import format_ping, moved_line
 
-    key = read_key(api_key_file) if api_key_file else None
+    key = read_key(api_key_file, named_by="--api-key-file", serving=False, owner=os.getuid()) if api_key_file else None
     from ..jobid import looks_like_job_id
 
     moved = None
@@ -80,7 +82,7 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
 
                 raise EnvLayersError(f"job {acc.job_id} needs a key and its key file is not recorded",
                                      hint="give it with --api-key-file FILE")
-            key = read_key(acc.key_file)
+            key = acc.read_key()
         urls, served = acc.probe_urls, model or acc.served
     else:
         urls, served = [normalize_base_url(target)], model

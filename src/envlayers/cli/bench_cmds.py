@@ -7,6 +7,7 @@ Exit statuses: 0 every request succeeded, 1 the endpoint failed the preflight or
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -51,27 +52,35 @@ def check_plot_path(path: str) -> None:
         raise EnvLayersError("--plot needs matplotlib, which is not installed", hint=INSTALL_HINT) from None
 
 
-def resolve_target(target: str, *, model: str | None, api_key_file: str | None, replica: int,
+def resolve_target(target: str, *, model: str | None, api_key_file: str | None, replica: int | None,
                    run_dir: str | None) -> tuple[str, str | None, str | None, str]:
-    """(base URL, served model or None, key or None, what it is) for a job id or a URL."""
-    from ..access.job import open_job, read_key
+    """(base URL, served model or None, key or None, what it is) for a job id or a URL.
+
+    Without ``replica`` the job's first base URL (the router's, when the job has one); with it, that
+    replica's own URL (behind a router too, to measure what the router adds)."""
+    from ..access.job import open_job
+    from ..apikey import read_key
     from ..access.ping import normalize_base_url
     from ..jobid import looks_like_job_id
 
-    key = read_key(api_key_file) if api_key_file else None
+    key = read_key(api_key_file, named_by="--api-key-file", serving=False, owner=os.getuid()) if api_key_file else None
     if not looks_like_job_id(target):  # 1234, a step (1234.0, 1234.batch), 0 and arrays: the job-id parser says
         return normalize_base_url(target), model, key, "url"
     acc = open_job(target.strip(), run_dir=run_dir)
     acc.require_live("bench")
-    urls = acc.probe_urls
-    if replica >= len(urls):
-        raise EnvLayersError(f"--replica {replica}: job {acc.job_id} has {len(urls)} base URL(s)",
+    from ..ops import replica_urls
+
+    urls = acc.probe_urls if replica is None else replica_urls(acc.endpoint)
+    if replica is None:
+        replica = 0
+    elif replica >= len(urls):
+        raise EnvLayersError(f"--replica {replica}: job {acc.job_id} has {len(urls)} replica URL(s)",
                              hint=f"give --replica 0..{len(urls) - 1}")
     if key is None and acc.key_required:
         if not acc.key_file:
             raise EnvLayersError(f"job {acc.job_id} needs a key and its key file is not recorded",
                                  hint="give it with --api-key-file FILE")
-        key = read_key(acc.key_file)
+        key = acc.read_key()
     return urls[replica], model or acc.served, key, f"job {acc.job_id}"
 
 
@@ -94,8 +103,9 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
 @click.option("--model", default=None, help="The model name to ask for (default: the job's, or the first listed).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Read the key from FILE (default with a JOBID: the job's key file, when it needs one).")
-@click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True, metavar="I",
-              help="With a JOBID: which base URL to load when the job has several (replicas).")
+@click.option("--replica", type=click.IntRange(min=0), default=None, metavar="I",
+              help="With a JOBID: load replica I's own URL (0-based) instead of the job's first base URL; "
+                   "behind a router (ROUTER=smg) this bypasses it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_file", default=None, metavar="FILE.png",
               help="Also write a PNG of latency and throughput against concurrency (needs the bench extra).")

@@ -38,7 +38,7 @@ def install_edfs(ctx: click.Context, dest: str | None, force: bool, as_json: boo
     """
     from .. import edf
 
-    root = get_root(ctx)
+    root = Path(get_root(ctx))
     folder = Path(dest).expanduser() if dest is not None else edf.edf_search_dir(os.environ)
     results = edf.install(root, folder, force=force)
     missing = _missing_images(results)
@@ -141,7 +141,7 @@ def show(ctx: click.Context, role: str, topology: str) -> None:
 
     from .. import edf as lib
 
-    click.echo(lib.render_edf(role, topology, get_root(ctx), os.environ), nl=False)
+    click.echo(lib.render_edf(role, topology, Path(get_root(ctx)), os.environ), nl=False)
 
 
 @edf.command("list")
@@ -151,7 +151,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     """List roles, their EDF names per topology and their pinned images."""
     from .. import edf as lib
 
-    root = get_root(ctx)
+    root = Path(get_root(ctx))
     rows = []
     for role, src in sorted(lib.load_catalog(root).items()):
         rows.append(
@@ -183,7 +183,7 @@ def name_cmd(ctx: click.Context, role: str, topology: str) -> None:
     """Print the EDF name for ROLE and TOPOLOGY (for shell launchers)."""
     from .. import edf as lib
 
-    click.echo(lib.edf_name(role, topology, get_root(ctx)))
+    click.echo(lib.edf_name(role, topology, Path(get_root(ctx))))
 
 
 @edf.command("image", hidden=True)
@@ -195,7 +195,7 @@ def image_cmd(ctx: click.Context, role: str, fmt: str | None) -> None:
     """Print ROLE's pinned image and the SquashFS path its EDF names (used by registry.sbatch)."""
     from .. import edf as lib
 
-    info = lib.image_info(role, get_root(ctx), os.environ)
+    info = lib.image_info(role, Path(get_root(ctx)), os.environ)
     if fmt == "json":
         click.echo(json.dumps(info, indent=2))
     elif fmt == "shell":

@@ -12,7 +12,7 @@ def _root() -> Path | None:
     from ..paths import find_root
 
     try:
-        return find_root()
+        return Path(find_root())
     except Exception:  # no catalog here: SPEC must be an image reference
         return None
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -13,14 +11,14 @@ from . import get_root
 from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 
-RENDERS_DIR = Path("experiments") / "renders"
+RENDERS_DIR = os.path.join("experiments", "renders")
 
 
 def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = False, launch=None):
     from ..layers import load_env
 
     root = get_root(ctx)
-    return root, load_env(root, target, tuple(Path(p) for p in extra), strict=strict, launch=launch)
+    return root, load_env(root, target, extra, strict=strict, launch=launch)
 
 
 @click.command()
@@ -85,10 +83,10 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
     if launcher or env_file or base_env:
         env_file = env_file or (os.environ.get("SERVE_ENV_FILE") if launcher else None) or None
         base_env = base_env or (os.environ.get("SERVE_BASE_ENV") if launcher else None) or None
-        launch = LaunchSources(Path(base_env) if base_env else None, Path(env_file) if env_file else None)
+        launch = LaunchSources(base_env, env_file)
     from ..layers import merge, stack_sources
 
-    sources = stack_sources(get_root(ctx), target, tuple(Path(p) for p in extra), launch)
+    sources = stack_sources(get_root(ctx), target, extra, launch)
     env = merge(sources, target)
     wanted = list(keys) or list(env.bindings)
     plan_pp = _derived_pp(sources, env) if "PIPELINE_PARALLEL_SIZE" in wanted else None
@@ -108,6 +106,8 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
         if key == "PIPELINE_PARALLEL_SIZE" and plan_pp:
             records[-1]["derived"] = plan_pp  # what the plan uses instead, and from what
     if as_json:
+        import json
+
         click.echo(json.dumps({"target": target, "sources": list(env.sources), "keys": records}, indent=2))
     else:
         for r, key in zip(records, wanted):
@@ -141,7 +141,8 @@ def _derived_pp(sources, env) -> str | None:
     return next((d for d in p.derived if d.startswith("pp=")), None)
 
 
-def _render_path(root: Path, experiment: str, model: str) -> Path:
+def _render_path(root, experiment: str, model: str):
+    """The committed render of EXPERIMENT:MODEL under ``root`` (a ``Path``)."""
     return root / RENDERS_DIR / f".env.{experiment}.{model}"
 
 
@@ -169,6 +170,7 @@ def check(ctx, update):
     would refuse (e.g. a 16-GPU model as one-node replicas) are listed as notes.
     """
     import difflib
+    from pathlib import Path
 
     from ..fsutil import atomic_write
     from ..layers import merge, stack_sources
@@ -177,7 +179,7 @@ def check(ctx, update):
     from .. import catalog
     from ..topology import plan, stacking
 
-    root = get_root(ctx)
+    root = Path(get_root(ctx))
     cat = catalog.load(root)
     expected = {}
     notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]
@@ -248,6 +250,8 @@ def list_cmd(ctx, as_json):
     experiments = [{"name": n, "layers": [f for f, _ in e.layers], "description": e.description}
                    for n, e in cat.experiments.items()]
     if as_json:
+        import json
+
         click.echo(json.dumps({"experiments": experiments, "models": models}, indent=2))
         return
     click.echo("EXPERIMENTS")

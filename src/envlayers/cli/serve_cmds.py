@@ -17,7 +17,7 @@ from ..errors import EnvLayersError
 def _prepare(ctx, model, experiment, time, base_env, env_file):
     from ..jobscript import prepare
 
-    root = get_root(ctx)
+    root = Path(get_root(ctx))
     return prepare(root, model, experiment, time=time, base_env=Path(base_env) if base_env else None,
                    env_file=Path(env_file) if env_file else None, environ=dict(os.environ))
 

@@ -44,6 +44,12 @@ def replica_lines(ep: dict) -> list[tuple[str, str]]:
         f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
     out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
             for r in rows if not r.get("alive")]
+    routed = ep.get("router_state")
+    if isinstance(routed, dict) and isinstance(routed.get("workers"), dict) and routed["workers"]:
+        workers = routed["workers"]
+        down = [url for url, ok in workers.items() if not ok]
+        out.append(("router", f"{len(workers) - len(down)} of {len(workers)} replica(s) healthy in the router's own "
+                              "checks" + (f" (down: {', '.join(down)})" if down else "")))
     if pool is not None:
         out.append(("pool", f"{len(alive) + len(added)} replicas serve, up to MAX_REPLICAS={pool.get('max_replicas')}"
                             + "".join(f"; replica job {r.get('job')} on {r.get('node')} ({r.get('url')})"

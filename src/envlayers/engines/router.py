@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .. import keys as launch_keys
+from ..urls import server_root
 
 PACKAGE, VERSION = "smg", "1.13.0"
 PIN = f"{PACKAGE}=={VERSION}"  # the `router` extra of pyproject.toml says the same (tests/test_router.py)
@@ -149,6 +150,5 @@ def plan_router(keys: Mapping[str, str], shape: str, api_port: int, workers: Seq
 
 
 def worker_root(url: str) -> str:
-    """A replica's base URL without ``/v1``: what smg takes as a worker URL."""
-    url = url.rstrip("/")
-    return url[:-3] if url.endswith("/v1") else url
+    """A replica's base URL without ``/v1`` (``urls.server_root``): what smg takes as a worker URL."""
+    return server_root(url)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ..rundir import server_root
+from ..urls import server_root
 from .idle import Counters, read_counters
 from .prepare import LaunchPlan
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from .. import keys as keytable
-from ..rundir import server_root
+from ..urls import api_base, server_root
 
 INTERVAL_MAX_S = 30.0
 TIMEOUT_MAX_S = 60.0
@@ -96,7 +96,7 @@ def generating_health(generate: Callable, served: str, api_key: str | None,
         root = url[: -len("/health")] if url.endswith("/health") else url.rstrip("/")
         own.begin()
         try:
-            result = generate(root + "/v1", served, api_key, timeout_s=timeout_s)
+            result = generate(api_base(root), served, api_key, timeout_s=timeout_s)
         finally:
             own.end()
         if result.ok:

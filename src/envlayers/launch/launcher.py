@@ -24,8 +24,8 @@ from typing import Callable, Mapping, Sequence
 
 from ..errors import KeyValueError
 from ..fsutil import atomic_write
-from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, RecordWriter, server_log_name,
-                      unrecorded_end_line, write_json)
+from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, LaunchEnd, RecordWriter,
+                      server_log_name, unrecorded_end_line, write_json)
 from .ports import ports_in_use
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
@@ -310,6 +310,7 @@ class Launcher:
         data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
         if self.router is not None:
             data["replica_urls"] = [t.url for t in lp.targets]
+            data["replica_addresses"] = [t.address for t in lp.targets]  # addresses[0] is the router's node
             data["router"] = self.router.record()
         self.records.write_json(self.run_dir / ENDPOINT, data)  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
@@ -351,9 +352,8 @@ class Launcher:
 
 def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable[[], float] = time.time) -> None:
     """launch-end.json: how this run's launcher ended (every orderly end writes it)."""
-    data = {"restart": restart, "code": code, "reason": reason, "ended_at": round(now(), 3)}
     try:
-        write_json(run_dir / LAUNCH_END, data)
+        write_json(run_dir / LAUNCH_END, LaunchEnd(restart, code, reason, round(now(), 3)).to_dict())
     except OSError as err:  # a full or read-only file system: the end goes to the job output, for status
         say(unrecorded_end_line(code, run_dir / LAUNCH_END, err.strerror or str(err), reason))
 

@@ -33,7 +33,8 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
-from ..rundir import API_KEY, ENDPOINT, JOB_SH, LAUNCH_END, POOL, base_urls, read_json, server_root, write_json
+from ..rundir import API_KEY, ENDPOINT, JOB_SH, LAUNCH_END, POOL, base_urls, read_json, write_json
+from ..urls import server_root
 from .poolpolicy import Bounds, PoolPolicy, QueueWait, read_queue
 from .successor import HandedOver
 

@@ -17,8 +17,9 @@ from .. import engines, slurm, topology
 from .. import keys as keytable
 from ..engines import RankCommand
 from ..errors import LaunchFailure
-from ..rundir import LAUNCH, RANKS_SH, json_text
+from ..rundir import LAUNCH, RANKS_SH, LaunchRecord, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
+from ..urls import host_port_base
 from . import raycluster
 
 CLAMP = 0.9
@@ -215,19 +216,18 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                                                   min_replicas(keys, plan.replicas) if plan.shape == "gateway" else 1)
         lines += ray_lines
         ray_files = raycluster.files(plan.shape)
-    targets = tuple(Target(r.rank, f"http://{local or nodes[r.node_index].url_host}:{r.port}/v1",
-                           f"http://{local or nodes[r.node_index].address}:{r.port}/v1",
+    targets = tuple(Target(r.rank, host_port_base(local or nodes[r.node_index].url_host, r.port),
+                           host_port_base(local or nodes[r.node_index].address, r.port),
                            local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
     srun = slurm.ranks_step_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
                      str(alloc.run_dir / RANKS_SH))
     served = keys.get("VLLM_SERVED_MODEL", "")
-    launch_json = json_text({
-        "job_id": alloc.job_id, "restart": alloc.restart, "target": keys.get("ENVLAYERS_TARGET"), "engine": engine,
-        "model": keys.get("INFERENCE_MODEL") or None, "served_model_name": served, "shape": plan.shape, "nodes": [n.name for n in nodes],
-        "addresses": [n.address for n in nodes], "ready_timeout_s": budget,
-        **({"containers": containers} if containers else {}),
-    })
+    launch_json = json_text(LaunchRecord(
+        job_id=alloc.job_id, restart=alloc.restart, target=keys.get("ENVLAYERS_TARGET"), engine=engine,
+        model=keys.get("INFERENCE_MODEL") or None, served_model_name=served, shape=plan.shape,
+        nodes=[n.name for n in nodes], addresses=[n.address for n in nodes], ready_timeout_s=budget,
+        containers=containers).to_dict())
     files = {RANKS_SH: rank_script(commands, alloc.run_dir, wrappers), LAUNCH: launch_json, **ray_files}
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,

@@ -12,16 +12,18 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..engines import RankCommand
+from ..rundir import SCRIPT_NAMES
 from ..scripttext import Code, render
 
 
 def rank_script(commands: Iterable[RankCommand], run_dir: Path,
                 wrappers: Sequence[tuple[str, Sequence[str]]] | None = None) -> str:
-    """The text of ranks.sh: SLURM_PROCID picks the rank's command; its exit code lands in rank-<r>.exit.
+    """The text of ranks.sh: SLURM_PROCID picks the rank's command; its exit code lands in rank-<r>.exit
+    (the names of the files it writes: ``rundir.SCRIPT_NAMES``).
     ``wrappers`` (a container runtime, runtimes/): per rank, a shell line envlayers built (run first)
     and the words that go before the engine's argv (``podman run ... IMAGE``)."""
     arms = [{"rank": rank, "env": sorted(cmd.env.items()), "argv": list(cmd.argv), "key_env": cmd.key_env,
              "key_flag": cmd.key_flag, "prelude": Code(wrappers[rank][0]) if wrappers else None,
              "wrap": list(wrappers[rank][1]) if wrappers else []}
             for rank, cmd in enumerate(commands)]
-    return render("ranks.sh.j2", arms=arms, run_dir=str(run_dir))
+    return render("ranks.sh.j2", arms=arms, run_dir=str(run_dir), files=SCRIPT_NAMES)

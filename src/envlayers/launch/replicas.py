@@ -208,6 +208,7 @@ class Survivors:
         live = [t for t in self.lp.targets if t.rank not in self.dead]
         if "router" in data:  # the router's one URL stays the endpoint; the live replicas behind it
             data["replica_urls"] = [t.url for t in live]
+            data["replica_addresses"] = [t.address for t in live]
         elif live:
             data["base_urls"] = [t.url for t in live]
             data["addresses"] = [t.address for t in live]

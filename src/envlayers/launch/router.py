@@ -28,9 +28,11 @@ from typing import Callable, Mapping, Sequence
 
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
+from ..rundir import ROUTER_STATE, RecordWriter, RouterState
 from .idle import Counters, parse_prometheus
 from .ports import port_free
 from .replicas import stop_group
+from ..urls import host_port_base
 
 READY_TIMEOUT_S = 60.0
 PORT_SCAN = 64
@@ -124,18 +126,21 @@ class Router:
                  python: str = sys.executable, popen: Callable = subprocess.Popen,
                  get: Callable[..., tuple[int | None, str]] = _get, free: Callable[[int], bool] = port_free,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time, write: Callable[[Path, dict], object] | None = None,
                  call: Callable[..., tuple[int | None, str]] = _call):
         self.keys, self.shape, self.api_port = keys, shape, api_port
         self.workers = [worker_root(u) for u in worker_urls]
         self.run_dir, self.api_key, self.say, self.url_host = run_dir, api_key, say, url_host
         self.python, self.popen, self.get, self.free = python, popen, get, free
-        self.clock, self.sleep, self.call = clock, sleep, call
+        self.clock, self.sleep, self.wall, self.call = clock, sleep, wall, call
+        self.write = write if write is not None else RecordWriter(say).write_json
+        self.health: dict[str, bool] | None = None  # what smg's health checks said at the last read
         self.proc = None
         self.plan: RouterPlan | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.url_host}:{self.plan.port}/v1"
+        return host_port_base(self.url_host, self.plan.port)
 
     @property
     def metrics_url(self) -> str:
@@ -177,7 +182,7 @@ class Router:
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = self.clock() + timeout_s
-        base = f"http://{self.local}:{self.plan.port}"
+        models = host_port_base(self.local, self.plan.port) + "/models"
         healthy: dict[str, bool] = {}
         while True:
             code = self.proc.poll()
@@ -185,7 +190,7 @@ class Router:
                 raise LaunchFailure(f"the router exited with code {code} before it answered; see "
                                     f"{self.run_dir / 'router.log'} (is smg installed in {self.python}? "
                                     "pip install 'envlayers[router]')")
-            status, _ = self.get(f"{base}/v1/models", self.api_key)
+            status, _ = self.get(models, self.api_key)
             if status == 200:
                 _, text = self.get(f"http://{self.local}:{self.plan.metrics_port}/metrics", None)
                 healthy = worker_health(text)
@@ -221,8 +226,25 @@ class Router:
         return text if status == 200 else None
 
     def counters(self) -> Counters | None:
+        """The router's request counters (None when its /metrics did not answer); on the way, what its
+        health checks say of each worker goes to ``router-state.json`` for ``status``, and a change is said."""
         text = self.metrics()
-        return read_counters(text) if text is not None else None
+        if text is None:
+            return None
+        self.note_health(worker_health(text))
+        return read_counters(text)
+
+    def note_health(self, health: dict[str, bool]) -> None:
+        """Record smg's view of its workers when it changed; one line per worker that went down or came back."""
+        if not health or health == self.health:
+            return
+        before = self.health or {}
+        for url, ok in health.items():
+            if before.get(url, True) != ok:
+                self.say(f"ENVLAYERS-{'STAGE' if ok else 'WARN'}: router: {url} {'healthy again' if ok else 'marked down'}"
+                         f" by its health checks ({sum(health.values())} of {len(health)} replica(s) healthy)")
+        self.health = dict(health)
+        self.write(self.run_dir / ROUTER_STATE, RouterState(dict(health), round(self.wall(), 3)).to_dict())
 
     # smg's worker API (``POST /workers``, ``GET /workers``, ``DELETE /workers/{id}``): the elastic pool's
     # replicas join and leave the rotation while the router runs (launch/pool.py)

@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
-from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, read_json, write_json
+from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, base_urls, read_json, write_json
 
 QUEUE_MARGIN_S = 120
 
@@ -90,21 +90,20 @@ class Chain:
         self.environ, self.clock = dict(environ), clock
         self.run = run or (lambda argv, env: slurm.run(argv, env=env, timeout_s=60))
         self.job_fields = job_fields or _slurm_fields
-        self.record = {"predecessor": self.environ.get("ENVLAYERS_PREDECESSOR") or None, "successor": None,
-                       "dependency": None, "left": left}
+        self.record = ChainRecord(predecessor=self.environ.get("ENVLAYERS_PREDECESSOR") or None, left=left)
         self.drain_from: float | None = None
         self._write()
 
     def _write(self) -> None:
         try:
-            write_json(self.run_dir / CHAIN, self.record)
+            write_json(self.run_dir / CHAIN, self.record.to_dict())
         except OSError:
             pass
 
     def went_live(self, startup_s: float) -> None:
         if self.left <= 0:
-            if self.record["predecessor"]:
-                self.say(f"ENVLAYERS-STAGE: last job of the chain (after job {self.record['predecessor']}): "
+            if self.record.predecessor:
+                self.say(f"ENVLAYERS-STAGE: last job of the chain (after job {self.record.predecessor}): "
                          "no successor")
             return
         fields = self.job_fields(self.job_id)
@@ -129,7 +128,7 @@ class Chain:
             said = (proc.stderr or "").strip().splitlines()
             self.say(f"ENVLAYERS-WARN: could not submit the successor: {said[-1] if said else proc.returncode}")
             return
-        self.record.update(successor=succ, dependency=dep)
+        self.record.successor, self.record.dependency = succ, dep
         self._write()
         self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
                  f"started, {self.left - 1} more after it); this job ends once it is live")
@@ -140,7 +139,7 @@ class Chain:
 
     def tick(self) -> None:
         """Raise HandedOver once the successor's endpoint is live and the drain time passed."""
-        succ = self.record["successor"]
+        succ = self.record.successor
         if not succ:
             return
         if self.drain_from is None:
@@ -149,7 +148,7 @@ class Chain:
                 return
             self.drain_from = self.clock()
             data = read_json(ep)
-            urls = "?" if data is None else " ".join(data.get("base_urls") or [])
+            urls = "?" if data is None else " ".join(base_urls(data))
             self.say(f"ENVLAYERS-STAGE: successor job {succ} is live at {urls}; this job drains for {self.drain_s}s "
                      "and ends")
         elif self.clock() - self.drain_from >= self.drain_s:

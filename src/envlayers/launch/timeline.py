@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping
 
-from ..rundir import ACCOUNTING, RecordWriter, server_log_name
+from ..rundir import ACCOUNTING, AccountingRecord, RecordWriter, server_log_name
 from .prepare import LaunchPlan
 
 
@@ -57,30 +57,27 @@ class Timeline:
         for phase in self._phase_tracker.feed_bytes(chunk):
             self.phases.setdefault(phase.name, self.wall_of(now))
 
-    def to_dict(self, tracker, stop_after_s: float | None, end_wall: float | None = None,
-                died_wall: float | None = None) -> dict:
+    def record(self, tracker, stop_after_s: float | None, end_wall: float | None = None,
+               died_wall: float | None = None) -> AccountingRecord:
         """The timeline; ``tracker``: the idle tracker once live (``launch.idle.IdleTracker``, else None)."""
         t = tracker
-        return {
-            "job_id": self.lp.job_id, "restart": self.lp.restart, "gpus": self.gpus, "nodes": self.lp.plan.nodes,
-            "shape": self.lp.plan.shape, "engine": self.lp.engine, "model": self.lp.model, "served": self.lp.served,
-            "job_start": round(self.job_start, 3), "ranks_up_at": self.ranks_up_at, "phases": self.phases,
-            "live_at": self.live_at,
-            "last_request_at": self.wall_of(t.last_request_at) if t and t.last_request_at is not None else None,
-            "live": t.to_dict() if t else None, "idle_stop_after_s": stop_after_s,
-            "died_at": died_wall, "ended_at": end_wall,
-        }
+        return AccountingRecord(
+            job_id=self.lp.job_id, restart=self.lp.restart, gpus=self.gpus, nodes=self.lp.plan.nodes,
+            shape=self.lp.plan.shape, engine=self.lp.engine, model=self.lp.model, served=self.lp.served,
+            job_start=round(self.job_start, 3), ranks_up_at=self.ranks_up_at, phases=self.phases,
+            live_at=self.live_at,
+            last_request_at=self.wall_of(t.last_request_at) if t and t.last_request_at is not None else None,
+            live=t.to_dict() if t else None, idle_stop_after_s=stop_after_s, died_at=died_wall, ended_at=end_wall)
 
     def write(self, tracker, stop_after_s: float | None, *, final: bool, end_wall: float | None = None,
               died_wall: float | None = None, how: str | None = None) -> None:
         """accounting.json: the timeline and its split in GPU-hours (``envlayers.accounting``)."""
         from ..accounting import split
 
-        tl = self.to_dict(tracker, stop_after_s, end_wall, died_wall)
-        tl["final"] = final
-        tl["how"] = how
-        tl["split"] = split(tl, now=self.wall())
-        self.records.write_json(self.lp.run_dir / ACCOUNTING, tl)
+        record = self.record(tracker, stop_after_s, end_wall, died_wall)
+        record.final, record.how = final, how
+        record.split = split(record.to_dict(), now=self.wall())
+        self.records.write_json(self.lp.run_dir / ACCOUNTING, record.to_dict())
 
 
 def job_start_time(environ: Mapping[str, str]) -> float | None:

@@ -13,13 +13,13 @@ spent. Log lines only explain.
 from __future__ import annotations
 
 from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, TrackedJob, check_job_id, find_job
-from .probe import endpoint_urls
+from .probe import endpoint_urls, replica_urls
 from .status import job_record, launcher_end, list_rows
 from .stop import StopResult, stop_job
 from .wait import WaitEvent, WaitResult, wait_for
 
 __all__ = [
     "EXIT_ENDED", "EXIT_LIVE", "EXIT_TIMEOUT", "StopResult", "TrackedJob", "WaitEvent", "WaitResult",
-    "check_job_id", "endpoint_urls", "find_job", "job_record", "launcher_end", "list_rows", "stop_job",
+    "check_job_id", "endpoint_urls", "replica_urls", "find_job", "job_record", "launcher_end", "list_rows", "stop_job",
     "wait_for",
 ]

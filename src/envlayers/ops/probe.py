@@ -27,6 +27,15 @@ def endpoint_urls(data: Mapping | None) -> list[str]:
     return urls
 
 
+def replica_urls(data: Mapping | None) -> list[str]:
+    """Each replica's own URL to probe: behind a router (endpoint.json's ``replica_urls`` and
+    ``replica_addresses``, the live replicas) the replicas' URLs with their node addresses put in, else
+    the same as :func:`endpoint_urls`."""
+    if not data or not data.get("replica_urls"):
+        return endpoint_urls(data)
+    return endpoint_urls({"base_urls": data["replica_urls"], "addresses": data.get("replica_addresses") or []})
+
+
 def _with_host(url: str, host: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 

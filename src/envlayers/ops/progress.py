@@ -161,12 +161,12 @@ def serving_ranks(shape: str | None, total: int) -> set[int] | None:
     return None
 
 
-def run_total(report: rundir.LauncherReport, launch: dict | None, nodes: int | None) -> int | None:
+def run_total(report: rundir.LauncherReport, launch: rundir.LaunchRecord | None, nodes: int | None) -> int | None:
     """How many ranks the run has: the launcher's ``all N ranks started``, its nodes, Slurm's node count."""
     if report.ranks_started:
         return report.ranks_started
-    if launch and isinstance(launch.get("nodes"), list) and launch["nodes"]:
-        return len(launch["nodes"])
+    if launch is not None and launch.nodes:
+        return len(launch.nodes)
     if report.ranks_up:
         return max(len(report.ranks_up), nodes or 0)
     return nodes or None

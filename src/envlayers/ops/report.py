@@ -16,13 +16,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping
 
 from .. import slurm
 from ..accounting import largest_waste, split, summarize
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
-from ..rundir import ACCOUNTING, POOL, read_json
+from ..rundir import ACCOUNTING, POOL, AccountingRecord, read_json
 
 _SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -55,7 +54,7 @@ def _owner(path: Path) -> str | None:
         return None
 
 
-def run_dir_records(roots: list[Path]) -> list[tuple[Path, dict | None, str | None]]:
+def run_dir_records(roots: list[Path]) -> list[tuple[Path, AccountingRecord | None, str | None]]:
     """``(run dir, record, None)`` for every ``accounting.json`` under ``<root>/<jobid>/`` (and its earlier
     runs, ``run-<n>/``) that is an accounting record, ``(run dir, None, why)`` for every other one: a file
     that cannot be read (not a regular file, larger than 4 MiB), is not JSON (cut short, random bytes, nested
@@ -80,7 +79,7 @@ def run_dir_records(roots: list[Path]) -> list[tuple[Path, dict | None, str | No
                     continue
                 data, why = _read_record(f)
                 why = why or problem(data)
-                found.append((path, None if why else data, why))
+                found.append((path, None if why else AccountingRecord.from_dict(data), why))
     return found
 
 
@@ -139,25 +138,26 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
         sjobs, rep.slurm_accounting = None, "not asked: --no-sacct"
     by_id = {j.job_id: j for j in sjobs or []}
     seen = set()
-    for path, tl, why in run_dir_records(roots):
+    for path, record, why in run_dir_records(roots):
         if why is not None:
             rep.skipped.append(f"{path / ACCOUNTING}: not an accounting record ({why})")
             continue
-        jid = str(tl.get("job_id") if isinstance(tl.get("job_id"), (str, int)) else path.name)
+        tl = record.to_dict()
+        jid = str(record.job_id if isinstance(record.job_id, (str, int)) else path.name)
         owner = by_id[jid].user if jid in by_id else _owner(path)
         try:
             sp = split(tl, now=now)
-            end = float(tl.get("ended_at") or now)
+            end = float(record.ended_at or now)
         except (TypeError, ValueError, KeyError, AttributeError) as err:
             rep.skipped.append(f"{path / ACCOUNTING}: not an accounting record ({type(err).__name__}: {err})")
             continue
         if end < since or (user and owner != user):
             continue
         seen.add(jid)
-        rep.jobs.append({"job_id": jid, "restart": tl.get("restart", 0), "user": owner, "run_dir": str(path),
-                         "model": tl.get("served") or tl.get("model") or "?",
-                         "shape": f"{tl.get('shape', '?')} {tl.get('nodes', '?')}x{_per_node(tl)} GPUs",
-                         "ended": tl.get("how"), "timeline": tl, "split": sp,
+        rep.jobs.append({"job_id": jid, "restart": 0 if record.restart is None else record.restart, "user": owner,
+                         "run_dir": str(path), "model": record.served or record.model or "?",
+                         "shape": f"{_or_unknown(record.shape)} {_or_unknown(record.nodes)}x{_per_node(record)} GPUs",
+                         "ended": record.how, "timeline": tl, "split": sp,
                          "slurm_state": by_id[jid].state if jid in by_id else None})
     rep.pools = pools(rep.jobs)
     for j in sjobs or []:
@@ -172,8 +172,12 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
     return rep
 
 
-def _per_node(tl: Mapping) -> str:
-    gpus, nodes = tl.get("gpus"), tl.get("nodes")
+def _or_unknown(value) -> object:
+    return "?" if value is None else value
+
+
+def _per_node(record: AccountingRecord) -> str:
+    gpus, nodes = record.gpus, record.nodes
     return str(gpus // nodes) if isinstance(gpus, int) and isinstance(nodes, int) and nodes else "?"
 
 

@@ -26,9 +26,10 @@ def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = No
 
     from ..accounting import split
 
-    data = files.accounting()
-    if not data or "job_start" not in data:
+    record = files.accounting()
+    if record is None or record.job_start is None:
         return None
+    data = record.to_dict()
     try:
         if running and not data.get("ended_at"):
             data["split"] = split(data, now=time.time() if now is None else now)
@@ -64,7 +65,7 @@ def identity(files: rundir.JobFiles) -> dict:
     From endpoint.json, else launch.json, else the run's serve.env: the same answer before, while
     and after the endpoint is live. Each record spells a field one way (``IDENTITY_FIELDS``)."""
     found: dict = dict.fromkeys(IDENTITY_FIELDS)
-    sources = (files.endpoint_data, files.launch,
+    sources = (files.endpoint_data, lambda: _as_dict(files.launch()),
                lambda: {} if files.previous_at_top else rundir.read_serve_env(files.run_dir))
     for column, read in enumerate(sources):
         if all(found.values()):
@@ -86,11 +87,15 @@ IDENTITY_FIELDS = {
 }
 
 
+def _as_dict(record) -> dict | None:
+    return None if record is None else record.to_dict()
+
+
 def run_progress(files: rundir.JobFiles, report: rundir.LauncherReport, nodes: int | None) -> RankProgress | None:
     """The furthest startup phase of the run and how many ranks reached it, read from every rank's log."""
     launch = files.launch()
     total = run_total(report, launch, nodes)
-    return read_run(files, total, serving_ranks((launch or {}).get("shape"), total or 1))
+    return read_run(files, total, serving_ranks(launch.shape if launch is not None else None, total or 1))
 
 
 def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd: Path | None = None,
@@ -141,8 +146,8 @@ def launcher_end(job: TrackedJob) -> dict:
         return out
     end = job.files.launch_end()
     if end is not None:
-        out.update(launcher="reported", code=end.get("code"), reason=end.get("reason"), ended_at=end.get("ended_at"))
-        if end.get("code") == 0 and str(end.get("reason") or "").startswith(IDLE_STOP_REASON):
+        out.update(launcher="reported", code=end.code, reason=end.reason, ended_at=end.ended_at)
+        if end.code == 0 and end.reason is not None and end.reason.startswith(IDLE_STOP_REASON):
             out["launcher"] = "idle stop"  # IDLE_STOP_AFTER_S: its own state, not a failure
     elif (unrecorded := job.files.read_job_output().unrecorded_end) is not None:
         out.update(launcher="unrecorded", **unrecorded)
@@ -167,14 +172,13 @@ def earlier_run_records(job: TrackedJob) -> list[dict]:
 
 
 def _run_summary(files: rundir.JobFiles, where: str, folder: int | None) -> dict:
-    launch = files.launch() or {}
+    launch = files.launch()
     end = files.launch_end()
-    restart = launch.get("restart", 0) if launch else None
-    return {"folder": folder, "path": where, "restart": restart,
+    return {"folder": folder, "path": where, "restart": launch.restart if launch is not None else None,
             "rank_exits": {str(k): v for k, v in files.rank_exits().items()},
             "live": files.endpoint_data() is not None,
-            "launcher": ("reported" if end else "died") if launch else "never started",
-            "reason": (end or {}).get("reason")}
+            "launcher": ("reported" if end is not None else "died") if launch is not None else "never started",
+            "reason": end.reason if end is not None else None}
 
 
 def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
@@ -218,4 +222,4 @@ def _chain(job_id: str, run_dir) -> dict | None:
         return None
     from ..access.chain import newest_live
 
-    return {**chain, "moved": newest_live(job_id, run_dir)}
+    return {**chain.to_dict(), "moved": newest_live(job_id, run_dir)}

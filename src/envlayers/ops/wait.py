@@ -132,7 +132,7 @@ class _RunReader:
         report, launch = self.current_report, self.job.files.launch()
         info = self.job.info
         total = run_total(report, launch, info.nodes if info is not None else None)
-        shape = (launch or {}).get("shape")
+        shape = launch.shape if launch is not None else None
         for line in report.topology:
             if line.startswith("shape="):
                 shape = shape or line.split()[0].partition("=")[2]

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..urls import server_root
+
 
 @dataclass
 class Answer:
@@ -54,7 +56,7 @@ class Client:
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 120.0):
         self.base_url = base_url.rstrip("/")
-        self.root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self.root = server_root(self.base_url)
         self._key = api_key
         self.timeout_s = timeout_s
 

@@ -10,13 +10,15 @@ The key is read from ``--api-key-file`` or the job's ``SERVER_API_KEY_FILE``; it
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..apikey import read_key
 from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 from .. import rundir
 from ..jobid import looks_like_job_id
+from ..urls import api_base
 from .client import Client
 
 
@@ -56,7 +58,7 @@ def is_url(spec: str) -> bool:
 
 
 def base_url_of(spec: str) -> str:
-    """``http://host:port`` or ``.../v1`` or ``.../v1/`` -> ``http://host:port/v1``."""
+    """``http://host:port`` or ``.../v1`` or ``.../v1/`` -> ``http://host:port/v1`` (``urls.api_base``)."""
     from urllib.parse import urlsplit
 
     url = spec.rstrip("/")
@@ -64,18 +66,7 @@ def base_url_of(spec: str) -> str:
     if not parts.hostname:
         raise CannotVerify(f"{spec!r} is not a URL with a host", where="URL",
                            hint="give the base URL the endpoint block prints, e.g. http://nid001234:8000/v1")
-    return url if parts.path.endswith("/v1") else (url + "/v1" if parts.path in ("", "/") else url)
-
-
-def read_key(path: str, where: str) -> str:
-    try:
-        key = Path(path).expanduser().read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise CannotVerify(f"cannot read the API key file {path}: {err.strerror}", where=where,
-                           hint="give a file that holds the key (readable only by you)") from None
-    if not key:
-        raise CannotVerify(f"the API key file {path} is empty", where=where)
-    return key
+    return api_base(url)
 
 
 def catalog_entry(root_opt: str | None, catalog_model: str | None, model: str | None) -> tuple[str | None, dict]:
@@ -120,8 +111,8 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
         raise CannotVerify(f"job {job.job_id} has ended ({state}): its endpoint is gone",
                            hint="verify a running job (`env_layers status` lists them)")
     env = rundir.read_serve_env(files.run_dir)
-    launch = files.launch() or {}
-    target_name = str(launch.get("target") or "")
+    launch = files.launch()
+    target_name = launch.target if launch is not None and launch.target is not None else ""
     urls = ops.endpoint_urls(data)
     t = Target(label=f"job {job.job_id}", base_urls=urls, served=str(data.get("served_model_name") or ""),
                engine=data.get("engine"), model=data.get("model") or env.get("INFERENCE_MODEL"),
@@ -140,9 +131,11 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
     recorded = data.get("api_key_file") if data.get("api_key_required") else None  # a per-job key's file
     key_file = api_key_file or recorded or env.get("SERVER_API_KEY_FILE") or None
     if key_file:
-        t.api_key = read_key(key_file, "--api-key-file" if api_key_file else
-                             f"{files.run_dir}/endpoint.json: api_key_file" if recorded else
-                             f"{files.run_dir}/serve.env: SERVER_API_KEY_FILE")
+        t.api_key = read_key(key_file, None if api_key_file else
+                             f"{files.run_dir}/{rundir.ENDPOINT}" if recorded else f"{files.run_dir}/{rundir.SERVE_ENV}",
+                             named_by="--api-key-file" if api_key_file else
+                             "api_key_file" if recorded else "SERVER_API_KEY_FILE",
+                             serving=False, owner=os.getuid())
     elif data.get("api_key_required"):
         raise CannotVerify(f"job {job.job_id}'s endpoint needs an API key and its serve.env names no key file",
                            hint="pass --api-key-file FILE")
@@ -157,7 +150,7 @@ def resolve(spec: str, *, model: str | None = None, api_key_file: str | None = N
     if is_url(spec):
         target = Target(label=base_url_of(spec), base_urls=[base_url_of(spec)])
         if api_key_file:
-            target.api_key = read_key(api_key_file, "--api-key-file")
+            target.api_key = read_key(api_key_file, named_by="--api-key-file", serving=False, owner=os.getuid())
     elif looks_like_job_id(spec):
         target, job_env = from_job(spec, run_dir=run_dir, api_key_file=api_key_file)
     else:
