@@ -183,6 +183,31 @@ def test_a_member_ends_once_the_pools_job_recorded_its_end(tmp_path):
         member.tick()
 
 
+def test_a_member_ends_once_slurm_says_the_pools_job_ended_without_a_record(tmp_path):
+    run_dir = tmp_path / "201"
+    run_dir.mkdir()
+    now, states, asked = [0.0], {"100": "RUNNING"}, []
+
+    def state(job):
+        asked.append(job)
+        return states[job]
+
+    member = Member("100", run_dir, lambda line: None, state=state, clock=lambda: now[0])
+    member.tick()
+    assert asked == []  # not asked before STATE_EVERY_S
+    now[0] += 15.0
+    member.tick()
+    states["100"] = None  # Slurm silent: not an end
+    now[0] += 15.0
+    member.tick()
+    states["100"] = "CANCELLED by 0"
+    member.tick()  # asked again only after STATE_EVERY_S
+    now[0] += 15.0
+    with pytest.raises(HandedOver, match=r"job 100, whose pool this replica served, ended \(CANCELLED by 0 in Slurm\)"):
+        member.tick()
+    assert asked == ["100", "100", "100"]
+
+
 def test_the_report_adds_the_replica_jobs_gpu_hours_to_the_pools_job(tmp_path):
     from envlayers.ops.report import pools
 

@@ -16,7 +16,8 @@ seconds, hands them to ``launch.poolpolicy`` and carries out what it decides, ea
 When this job ends, in any way, :meth:`Pool.stop` cancels every replica job it submitted. A replica job
 runs the same launcher with ``ENVLAYERS_POOL_OF=<this job>``: :func:`member_keys` makes it one replica
 on its one node (no router, no pool, no successor, no idle stop of its own), and :class:`Member` ends it
-once this job's launcher recorded its end (a parent killed without ``stop`` leaves no replica behind).
+once this job's launcher recorded its end, or once Slurm says this job ended (a launcher killed
+without ``stop`` leaves no replica behind for longer than :data:`STATE_EVERY_S`).
 
 ``pool.json`` in this job's run directory records every replica job (submitted, live, released, its
 end) and every decision; ``env_layers report`` adds the replica jobs' GPU-hours to this job's, and
@@ -57,10 +58,15 @@ def member_keys(keys: Mapping[str, str]) -> dict[str, str]:
 
 
 class Member:
-    """Inside a replica job: ends it (as an orderly handover) once the pool's job recorded its end."""
+    """Inside a replica job: ends it (as an orderly handover) once the pool's job recorded its end, or once
+    Slurm says that job ended (its launcher killed before it could record anything)."""
 
-    def __init__(self, parent: str, run_dir: Path, say: Callable[[str], None]):
+    def __init__(self, parent: str, run_dir: Path, say: Callable[[str], None], *,
+                 state: Callable[[str], str | None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.parent, self.run_dir, self.say = parent, run_dir, say
+        self.state = state if state is not None else _state
+        self.clock = clock
+        self.next_ask = clock() + STATE_EVERY_S
 
     def went_live(self, startup_s: float) -> None:
         self.say(f"ENVLAYERS-POOL: replica job of job {self.parent}'s pool, live after {startup_s:.1f}s; job "
@@ -69,6 +75,13 @@ class Member:
     def tick(self) -> None:
         if (self.run_dir.parent / self.parent / LAUNCH_END).is_file():
             raise HandedOver(f"job {self.parent}, whose pool this replica served, ended")
+        now = self.clock()
+        if now < self.next_ask:
+            return
+        self.next_ask = now + STATE_EVERY_S
+        state = self.state(self.parent)  # None: Slurm did not answer, ask again later
+        if state is not None and state.split()[0] in _ENDED:
+            raise HandedOver(f"job {self.parent}, whose pool this replica served, ended ({state} in Slurm)")
 
 
 def _fields(job_id: str) -> dict[str, str]:
