@@ -70,6 +70,7 @@ API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
 RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
 RAY_CLUSTER = "ray-cluster.json"  # the Ray cluster node 0 saw form (written by launch/raynode.py)
 GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last events (written by gateway_app.py)
+ROUTER_LOG = "router.log"  # the router's output (launch.router)
 ROUTER_STATE = "router-state.json"  # which replicas the router (ROUTER=smg) calls healthy (launch.router)
 GATEWAY_APP = "gateway_app.py"  # the Serve application, copied here for node 0
 RAY_NODE = "raynode.py"  # the Ray node helper, copied here for every node

@@ -288,6 +288,15 @@ def job_fields(job_id: str, run: _Runner = run) -> dict[str, str]:
     return parse_job_fields(proc.stdout) if proc.returncode == 0 else {}
 
 
+def job_fields_or_none(job_id: str) -> dict[str, str]:
+    """:func:`job_fields`, and ``{}`` when Slurm does not answer either: for what a job passes on to the
+    jobs it submits (a successor, a pool's replica), which then keep the job script's own settings."""
+    try:
+        return job_fields(job_id)
+    except SlurmError:
+        return {}
+
+
 def job_info(job_id: str, run: _Runner = run) -> JobInfo | None:
     """The job's record: from ``scontrol show job -o`` while Slurm holds it, else from ``sacct``
     (full accounting) or ``sacct -c`` (job completion log), else ``None`` (no such job).

@@ -84,13 +84,6 @@ class Member:
             raise HandedOver(f"job {self.parent}, whose pool this replica served, ended ({state} in Slurm)")
 
 
-def _fields(job_id: str) -> dict[str, str]:
-    try:
-        return slurm.job_fields(job_id)
-    except slurm.SlurmError:
-        return {}
-
-
 def _state(job_id: str) -> str | None:
     """The job's Slurm state word; ``"GONE"`` when Slurm no longer knows it, None when it did not answer."""
     try:
@@ -111,7 +104,7 @@ class Pool:
                  started: int, max_replicas: int, startup_s: float, time_left_s: float | None,
                  environ: Mapping[str, str], api_key: str | None, say: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 run: Callable | None = None, fields: Callable[[str], dict[str, str]] = _fields,
+                 run: Callable | None = None, fields: Callable[[str], dict[str, str]] = slurm.job_fields_or_none,
                  state: Callable[[str], str | None] = _state, fetch: Callable[..., str | None] | None = None,
                  cancel: Callable[[str], None] | None = None, write: Callable = write_json):
         self.job_id, self.run_dir, self.engine, self.router = job_id, run_dir, engine, router

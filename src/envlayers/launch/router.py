@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
-from ..rundir import ROUTER_STATE, RecordWriter, RouterState
+from ..rundir import ROUTER_LOG, ROUTER_STATE, RecordWriter, RouterState
 from .idle import Counters, parse_prometheus
 from .ports import port_free
 from .replicas import stop_group
@@ -172,7 +172,7 @@ class Router:
         env["NO_COLOR"] = "1"
         if self.api_key is not None:
             env[KEY_ENV] = self.api_key
-        log = open(self.run_dir / "router.log", "ab")  # noqa: SIM115 - the child holds it
+        log = open(self.run_dir / ROUTER_LOG, "ab")  # noqa: SIM115 - the child holds it
         try:
             self.proc = self.popen([self.python, "-c", ENTRY, *self.plan.argv[2:]], stdout=log,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -188,7 +188,7 @@ class Router:
             code = self.proc.poll()
             if code is not None:
                 raise LaunchFailure(f"the router exited with code {code} before it answered; see "
-                                    f"{self.run_dir / 'router.log'} (is smg installed in {self.python}? "
+                                    f"{self.run_dir / ROUTER_LOG} (is smg installed in {self.python}? "
                                     "pip install 'envlayers[router]')")
             status, _ = self.get(models, self.api_key)
             if status == 200:
@@ -203,7 +203,7 @@ class Router:
                     break
                 self.stop()
                 raise LaunchFailure(f"the router did not route to any replica within {timeout_s:.0f}s (last "
-                                    f"answer on /v1/models: {status}); see {self.run_dir / 'router.log'}")
+                                    f"answer on /v1/models: {status}); see {self.run_dir / ROUTER_LOG}")
             self.sleep(0.5)
         self.say(f"ENVLAYERS-STAGE: router live at {self.url} in front of {len(self.workers)} replica(s) "
                  f"(policy {self.plan.policy}; metrics at http://127.0.0.1:{self.plan.metrics_port}/metrics on "
@@ -213,13 +213,13 @@ class Router:
         """The ``router`` entry of endpoint.json."""
         return {"kind": "smg", "base_url": self.url, "port": self.plan.port, "policy": self.plan.policy,
                 "metrics_url": self.metrics_url, "workers": list(self.workers),
-                "log": str(self.run_dir / "router.log"), "pid": self.proc.pid if self.proc is not None else None}
+                "log": str(self.run_dir / ROUTER_LOG), "pid": self.proc.pid if self.proc is not None else None}
 
     def tick(self) -> None:
         """Once per supervision pass: the job ends when the router is gone (its one URL is the endpoint)."""
         if self.proc is not None and self.proc.poll() is not None:
             raise LaunchFailure(f"the router exited with code {self.proc.returncode} after the endpoint was live; "
-                                f"see {self.run_dir / 'router.log'}")
+                                f"see {self.run_dir / ROUTER_LOG}")
 
     def metrics(self) -> str | None:
         status, text = self.get(f"http://{self.local}:{self.plan.metrics_port}/metrics", None)

@@ -89,7 +89,7 @@ class Chain:
         self.job_id, self.run_dir, self.left, self.drain_s, self.say = job_id, run_dir, left, drain_s, say
         self.environ, self.clock = dict(environ), clock
         self.run = run or (lambda argv, env: slurm.run(argv, env=env, timeout_s=60))
-        self.job_fields = job_fields or _slurm_fields
+        self.job_fields = job_fields or slurm.job_fields_or_none
         self.record = ChainRecord(predecessor=self.environ.get("ENVLAYERS_PREDECESSOR") or None, left=left)
         self.drain_from: float | None = None
         self._write()
@@ -153,14 +153,6 @@ class Chain:
                      "and ends")
         elif self.clock() - self.drain_from >= self.drain_s:
             raise HandedOver(f"handed over to successor job {succ}")
-
-
-def _slurm_fields(job_id: str) -> dict[str, str]:
-    """``scontrol show job -o``'s fields of this job (``{}`` when Slurm does not answer)."""
-    try:
-        return slurm.job_fields(job_id)
-    except slurm.SlurmError:
-        return {}
 
 
 def _limit_s(text: str | None) -> int | None:
