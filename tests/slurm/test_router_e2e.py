@@ -134,3 +134,27 @@ def test_one_router_url_serves_two_replicas_and_survives_a_killed_one(netns_lab,
     # (bench --replica 1 went past the router)
     assert 0 < acct["live"]["requests"] <= len(results) + 6 + 1 + 3 and acct["live"]["counters_readable"], acct["live"]
     run.assert_nothing_left()
+
+
+def test_cache_aware_routing_sends_a_repeated_prefix_to_one_replica(netns_lab, tmp_path):
+    # the default policy (cache_aware): requests that share a long prefix go where that prefix went before,
+    # read from the replicas' own request counters
+    run = Run(netns_lab, tmp_path, EXPERIMENT="replicas", layer="ROUTER=smg\n", SERVE_TIME="00:10:00")
+    run.submit()
+    text = run.wait_for("^" + re.escape(BANNER), timeout_s=120)
+    assert "ENVLAYERS-STAGE: router live at http://n1:30000/v1 in front of 2 replica(s) (policy cache_aware;" in text
+    ep = run.endpoint()
+    key = (run.run_dir / "api-key").read_text().strip()
+    client = openai.OpenAI(base_url=reachable(ep["base_url"], netns_lab), api_key=key, max_retries=0, timeout=20)
+    for prefix in ("You are a careful assistant who answers in French. " * 30,
+                   "Summarise the following Slurm accounting record line by line. " * 30):
+        before = served_by(run)
+        for i in range(6):
+            client.chat.completions.create(model=SERVED, max_tokens=8,
+                                           messages=[{"role": "user", "content": prefix + f"question {i}"}])
+        after = served_by(run)
+        got = sorted(after[a] - before[a] for a in after)
+        assert got == [0, 6], (prefix[:30], before, after)  # all six on one replica, none on the other
+    run.lab.run(["scancel", run.job_id])
+    run.state(timeout_s=60)
+    run.assert_nothing_left()
