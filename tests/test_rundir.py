@@ -197,7 +197,7 @@ def test_chain_json_keeps_its_text():
 
 
 @pytest.mark.parametrize("kind", [rundir.LaunchRecord, rundir.LaunchEnd, rundir.ChainRecord, rundir.AccountingRecord,
-                                  rundir.GatewayState])
+                                  rundir.GatewayState, rundir.TunnelRecord, rundir.RayCluster])
 def test_an_old_record_reads_with_unknown_fields_ignored_and_missing_ones_empty(kind):
     record = kind.from_dict({"from_a_later_version": 1})
     assert record == kind.from_dict({}) and "from_a_later_version" not in record.to_dict()
@@ -213,9 +213,105 @@ def test_a_launch_json_from_before_restarts_were_recorded_is_the_first_run():
     pytest.param({"nodes": "n1", "restart": True, "shape": 3}, rundir.LaunchRecord(), id="launch"),
     pytest.param({"code": "0", "ended_at": "soon", "reason": ["x"]}, rundir.LaunchEnd(), id="launch-end"),
     pytest.param({"left": 1.5, "dependency": 7}, rundir.ChainRecord(), id="chain"),
+    pytest.param({"srun_pid": "123", "srun_argv": "srun", "gateway": "gw", "keep_alive": 1, "remote_port": True,
+                  "closed_s": "0.1", "follower": [9]}, rundir.TunnelRecord(), id="tunnel"),
+    pytest.param({"address": 6379, "nodes": 2.0, "joined_after_s": "3"}, rundir.RayCluster(), id="ray-cluster"),
 ])
 def test_a_mistyped_field_reads_as_absent(data, want):
     assert type(want).from_dict(data) == want
+
+
+# tunnel.json as access.tunnel writes it for a tunnel that followed a chain and was handed over
+TUNNEL_TEXT = """{
+  "job_id": "41",
+  "state": "handed-over",
+  "node": "n1",
+  "local_port": 8000,
+  "gateway": {
+    "destination": "me@gw.example.org",
+    "ssh_port": null,
+    "identity": null,
+    "options": []
+  },
+  "remote_bind": "127.0.0.1",
+  "remote_port": 8001,
+  "route": {
+    "base_url": "http://127.0.0.1:8001/v1",
+    "provider_model_id": "q"
+  },
+  "keep_alive": true,
+  "restarts": 5,
+  "host": "login1",
+  "srun_pid": 1234,
+  "srun_argv": [
+    "srun",
+    "--overlap",
+    "--jobid=41"
+  ],
+  "command": "srun --overlap --jobid=41",
+  "ssh_command": "ssh -v -N -R 127.0.0.1:8001:127.0.0.1:8000 me@gw.example.org",
+  "step_id": "41.2",
+  "node_pid": 77,
+  "log": "/runs/41/tunnel.log",
+  "opened_at": "2026-12-04T10:00:00+00:00",
+  "control": true,
+  "replica": 0,
+  "follower": {
+    "pid": 99,
+    "argv": [
+      "python3",
+      "-m",
+      "envlayers.access.handover",
+      "/runs/41"
+    ],
+    "host": "login1"
+  },
+  "successor": "57",
+  "handed_over_at": "2026-12-04T11:00:00+00:00",
+  "closed_s": 0.012
+}
+"""
+
+
+def test_tunnel_json_keeps_its_text():
+    record = rundir.TunnelRecord.from_dict(json.loads(TUNNEL_TEXT))
+    assert record.srun_argv == ["srun", "--overlap", "--jobid=41"] and record.follower["pid"] == 99
+    assert record.closed_s == 0.012 and record.closed_at is None and record.took_over_from is None
+    assert rundir.json_text(record.to_dict()) == TUNNEL_TEXT
+
+
+def test_a_tunnel_records_later_fields_are_in_the_file_only_when_set():
+    fresh = rundir.TunnelRecord(job_id="41", state="opening").to_dict()
+    assert list(fresh)[-1] == "control" and fresh["srun_pid"] is None and "closed_at" not in fresh
+    closed = rundir.TunnelRecord(state="closed", closed_at="t", closed_by="release", closed_why="w").to_dict()
+    assert list(closed)[-3:] == ["closed_at", "closed_by", "closed_why"]
+
+
+def test_the_tunnel_records_reader_and_writer_go_through_its_record_type(tmp_path):
+    from envlayers.access import tunnelrecord
+
+    tunnelrecord.write_record(tmp_path, {**json.loads(TUNNEL_TEXT), "from_a_later_version": 1})
+    assert (tmp_path / rundir.TUNNEL).read_text() == TUNNEL_TEXT
+    (tmp_path / rundir.TUNNEL).write_text(TUNNEL_TEXT.replace('"srun_pid": 1234', '"srun_pid": "1234"'))
+    read = tunnelrecord.read_record(tmp_path)
+    assert read["srun_pid"] is None and read["step_id"] == "41.2"
+    assert rundir.read_tunnel(tmp_path / "absent") is None and tunnelrecord.read_record(None) is None
+
+
+def test_the_ray_cluster_record_reads_what_raynode_writes(tmp_path):
+    from envlayers.launch.raycluster import joined_line
+
+    # launch/raynode.py writes the file itself (standard library only): json.dump, no indent
+    (tmp_path / raynode.CLUSTER_FILE).write_text(json.dumps({"address": "10.0.0.1:6379", "nodes": 2,
+                                                             "joined_after_s": 3.4}))
+    seen = rundir.read_record(tmp_path / rundir.RAY_CLUSTER, rundir.RayCluster)
+    assert seen == rundir.RayCluster("10.0.0.1:6379", 2, 3.4)
+    assert json.dumps(seen.to_dict()) == (tmp_path / rundir.RAY_CLUSTER).read_text()
+    assert joined_line(tmp_path) == "ENVLAYERS-STAGE: ray cluster at 10.0.0.1:6379: 2 of 2 node(s) joined after 3.4s"
+    (tmp_path / rundir.RAY_CLUSTER).write_text('{"address": "10.0.0.1:6379", "nodes": "2", "joined_after_s": 3.4}')
+    assert joined_line(tmp_path) is None
+    (tmp_path / rundir.RAY_CLUSTER).unlink()
+    assert joined_line(tmp_path) is None
 
 
 @pytest.mark.parametrize("successor, want", [

@@ -24,7 +24,8 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
 This module owns the run directory: every file's name (the constants below; no other module spells
 one, and the job's scripts get theirs from :data:`SCRIPT_NAMES`), the record type of each JSON file (a
 dataclass with ``from_dict``/``to_dict``: :class:`LaunchRecord`, :class:`LaunchEnd`, :class:`ChainRecord`,
-:class:`AccountingRecord`, :class:`GatewayState`; endpoint.json's is ``readiness.Endpoint``, whose file the
+:class:`AccountingRecord`, :class:`GatewayState`, :class:`RouterState`, :class:`TunnelRecord`, :class:`RayCluster`;
+endpoint.json's is ``readiness.Endpoint``, whose file the
 launcher extends), their readers, and the one writer of a JSON record (:func:`write_json`, atomic through
 ``fsutil.atomic_write``). The two scripts the job copies into the run directory and runs with the standard
 library only (``gateway_app.py``, ``launch/raynode.py``) repeat the names of the files they write; a test
@@ -63,12 +64,12 @@ LAUNCH = "launch.json"  # LaunchRecord: what the launcher planned (launch.prepar
 LAUNCH_END = "launch-end.json"  # LaunchEnd: how the launcher ended: restart, code, reason, ended_at
 CHAIN = "chain.json"  # ChainRecord: the job's link in a chain of successors (launch.successor)
 POOL = "pool.json"  # the elastic pool: replica jobs added and released, each decision (launch.pool)
-TUNNEL = "tunnel.json"  # the login node's tunnel to the endpoint (access.tunnelrecord)
+TUNNEL = "tunnel.json"  # TunnelRecord: the login node's tunnel to the endpoint (access.tunnel, access.tunnelrecord)
 ACCOUNTING = "accounting.json"  # AccountingRecord: the GPU-hour timeline (launch.timeline, envlayers.accounting)
 SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines
 API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
 RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
-RAY_CLUSTER = "ray-cluster.json"  # the Ray cluster node 0 saw form (written by launch/raynode.py)
+RAY_CLUSTER = "ray-cluster.json"  # RayCluster: the Ray cluster node 0 saw form (written by launch/raynode.py)
 GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last events (written by gateway_app.py)
 ROUTER_LOG = "router.log"  # the router's output (launch.router)
 ROUTER_STATE = "router-state.json"  # which replicas the router (ROUTER=smg) calls healthy (launch.router)
@@ -720,6 +721,109 @@ def read_router_state(run_dir: Path) -> RouterState | None:
     """The router's state file in ``run_dir`` (``None`` without one: no router, or not read yet)."""
     data = read_json(Path(run_dir) / ROUTER_STATE)
     return None if data is None else RouterState.from_dict(data)
+
+
+@dataclass
+class RayCluster:
+    """``ray-cluster.json``: the Ray cluster node 0 saw form, written by ``launch/raynode.py`` (standard library
+    only, so it writes the file itself; this is its reader): the head's ``address``, the ``nodes`` that joined
+    and after how many seconds (``joined_after_s``)."""
+
+    address: str | None = None
+    nodes: int | None = None
+    joined_after_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RayCluster":
+        return cls(_text(data, "address"), _whole(data, "nodes"), _number(data, "joined_after_s"))
+
+    def to_dict(self) -> dict:
+        return {"address": self.address, "nodes": self.nodes, "joined_after_s": self.joined_after_s}
+
+
+def _mapping(data: Mapping, key: str) -> dict | None:
+    value = data.get(key)
+    return dict(value) if isinstance(value, dict) else None
+
+
+def _words(data: Mapping, key: str) -> list[str] | None:
+    value = data.get(key)
+    return [str(v) for v in value] if isinstance(value, list) else None
+
+
+def _flag(data: Mapping, key: str) -> bool | None:
+    value = data.get(key)
+    return value if isinstance(value, bool) else None
+
+
+@dataclass
+class TunnelRecord:
+    """``tunnel.json``: the login node's reverse SSH tunnel to the endpoint (``access.tunnel`` opens it,
+    ``access.tunnelrecord`` settles it against Slurm and the recorded process, ``access.handover`` carries it
+    along a chain of successors). ``state``: ``opening``, ``open``, ``handed-over`` or ``closed``.
+
+    The fields up to ``control`` are in every record (``null`` until known); the later ones only in the records
+    that have them (``None``: absent from the file): ``replica`` (which base URL), ``took_over_from`` and
+    ``port_closed_s`` (a successor's tunnel), ``follower`` (the chain follower's ``pid``, ``argv``, ``host``),
+    ``successor``, ``handed_over_at`` and ``closed_s`` (a tunnel handed over), ``route_reminded_at`` (release
+    reminded the gateway route), ``closed_at``, ``closed_by`` and ``closed_why`` (a closed one)."""
+
+    job_id: str | None = None
+    state: str | None = None
+    node: str | None = None
+    local_port: int | None = None
+    gateway: dict | None = None  # access.gateway.Gateway.to_dict()
+    remote_bind: str | None = None
+    remote_port: int | None = None
+    route: dict | None = None  # {"base_url", "provider_model_id"}: the gateway's route entry
+    keep_alive: bool | None = None
+    restarts: int | None = None
+    host: str | None = None  # the host whose srun carries the step (its srun_pid means something there only)
+    srun_pid: int | None = None
+    srun_argv: list[str] | None = None
+    command: str | None = None
+    ssh_command: str | None = None
+    step_id: str | None = None
+    node_pid: int | None = None
+    log: str | None = None
+    opened_at: str | None = None
+    control: bool | None = None
+    # in the file only when set
+    replica: int | None = None
+    took_over_from: str | None = None
+    follower: dict | None = None
+    port_closed_s: float | None = None
+    successor: str | None = None
+    handed_over_at: str | None = None
+    closed_s: float | None = None
+    route_reminded_at: str | None = None
+    closed_at: str | None = None
+    closed_by: str | None = None
+    closed_why: str | None = None
+
+    _ALWAYS = ("job_id", "state", "node", "local_port", "gateway", "remote_bind", "remote_port", "route",
+               "keep_alive", "restarts", "host", "srun_pid", "srun_argv", "command", "ssh_command", "step_id",
+               "node_pid", "log", "opened_at", "control")
+    _READ = {"job_id": _text, "state": _text, "node": _text, "local_port": _whole, "gateway": _mapping,
+             "remote_bind": _text, "remote_port": _whole, "route": _mapping, "keep_alive": _flag, "restarts": _whole,
+             "host": _text, "srun_pid": _whole, "srun_argv": _words, "command": _text, "ssh_command": _text,
+             "step_id": _text, "node_pid": _whole, "log": _text, "opened_at": _text, "control": _flag,
+             "replica": _whole, "took_over_from": _text, "follower": _mapping, "port_closed_s": _number,
+             "successor": _text, "handed_over_at": _text, "closed_s": _number, "route_reminded_at": _text,
+             "closed_at": _text, "closed_by": _text, "closed_why": _text}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "TunnelRecord":
+        return cls(**{name: read(data, name) for name, read in cls._READ.items()})
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self._READ
+                if name in self._ALWAYS or getattr(self, name) is not None}
+
+
+def read_tunnel(run_dir: Path | None) -> TunnelRecord | None:
+    """The tunnel record in ``run_dir`` (``None`` without one); as written, not settled (access.tunnelrecord)."""
+    return None if run_dir is None else read_record(Path(run_dir) / TUNNEL, TunnelRecord)
 
 
 def replica_rows(endpoint: Mapping | None) -> list[dict]:

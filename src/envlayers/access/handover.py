@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import TUNNEL, ChainRecord, chain_of, serving_endpoint
+from ..rundir import ChainRecord, chain_of, serving_endpoint
 from .gateway import Gateway
 from .job import JobAccess
+from .tunnelrecord import read_record
 
 POLL_S = 0.25  # how often the follower looks at the chain's files
 SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still runs
@@ -82,14 +83,6 @@ def stop_follower(record: dict | None) -> str | None:
     while cmdline(pid) == argv and time.monotonic() < deadline:
         time.sleep(0.05)
     return f"chain follower pid {pid} stopped"
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _say_to(run_dir: Path) -> Callable[[str], None]:
@@ -187,7 +180,7 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
     asked = 0.0
     while True:
         say = _say_to(cur)
-        record = _read(cur / TUNNEL)
+        record = read_record(cur)
         if not record or record.get("state") != "open":
             say(f"the tunnel of job {cur.name} is {(record or {}).get('state', 'gone')}: the follower ends")
             return 0
@@ -222,7 +215,7 @@ def _record_end(run_dir: Path, why: str) -> None:
     """The chain ended: the current link's tunnel ended with its job; its record says so."""
     from .tunnel import _now, write_record
 
-    record = _read(run_dir / TUNNEL)
+    record = read_record(run_dir)
     if record and record.get("state") == "open":
         record.update(state="closed", closed_at=_now(), closed_by="job end",
                       closed_why=why.replace(": the follower ends", "; its tunnel step ended with it"))

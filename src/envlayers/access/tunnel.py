@@ -22,7 +22,6 @@ tunnel (``takeover``) connects first, then asks for the same gateway port every 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -380,7 +379,7 @@ def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str |
     """Another job whose run directory records an open tunnel to the same gateway and port (its record
     settled first: a job that ended holds nothing)."""
     from ..rundir import run_root_candidates
-    from .tunnelrecord import settle
+    from .tunnelrecord import read_record, settle
 
     if job_info is None:
         def job_info(jid: str):
@@ -388,11 +387,8 @@ def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str |
 
     for root in run_root_candidates(os.environ, Path.cwd()):
         for path in sorted(root.glob(f"*/{TUNNEL}")) if root.is_dir() else ():
-            try:
-                rec = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if (isinstance(rec, dict) and rec.get("state") == "open" and rec.get("job_id") != spec.job_id
+            rec = read_record(path.parent)
+            if (rec is not None and rec.get("state") == "open" and rec.get("job_id") != spec.job_id
                     and rec.get("remote_port") == spec.remote_port
                     and (rec.get("gateway") or {}).get("destination") == spec.gateway.destination):
                 try:

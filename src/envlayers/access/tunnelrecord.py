@@ -1,4 +1,4 @@
-"""``tunnel.json``: writing it, and reading it as the truth of now.
+"""``tunnel.json``: writing it, and reading it as the truth of now (its record type is rundir.TunnelRecord).
 
 The record says what was last known when something wrote it; a tunnel ends with its job (walltime,
 ``scancel``), when its step gives up, or when the process that was opening it dies, and nothing may
@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import TUNNEL, read_json, write_json
+from ..rundir import TUNNEL, TunnelRecord, read_tunnel, write_json
 
 LIVE_STATES = ("open", "opening")
 
@@ -31,13 +31,15 @@ def now_iso() -> str:
 
 
 def write_record(run_dir: Path, record: dict) -> None:
-    write_json(Path(run_dir) / TUNNEL, record)
+    """Replace ``run_dir``'s tunnel.json with ``record`` as its record type (rundir.TunnelRecord) writes it."""
+    write_json(Path(run_dir) / TUNNEL, TunnelRecord.from_dict(record).to_dict())
 
 
 def read_record(run_dir: Path | None) -> dict | None:
-    if run_dir is None:
-        return None
-    return read_json(Path(run_dir) / TUNNEL)
+    """``run_dir``'s tunnel.json through its record type (a mistyped field ``None``, an unknown one left out),
+    as the dict the access modules work on; ``None`` without one. Not settled: see :func:`settle`."""
+    record = read_tunnel(run_dir)
+    return None if record is None else record.to_dict()
 
 
 def cmdline(pid: int) -> list[str] | None:

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 from .. import keys
 from ..engines.ray import head_argv
-from ..rundir import GATEWAY_APP, RAY_CLUSTER, RAY_NODE, RAY_TOKEN, ray_pids_name, read_json
+from ..rundir import GATEWAY_APP, RAY_CLUSTER, RAY_NODE, RAY_TOKEN, RayCluster, ray_pids_name, read_record
 
 RAY_SHAPES = ("ray", "gateway")
 PYTHON = "python3"  # the ranks' Python: the container's, or the host's with CONTAINER_RUNTIME=none
@@ -122,9 +122,8 @@ def write_token(run_dir: Path) -> Path:
 
 def joined_line(run_dir: Path) -> str | None:
     """What the launcher prints once live: the cluster node 0 saw form (ray-cluster.json, by raynode.py)."""
-    data = read_json(run_dir / RAY_CLUSTER)
-    try:
-        return (f"ENVLAYERS-STAGE: ray cluster at {data['address']}: {data['nodes']} of {data['nodes']} node(s) "
-                f"joined after {data['joined_after_s']}s")
-    except (OSError, ValueError, KeyError, TypeError):
+    seen = read_record(run_dir / RAY_CLUSTER, RayCluster)
+    if seen is None or None in (seen.address, seen.nodes, seen.joined_after_s):
         return None
+    return (f"ENVLAYERS-STAGE: ray cluster at {seen.address}: {seen.nodes} of {seen.nodes} node(s) "
+            f"joined after {seen.joined_after_s}s")
