@@ -13,6 +13,7 @@ import pytest
 
 from envlayers import gateway_app, rundir
 from envlayers.launch import raynode
+from srcscan import lines_matching
 
 SRC = Path(rundir.__file__).parent
 
@@ -42,14 +43,7 @@ _ALLOWED = {"rundir.py", "gateway_app.py", "launch/raynode.py"}
 
 
 def test_no_module_but_rundir_spells_a_run_directory_files_name():
-    offenders = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel in _ALLOWED:
-            continue
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if _SPELLED.search(line) and "such as" not in line:  # an example in an error message
-                offenders.append(f"{rel}:{n}: {line.strip()}")
+    offenders = lines_matching(_SPELLED, _ALLOWED, ("such as",))  # an example in an error message
     assert offenders == []
 
 

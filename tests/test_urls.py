@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from envlayers import urls
-
-SRC = Path(urls.__file__).parent
+from srcscan import lines_matching
 
 
 @pytest.mark.parametrize("url, root", [
@@ -46,14 +44,7 @@ _ALLOWED = {"urls.py", "gateway_app.py", "launch/raynode.py"}
 
 
 def test_no_module_but_urls_adds_or_removes_v1():
-    offenders = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel in _ALLOWED:
-            continue
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if _BY_HAND.search(line) and "e.g." not in line and "such as" not in line:  # examples in hints
-                offenders.append(f"{rel}:{n}: {line.strip()}")
+    offenders = lines_matching(_BY_HAND, _ALLOWED, ("e.g.", "such as"))  # examples in hints
     assert offenders == []
 
 
