@@ -105,13 +105,19 @@ def test_the_pool_grows_by_a_one_node_replica_job_that_keeps_partition_account_a
     assert len(submitted) == 1, "no second grow while the first is pending"
 
 
-def grown(world):
+def live_replica_job(world):
+    """Requests wait until the pool submits replica job 201, which then writes its endpoint.json."""
     pool, clock, router, lines, submitted, cancelled, metrics, run_dir = world
     metrics["wait"] = 3
     ticks(pool, clock, 40)
     member = run_dir.parent / "201"
     member.mkdir()
     (member / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"], "nodes": ["n2"]}))
+
+
+def grown(world):
+    pool, clock, router, lines, submitted, cancelled, metrics, run_dir = world
+    live_replica_job(world)
     ticks(pool, clock, 5)
     assert router.calls == [("add", "http://n2:8000/v1")]
     router.healthy.add("http://n2:8000")
@@ -238,11 +244,7 @@ def test_a_launcher_started_as_a_pool_replica_plans_one_replica_and_watches_the_
 
 def test_a_replica_job_smg_never_calls_healthy_is_given_up(world):
     pool, clock, router, lines, submitted, cancelled, metrics, run_dir = world
-    metrics["wait"] = 3
-    ticks(pool, clock, 40)
-    member = run_dir.parent / "201"
-    member.mkdir()
-    (member / "endpoint.json").write_text(json.dumps({"base_urls": ["http://n2:8000/v1"], "nodes": ["n2"]}))
+    live_replica_job(world)
     ticks(pool, clock, 200)
     assert any("replica job 201 did not join: smg did not call it healthy within 120s" in line for line in lines)
     assert cancelled[0] == "201"
