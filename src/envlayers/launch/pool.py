@@ -93,8 +93,7 @@ def _state(job_id: str) -> str | None:
     return "GONE" if info is None else (info.state or None)
 
 
-_ENDED = ("GONE", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-          "BOOT_FAIL", "DEADLINE")
+_ENDED = frozenset({"GONE", *slurm.TERMINAL_STATES})  # GONE: Slurm no longer knows the job (_state)
 
 
 class Pool:
