@@ -14,8 +14,10 @@ wall clock, and beside it the CPU time of the process, which other work on a sha
 `env_layers` is the console script beside PYTHON (default: this interpreter), else `PYTHON -m envlayers`.
 --imports adds where the dry run's imports go: `python3 -X importtime`'s cumulative time of each module the
 dry run imports at the top level (medians of 5 runs; -X importtime inflates every figure alike).
-An interpreter whose site-packages runs .pth start-up hooks pays them in `python3 -c pass` too, which shrinks
-every ratio: measure with a plain virtual environment's interpreter (--python) for the figures that count.
+Each goal line also says what the libraries alone take on the same interpreter and how much of the goal that
+leaves for envlayers' own work. An interpreter whose site-packages runs .pth start-up hooks pays them in
+`python3 -c pass` too, which shrinks every ratio: a NOTE line says how much (against `python3 -S -c pass`), and
+--python with a plain virtual environment's interpreter gives the ratios without them.
 
 Scale figures: loading, merging and rendering a stack of N layer files x 200 keys (what
 `env_layers --root R render big:m` computes, in this process), 10,000 to 160,000 assignments, with the time
@@ -99,8 +101,8 @@ def process_figures(runs: int, python: str) -> None:
     hooks = base - med["python3 -S -c pass (no site: no .pth start-up hooks)"]
     if hooks > 0.5 * base:
         print(f"  NOTE: {hooks * 1000:.1f} ms of python3 -c pass is site start-up (.pth hooks in {python}'s "
-              f"site-packages): every ratio above is shrunk by it; measure with a plain virtual environment's "
-              f"interpreter (--python) for the figures that count")
+              f"site-packages): every ratio above is shrunk by it; --python with a plain virtual environment's "
+              f"interpreter gives the ratios without it")
 
 
 SETUPS = "version: 1\nexperiments:\n  big:\n    layers: [{layers}]\nmodels:\n  m:\n    description: scale\n"
