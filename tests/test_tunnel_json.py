@@ -97,7 +97,7 @@ def _open(tmp_path: Path, fake_slurm: list[int], job: str = "77", **kw):
     run.mkdir(parents=True)
     spec = TunnelSpec(job, "n1", 8000, Gateway("me@gw"), "127.0.0.1", 8001, **kw)
     result = open_tunnel(_access(run, job, _info(job, "RUNNING")), spec, start_timeout_s=30, check_gateway=False,
-                         extra={"replica": 0})
+                         replica=0)
     fake_slurm.append(_file(run)["srun_pid"])
     return run, spec, result
 

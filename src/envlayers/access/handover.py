@@ -127,8 +127,7 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) ->
     say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
     result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
                          before_record=_pause_for_tests,
-                         extra={"replica": record.replica or 0, "took_over_from": str(record.job_id),
-                                "follower": record.follower})
+                         replica=record.replica or 0, took_over_from=str(record.job_id), follower=record.follower)
     up = time.time()
     new = result.record
     closed = up - times.get("cancelled", up)

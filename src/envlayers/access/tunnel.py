@@ -176,11 +176,11 @@ class TunnelResult:
 
 def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0,
                 check_gateway: bool = True, on_connected: Callable[[], None] | None = None,
-                extra: dict | None = None,
+                replica: int | None = None, took_over_from: str | None = None, follower: dict | None = None,
                 before_record: Callable[[TunnelRecord], None] | None = None) -> TunnelResult:
     """Start the step, wait (at most ``start_timeout_s``) until ssh says the gateway accepted the
-    forward, record it (with ``extra``: more fields of its TunnelRecord, by name). Raises
-    :class:`TunnelFailed` (exit 1) when it does not come up.
+    forward, record it (with ``replica``, ``took_over_from`` and ``follower`` when given: see
+    rundir.TunnelRecord). Raises :class:`TunnelFailed` (exit 1) when it does not come up.
 
     A ``takeover`` spec calls ``on_connected`` once its ssh is connected (the predecessor's forward is
     cancelled there) and waits up to ``takeover_wait_s`` more for the port. Its record is written as
@@ -208,7 +208,7 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         host=socket.gethostname(), srun_pid=None, srun_argv=argv, command=shlex.join(argv),
         ssh_command=shlex.join(spec.ssh_argv()), step_id=None, node_pid=None,
         log=str(log), opened_at=None, control=spec.control or spec.takeover,
-        **(extra or {}),
+        replica=replica, took_over_from=took_over_from, follower=follower,
     )
     if spec.takeover:
         write_tunnel(run_dir, record)  # the intent, before anything runs

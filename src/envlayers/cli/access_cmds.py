@@ -143,7 +143,7 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
 
     spec = TunnelSpec(acc.job_id, node, port, gateway, bind, remote_port, keep_alive, restarts, control=follows(acc))
     try:
-        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s, extra={"replica": replica})
+        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s, replica=replica)
     except TunnelFailed as err:
         click.echo(f"env_layers: error: {err}", err=True)
         for line in err.lines:
