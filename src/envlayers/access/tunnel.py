@@ -36,7 +36,6 @@ from urllib.parse import urlsplit
 
 from .. import slurm
 from ..errors import EnvLayersError
-from ..fsutil import atomic_write
 from ..rundir import TUNNEL, TunnelRecord, write_tunnel
 from ..scripttext import Code, render
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
