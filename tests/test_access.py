@@ -719,8 +719,8 @@ def test_the_chain_follower_ends_with_the_chain(tmp_path, states, successor, lef
 
 def test_release_stops_only_the_recorded_follower(tmp_path):
     from envlayers.access.handover import stop_follower
-
     from envlayers.access.tunnel import cmdline
+    from envlayers.rundir import TunnelRecord
 
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     proc = subprocess.Popen(argv)
@@ -730,9 +730,9 @@ def test_release_stops_only_the_recorded_follower(tmp_path):
         while cmdline(proc.pid) != argv and time.monotonic() < deadline:
             time.sleep(0.01)
         assert cmdline(proc.pid) == argv
-        other = {"follower": {"pid": proc.pid, "argv": [*argv[:2], "other"], "host": socket.gethostname()}}
+        other = TunnelRecord(follower={"pid": proc.pid, "argv": [*argv[:2], "other"], "host": socket.gethostname()})
         assert stop_follower(other) is None and proc.poll() is None  # not the recorded command: left alone
-        mine = {"follower": {"pid": proc.pid, "argv": argv, "host": socket.gethostname()}}
+        mine = TunnelRecord(follower={"pid": proc.pid, "argv": argv, "host": socket.gethostname()})
         assert stop_follower(mine) == f"chain follower pid {proc.pid} stopped"
         assert proc.wait(10) == -15
     finally:

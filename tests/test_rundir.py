@@ -282,14 +282,13 @@ def test_a_tunnel_records_later_fields_are_in_the_file_only_when_set():
 
 
 def test_the_tunnel_records_reader_and_writer_go_through_its_record_type(tmp_path):
-    from envlayers.access import tunnelrecord
-
-    tunnelrecord.write_record(tmp_path, {**json.loads(TUNNEL_TEXT), "from_a_later_version": 1})
+    record = rundir.TunnelRecord.from_dict({**json.loads(TUNNEL_TEXT), "from_a_later_version": 1})
+    rundir.write_tunnel(tmp_path, record)
     assert (tmp_path / rundir.TUNNEL).read_text() == TUNNEL_TEXT
     (tmp_path / rundir.TUNNEL).write_text(TUNNEL_TEXT.replace('"srun_pid": 1234', '"srun_pid": "1234"'))
-    read = tunnelrecord.read_record(tmp_path)
-    assert read["srun_pid"] is None and read["step_id"] == "41.2"
-    assert rundir.read_tunnel(tmp_path / "absent") is None and tunnelrecord.read_record(None) is None
+    read = rundir.read_tunnel(tmp_path)
+    assert read.srun_pid is None and read.step_id == "41.2"
+    assert rundir.read_tunnel(tmp_path / "absent") is None and rundir.read_tunnel(None) is None
 
 
 def test_the_ray_cluster_record_reads_what_raynode_writes(tmp_path):

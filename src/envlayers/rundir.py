@@ -826,6 +826,11 @@ def read_tunnel(run_dir: Path | None) -> TunnelRecord | None:
     return None if run_dir is None else read_record(Path(run_dir) / TUNNEL, TunnelRecord)
 
 
+def write_tunnel(run_dir: Path, record: TunnelRecord) -> None:
+    """Replace ``run_dir``'s tunnel.json with ``record`` (atomically)."""
+    write_json(Path(run_dir) / TUNNEL, record.to_dict())
+
+
 def replica_rows(endpoint: Mapping | None) -> list[dict]:
     """The ``replicas`` list of an endpoint.json (``[]`` for a shape without one)."""
     rows = (endpoint or {}).get("replicas")

@@ -26,13 +26,13 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         return data
     tunnel = acc.tunnel()  # settled: a tunnel that ended with its job or step says closed
     gateway = closed = None
-    if tunnel and tunnel.get("state") in ("open", "closed") and tunnel.get("gateway"):
-        route = {"destination": tunnel["gateway"]["destination"],
-                 "base_url": route_url(tunnel["remote_bind"], tunnel["remote_port"]), "provider_model_id": acc.served}
-        if tunnel["state"] == "open":
+    if tunnel is not None and tunnel.state in ("open", "closed") and tunnel.gateway:
+        route = {"destination": tunnel.gateway["destination"],
+                 "base_url": route_url(tunnel.remote_bind, tunnel.remote_port), "provider_model_id": acc.served}
+        if tunnel.state == "open":
             gateway = route
         else:
-            closed = {**route, "closed_at": tunnel.get("closed_at"), "closed_why": tunnel.get("closed_why")}
+            closed = {**route, "closed_at": tunnel.closed_at, "closed_why": tunnel.closed_why}
     data = {
         "job_id": acc.job_id,
         "state": info.state if info else None,

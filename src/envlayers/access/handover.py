@@ -34,13 +34,13 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import ChainRecord, chain_of, serving_endpoint
+from ..rundir import ChainRecord, TunnelRecord, chain_of, read_tunnel, serving_endpoint, write_tunnel
 from .gateway import Gateway
 from .job import JobAccess
-from .tunnelrecord import read_record
 
 POLL_S = 0.25  # how often the follower looks at the chain's files
 SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still runs
@@ -52,9 +52,10 @@ def follows(acc: JobAccess) -> bool:
     return chain is not None and bool(chain.successor or chain.left)
 
 
-def start_follower(acc: JobAccess, record: dict) -> dict:
-    """Start the follower for the tunnel just opened; record it in tunnel.json; return its record."""
-    from .tunnel import _clean_env, write_record
+def start_follower(acc: JobAccess, record: TunnelRecord) -> dict:
+    """Start the follower for the tunnel just opened; record it in ``record`` and tunnel.json; return its
+    ``follower`` entry."""
+    from .tunnel import _clean_env
 
     run_dir = acc.run_dir
     argv = [sys.executable, "-m", "envlayers.access.handover", str(run_dir)]
@@ -62,16 +63,16 @@ def start_follower(acc: JobAccess, record: dict) -> dict:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=_clean_env(), cwd=str(run_dir))
     follower = {"pid": proc.pid, "argv": argv, "host": socket.gethostname()}
-    record["follower"] = follower
-    write_record(run_dir, record)
+    record.follower = follower
+    write_tunnel(run_dir, record)
     return follower
 
 
-def stop_follower(record: dict | None) -> str | None:
+def stop_follower(record: TunnelRecord | None) -> str | None:
     """SIGTERM the recorded follower if it still runs the recorded command here; what was done, in words."""
     from .tunnel import cmdline
 
-    follower = (record or {}).get("follower") or {}
+    follower = (record.follower if record is not None else None) or {}
     pid, argv = int(follower.get("pid") or 0), follower.get("argv")
     if not pid or follower.get("host") != socket.gethostname() or cmdline(pid) != argv:
         return None
@@ -96,26 +97,26 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
     return say
 
 
-def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
+def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) -> TunnelRecord:
     """Move the gateway port from ``record``'s tunnel to a new one in job ``succ``; returns the new record.
     Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up."""
     from .. import slurm
     from .job import open_job
-    from .tunnel import TunnelSpec, _clean_env, _now, api_target, open_tunnel, write_record
+    from .tunnel import TunnelSpec, _clean_env, _now, api_target, open_tunnel
 
     say_old, say_new = _say_to(cur_dir), _say_to(succ_dir)
     acc = open_job(succ, run_dir=str(succ_dir))
-    node, port = api_target(acc, int(record.get("replica") or 0))
-    gateway = Gateway.from_dict(record["gateway"])
-    bind, rport = record["remote_bind"], int(record["remote_port"])
-    spec = TunnelSpec(succ, node, port, gateway, bind, rport, bool(record.get("keep_alive")),
-                      int(record.get("restarts") or 5), control=True, takeover=True)
-    old = TunnelSpec(str(record["job_id"]), record["node"], int(record["local_port"]), gateway, bind, rport)
+    node, port = api_target(acc, int(record.replica or 0))
+    gateway = Gateway.from_dict(record.gateway)
+    bind, rport = record.remote_bind, int(record.remote_port)
+    spec = TunnelSpec(succ, node, port, gateway, bind, rport, bool(record.keep_alive),
+                      int(record.restarts or 5), control=True, takeover=True)
+    old = TunnelSpec(str(record.job_id), record.node, int(record.local_port), gateway, bind, rport)
     times: dict[str, float] = {}
 
     def cancel_old() -> None:
         times["connected"] = time.time()
-        step = record.get("step_id")
+        step = record.step_id
         if step:
             proc = slurm.run(old.cancel_argv(step), timeout_s=60, env=_clean_env())
             said = (proc.stderr or proc.stdout).strip().splitlines()
@@ -126,24 +127,23 @@ def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
     say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
     result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
                          before_record=_pause_for_tests,
-                         extra={"replica": record.get("replica") or 0, "took_over_from": str(record["job_id"]),
-                                "follower": record.get("follower")})
+                         replica=record.replica or 0, took_over_from=str(record.job_id), follower=record.follower)
     up = time.time()
     new = result.record
     closed = up - times.get("cancelled", up)
     try:
-        record.update(state="handed-over", successor=succ, handed_over_at=_now(), closed_s=round(closed, 3))
-        write_record(cur_dir, record)
-        new["port_closed_s"] = round(closed, 3)  # at most: the cancel's end to the moment this host saw the ask succeed
-        write_record(succ_dir, new)
+        write_tunnel(cur_dir, replace(record, state="handed-over", successor=succ, handed_over_at=_now(),
+                                      closed_s=round(closed, 3)))
+        new.port_closed_s = round(closed, 3)  # at most: the cancel's end to the moment this host saw the ask succeed
+        write_tunnel(succ_dir, new)
     except BaseException:
         from .tunnel import _stop
 
-        _stop(new["srun_pid"], new["srun_argv"], new.get("step_id"), acc)
+        _stop(new.srun_pid, new.srun_argv, new.step_id, acc)
         raise
     result.commit()  # both records say it: from now on the new step outlives this follower
-    line = (f"job {record['job_id']} -> job {succ}: {bind}:{rport} on {gateway.destination} now leads to {node} "
-            f"127.0.0.1:{port} (step {new['step_id']}); closed for at most {closed:.2f}s")
+    line = (f"job {record.job_id} -> job {succ}: {bind}:{rport} on {gateway.destination} now leads to {node} "
+            f"127.0.0.1:{port} (step {new.step_id}); closed for at most {closed:.2f}s")
     say_old(line)
     say_new(line)
     return new
@@ -152,15 +152,15 @@ def hand_over(cur_dir: Path, record: dict, succ: str, succ_dir: Path) -> dict:
 PAUSE_ENV = "ENVLAYERS_TEST_PAUSE_BEFORE_RECORD"
 
 
-def _pause_for_tests(record: dict) -> None:
+def _pause_for_tests(record: TunnelRecord) -> None:
     """A test hook: with ``ENVLAYERS_TEST_PAUSE_BEFORE_RECORD=FILE``, once the successor's forward is up
     and before anything records it, write FILE (the follower's PID and the new step) and wait until it
     is removed (at most 10 min), so that a test can kill the follower there."""
     path = os.environ.get(PAUSE_ENV)
     if not path:
         return
-    Path(path).write_text(json.dumps({"follower_pid": os.getpid(), "srun_pid": record.get("srun_pid"),
-                                      "step_id": record.get("step_id"), "node_pid": record.get("node_pid")}))
+    Path(path).write_text(json.dumps({"follower_pid": os.getpid(), "srun_pid": record.srun_pid,
+                                      "step_id": record.step_id, "node_pid": record.node_pid}))
     deadline = time.monotonic() + 600
     while Path(path).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -180,9 +180,9 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
     asked = 0.0
     while True:
         say = _say_to(cur)
-        record = read_record(cur)
-        if not record or record.get("state") != "open":
-            say(f"the tunnel of job {cur.name} is {(record or {}).get('state', 'gone')}: the follower ends")
+        record = read_tunnel(cur)
+        if record is None or record.state != "open":
+            say(f"the tunnel of job {cur.name} is {record.state if record is not None else 'gone'}: the follower ends")
             return 0
         chain = chain_of(cur) or ChainRecord()
         succ = chain.successor  # a job id (digits), never a path
@@ -213,22 +213,22 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
 
 def _record_end(run_dir: Path, why: str) -> None:
     """The chain ended: the current link's tunnel ended with its job; its record says so."""
-    from .tunnel import _now, write_record
+    from .tunnel import _now
 
-    record = read_record(run_dir)
-    if record and record.get("state") == "open":
-        record.update(state="closed", closed_at=_now(), closed_by="job end",
-                      closed_why=why.replace(": the follower ends", "; its tunnel step ended with it"))
+    record = read_tunnel(run_dir)
+    if record is not None and record.state == "open":
+        closed_why = why.replace(": the follower ends", "; its tunnel step ended with it")
         try:
-            write_record(run_dir, record)
+            write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="job end",
+                                          closed_why=closed_why))
         except OSError:
             pass
 
 
-def _chain_ended(cur: Path, record: dict, chain: ChainRecord, succ: str | None,
+def _chain_ended(cur: Path, record: TunnelRecord, chain: ChainRecord, succ: str | None,
                  job_info: Callable) -> tuple[int, str] | None:
     """(exit code, why) once the current link ended and no successor will serve; ``None`` while one may."""
-    info = job_info(str(record.get("job_id") or cur.name))
+    info = job_info(str(record.job_id or cur.name))
     if info is not None and not info.finished:
         return None
     if not succ and not chain.left:

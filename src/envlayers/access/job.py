@@ -16,7 +16,7 @@ from typing import Mapping
 from .. import ops, rundir
 from ..errors import EnvLayersError
 from ..fsutil import user_name
-from .tunnelrecord import read_record, settle
+from .tunnelrecord import settle
 
 
 
@@ -86,10 +86,10 @@ class JobAccess:
         info = self.job.info
         return self.endpoint is not None and info is not None and info.running and info.state != "COMPLETING"
 
-    def tunnel(self) -> dict | None:
+    def tunnel(self) -> rundir.TunnelRecord | None:
         """tunnel.json as the truth of now: a tunnel that ended with its job or step says closed
         (access.tunnelrecord), and the file is brought up to date."""
-        return settle(read_record(self.run_dir), self.run_dir, self.job.info)
+        return settle(rundir.read_tunnel(self.run_dir), self.run_dir, self.job.info)
 
     def require_live(self, what: str) -> None:
         info = self.job.info

@@ -12,7 +12,7 @@ Idempotent: a second run finds each step done and says everything is already rel
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from .. import ops
@@ -55,24 +55,25 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     if record is None:
         steps.append(Step("route", "skipped", "no tunnel was recorded for this job, so no gateway route names it"))
     else:
-        route = record.get("route") or {}
-        closed = record.get("state") == "closed"
+        route = record.route or {}
+        closed = record.state == "closed"
         # an older record closed by release has no closed_by: it was reminded then
-        reminded = bool(record.get("route_reminded_at")) or (closed and record.get("closed_by") in (None, "release"))
+        reminded = bool(record.route_reminded_at) or (closed and record.closed_by in (None, "release"))
         if reminded:
             said = "reminded when the tunnel was closed: this route must be gone from the gateway's registry"
         elif closed:
-            said = (f"the tunnel closed at {record.get('closed_at')} ({record.get('closed_why')}): remove this route "
+            said = (f"the tunnel closed at {record.closed_at} ({record.closed_why}): remove this route "
                     "from the gateway's model registry and reload the gateway; its port leads nowhere now")
         else:
             said = "remove this route from the gateway's model registry and reload the gateway now, before its port closes"
         steps.append(Step("route", "already" if reminded else "reminder", said,
                           [f"base_url: {route.get('base_url')}", f"provider_model_id: {route.get('provider_model_id')}"]))
         if not reminded and acc.run_dir is not None:
-            from .tunnelrecord import now_iso, write_record
+            from ..rundir import write_tunnel
+            from .tunnelrecord import now_iso
 
             try:
-                write_record(acc.run_dir, {**record, "route_reminded_at": now_iso()})
+                write_tunnel(acc.run_dir, replace(record, route_reminded_at=now_iso()))
             except OSError:
                 pass
     # 2. the tunnel (and the process that carries it along a chain of successors)
@@ -116,8 +117,8 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     if record is None:
         steps.append(Step("gateway-port", "skipped", "no tunnel recorded: no gateway port to check"))
     else:
-        gateway = Gateway.from_dict(record["gateway"])
-        bind, port = record["remote_bind"], record["remote_port"]
+        gateway = Gateway.from_dict(record.gateway)
+        bind, port = record.remote_bind, record.remote_port
         deadline = time.monotonic() + port_wait_s
         while True:
             check = check_gateway_port(gateway, bind, port)

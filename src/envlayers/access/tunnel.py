@@ -7,8 +7,8 @@ with ssh's debug lines filtered down to the few that say whether the forward was
 ``tunnel.log`` stays small however much traffic passes. With ``--keep-alive`` the script restarts
 ssh when it drops (bounded restarts, doubling delays), still inside the job.
 
-``tunnel.json`` (written atomically; read through access.tunnelrecord, which settles it against
-Slurm and the recorded process) records the exact commands, the srun PID on this host, the node's
+``tunnel.json`` (a rundir.TunnelRecord, written atomically; read through access.tunnelrecord, which
+settles it against Slurm and the recorded process) records the exact commands, the srun PID on this host, the node's
 PID and the step id; ``release`` closes the tunnel from it. Only one open tunnel per job. A refused
 forward is explained by what holds the gateway port (access.gateway asks the gateway host), a
 failed ssh by ssh's own error line.
@@ -29,19 +29,18 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
 from .. import slurm
 from ..errors import EnvLayersError
-from ..fsutil import atomic_write
-from ..rundir import TUNNEL
+from ..rundir import TUNNEL, TunnelRecord, write_tunnel
 from ..scripttext import Code, render
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import JobAccess
-from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now, write_record  # noqa: F401 (used by handover)
+from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now
 
 STEP_NAME = "envlayers-tunnel"
 LOG_NAME = "tunnel.log"
@@ -156,12 +155,12 @@ def _clean_env() -> dict[str, str]:
 
 @dataclass
 class TunnelResult:
-    record: dict
+    record: TunnelRecord
     gateway_check: dict | None
     proc: subprocess.Popen | None = None  # the srun, while its step still waits for the word (a takeover)
 
     def to_dict(self) -> dict:
-        return {**self.record, "gateway_check": self.gateway_check}
+        return {**self.record.to_dict(), "gateway_check": self.gateway_check}
 
     def commit(self) -> None:
         """Tell a takeover step that it is recorded: until then it ends when this process does."""
@@ -176,9 +175,11 @@ class TunnelResult:
 
 def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0,
                 check_gateway: bool = True, on_connected: Callable[[], None] | None = None,
-                extra: dict | None = None, before_record: Callable[[dict], None] | None = None) -> TunnelResult:
+                replica: int | None = None, took_over_from: str | None = None, follower: dict | None = None,
+                before_record: Callable[[TunnelRecord], None] | None = None) -> TunnelResult:
     """Start the step, wait (at most ``start_timeout_s``) until ssh says the gateway accepted the
-    forward, record it (with ``extra``). Raises :class:`TunnelFailed` (exit 1) when it does not come up.
+    forward, record it (with ``replica``, ``took_over_from`` and ``follower`` when given: see
+    rundir.TunnelRecord). Raises :class:`TunnelFailed` (exit 1) when it does not come up.
 
     A ``takeover`` spec calls ``on_connected`` once its ssh is connected (the predecessor's forward is
     cancelled there) and waits up to ``takeover_wait_s`` more for the port. Its record is written as
@@ -190,26 +191,26 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
     if run_dir is None:
         raise EnvLayersError(f"job {acc.job_id} has no run directory here", hint="pass --run-dir")
     old = acc.tunnel()
-    if old and old.get("state") == "open" and is_recorded_process(old) is not False:
+    if old is not None and old.state == "open" and is_recorded_process(old) is not False:
         raise EnvLayersError(
-            f"job {acc.job_id} already has a tunnel to {old['gateway']['destination']} port {old['remote_port']} "
-            f"(srun pid {old.get('srun_pid')})",
+            f"job {acc.job_id} already has a tunnel to {old.gateway['destination']} port {old.remote_port} "
+            f"(srun pid {old.srun_pid})",
             hint=f"`env_layers release {acc.job_id}` ends it with the job; one tunnel per job")
     log = run_dir / LOG_NAME
     argv = spec.srun_argv()
-    record = {
-        "job_id": spec.job_id, "state": "opening" if spec.takeover else "open", "node": spec.node,
-        "local_port": spec.local_port, "gateway": spec.gateway.to_dict(), "remote_bind": spec.remote_bind,
-        "remote_port": spec.remote_port,
-        "route": {"base_url": route_url(spec.remote_bind, spec.remote_port), "provider_model_id": acc.served},
-        "keep_alive": spec.keep_alive, "restarts": spec.restarts if spec.keep_alive else 0,
-        "host": socket.gethostname(), "srun_pid": None, "srun_argv": argv, "command": shlex.join(argv),
-        "ssh_command": shlex.join(spec.ssh_argv()), "step_id": None, "node_pid": None,
-        "log": str(log), "opened_at": None, "control": spec.control or spec.takeover,
-        **(extra or {}),
-    }
+    record = TunnelRecord(
+        job_id=spec.job_id, state="opening" if spec.takeover else "open", node=spec.node,
+        local_port=spec.local_port, gateway=spec.gateway.to_dict(), remote_bind=spec.remote_bind,
+        remote_port=spec.remote_port,
+        route={"base_url": route_url(spec.remote_bind, spec.remote_port), "provider_model_id": acc.served},
+        keep_alive=spec.keep_alive, restarts=spec.restarts if spec.keep_alive else 0,
+        host=socket.gethostname(), srun_pid=None, srun_argv=argv, command=shlex.join(argv),
+        ssh_command=shlex.join(spec.ssh_argv()), step_id=None, node_pid=None,
+        log=str(log), opened_at=None, control=spec.control or spec.takeover,
+        replica=replica, took_over_from=took_over_from, follower=follower,
+    )
     if spec.takeover:
-        write_record(run_dir, record)  # the intent, before anything runs
+        write_tunnel(run_dir, record)  # the intent, before anything runs
     with open(log, "a", encoding="utf-8") as fh:
         fh.write(f"ENVLAYERS-TUNNEL: starting at {_now()}: {shlex.join(argv)}\n")
         fh.flush()
@@ -220,14 +221,14 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
                                     cwd=str(run_dir))
         except FileNotFoundError:
             if spec.takeover:
-                write_record(run_dir, {**record, "state": "closed", "closed_at": _now(), "closed_by": "opener end",
-                                       "closed_why": "srun is not on PATH"})
+                write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="opener end",
+                                              closed_why="srun is not on PATH"))
             raise EnvLayersError("`srun` is not on PATH", hint="run this where Slurm's client tools are, e.g. "
                                  "the login node you submitted from") from None
-    record["srun_pid"] = proc.pid
+    record.srun_pid = proc.pid
     try:
         if spec.takeover:
-            write_record(run_dir, record)
+            write_tunnel(run_dir, record)
         outcome, text = _wait_up(proc, spec, log, offset, start_timeout_s, on_connected)
         node_line = _NODE_RE.search(text)
         settle = time.monotonic() + 2.0
@@ -235,24 +236,25 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
             time.sleep(0.1)  # srun relays the task's stdout and stderr separately: the node's line may lag
             text = _read_from(log, offset)
             node_line = _NODE_RE.search(text)
-        record.update(step_id=node_line.group(2) if node_line else None,
-                      node_pid=int(node_line.group(3)) if node_line else None, opened_at=_now())
+        record.step_id = node_line.group(2) if node_line else None
+        record.node_pid = int(node_line.group(3)) if node_line else None
+        record.opened_at = _now()
         if outcome != "up":
-            _stop(proc.pid, argv, record["step_id"], acc)
+            _stop(proc.pid, argv, record.step_id, acc)
             if spec.takeover:
-                write_record(run_dir, {**record, "state": "closed", "closed_at": _now(), "closed_by": "step end",
-                                       "closed_why": "it did not come up"})
+                write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="step end",
+                                              closed_why="it did not come up"))
             raise _failure(outcome, spec, text, start_timeout_s)
         if before_record is not None:
             before_record(record)
-        record["state"] = "open"
-        write_record(run_dir, record)
+        record.state = "open"
+        write_tunnel(run_dir, record)
     except TunnelFailed:
         raise
     except BaseException:  # an error, or this process told to stop, half way: nothing may be left running
-        _stop(proc.pid, argv, record.get("step_id"), acc)
-        write_record(run_dir, {**record, "state": "closed", "closed_at": _now(), "closed_by": "opener end",
-                               "closed_why": "its opener stopped before it was recorded; the step was stopped"})
+        _stop(proc.pid, argv, record.step_id, acc)
+        write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="opener end",
+                                      closed_why="its opener stopped before it was recorded; the step was stopped"))
         raise
     check = None
     if check_gateway:
@@ -379,7 +381,8 @@ def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str |
     """Another job whose run directory records an open tunnel to the same gateway and port (its record
     settled first: a job that ended holds nothing)."""
     from ..rundir import run_root_candidates
-    from .tunnelrecord import read_record, settle
+    from ..rundir import read_tunnel
+    from .tunnelrecord import settle
 
     if job_info is None:
         def job_info(jid: str):
@@ -387,16 +390,16 @@ def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str |
 
     for root in run_root_candidates(os.environ, Path.cwd()):
         for path in sorted(root.glob(f"*/{TUNNEL}")) if root.is_dir() else ():
-            rec = read_record(path.parent)
-            if (rec is not None and rec.get("state") == "open" and rec.get("job_id") != spec.job_id
-                    and rec.get("remote_port") == spec.remote_port
-                    and (rec.get("gateway") or {}).get("destination") == spec.gateway.destination):
+            rec = read_tunnel(path.parent)
+            if (rec is not None and rec.state == "open" and rec.job_id != spec.job_id
+                    and rec.remote_port == spec.remote_port
+                    and (rec.gateway or {}).get("destination") == spec.gateway.destination):
                 try:
-                    rec = settle(rec, path.parent, job_info(str(rec.get("job_id"))))
+                    rec = settle(rec, path.parent, job_info(str(rec.job_id)))
                 except EnvLayersError:
                     pass  # Slurm did not answer: the record may be right
-                if rec.get("state") == "open":
-                    return str(rec.get("job_id"))
+                if rec.state == "open":
+                    return str(rec.job_id)
     return None
 
 
@@ -433,13 +436,13 @@ def close_tunnel(acc: JobAccess) -> tuple[str, str]:
     record = acc.tunnel()
     if record is None:
         return "already", "no tunnel recorded for this job"
-    if record.get("state") == "closed":
-        why = record.get("closed_why")
-        return "already", f"closed at {record.get('closed_at')}" + (f": {why}" if why else "")
-    pid = int(record.get("srun_pid") or 0)
+    if record.state == "closed":
+        why = record.closed_why
+        return "already", f"closed at {record.closed_at}" + (f": {why}" if why else "")
+    pid = int(record.srun_pid or 0)
     mine = is_recorded_process(record)
     info = acc.job.info
-    step = record.get("step_id") if info is not None and not info.finished else None
+    step = record.step_id if info is not None and not info.finished else None
     if mine is False and step is None:
         status, detail = "already", (f"srun pid {pid} no longer runs the tunnel (it ended with the job or "
                                      "dropped); nothing to kill")
@@ -447,15 +450,15 @@ def close_tunnel(acc: JobAccess) -> tuple[str, str]:
         how = _stop(pid, [], step, acc)
         status, detail = "closed", f"srun pid {pid} is gone or another process now (not touched); {how}"
     elif mine is None and step is None:
-        return "skipped", (f"it was opened on {record['host']}: its srun pid {pid} means nothing here; "
+        return "skipped", (f"it was opened on {record.host}: its srun pid {pid} means nothing here; "
                            f"run `env_layers release {acc.job_id}` there")
     elif mine is None:
         how = _stop(pid, [], step, acc)
-        status, detail = "closed", f"opened on {record['host']}, so its pid means nothing here; {how}"
+        status, detail = "closed", f"opened on {record.host}, so its pid means nothing here; {how}"
     else:
-        how = _stop(pid, record["srun_argv"], step, acc)
+        how = _stop(pid, record.srun_argv, step, acc)
         status, detail = "closed", how
-    record.update(state="closed", closed_at=_now(), closed_by="release", closed_why=f"closed by release: {detail}")
     if acc.run_dir is not None:
-        write_record(acc.run_dir, record)
+        write_tunnel(acc.run_dir, replace(record, state="closed", closed_at=_now(), closed_by="release",
+                                          closed_why=f"closed by release: {detail}"))
     return status, detail

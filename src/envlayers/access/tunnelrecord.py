@@ -1,4 +1,5 @@
-"""``tunnel.json``: writing it, and reading it as the truth of now (its record type is rundir.TunnelRecord).
+"""``tunnel.json`` read as the truth of now: a recorded tunnel (rundir.TunnelRecord) settled against Slurm and
+the processes of this host.
 
 The record says what was last known when something wrote it; a tunnel ends with its job (walltime,
 ``scancel``), when its step gives up, or when the process that was opening it dies, and nothing may
@@ -17,29 +18,18 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import TUNNEL, TunnelRecord, read_tunnel, write_json
+from ..rundir import TunnelRecord, write_tunnel
 
 LIVE_STATES = ("open", "opening")
 
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_record(run_dir: Path, record: dict) -> None:
-    """Replace ``run_dir``'s tunnel.json with ``record`` as its record type (rundir.TunnelRecord) writes it."""
-    write_json(Path(run_dir) / TUNNEL, TunnelRecord.from_dict(record).to_dict())
-
-
-def read_record(run_dir: Path | None) -> dict | None:
-    """``run_dir``'s tunnel.json through its record type (a mistyped field ``None``, an unknown one left out),
-    as the dict the access modules work on; ``None`` without one. Not settled: see :func:`settle`."""
-    record = read_tunnel(run_dir)
-    return None if record is None else record.to_dict()
 
 
 def cmdline(pid: int) -> list[str] | None:
@@ -54,39 +44,39 @@ def cmdline(pid: int) -> list[str] | None:
     return raw.rstrip(b"\0").decode(errors="replace").split("\0")
 
 
-def is_recorded_process(record: dict) -> bool | None:
+def is_recorded_process(record: TunnelRecord) -> bool | None:
     """True: the recorded srun PID still runs the recorded command. False: it does not (gone or
     reused). None: the tunnel was opened on another host, so its PID means nothing here."""
-    if record.get("host") and record["host"] != socket.gethostname():
+    if record.host and record.host != socket.gethostname():
         return None
-    pid = record.get("srun_pid")
-    return bool(pid) and cmdline(int(pid)) == record.get("srun_argv")
+    pid = record.srun_pid
+    return bool(pid) and cmdline(int(pid)) == record.srun_argv
 
 
-def follower_alive(record: dict) -> bool | None:
+def follower_alive(record: TunnelRecord) -> bool | None:
     """Whether the chain follower recorded in ``record`` still runs (None: on another host, or none)."""
-    follower = record.get("follower") or {}
+    follower = record.follower or {}
     if not follower.get("pid") or follower.get("host") != socket.gethostname():
         return None
     return cmdline(int(follower["pid"])) == follower.get("argv")
 
 
-def _log_time(record: dict) -> str:
+def _log_time(record: TunnelRecord) -> str:
     """When the tunnel's log last moved (its step's last line came then, at the latest)."""
     try:
-        stamp = os.stat(record["log"]).st_mtime
-    except (KeyError, TypeError, OSError):
+        stamp = os.stat(record.log).st_mtime
+    except (TypeError, OSError):
         return now_iso()
     return datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
 
 
-def _last_step_line(record: dict) -> str | None:
+def _last_step_line(record: TunnelRecord) -> str | None:
     """The step's last own line in tunnel.log (e.g. ``ssh exited with code 255 after 41s; giving up ...``)."""
     try:
-        with open(record["log"], "rb") as fh:
-            fh.seek(max(0, os.path.getsize(record["log"]) - 8192))
+        with open(record.log, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(record.log) - 8192))
             lines = fh.read().decode(errors="replace").splitlines()
-    except (KeyError, TypeError, OSError):
+    except (TypeError, OSError):
         return None
     for line in reversed(lines):
         if line.startswith("ENVLAYERS-TUNNEL: ") and "chain:" not in line and "starting at" not in line:
@@ -101,52 +91,53 @@ def _step_listed(step_id: str) -> bool | None:
     return slurm.step_listed(step_id)
 
 
-def closed_by_end(record: dict, info, *, step_listed: Callable[[str], bool | None] = _step_listed) -> dict | None:
-    """The fields that close ``record`` (an ``open`` or ``opening`` one) because its tunnel has ended,
-    given the job's Slurm record ``info``; ``None`` while it may still run."""
-    if record.get("state") not in LIVE_STATES:
+def closed_by_end(record: TunnelRecord, info, *,
+                  step_listed: Callable[[str], bool | None] = _step_listed) -> TunnelRecord | None:
+    """``record`` (an ``open`` or ``opening`` one) closed because its tunnel has ended, given the job's
+    Slurm record ``info``; ``None`` while it may still run."""
+    if record.state not in LIVE_STATES:
         return None
-    job = str(record.get("job_id") or "")
+    job = str(record.job_id or "")
     mine = is_recorded_process(record)
     if (info is None or info.finished) and mine is not True:  # (its srun still running here: not yet ended)
         state = info.state if info is not None else None
-        return {"closed_at": (info.end_time if info is not None and info.end_time else None) or _log_time(record),
-                "closed_by": "job end",
-                "closed_why": f"job {job} ended ({state}); its tunnel step ended with it" if state
-                else f"job {job} is no longer known to Slurm; its tunnel step ended with it"}
-    if record.get("state") == "opening":
+        return replace(record, state="closed",
+                       closed_at=(info.end_time if info is not None and info.end_time else None) or _log_time(record),
+                       closed_by="job end",
+                       closed_why=f"job {job} ended ({state}); its tunnel step ended with it" if state
+                       else f"job {job} is no longer known to Slurm; its tunnel step ended with it")
+    if record.state == "opening":
         if mine is None or follower_alive(record) is not False:
             return None  # its opener still runs (or runs elsewhere): it is being opened
         if mine:  # the step waits for the word that it is recorded; its opener is gone: end it now
             try:
-                os.kill(int(record["srun_pid"]), signal.SIGTERM)
+                os.kill(int(record.srun_pid), signal.SIGTERM)
             except (OSError, ValueError):
                 pass
-        return {"closed_at": _log_time(record), "closed_by": "opener end",
-                "closed_why": "the chain follower that was opening it ended before it was recorded; the step "
-                              "ends by itself then (it waits for the word that it is recorded)"}
+        return replace(record, state="closed", closed_at=_log_time(record), closed_by="opener end",
+                       closed_why="the chain follower that was opening it ended before it was recorded; the step "
+                                  "ends by itself then (it waits for the word that it is recorded)")
     if mine is None:  # opened on another host: ask Slurm whether its step still runs
-        step = record.get("step_id")
+        step = record.step_id
         if not step or step_listed(str(step)) is not False:
             return None
     elif mine:
         return None
     said = _last_step_line(record)
-    return {"closed_at": _log_time(record), "closed_by": "step end",
-            "closed_why": f"its step ended while job {job} runs" + (f" ({said})" if said else "")}
+    return replace(record, state="closed", closed_at=_log_time(record), closed_by="step end",
+                   closed_why=f"its step ended while job {job} runs" + (f" ({said})" if said else ""))
 
 
-def settle(record: dict | None, run_dir: Path | None, info, *, write: bool = True) -> dict | None:
+def settle(record: TunnelRecord | None, run_dir: Path | None, info, *, write: bool = True) -> TunnelRecord | None:
     """``record`` as the truth of now (see the module's docstring); written back when it changed."""
-    if not record:
+    if record is None:
+        return None
+    closed = closed_by_end(record, info)
+    if closed is None:
         return record
-    closing = closed_by_end(record, info)
-    if closing is None:
-        return record
-    record = {**record, "state": "closed", **closing}
     if write and run_dir is not None:
         try:
-            write_record(run_dir, record)
+            write_tunnel(run_dir, closed)
         except OSError:
             pass  # a reader that cannot write still says the truth
-    return record
+    return closed

@@ -143,7 +143,7 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
 
     spec = TunnelSpec(acc.job_id, node, port, gateway, bind, remote_port, keep_alive, restarts, control=follows(acc))
     try:
-        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s, extra={"replica": replica})
+        result = open_tunnel(acc, spec, start_timeout_s=start_timeout_s, replica=replica)
     except TunnelFailed as err:
         click.echo(f"env_layers: error: {err}", err=True)
         for line in err.lines:
@@ -156,11 +156,11 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
         return
     rec = result.record
     click.echo(f"tunnel: up: {node} 127.0.0.1:{port} -> {gateway.destination} {bind}:{remote_port} "
-               f"(step {rec['step_id']}, srun pid {rec['srun_pid']}, node pid {rec['node_pid']})")
+               f"(step {rec.step_id}, srun pid {rec.srun_pid}, node pid {rec.node_pid})")
     if spec.control:
         click.echo(f"tunnel: follows the chain of successors: when job {acc.job_id}'s successor is live, its tunnel "
                    f"takes over {bind}:{remote_port} before this job drains (chain follower pid "
-                   f"{rec['follower']['pid']}; tunnel.log of each job says each handover)")
+                   f"{rec.follower['pid']}; tunnel.log of each job says each handover)")
     if keep_alive:
         click.echo(f"tunnel: --keep-alive: ssh is restarted when it drops while the job runs, up to {restarts} times "
                    "in a row, 2 s to 60 s apart; tunnel.log says each restart")
@@ -171,11 +171,11 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
         click.echo(f"gateway: not confirmed from here ({check['detail']}); on the gateway host: "
                    f"curl -s http://{bind}:{remote_port}/v1/models")
     click.echo("gateway route entry:")
-    click.echo(f"  base_url: {rec['route']['base_url']}")
-    click.echo(f"  provider_model_id: {rec['route']['provider_model_id']}")
+    click.echo(f"  base_url: {rec.route['base_url']}")
+    click.echo(f"  provider_model_id: {rec.route['provider_model_id']}")
     if acc.key_required:
         click.echo(f"  api key: required; it is in {acc.key_file or 'the job key file'}")
-    click.echo(f"recorded: {rec['log'].rsplit('/', 1)[0]}/tunnel.json (log: tunnel.log)")
+    click.echo(f"recorded: {rec.log.rsplit('/', 1)[0]}/tunnel.json (log: tunnel.log)")
     ends = "the chain" if spec.control else f"job {acc.job_id}"
     click.echo(f"the tunnel ends with {ends}; release everything: env_layers release {acc.job_id}")
 
