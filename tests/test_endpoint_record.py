@@ -95,4 +95,34 @@ def test_endpoint_json_is_written_as_before(tmp_path, monkeypatch, capsys, flow)
 @pytest.mark.parametrize("flow", ["single", "replicas-router", "pool"])
 def test_a_file_read_and_written_again_is_the_same_text(flow):
     text = (DATA / f"{flow}.json").read_text()
-    assert rundir.json_text(json.loads(text)) == text  # the fixture is a record's text
+    assert rundir.json_text(rundir.EndpointRecord.from_dict(json.loads(text)).to_dict()) == text
+
+
+def test_the_reader_reads_what_the_launcher_wrote(tmp_path):
+    single(tmp_path)
+    ep = rundir.read_endpoint(tmp_path)
+    assert ep.base_url == "http://n1:8000/v1" and ep.addresses == ["10.0.0.1"] and ep.api_key_required is False
+    assert ep.stop == "env_layers stop 42" and ep.router is None and ep.replicas is None
+    assert rundir.read_endpoint(tmp_path / "nowhere") is None
+
+
+@pytest.mark.parametrize("data, field, value", [
+    pytest.param({"base_url": "http://a:1/v1"}, "base_urls", ["http://a:1/v1"], id="base-url-only"),
+    pytest.param({}, "restart", 0, id="no-restart-is-the-first-run"),
+    pytest.param({"restart": "1"}, "restart", 0, id="mistyped-restart"),
+    pytest.param({}, "node_local", False, id="no-node-local"),
+    pytest.param({}, "api_key_required", None, id="key-unknown"),
+    pytest.param({"nodes": "n1"}, "nodes", [], id="mistyped-nodes"),
+    pytest.param({"replicas": [{"rank": "0", "alive": "yes"}]}, "replicas", [rundir.ReplicaRow()], id="odd-row"),
+    pytest.param({"router": "smg"}, "router", None, id="mistyped-router"),
+    pytest.param({"some_future_field": 1}, "job_id", None, id="unknown-field-ignored"),
+])
+def test_an_older_or_odd_file_reads_with_empty_defaults(data, field, value):
+    assert getattr(rundir.EndpointRecord.from_dict(data), field) == value
+
+
+def test_the_fields_written_only_when_set_stay_out_of_a_plain_file():
+    keys = rundir.EndpointRecord.from_dict({"job_id": "1"}).to_dict().keys()
+    assert not {"replica_urls", "replica_addresses", "router", "replicas", "min_replicas", "pool", "gateway",
+                "router_state"} & set(keys)
+    assert list(keys) == list(json.loads((DATA / "single.json").read_text()))
