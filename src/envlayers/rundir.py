@@ -850,6 +850,7 @@ def _rows(data: Mapping, key: str) -> list[ReplicaRow] | None:
 
 
 def _state(kind):
+    """The reader of a field that holds a record of type ``kind`` (``None`` when it is not an object)."""
     def read(data: Mapping, key: str):
         value = data.get(key)
         return kind.from_dict(value) if isinstance(value, dict) else None
@@ -919,9 +920,9 @@ class EndpointRecord:
         return self.base_urls[0] if self.base_urls else None
 
     @property
-    def dead_ranks(self) -> set:
+    def dead_ranks(self) -> set[int]:
         """The ranks listed as dropped replicas: their exits do not mean the job is ending."""
-        return {r.rank for r in self.replicas or [] if r.alive is False}
+        return {r.rank for r in self.replicas or [] if r.alive is False and r.rank is not None}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "EndpointRecord":
