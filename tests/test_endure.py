@@ -14,7 +14,7 @@ from envlayers.launch.health import HealthSettings, HealthWatch, get_health, hea
 from envlayers.errors import KeyValueError
 from envlayers.launch.prepare import LaunchFailure, Node, min_replicas, prepare
 from envlayers.launch.replicas import ReplicaSteps, Survivors, release_node, survives
-from envlayers.rundir import dead_ranks
+from envlayers.rundir import EndpointRecord
 from envlayers.slurm import one_node_step_argv
 from envlayers.launch.supervise import Supervisor
 from envlayers.readiness import Probe
@@ -135,7 +135,7 @@ def replicas_loop(tmp_path, clock, *, minimum=1, health=None, said=None):
         return Probe(url, True, 200, "ok")
 
     def on_live(elapsed):
-        surv.went_live({"base_urls": [t.url for t in lp.targets], "addresses": [t.address for t in lp.targets]})
+        surv.went_live(EndpointRecord(base_urls=[t.url for t in lp.targets], addresses=[t.address for t in lp.targets]))
 
     sup = Supervisor(lp, steps, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep,
                      survivors=surv, health=health)
@@ -165,7 +165,8 @@ def test_a_replica_that_exits_after_live_is_dropped_and_its_node_given_back(tmp_
     assert "ENVLAYERS-STAGE: node n3 released back to Slurm (the job now holds n1, n2; no longer billed for n3)" in said
     ep = json.loads((tmp_path / "endpoint.json").read_text())
     assert [(r["rank"], r["alive"]) for r in ep["replicas"]] == [(0, True), (1, True), (2, False)]
-    assert ep["base_urls"] == ["http://n1:8000/v1", "http://n2:8000/v1"] and dead_ranks(ep) == {2}
+    assert ep["base_urls"] == ["http://n1:8000/v1", "http://n2:8000/v1"]
+    assert EndpointRecord.from_dict(ep).dead_ranks == {2}
     assert said.count("ENVLAYERS-ERROR: replica rank 2 on n3 exited with code 9 after the endpoint was live") == 1
 
 
@@ -377,10 +378,11 @@ def test_the_launchers_own_completions_are_left_out_of_the_request_counters(tmp_
 # --------------------------------------------------------------------------- status and wait
 
 
-EP = {"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "min_replicas": 1,
-      "replicas": [{"rank": 0, "node": "n1", "alive": True, "ended": None},
-                   {"rank": 1, "node": "n2", "alive": True, "ended": None},
-                   {"rank": 2, "node": "n3", "alive": False, "ended": "exited with code 137 after the endpoint was live"}]}
+EP = EndpointRecord.from_dict({
+    "base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "min_replicas": 1,
+    "replicas": [{"rank": 0, "node": "n1", "alive": True, "ended": None},
+                 {"rank": 1, "node": "n2", "alive": True, "ended": None},
+                 {"rank": 2, "node": "n3", "alive": False, "ended": "exited with code 137 after the endpoint was live"}]})
 
 
 @pytest.mark.parametrize("exits, ending", [
@@ -392,7 +394,7 @@ def test_wait_counts_a_dropped_replicas_exit_as_live(exits, ending):
     from envlayers.ops.wait import _ending
 
     assert _ending(exits, EP) is ending
-    assert _ending({0: 1}, {"base_urls": ["x"]}) is True  # no replicas list: any exit is the end
+    assert _ending({0: 1}, EndpointRecord(base_urls=["x"])) is True  # no replicas list: any exit is the end
 
 
 def test_status_and_wait_show_which_replicas_are_alive():
@@ -401,7 +403,8 @@ def test_status_and_wait_show_which_replicas_are_alive():
     assert replica_lines(EP) == [
         ("replicas", "2 of 3 alive (rank 0 on n1, rank 1 on n2); the job ends below MIN_REPLICAS=1"),
         ("dropped", "rank 2 on n3: exited with code 137 after the endpoint was live")]
-    assert replica_lines({"base_urls": ["x"]}) == [] and replica_lines({"replicas": "junk"}) == []
+    assert replica_lines(EndpointRecord(base_urls=["x"])) == []
+    assert replica_lines(EndpointRecord.from_dict({"replicas": "junk"})) == []
 
 
 # --------------------------------------------------------------------------- successors

@@ -213,14 +213,14 @@ def test_status_and_wait_show_the_gateways_healthy_replicas_and_their_last_event
 
     (tmp_path / "endpoint.json").write_text(json.dumps({"job_id": "7", "base_urls": ["http://n1:8000/v1"]}))
     files = rundir.JobFiles("7", None, tmp_path)
-    assert "gateway" not in files.endpoint_data()  # no state file yet: nothing about replicas
+    assert "gateway" not in files.endpoint().to_dict()  # no state file yet: nothing about replicas
     state = StateFile(str(tmp_path / rundir.GATEWAY_STATE))
     state.update(healthy=2, replicas=2, min_replicas=1, grace_s=600)
     state.event("ENVLAYERS-ERROR: gateway: replica 1 on n2: its vllm serve (pid 9) was killed by SIGKILL (exit "
                 "code 137); Ray Serve replaces the replica")
     state.update(healthy=1, serve_status="UNHEALTHY")
-    data = files.endpoint_data()
-    assert data["job_id"] == "7" and data["gateway"]["healthy"] == 1 and data["gateway"]["serve_status"] == "UNHEALTHY"
+    data = files.endpoint()
+    assert data.job_id == "7" and data.gateway.healthy == 1 and data.gateway.serve_status == "UNHEALTHY"
     assert replica_lines(data) == [
         ("replicas", "1 of 2 healthy behind the gateway (Ray Serve replaces one that dies); the job ends after 600s "
                      "below MIN_REPLICAS=1"),
@@ -229,10 +229,10 @@ def test_status_and_wait_show_the_gateways_healthy_replicas_and_their_last_event
     for i in range(7):
         state.event(f"ENVLAYERS-STAGE: gateway: replica {i} on n1 replaced: its new vllm serve (pid {i}) answers")
     state.update(healthy=2, serve_status="RUNNING")
-    gw = rundir.JobFiles("7", None, tmp_path).endpoint_data()["gateway"]
-    assert gw["healthy"] == 2 and len(gw["events"]) == 5  # the latest five
-    assert gw["events"][-1] == "replica 6 on n1 replaced: its new vllm serve (pid 6) answers"
-    assert replica_lines({"base_urls": []}) == []  # no gateway record, no replicas: nothing to say
+    gw = rundir.JobFiles("7", None, tmp_path).endpoint().gateway
+    assert gw.healthy == 2 and len(gw.events) == 5  # the latest five
+    assert gw.events[-1] == "replica 6 on n1 replaced: its new vllm serve (pid 6) answers"
+    assert replica_lines(rundir.EndpointRecord()) == []  # no gateway record, no replicas: nothing to say
 
 
 def test_the_gateways_state_file_is_replaced_whole_and_only_when_it_changes(tmp_path):

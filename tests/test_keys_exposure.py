@@ -236,6 +236,7 @@ def test_the_launcher_generates_the_key_and_endpoint_json_names_its_file(tmp_pat
 
 def test_access_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
     from envlayers.access.job import JobAccess
+    from envlayers.rundir import EndpointRecord
 
     class Files:
         run_dir = tmp_path
@@ -246,10 +247,9 @@ def test_access_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
 
     acc = JobAccess(FakeJob(), None, None, {"SERVER_API_KEY_FILE": "generate"})
     assert acc.key_file == str(tmp_path / "api-key") and acc.key_required
-    acc = JobAccess(FakeJob(), {"api_key_required": True, "api_key_file": "/x/api-key"}, None,
-                    {"SERVER_API_KEY_FILE": "generate"})
-    assert acc.key_file == "/x/api-key"
-    assert json.dumps(acc.endpoint)  # endpoint.json's field is what connect reads
+    acc = JobAccess(FakeJob(), EndpointRecord.from_dict({"api_key_required": True, "api_key_file": "/x/api-key"}),
+                    None, {"SERVER_API_KEY_FILE": "generate"})
+    assert acc.key_file == "/x/api-key"  # endpoint.json's field is what connect reads
 
 
 @pytest.mark.parametrize("host, local", [

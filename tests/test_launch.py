@@ -21,7 +21,8 @@ from envlayers.jobscript import srun_dry_line
 from envlayers.slurm import ranks_step_argv
 from envlayers.launch.ranks import rank_script
 from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S, Supervisor
-from envlayers.readiness import Endpoint, Probe
+from envlayers.readiness import Probe, add_usage, block
+from envlayers.rundir import EndpointRecord
 
 PIPELINE = {"INFERENCE_ENGINE": "sglang", "INFERENCE_MODEL": "zai-org/GLM-5.3", "VLLM_SERVED_MODEL": "s",
             "INFERENCE_NODES": "2", "PIPELINE_PARALLEL_SIZE": "2", "NCCL_NET_GDR_LEVEL": "LOC"}
@@ -632,17 +633,18 @@ def test_a_launcher_killed_by_sigkill_leaves_no_end_record(tmp_path):
 def test_the_printed_curl_works_as_pasted_and_never_shows_the_key(tmp_path):
     key_file = tmp_path / "my key's file"
     key_file.write_text("s3cret-k\n")
-    ep = Endpoint("7", "m", "M", "vllm", "single", ["http://n1:8000/v1"], True, "/r", key_file=str(key_file))
-    assert "s3cret" not in ep.block() and "s3cret" not in ep.to_json()
+    ep = add_usage(EndpointRecord("7", "m", "M", "vllm", "single", ["http://n1:8000/v1"], True, "/r",
+                                  key_file=str(key_file)))
+    assert "s3cret" not in block(ep) and "s3cret" not in rundir.json_text(ep.to_dict())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "curl").write_text("#!/bin/bash\nprintf '%s\\n' \"$@\"\n")
     (bin_dir / "curl").chmod(0o755)
-    printed = ep.block().split("try (curl):\n", 1)[1].splitlines()[0].strip()
+    printed = block(ep).split("try (curl):\n", 1)[1].splitlines()[0].strip()
     out = subprocess.run(["bash", "-c", printed], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert "Authorization: Bearer s3cret-k" in out
-    assert json.loads(Endpoint.from_json(ep.to_json()).to_json())["key_file"] == str(key_file)
+    assert EndpointRecord.from_dict(json.loads(rundir.json_text(ep.to_dict()))).to_dict()["key_file"] == str(key_file)
 
 
 def test_core_guard_reports_a_core_file_in_the_working_directory(tmp_path, capsys):
@@ -828,11 +830,9 @@ def test_loopback_replicas_on_two_nodes_stop_before_srun(tmp_path):
 
 
 def test_the_block_of_a_loopback_endpoint_says_where_it_is_reached_and_the_tunnel_command():
-    from envlayers.readiness import Endpoint
-
-    ep = Endpoint("42", "q", "Qwen/Qwen3-8B", "vllm", "single", ["http://127.0.0.1:8000/v1"], True, "/r",
+    ep = EndpointRecord("42", "q", "Qwen/Qwen3-8B", "vllm", "single", ["http://127.0.0.1:8000/v1"], True, "/r",
                   nodes=["n1"], key_file="/r/api-key", node_local=True)
     assert ("reach: on n1 only (SERVER_HOST binds loopback); from elsewhere open a tunnel: env_layers tunnel 42 "
-            "(docs/access.md)") in ep.block().splitlines()
-    assert Endpoint.from_json(ep.to_json()).node_local
-    assert "reach:" not in Endpoint("42", "q", "m", "vllm", "single", ["http://n1:8000/v1"], True, "/r").block()
+            "(docs/access.md)") in block(ep).splitlines()
+    assert EndpointRecord.from_dict(add_usage(ep).to_dict()).node_local
+    assert "reach:" not in block(EndpointRecord("42", "q", "m", "vllm", "single", ["http://n1:8000/v1"], True, "/r"))

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 from envlayers.cli import cli
 from envlayers.errors import KeyValueError
 from envlayers.engines import EngineError, build_rank_command
-from envlayers.readiness import Endpoint
+from envlayers.readiness import block
+from envlayers.rundir import EndpointRecord
 from envlayers.topology import plan
 from test_verify import OSS120B, QWEN38, standins  # the stand-in helpers
 
@@ -68,8 +69,8 @@ def test_the_sglang_catalog_models_render_with_enable_metrics_on_every_rank(mode
     pytest.param(False, None, id="off"),
 ])
 def test_endpoint_block_shows_the_metrics_url(metrics, shown):
-    ep = Endpoint("7", "served", "m", "sglang", "single", ["http://nid001:8000/v1"], False, "/r", metrics=metrics)
-    lines = ep.block().splitlines()
+    ep = EndpointRecord("7", "served", "m", "sglang", "single", ["http://nid001:8000/v1"], False, "/r", metrics=metrics)
+    lines = block(ep).splitlines()
     assert lines[3] == shown if shown else not any(line.startswith("metrics:") for line in lines)
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from envlayers.cli.ops_format import format_table
-from envlayers.readiness import Endpoint
+from envlayers.readiness import block
+from envlayers.rundir import EndpointRecord as Endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "/capstor/scratch/cscs/alice/inference-server/"
@@ -47,7 +48,7 @@ def fenced(path: Path) -> list[str]:
                                             ["n1"], key_file="/tmp/h7d/api-key"), id="access-keyed"),
 ])
 def test_the_endpoint_block_in_the_docs_is_as_printed(doc, endpoint):
-    assert any(endpoint.block() in block for block in fenced(REPO / doc))
+    assert any(block(endpoint) in fence for fence in fenced(REPO / doc))
 
 
 def test_the_status_table_in_the_docs_is_as_printed():

@@ -139,10 +139,10 @@ def make_job(tmp_path: Path, job_id: str, *, out_lines=(), log_lines=None, endpo
 
 
 def endpoint_data(job_id: str, run_dir: Path, **extra) -> dict:
-    ep = readiness.Endpoint(job_id=job_id, served_model_name="hpcagent-bench-vllm", model="Qwen/Qwen3-8B",
-                            engine="vllm", shape="single", base_urls=["http://n1:8000/v1"],
-                            api_key_required=False, run_dir=str(run_dir), startup_s=12.0, nodes=["n1"])
-    data = json.loads(ep.to_json())
+    ep = rundir.EndpointRecord(job_id=job_id, served_model_name="hpcagent-bench-vllm", model="Qwen/Qwen3-8B",
+                               engine="vllm", shape="single", base_urls=["http://n1:8000/v1"],
+                               api_key_required=False, run_dir=str(run_dir), startup_s=12.0, nodes=["n1"])
+    data = readiness.add_usage(ep).to_dict()
     data.update(addresses=["127.0.0.1"], some_future_field={"x": 1}, **extra)
     return data
 
@@ -217,10 +217,10 @@ def test_job_files_read_tolerantly(tmp_path):
     (run_dir / "launch.json").write_text('{"engine": "vllm", "served_mod')  # half-written
     files = rundir.JobFiles("58", None, run_dir)
     assert files.rank_exits() == {0: 0, 1: 137, 2: None}
-    assert rundir.base_urls(files.endpoint_data()) == ["http://n1:8000/v1"]
-    assert files.endpoint_data()["some_future_field"] == {"x": 1}
+    assert files.endpoint().base_urls == ["http://n1:8000/v1"]  # a field it does not know is no obstacle
+    assert "some_future_field" not in files.endpoint().to_dict()
     assert files.launch() is None
-    assert rundir.JobFiles("58", None, None).endpoint_data() is None
+    assert rundir.JobFiles("58", None, None).endpoint() is None
 
 
 def test_tail_reads_only_what_was_added_and_survives_truncation(tmp_path):
@@ -674,25 +674,27 @@ def _fast_stop(real):
 
 
 def test_endpoint_urls_use_addresses_when_given():
-    assert ops.endpoint_urls({"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"],
-                              "addresses": ["10.0.0.1", "10.0.0.2"]}) == [
+    ep = rundir.EndpointRecord.from_dict
+    assert ops.endpoint_urls(ep({"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"],
+                                 "addresses": ["10.0.0.1", "10.0.0.2"]})) == [
         "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
-    assert ops.endpoint_urls({"base_urls": ["http://n1:8000/v1"], "addresses": ["http://10.0.0.1:8000/v1"]}) == [
+    assert ops.endpoint_urls(ep({"base_urls": ["http://n1:8000/v1"], "addresses": ["http://10.0.0.1:8000/v1"]})) == [
         "http://10.0.0.1:8000/v1"]  # the launcher writes whole URLs
-    assert ops.endpoint_urls({"base_url": "http://n1:8000/v1"}) == ["http://n1:8000/v1"]
+    assert ops.endpoint_urls(ep({"base_url": "http://n1:8000/v1"})) == ["http://n1:8000/v1"]
     assert ops.endpoint_urls(None) == []
 
 
 def test_replica_urls_are_the_replicas_own_behind_a_router_and_the_base_urls_without_one():
-    routed = {"base_urls": ["http://n1:30000/v1"], "addresses": ["10.0.0.1", "10.0.0.2"],
-              "replica_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "replica_addresses": ["10.0.0.1", "10.0.0.2"]}
+    routed = rundir.EndpointRecord.from_dict({
+        "base_urls": ["http://n1:30000/v1"], "addresses": ["10.0.0.1", "10.0.0.2"],
+        "replica_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "replica_addresses": ["10.0.0.1", "10.0.0.2"]})
     assert ops.endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
     assert ops.replica_urls(routed) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
     # replica 0 gone: the router's URL stays on node 0, the one replica left keeps its own address
-    routed.update(replica_urls=["http://n2:8000/v1"], replica_addresses=["10.0.0.2"])
+    routed.replica_urls, routed.replica_addresses = ["http://n2:8000/v1"], ["10.0.0.2"]
     assert ops.replica_urls(routed) == ["http://10.0.0.2:8000/v1"]
     assert ops.endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
-    plain = {"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "addresses": ["10.0.0.1", "10.0.0.2"]}
+    plain = rundir.EndpointRecord(base_urls=["http://n1:8000/v1", "http://n2:8000/v1"], addresses=["10.0.0.1", "10.0.0.2"])
     assert ops.replica_urls(plain) == ops.endpoint_urls(plain) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
     assert ops.replica_urls(None) == []
 

@@ -10,6 +10,7 @@ import pytest
 
 from envlayers.launch.pool import POOL_OF_ENV, Member, Pool, member_keys
 from envlayers.launch.successor import HandedOver
+from envlayers.rundir import EndpointRecord
 
 WAITING = ('vllm:num_requests_waiting{engine="0"} %d\nvllm:request_queue_time_seconds_sum{engine="0"} %g\n'
            'vllm:request_queue_time_seconds_count{engine="0"} %d\n')
@@ -129,17 +130,17 @@ def grown(world):
 
 def test_a_live_replica_job_joins_the_router_and_endpoint_json_lists_it(world):
     lines, run_dir = world[3], world[7]
-    data = {"router": {"workers": []}}
+    data = EndpointRecord(router={"workers": []})
     world[0].went_live(data)
     pool = grown(world)
-    assert data["pool"]["replicas"] == [{"job": "201", "url": "http://n2:8000/v1", "node": "n2"}]
+    assert data.pool["replicas"] == [{"job": "201", "url": "http://n2:8000/v1", "node": "n2"}]
     written = json.loads((run_dir / "endpoint.json").read_text())
     assert written["pool"]["replicas"][0]["job"] == "201", "written as the replica joined"
     assert any("replica job 201 joined the router" in line and "3 replicas serve" in line for line in lines)
-    data = {"router": {"workers": []}}
+    data = EndpointRecord(router={"workers": []})
     pool.went_live(data)
-    assert data["pool"]["replicas"] == [{"job": "201", "url": "http://n2:8000/v1", "node": "n2"}]
-    assert data["router"]["workers"][-1] == "http://n2:8000"
+    assert data.pool["replicas"] == [{"job": "201", "url": "http://n2:8000/v1", "node": "n2"}]
+    assert data.router["workers"][-1] == "http://n2:8000"
     rec = json.loads((run_dir / "pool.json").read_text())
     assert rec["jobs"][0]["job"] == "201" and rec["jobs"][0]["live_at"] is not None
     assert [d["action"] for d in rec["decisions"]] == ["grow"]
@@ -252,12 +253,14 @@ def test_a_replica_job_smg_never_calls_healthy_is_given_up(world):
 
 def test_status_lists_the_pools_added_replicas():
     from envlayers.cli.serving_format import replica_lines
+    from envlayers.rundir import EndpointRecord
 
-    ep = {"replicas": [{"rank": 0, "node": "n1", "alive": True}, {"rank": 1, "node": "n2", "alive": True}],
-          "pool": {"max_replicas": 3, "replicas": [{"job": "201", "url": "http://n3:8000/v1", "node": "n3"}]}}
+    ep = EndpointRecord.from_dict({
+        "replicas": [{"rank": 0, "node": "n1", "alive": True}, {"rank": 1, "node": "n2", "alive": True}],
+        "pool": {"max_replicas": 3, "replicas": [{"job": "201", "url": "http://n3:8000/v1", "node": "n3"}]}})
     assert ("pool", "3 replicas serve, up to MAX_REPLICAS=3; replica job 201 on n3 (http://n3:8000/v1)") \
         in replica_lines(ep)
-    assert all(label != "pool" for label, _ in replica_lines({"replicas": ep["replicas"]}))
+    assert all(label != "pool" for label, _ in replica_lines(EndpointRecord(replicas=ep.replicas)))
 
 
 def test_the_report_text_names_the_pool_its_replica_jobs_and_each_decision():

@@ -273,8 +273,8 @@ def test_the_routers_view_of_its_workers_goes_to_its_state_file_and_each_change_
     (tmp_path / "endpoint.json").write_text(json.dumps({
         "base_url": "http://n1:30000/v1", "router": {"kind": "smg"}, "min_replicas": 1,
         "replicas": [{"rank": 0, "node": "n1", "alive": True}, {"rank": 1, "node": "n2", "alive": True}]}))
-    ep = JobFiles("1", None, tmp_path).endpoint_data()
-    assert ep["router_state"]["workers"][WORKERS[1]] is False and (tmp_path / ROUTER_STATE).is_file()
+    ep = JobFiles("1", None, tmp_path).endpoint()
+    assert ep.router_state.workers[WORKERS[1]] is False and (tmp_path / ROUTER_STATE).is_file()
     assert ("router", f"1 of 2 replica(s) healthy in the router's own checks (down: {WORKERS[1]})") in replica_lines(ep)
 
 
@@ -303,6 +303,7 @@ def test_the_meter_reads_the_routers_counters_not_the_replicas(tmp_path):
 def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
     from envlayers.launch.prepare import Node, Target
     from envlayers.launch.replicas import Survivors
+    from envlayers.rundir import EndpointRecord
 
     nodes = (Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True))
     targets = tuple(Target(i, f"http://n{i + 1}:8000/v1", f"{WORKERS[i]}/v1", f"10.0.0.{i + 1}") for i in range(2))
@@ -310,7 +311,7 @@ def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
     written = {}
     s = Survivors(lp, object(), 1, say=lambda line: None, tail=lambda p: [], release=lambda keep: None,
                   write=lambda path, data: written.update(data), background=lambda fn: fn())
-    s.went_live({"base_url": "http://n1:30000/v1", "base_urls": ["http://n1:30000/v1"], "router": {"kind": "smg"}})
+    s.went_live(EndpointRecord(base_urls=["http://n1:30000/v1"], router={"kind": "smg"}))
     s.lost(1, "exited with code 137 after the endpoint was live")
     assert written["base_urls"] == ["http://n1:30000/v1"] and written["base_url"] == "http://n1:30000/v1"
     assert written["replica_urls"] == ["http://n1:8000/v1"] and written["replica_addresses"] == ["10.0.0.1"]
@@ -318,14 +319,15 @@ def test_survivors_keep_the_routers_url_as_the_endpoint(tmp_path):
 
 
 def test_the_block_names_the_routers_own_metrics_url():
-    from envlayers.readiness import Endpoint
+    from envlayers.readiness import block
+    from envlayers.rundir import EndpointRecord
 
-    ep = Endpoint("7", "s", "m", "vllm", "replicas", ["http://n1:30000/v1"], False, "/r",
-                  metrics_at="http://n1:30001/metrics")
-    assert "metrics: http://n1:30001/metrics\n" in ep.block()
-    assert json.loads(ep.to_json())["metrics_at"] == "http://n1:30001/metrics"
-    plain = Endpoint("7", "s", "m", "vllm", "replicas", ["http://n1:8000/v1"], False, "/r")
-    assert "metrics: http://n1:8000/metrics\n" in plain.block()
+    ep = EndpointRecord("7", "s", "m", "vllm", "replicas", ["http://n1:30000/v1"], False, "/r",
+                        metrics_at="http://n1:30001/metrics")
+    assert "metrics: http://n1:30001/metrics\n" in block(ep)
+    assert ep.to_dict()["metrics_at"] == "http://n1:30001/metrics"
+    plain = EndpointRecord("7", "s", "m", "vllm", "replicas", ["http://n1:8000/v1"], False, "/r")
+    assert "metrics: http://n1:8000/metrics\n" in block(plain)
 
 
 def test_a_router_port_left_in_time_wait_by_the_previous_router_is_free():

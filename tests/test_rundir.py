@@ -92,16 +92,17 @@ def test_a_record_writer_says_a_refused_write_once_and_again_after_a_success(tmp
     pytest.param({"base_urls": ["a", "b"], "base_url": "a"}, ["a", "b"], id="replicas"),
     pytest.param({"base_url": "a"}, ["a"], id="one"),
     pytest.param({}, [], id="none"),
-    pytest.param(None, [], id="no-record"),
 ])
 def test_base_urls_of_an_endpoint_record(data, urls):
-    assert rundir.base_urls(data) == urls
+    ep = rundir.EndpointRecord.from_dict(data)
+    assert ep.base_urls == urls and ep.base_url == (urls[0] if urls else None)
 
 
 def test_dead_ranks_are_the_replicas_endpoint_json_lists_as_not_alive():
-    ep = {"replicas": [{"rank": 0, "alive": True}, {"rank": 1, "alive": False}, "junk"]}
-    assert rundir.dead_ranks(ep) == {1} and len(rundir.replica_rows(ep)) == 2
-    assert rundir.replica_rows({"replicas": "junk"}) == [] and rundir.dead_ranks(None) == set()
+    ep = rundir.EndpointRecord.from_dict({"replicas": [{"rank": 0, "alive": True}, {"rank": 1, "alive": False}, "junk"]})
+    assert ep.dead_ranks == {1} and len(ep.replicas) == 2
+    assert rundir.EndpointRecord.from_dict({"replicas": "junk"}).replicas is None
+    assert rundir.EndpointRecord().dead_ranks == set()
 
 
 def test_chain_of_a_run_that_is_no_link_is_none(tmp_path):
@@ -115,7 +116,7 @@ def test_chain_of_a_run_that_is_no_link_is_none(tmp_path):
 def test_a_serving_endpoint_is_one_whose_run_has_not_ended(tmp_path):
     assert rundir.serving_endpoint(tmp_path) is None
     rundir.write_json(tmp_path / rundir.ENDPOINT, {"base_urls": ["u"]})
-    assert rundir.serving_endpoint(tmp_path) == {"base_urls": ["u"]}
+    assert rundir.serving_endpoint(tmp_path) == rundir.EndpointRecord(base_urls=["u"])
     rundir.write_json(tmp_path / rundir.LAUNCH_END, {"code": 0})
     assert rundir.serving_endpoint(tmp_path) is None
 
@@ -138,10 +139,12 @@ def test_earlier_run_dirs_are_the_run_folders_in_run_order(tmp_path):
 def test_status_reads_the_gateway_state_with_endpoint_json_and_only_then(tmp_path):
     rundir.write_json(tmp_path / rundir.GATEWAY_STATE, {"healthy": 1, "replicas": 2})
     files = rundir.JobFiles("5", None, tmp_path)
-    assert files.endpoint_data() is None  # not live: the state file alone is no endpoint
+    assert files.endpoint() is None  # not live: the state file alone is no endpoint
     rundir.write_json(tmp_path / rundir.ENDPOINT, {"job_id": "5"})
-    assert files.endpoint_data()["gateway"]["healthy"] == 1
-    assert rundir.JobFiles("5", None, tmp_path, previous_at_top=True).endpoint_data() is None
+    assert files.endpoint().gateway.healthy == 1
+    assert files.endpoint().to_dict()["gateway"]["healthy"] == 1  # as status --json shows it
+    assert "gateway" not in rundir.read_endpoint(tmp_path).to_dict()  # the file alone has none
+    assert rundir.JobFiles("5", None, tmp_path, previous_at_top=True).endpoint() is None
 
 
 # --- the records: a dataclass per JSON file; the file's text is the writer's, old and odd files still read

@@ -199,6 +199,8 @@ def test_stop_containers(running, codes, status):
 def test_the_tunnel_starts_on_the_node_behind_a_loopback_url(endpoint, target):
     from envlayers.access.job import JobAccess
     from envlayers.access.tunnel import api_target
+    from envlayers.rundir import EndpointRecord
 
-    acc = JobAccess(SimpleNamespace(job_id="9", files=SimpleNamespace(run_dir=None)), endpoint, None, {})
+    acc = JobAccess(SimpleNamespace(job_id="9", files=SimpleNamespace(run_dir=None)), EndpointRecord.from_dict(endpoint),
+                    None, {})
     assert api_target(acc) == target

@@ -71,7 +71,7 @@ def _info(job: str, state: str, extra: str = ""):
 
 def _access(run: Path, job: str, info) -> JobAccess:
     tracked = SimpleNamespace(job_id=job, info=info, files=SimpleNamespace(run_dir=run))
-    return JobAccess(tracked, {"served_model_name": "tiny"}, None, {})
+    return JobAccess(tracked, rundir.EndpointRecord.from_dict({"served_model_name": "tiny"}), None, {})
 
 
 def _text(run: Path) -> str:

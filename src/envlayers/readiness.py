@@ -1,4 +1,5 @@
-"""Readiness: probing an endpoint, and the report printed once it answers.
+"""Readiness: probing an endpoint, and the report printed once it answers (the endpoint block, and the
+commands to paste that endpoint.json carries: its record is ``rundir.EndpointRecord``).
 
 Every HTTP call has a timeout. A probe never declares failure: it says whether the endpoint
 answers now: :func:`probe` whether ``/v1/models`` lists the served name, :func:`generates` whether a
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from .defaults import BANNER
+from .rundir import EndpointRecord
 from .urls import server_root
 
 NO_KEY = "EMPTY"  # what to pass as api_key to a keyless endpoint: OpenAI clients refuse to start without one
@@ -85,118 +87,103 @@ def _engine_message(body: bytes) -> str:
     return f": {' '.join(message.split())[:300]}" if message else ""
 
 
-@dataclass
-class Endpoint:
-    """What the operator needs once the endpoint answers; also written as endpoint.json."""
+def metrics_url(ep: EndpointRecord, base_url: str | None = None) -> str:
+    """Prometheus text at the server root: ``http://host:port/metrics`` (not under /v1); ``metrics_at`` when
+    set (a router serves its metrics on a port of their own)."""
+    if base_url is None and ep.metrics_at:
+        return ep.metrics_at
+    return server_root(base_url or ep.base_url) + "/metrics"
 
-    job_id: str
-    served_model_name: str
-    model: str
-    engine: str
-    shape: str
-    base_urls: list[str]
-    api_key_required: bool
-    run_dir: str
-    startup_s: float | None = None
-    nodes: list[str] = field(default_factory=list)
-    metrics: bool | None = None  # None: the engine serves /metrics (vLLM always; SGLang unless turned off)
-    restart: int = 0  # SLURM_RESTART_COUNT of the run that went live
-    key_file: str | None = None  # SERVER_API_KEY_FILE: the printed curl reads the key from it
-    node_local: bool = False  # SERVER_HOST binds loopback: only the node itself, or `env_layers tunnel`, reach it
-    metrics_at: str | None = None  # the Prometheus URL when it is not the base URL's root (a router's own port)
 
-    @property
-    def base_url(self) -> str:
-        return self.base_urls[0]
+def curl(ep: EndpointRecord, base_url: str | None = None) -> str:
+    body = json.dumps({
+        "model": ep.served_model_name, "max_tokens": 128,
+        "messages": [{"role": "user", "content": "Say hi."}],
+    })
+    parts = [f"curl -s {shlex.quote((base_url or ep.base_url) + '/chat/completions')}",
+             "-H 'Content-Type: application/json'"]
+    if ep.api_key_required:
+        # reads the key where the operator keeps it: works as pasted, and never prints the key
+        source = shlex.quote(ep.key_file) if ep.key_file else '"$SERVER_API_KEY_FILE"'
+        parts.append(f'-H "Authorization: Bearer $(cat {source})"')
+    parts.append(f"-d {shlex.quote(body)}")
+    return " ".join(parts)
 
-    def metrics_url(self, base_url: str | None = None) -> str:
-        """Prometheus text at the server root: ``http://host:port/metrics`` (not under /v1); ``metrics_at`` when
-        set (a router serves its metrics on a port of their own)."""
-        if base_url is None and self.metrics_at:
-            return self.metrics_at
-        return server_root(base_url or self.base_url) + "/metrics"
 
-    def curl(self, base_url: str | None = None) -> str:
-        body = json.dumps({
-            "model": self.served_model_name, "max_tokens": 128,
-            "messages": [{"role": "user", "content": "Say hi."}],
-        })
-        parts = [f"curl -s {shlex.quote((base_url or self.base_url) + '/chat/completions')}",
-                 "-H 'Content-Type: application/json'"]
-        if self.api_key_required:
-            # reads the key where the operator keeps it: works as pasted, and never prints the key
-            source = shlex.quote(self.key_file) if self.key_file else '"$SERVER_API_KEY_FILE"'
-            parts.append(f'-H "Authorization: Bearer $(cat {source})"')
-        parts.append(f"-d {shlex.quote(body)}")
-        return " ".join(parts)
+def client_api_key(ep: EndpointRecord) -> str:
+    """The ``api_key=`` argument of an OpenAI client, as Python source: the key file read, or ``"EMPTY"``."""
+    if not ep.api_key_required:
+        return json.dumps(NO_KEY)
+    if ep.key_file:
+        return f"open({json.dumps(ep.key_file)}).read().strip()"
+    return 'open(os.environ["SERVER_API_KEY_FILE"]).read().strip()'
 
-    def client_api_key(self) -> str:
-        """The ``api_key=`` argument of an OpenAI client, as Python source: the key file read, or ``"EMPTY"``."""
-        if not self.api_key_required:
-            return json.dumps(NO_KEY)
-        if self.key_file:
-            return f"open({json.dumps(self.key_file)}).read().strip()"
-        return 'open(os.environ["SERVER_API_KEY_FILE"]).read().strip()'
 
-    def python(self) -> list[str]:
-        """A script for the official ``openai`` client: models.list() and one chat completion on every base
-        URL. Printed as a shell here-document, so it runs as pasted (or save the lines between as a file)."""
-        imports = "import os, openai" if self.api_key_required and not self.key_file else "import openai"
-        ask = (f"    reply = client.chat.completions.create(model={json.dumps(self.served_model_name)}, max_tokens=128, "
-               'messages=[{"role": "user", "content": "Say hi."}])')
-        return ["python3 - <<'PY'", imports,
-                f"base_urls = {json.dumps(self.base_urls)}" + ("  # one per replica: spread requests over them"
-                                                              if len(self.base_urls) > 1 else ""),
-                "for base_url in base_urls:",
-                f"    client = openai.OpenAI(base_url=base_url, api_key={self.client_api_key()})",
-                "    print(base_url, [m.id for m in client.models.list()])",
-                ask, "    print(reply.choices[0].message.content)", "PY"]
+def python(ep: EndpointRecord) -> list[str]:
+    """A script for the official ``openai`` client: models.list() and one chat completion on every base
+    URL. Printed as a shell here-document, so it runs as pasted (or save the lines between as a file)."""
+    imports = "import os, openai" if ep.api_key_required and not ep.key_file else "import openai"
+    ask = (f"    reply = client.chat.completions.create(model={json.dumps(ep.served_model_name)}, max_tokens=128, "
+           'messages=[{"role": "user", "content": "Say hi."}])')
+    return ["python3 - <<'PY'", imports,
+            f"base_urls = {json.dumps(ep.base_urls)}" + ("  # one per replica: spread requests over them"
+                                                        if len(ep.base_urls) > 1 else ""),
+            "for base_url in base_urls:",
+            f"    client = openai.OpenAI(base_url=base_url, api_key={client_api_key(ep)})",
+            "    print(base_url, [m.id for m in client.models.list()])",
+            ask, "    print(reply.choices[0].message.content)", "PY"]
 
-    def stop(self) -> str:
-        return f"env_layers stop {self.job_id}"
 
-    def to_json(self) -> str:
-        data = asdict(self)
-        data.update(base_url=self.base_url, stop=self.stop(), curl=self.curl(),
-                    curls=[self.curl(u) for u in self.base_urls], python="\n".join(self.python()) + "\n",
-                    client_api_key=None if self.api_key_required else NO_KEY)
-        return json.dumps(data, indent=2) + "\n"
+def stop_command(ep: EndpointRecord) -> str:
+    return f"env_layers stop {ep.job_id}"
 
-    @classmethod
-    def from_json(cls, text: str) -> "Endpoint":
-        data = json.loads(text)
-        keep = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**keep)
 
-    def block(self) -> str:
-        """The text block the job prints; greppable, stable, no secrets."""
-        lines = [BANNER]
-        if len(self.base_urls) == 1:
-            lines.append(f"base URL: {self.base_url}")
-        else:
-            lines.append(f"base URLs: {len(self.base_urls)} independent replicas, the client spreads load over "
-                         f"all of them (endpoint.json: base_urls)")
-            lines += [f"base URL: {u}" for u in self.base_urls]
-        if self.node_local:
-            node = self.nodes[0] if self.nodes else "the first node"
-            lines.append(f"reach: on {node} only (SERVER_HOST binds loopback); from elsewhere open a tunnel: "
-                         f"env_layers tunnel {self.job_id} (docs/access.md)")
-        lines.append(f"served name: {self.served_model_name} (what clients pass as model)")
-        if self.metrics is not False:
-            lines.append(f"metrics: {self.metrics_url()}")
-        lines.append(f"model id: {self.model} ({self.engine}, {self.shape})")
-        if self.api_key_required:
-            where = self.key_file or "SERVER_API_KEY_FILE"
-            lines.append(f"API key: required (the key in {where}; send 'Authorization: Bearer <key>')")
-        else:
-            lines.append(f"API key: none needed, but OpenAI clients refuse to start without one: pass any placeholder, "
-                         f"e.g. api_key=\"{NO_KEY}\" (anyone who can reach the node can use this endpoint)")
-        if self.startup_s is not None:
-            lines.append(f"startup: {self.startup_s:.0f}s")
-        lines.append(f"stop: {self.stop()} (the endpoint stays up until this job ends)")
-        lines.append(f"run dir: {self.run_dir}")
-        lines.append("try (curl):")
-        lines += [f"  {self.curl(u)}" for u in self.base_urls]
-        lines.append("try (Python, pip install openai):")
-        lines += self.python()
-        return "\n".join(lines) + "\n"
+def add_usage(ep: EndpointRecord) -> EndpointRecord:
+    """``ep`` with the commands endpoint.json carries for a reader without envlayers (``stop``, ``curl``, one
+    ``curls`` per base URL, ``python``, ``client_api_key``) filled from its fields."""
+    ep.stop, ep.curl = stop_command(ep), curl(ep)
+    ep.curls = [curl(ep, u) for u in ep.base_urls]
+    ep.python = "\n".join(python(ep)) + "\n"
+    ep.client_api_key = None if ep.api_key_required else NO_KEY
+    return ep
+
+
+REQUIRED = ("job_id", "served_model_name", "model", "engine", "shape", "api_key_required", "run_dir")
+
+
+def block(ep: EndpointRecord) -> str:
+    """The text block the job prints; greppable, stable, no secrets. ValueError for a record that lacks what
+    the block says (a hand-made or cut-short endpoint.json)."""
+    missing = [name for name in REQUIRED if getattr(ep, name) is None] + ([] if ep.base_urls else ["base_urls"])
+    if missing:
+        raise ValueError(f"endpoint.json has no {', '.join(missing)}")
+    lines = [BANNER]
+    if len(ep.base_urls) == 1:
+        lines.append(f"base URL: {ep.base_url}")
+    else:
+        lines.append(f"base URLs: {len(ep.base_urls)} independent replicas, the client spreads load over "
+                     f"all of them (endpoint.json: base_urls)")
+        lines += [f"base URL: {u}" for u in ep.base_urls]
+    if ep.node_local:
+        node = ep.nodes[0] if ep.nodes else "the first node"
+        lines.append(f"reach: on {node} only (SERVER_HOST binds loopback); from elsewhere open a tunnel: "
+                     f"env_layers tunnel {ep.job_id} (docs/access.md)")
+    lines.append(f"served name: {ep.served_model_name} (what clients pass as model)")
+    if ep.metrics is not False:
+        lines.append(f"metrics: {metrics_url(ep)}")
+    lines.append(f"model id: {ep.model} ({ep.engine}, {ep.shape})")
+    if ep.api_key_required:
+        where = ep.key_file or "SERVER_API_KEY_FILE"
+        lines.append(f"API key: required (the key in {where}; send 'Authorization: Bearer <key>')")
+    else:
+        lines.append(f"API key: none needed, but OpenAI clients refuse to start without one: pass any placeholder, "
+                     f"e.g. api_key=\"{NO_KEY}\" (anyone who can reach the node can use this endpoint)")
+    if ep.startup_s is not None:
+        lines.append(f"startup: {ep.startup_s:.0f}s")
+    lines.append(f"stop: {stop_command(ep)} (the endpoint stays up until this job ends)")
+    lines.append(f"run dir: {ep.run_dir}")
+    lines.append("try (curl):")
+    lines += [f"  {curl(ep, u)}" for u in ep.base_urls]
+    lines.append("try (Python, pip install openai):")
+    lines += python(ep)
+    return "\n".join(lines) + "\n"

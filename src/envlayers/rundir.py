@@ -24,9 +24,8 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
 This module owns the run directory: every file's name (the constants below; no other module spells
 one, and the job's scripts get theirs from :data:`SCRIPT_NAMES`), the record type of each JSON file (a
 dataclass with ``from_dict``/``to_dict``: :class:`LaunchRecord`, :class:`LaunchEnd`, :class:`ChainRecord`,
-:class:`AccountingRecord`, :class:`GatewayState`, :class:`RouterState`, :class:`TunnelRecord`, :class:`RayCluster`;
-endpoint.json's is ``readiness.Endpoint``, whose file the
-launcher extends), their readers, and the one writer of a JSON record (:func:`write_json`, atomic through
+:class:`AccountingRecord`, :class:`GatewayState`, :class:`RouterState`, :class:`TunnelRecord`, :class:`RayCluster`,
+:class:`EndpointRecord`), their readers, and the one writer of a JSON record (:func:`write_json`, atomic through
 ``fsutil.atomic_write``). The two scripts the job copies into the run directory and runs with the standard
 library only (``gateway_app.py``, ``launch/raynode.py``) repeat the names of the files they write; a test
 keeps them equal to the ones here.
@@ -59,7 +58,7 @@ _LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
 TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
 
 # --- every file of a run directory, by name ---
-ENDPOINT = "endpoint.json"  # readiness.Endpoint, written once live; replicas and gateway-state add to what status shows
+ENDPOINT = "endpoint.json"  # EndpointRecord: written once live (launch.launcher), rewritten by replicas and pool
 LAUNCH = "launch.json"  # LaunchRecord: what the launcher planned (launch.prepare), written before srun
 LAUNCH_END = "launch-end.json"  # LaunchEnd: how the launcher ended: restart, code, reason, ended_at
 CHAIN = "chain.json"  # ChainRecord: the job's link in a chain of successors (launch.successor)
@@ -374,18 +373,15 @@ class JobFiles:
                 exits[rank] = None
         return exits
 
-    def endpoint_data(self) -> dict | None:
-        """``endpoint.json`` of the current run (``None`` before it is live); in the gateway shape with the
-        gateway's own state file under ``"gateway"`` (:func:`read_gateway_state`), as status shows it."""
-        data = None if self.previous_at_top else self._json(ENDPOINT)
-        if data is not None and self.run_dir is not None:
-            state = read_gateway_state(self.run_dir)
-            if state is not None:
-                data["gateway"] = state.to_dict()
-            routed = read_router_state(self.run_dir) if "router" in data else None
-            if routed is not None:
-                data["router_state"] = routed.to_dict()
-        return data
+    def endpoint(self) -> EndpointRecord | None:
+        """``endpoint.json`` of the current run (``None`` before it is live), with the gateway's own state file
+        as ``gateway`` (:func:`read_gateway_state`) and behind a router its state file as ``router_state``, as
+        status shows it."""
+        record = None if self.previous_at_top else self._record(ENDPOINT, EndpointRecord)
+        if record is not None and self.run_dir is not None:
+            record.gateway = read_gateway_state(self.run_dir)
+            record.router_state = read_router_state(self.run_dir) if record.router is not None else None
+        return record
 
     def launch_end(self) -> LaunchEnd | None:
         """``launch-end.json`` of the current run: how the launcher ended (``None``: it did not say)."""
@@ -831,22 +827,136 @@ def write_tunnel(run_dir: Path, record: TunnelRecord) -> None:
     write_json(Path(run_dir) / TUNNEL, record.to_dict())
 
 
-def replica_rows(endpoint: Mapping | None) -> list[dict]:
-    """The ``replicas`` list of an endpoint.json (``[]`` for a shape without one)."""
-    rows = (endpoint or {}).get("replicas")
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+@dataclass
+class ReplicaRow:
+    """One replica of endpoint.json's ``replicas`` list (``launch.replicas``): its rank, node, base URL and
+    address, whether it is ``alive``, and why it ``ended`` (``None`` while alive)."""
+
+    rank: int | None = None
+    node: str | None = None
+    base_url: str | None = None
+    address: str | None = None
+    alive: bool | None = None
+    ended: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ReplicaRow":
+        return cls(_whole(data, "rank"), _text(data, "node"), _text(data, "base_url"), _text(data, "address"),
+                   _flag(data, "alive"), _text(data, "ended"))
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "node": self.node, "base_url": self.base_url, "address": self.address,
+                "alive": self.alive, "ended": self.ended}
 
 
-def dead_ranks(endpoint: Mapping | None) -> set[int]:
-    """The ranks endpoint.json lists as dropped replicas: their exits do not mean the job is ending."""
-    return {r.get("rank") for r in replica_rows(endpoint) if r.get("alive") is False}
+def _rows(data: Mapping, key: str) -> list[ReplicaRow] | None:
+    value = data.get(key)
+    return [ReplicaRow.from_dict(r) for r in value if isinstance(r, dict)] if isinstance(value, list) else None
 
 
-def base_urls(data: Mapping | None) -> list[str]:
-    """Every base URL of an endpoint record (one per replica), in order."""
-    if not data:
-        return []
-    return [b for b in (data.get("base_urls") or [data.get("base_url")]) if b]
+def _state(kind):
+    """The reader of a field that holds a record of type ``kind`` (``None`` when it is not an object)."""
+    def read(data: Mapping, key: str):
+        value = data.get(key)
+        return kind.from_dict(value) if isinstance(value, dict) else None
+    return read
+
+
+@dataclass
+class EndpointRecord:
+    """``endpoint.json``: what the operator needs once the endpoint answers, written by the launcher once live
+    (``launch.launcher``; ``readiness`` prints it as the endpoint block and fills the commands to paste:
+    ``stop``, ``curl``, ``curls``, ``python``, ``client_api_key``) and rewritten as replicas are lost
+    (``launch.replicas``: ``replicas``, ``min_replicas``, the live ``base_urls``/``addresses``, or behind a
+    router the live ``replica_urls``/``replica_addresses``) and as the elastic pool changes (``launch.pool``:
+    ``pool``, ``router["workers"]``). ``base_url`` is the first of ``base_urls`` (a file with ``base_url`` only
+    reads as that one URL).
+
+    The fields up to ``api_key_file`` are in every file the launcher writes; the later ones only when set
+    (``None``: absent from the file). ``gateway`` and ``router_state`` are never in the file: status reads the
+    gateway's and the router's state files beside it (:meth:`JobFiles.endpoint`) and shows them here."""
+
+    job_id: str | None = None
+    served_model_name: str | None = None
+    model: str | None = None
+    engine: str | None = None
+    shape: str | None = None
+    base_urls: list[str] = field(default_factory=list)
+    api_key_required: bool | None = None
+    run_dir: str | None = None
+    startup_s: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    metrics: bool | None = None  # None: the engine serves /metrics (vLLM always; SGLang unless turned off)
+    restart: int = 0  # SLURM_RESTART_COUNT of the run that went live
+    key_file: str | None = None  # SERVER_API_KEY_FILE: the printed curl reads the key from it
+    node_local: bool = False  # SERVER_HOST binds loopback: only the node itself, or `env_layers tunnel`, reach it
+    metrics_at: str | None = None  # the Prometheus URL when it is not the base URL's root (a router's own port)
+    stop: str | None = None  # the commands to paste (readiness.add_usage)
+    curl: str | None = None
+    curls: list[str] = field(default_factory=list)
+    python: str | None = None
+    client_api_key: str | None = None
+    addresses: list[str] = field(default_factory=list)  # the node addresses behind base_urls
+    api_key_file: str | None = None  # what `env_layers connect` names
+    # in the file only when set
+    replica_urls: list[str] | None = None  # behind a router: the live replicas' own URLs
+    replica_addresses: list[str] | None = None
+    router: dict | None = None  # launch.router.Router.record()
+    replicas: list[ReplicaRow] | None = None
+    min_replicas: int | None = None
+    pool: dict | None = None  # {"max_replicas", "replicas": [{"job", "url", "node"}]}
+    # never in the file: the state files beside it, as status shows them
+    gateway: GatewayState | None = None
+    router_state: RouterState | None = None
+
+    _ALWAYS = ("job_id", "served_model_name", "model", "engine", "shape", "base_urls", "api_key_required", "run_dir",
+               "startup_s", "nodes", "metrics", "restart", "key_file", "node_local", "metrics_at", "base_url", "stop",
+               "curl", "curls", "python", "client_api_key", "addresses", "api_key_file")
+    _READ = {"job_id": _text, "served_model_name": _text, "model": _text, "engine": _text, "shape": _text,
+             "api_key_required": _flag, "run_dir": _text, "startup_s": _number, "nodes": _texts, "metrics": _flag,
+             "key_file": _text, "metrics_at": _text, "stop": _text, "curl": _text, "curls": _texts,
+             "python": _text, "client_api_key": _text, "addresses": _texts, "api_key_file": _text,
+             "replica_urls": _words, "replica_addresses": _words, "router": _mapping, "replicas": _rows,
+             "min_replicas": _whole, "pool": _mapping, "gateway": _state(GatewayState),
+             "router_state": _state(RouterState)}
+
+    @property
+    def base_url(self) -> str | None:
+        return self.base_urls[0] if self.base_urls else None
+
+    @property
+    def dead_ranks(self) -> set[int]:
+        """The ranks listed as dropped replicas: their exits do not mean the job is ending."""
+        return {r.rank for r in self.replicas or [] if r.alive is False and r.rank is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "EndpointRecord":
+        urls = [u for u in _texts(data, "base_urls") if u]
+        if not urls and _text(data, "base_url"):
+            urls = [data["base_url"]]
+        restart = _whole(data, "restart")
+        return cls(base_urls=urls, restart=restart if restart is not None and restart >= 0 else 0,
+                   node_local=_flag(data, "node_local") is True,
+                   **{name: read(data, name) for name, read in cls._READ.items()})
+
+    def to_dict(self) -> dict:
+        out = {}
+        for name in (*self._ALWAYS, "replica_urls", "replica_addresses", "router", "replicas", "min_replicas",
+                     "pool", "gateway", "router_state"):
+            value = getattr(self, name)
+            if name not in self._ALWAYS and value is None:
+                continue
+            if isinstance(value, list):
+                value = [v.to_dict() if isinstance(v, ReplicaRow) else v for v in value]
+            elif isinstance(value, (GatewayState, RouterState)):
+                value = value.to_dict()
+            out[name] = value
+        return out
+
+
+def read_endpoint(run_dir: Path) -> EndpointRecord | None:
+    """The endpoint.json in ``run_dir`` as written (``None`` before the endpoint is live)."""
+    return read_record(Path(run_dir) / ENDPOINT, EndpointRecord)
 
 
 def chain_of(run_dir: "str | os.PathLike | None") -> ChainRecord | None:
@@ -909,8 +1019,8 @@ def chain_links(job_id: str, run_dir: "str | Path | None") -> list[tuple[str, Pa
     return links
 
 
-def serving_endpoint(run_dir: Path) -> dict | None:
+def serving_endpoint(run_dir: Path) -> EndpointRecord | None:
     """endpoint.json of a run that has not ended (no launch-end.json), else ``None``."""
     if (Path(run_dir) / LAUNCH_END).exists():
         return None
-    return read_json(Path(run_dir) / ENDPOINT)
+    return read_endpoint(run_dir)

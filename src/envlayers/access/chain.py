@@ -29,13 +29,12 @@ def newest_live(job_id: str, run_dir: str | Path | None, job_info: Callable | No
 
     for n in range(len(links) - 1, 0, -1):
         jid, folder = links[n]
-        data = serving_endpoint(folder)
-        if data is None:
+        ep = serving_endpoint(folder)
+        if ep is None:
             continue
         info = job_info(jid)
         if info is None or not info.running or info.state == "COMPLETING":
             continue
-        urls = list(data.get("base_urls") or ([data["base_url"]] if data.get("base_url") else []))
         return {"from": str(job_id), "to": jid, "links": [j for j, _ in links[:n + 1]], "state": info.state,
-                "base_urls": urls, "run_dir": str(folder)}
+                "base_urls": list(ep.base_urls), "run_dir": str(folder)}
     return None

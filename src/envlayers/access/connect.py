@@ -87,8 +87,8 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
     if parts.hostname is None or parts.port is None:
         return None
     port, host = parts.port, parts.hostname
-    node_local = bool((acc.endpoint or {}).get("node_local"))
-    nodes = (acc.endpoint or {}).get("nodes") or []
+    node_local = acc.endpoint is not None and acc.endpoint.node_local
+    nodes = acc.endpoint.nodes if acc.endpoint is not None else []
     if node_local and nodes:  # only the node itself reaches it: forward from the node, jumping through login
         ssh = ["ssh", "-N", "-J", f"{user}@{login}", "-L", f"{port}:127.0.0.1:{port}", f"{user}@{nodes[0]}"]
     else:

@@ -25,7 +25,7 @@ class JobAccess:
     """What ``connect``, ``ping``, ``tunnel`` and ``release`` need to know about one job."""
 
     job: ops.TrackedJob
-    endpoint: dict | None  # endpoint.json, once live
+    endpoint: rundir.EndpointRecord | None  # endpoint.json, once live
     launch: rundir.LaunchRecord | None  # launch.json
     serve_env: dict[str, str]  # serve.env's literal values
 
@@ -39,15 +39,15 @@ class JobAccess:
 
     @property
     def served(self) -> str | None:
-        if self.endpoint and self.endpoint.get("served_model_name"):
-            return str(self.endpoint["served_model_name"])
+        if self.endpoint is not None and self.endpoint.served_model_name:
+            return self.endpoint.served_model_name
         if self.launch is not None and self.launch.served_model_name:
             return self.launch.served_model_name
         return self.serve_env.get("VLLM_SERVED_MODEL") or None
 
     @property
     def base_urls(self) -> list[str]:
-        return rundir.base_urls(self.endpoint)
+        return self.endpoint.base_urls if self.endpoint is not None else []
 
     @property
     def probe_urls(self) -> list[str]:
@@ -56,16 +56,16 @@ class JobAccess:
 
     @property
     def key_required(self) -> bool:
-        if self.endpoint is not None and "api_key_required" in self.endpoint:
-            return bool(self.endpoint["api_key_required"])
+        if self.endpoint is not None and self.endpoint.api_key_required is not None:
+            return self.endpoint.api_key_required
         return bool(self.key_file)
 
     @property
     def key_file(self) -> str | None:
         """Where the key is: endpoint.json's ``api_key_file`` if the launcher recorded one, else
         serve.env's ``SERVER_API_KEY_FILE``."""
-        if self.endpoint and self.endpoint.get("api_key_file"):
-            return str(self.endpoint["api_key_file"])
+        if self.endpoint is not None and self.endpoint.api_key_file:
+            return self.endpoint.api_key_file
         from ..apikey import wants_generated
 
         value = self.serve_env.get("SERVER_API_KEY_FILE") or None
@@ -130,4 +130,4 @@ def open_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, s
     job = ops.find_job(job_id, run_dir=run_dir, environ=environ, cwd=cwd)
     check_owner(job, uid)
     files = job.files
-    return JobAccess(job, files.endpoint_data(), files.launch(), rundir.read_serve_env(files.run_dir))
+    return JobAccess(job, files.endpoint(), files.launch(), rundir.read_serve_env(files.run_dir))

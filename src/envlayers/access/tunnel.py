@@ -137,7 +137,7 @@ def api_target(acc: JobAccess, replica: int = 0) -> tuple[str, int]:
         raise EnvLayersError(f"cannot tell node and port from the base URL {bases[replica]!r}",
                              where=f"{acc.run_dir}/endpoint.json")
     host = parts.hostname
-    nodes = (acc.endpoint or {}).get("nodes") or []
+    nodes = acc.endpoint.nodes if acc.endpoint is not None else []
     if host in ("127.0.0.1", "localhost", "::1") and replica < len(nodes):
         host = str(nodes[replica])  # podman publishes on its node's loopback (docs/podman.md): that node
     return host, parts.port

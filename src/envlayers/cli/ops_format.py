@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
+from ..rundir import EndpointRecord
 from .serving_format import gpu_hours_lines, replica_lines
 from .textfmt import fmt_duration, table
 from .textfmt import label as _label
@@ -171,16 +172,16 @@ class Progress:
 
 def endpoint_block(result: "WaitResult") -> str:
     """The endpoint block ``wait`` prints once live (from endpoint.json, else the job output's copy)."""
-    from ..readiness import Endpoint
+    from ..readiness import block
 
-    data = dict(result.endpoint or {})
+    ep = result.endpoint
     try:
-        text = Endpoint.from_json(json.dumps(data)).block()
-        return text + "".join(f"{label}: {said}\n" for label, said in replica_lines(data))  # replicas alive
-    except (TypeError, ValueError, KeyError, IndexError):
+        text = block(ep if ep is not None else EndpointRecord())
+        return text + "".join(f"{label}: {said}\n" for label, said in replica_lines(ep))  # replicas alive
+    except ValueError:  # no endpoint.json, or one that lacks what the block says
         if result.report.endpoint_block:
             return result.report.endpoint_block
-        return json.dumps(data, indent=2) + "\n"
+        return json.dumps(ep.to_dict() if ep is not None else {}, indent=2) + "\n"
 
 
 def launcher_line(end: dict) -> str | None:
@@ -342,7 +343,7 @@ def format_record(rec: dict) -> str:
     if ep:
         for base in rec.get("urls") or []:
             lines.append(_label("url") + base)
-        lines += [_label(label) + said for label, said in replica_lines(ep)]
+        lines += [_label(label) + said for label, said in replica_lines(EndpointRecord.from_dict(ep))]
         for p in rec["probes"]:
             lines.append(_label("probe") + f"{p['url']}: {'answers' if p['answers'] else 'no answer'} ({p['detail']})")
         if rec["state"] in ("RUNNING",):

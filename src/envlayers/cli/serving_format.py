@@ -4,6 +4,7 @@ Terminal text only, from the records ``envlayers.ops`` returns (``accounting`` a
 
 from __future__ import annotations
 
+from ..rundir import EndpointRecord
 from .textfmt import fmt_duration
 from .textfmt import label as _label
 
@@ -28,25 +29,21 @@ def gpu_hours_lines(acct: dict | None) -> list[str]:
     return lines
 
 
-def replica_lines(ep: dict) -> list[tuple[str, str]]:
+def replica_lines(ep: EndpointRecord) -> list[tuple[str, str]]:
     """(label, text): ``replicas`` (how many alive of how many) and a ``dropped`` line per dropped replica;
     for the gateway shape, how many Ray Serve reports healthy and the replicas' latest events."""
-    from ..rundir import replica_rows
-
-    rows = replica_rows(ep)
+    rows = ep.replicas or []
     if not rows:
         return gateway_lines(ep)
-    pool = ep.get("pool") if isinstance(ep.get("pool"), dict) else None
+    pool = ep.pool
     added = [r for r in (pool or {}).get("replicas") or [] if isinstance(r, dict)]
-    alive = [r for r in rows if r.get("alive")]
+    alive = [r for r in rows if r.alive]
     out = [("replicas", f"{len(alive)} of {len(rows)} alive (" + ", ".join(
-        f"rank {r.get('rank')} on {r.get('node')}" for r in alive) + f"); the job ends below "
-        f"MIN_REPLICAS={ep.get('min_replicas', 1)}")]
-    out += [("dropped", f"rank {r.get('rank')} on {r.get('node')}: {r.get('ended') or 'ended'}")
-            for r in rows if not r.get("alive")]
-    routed = ep.get("router_state")
-    if isinstance(routed, dict) and isinstance(routed.get("workers"), dict) and routed["workers"]:
-        workers = routed["workers"]
+        f"rank {r.rank} on {r.node}" for r in alive) + f"); the job ends below "
+        f"MIN_REPLICAS={1 if ep.min_replicas is None else ep.min_replicas}")]
+    out += [("dropped", f"rank {r.rank} on {r.node}: {r.ended or 'ended'}") for r in rows if not r.alive]
+    if ep.router_state is not None and ep.router_state.workers:
+        workers = ep.router_state.workers
         down = [url for url, ok in workers.items() if not ok]
         out.append(("router", f"{len(workers) - len(down)} of {len(workers)} replica(s) healthy in the router's own "
                               "checks" + (f" (down: {', '.join(down)})" if down else "")))
@@ -57,14 +54,14 @@ def replica_lines(ep: dict) -> list[tuple[str, str]]:
     return out
 
 
-def gateway_lines(endpoint: dict) -> list[tuple[str, str]]:
+def gateway_lines(endpoint: EndpointRecord) -> list[tuple[str, str]]:
     """(label, text) for status and wait: the replicas Serve reports healthy, and the latest events
-    (the gateway's state file, which ``rundir.JobFiles.endpoint_data`` puts under ``gateway``)."""
-    rec = endpoint.get("gateway") if isinstance(endpoint, dict) else None
-    if not isinstance(rec, dict) or rec.get("healthy") is None:
+    (the gateway's state file, which ``rundir.JobFiles.endpoint`` reads as ``gateway``)."""
+    rec = endpoint.gateway
+    if rec is None or rec.healthy is None:
         return []
-    out = [("replicas", f"{rec['healthy']} of {rec.get('replicas')} healthy behind the gateway (Ray Serve "
-                        f"replaces one that dies); the job ends after {rec.get('grace_s')}s below "
-                        f"MIN_REPLICAS={rec.get('min_replicas')}")]
-    out += [("replica", str(event)) for event in rec.get("events") or []]
+    out = [("replicas", f"{rec.healthy} of {rec.replicas} healthy behind the gateway (Ray Serve "
+                        f"replaces one that dies); the job ends after {rec.grace_s}s below "
+                        f"MIN_REPLICAS={rec.min_replicas}")]
+    out += [("replica", event) for event in rec.events]
     return out

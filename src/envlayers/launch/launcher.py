@@ -11,7 +11,6 @@ ended without one had its launcher killed).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -24,8 +23,8 @@ from typing import Callable, Mapping, Sequence
 
 from ..errors import KeyValueError
 from ..fsutil import atomic_write
-from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, LaunchEnd, RecordWriter,
-                      server_log_name, unrecorded_end_line, write_json)
+from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
+                      RecordWriter, server_log_name, unrecorded_end_line, write_json)
 from .ports import ports_in_use
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
@@ -293,39 +292,39 @@ class Launcher:
             self.proc = subprocess.Popen(list(lp.srun), env=child_env, start_new_session=True)
 
     def on_live(self, lp: LaunchPlan, elapsed: float) -> None:
-        from ..readiness import Endpoint
+        from ..readiness import add_usage, block
 
         if self.router is not None:  # one URL in front of the replicas (launch/router.py)
             self.router.start()
             self.pool = self.make_pool(lp, elapsed)
         urls = [self.router.url] if self.router is not None else [t.url for t in lp.targets]
-        ep = Endpoint(lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, urls,
-                      lp.api_key, str(self.run_dir), round(elapsed, 1), [n.name for n in lp.nodes],
-                      restart=lp.restart, key_file=lp.key_file if lp.api_key else None,
-                      # a router serves its /metrics on the port above its own (launch/router.py)
-                      metrics=lp.metrics, metrics_at=self.router.metrics_url if self.router is not None else None,
-                      node_local=lp.node_local)
-        data = json.loads(ep.to_json())
-        data["addresses"] = [t.address for t in lp.targets]  # the node addresses behind base_urls
-        data["api_key_file"] = lp.key_file if lp.api_key else None  # what `env_layers connect` names
+        ep = add_usage(EndpointRecord(
+            lp.job_id, lp.served, lp.model, lp.engine, lp.plan.shape, urls, lp.api_key, str(self.run_dir),
+            round(elapsed, 1), [n.name for n in lp.nodes], restart=lp.restart,
+            key_file=lp.key_file if lp.api_key else None,
+            # a router serves its /metrics on the port above its own (launch/router.py)
+            metrics=lp.metrics, metrics_at=self.router.metrics_url if self.router is not None else None,
+            node_local=lp.node_local))
+        ep.addresses = [t.address for t in lp.targets]  # the node addresses behind base_urls
+        ep.api_key_file = lp.key_file if lp.api_key else None  # what `env_layers connect` names
         if self.router is not None:
-            data["replica_urls"] = [t.url for t in lp.targets]
-            data["replica_addresses"] = [t.address for t in lp.targets]  # addresses[0] is the router's node
-            data["router"] = self.router.record()
-        self.records.write_json(self.run_dir / ENDPOINT, data)  # serves on if refused
+            ep.replica_urls = [t.url for t in lp.targets]
+            ep.replica_addresses = [t.address for t in lp.targets]  # addresses[0] is the router's node
+            ep.router = self.router.record()
+        self.records.write_json(self.run_dir / ENDPOINT, ep.to_dict())  # serves on if refused
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
             from .raycluster import joined_line
 
             say(joined_line(self.run_dir) or "ENVLAYERS-WARN: no ray-cluster.json from node 0")
         say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
-        sys.stdout.write(ep.block())
+        sys.stdout.write(block(ep))
         sys.stdout.flush()
         if self.survivors is not None:
-            self.survivors.went_live(data)
+            self.survivors.went_live(ep)
         if self.chain is not None:
             self.chain.went_live(elapsed)
         if self.pool is not None:
-            self.pool.went_live(data)
+            self.pool.went_live(ep)
             if self.supervisor is not None:
                 self.supervisor.pool = self.pool
 

@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
-from ..rundir import API_KEY, ENDPOINT, JOB_SH, LAUNCH_END, POOL, base_urls, read_json, write_json
+from ..rundir import API_KEY, ENDPOINT, JOB_SH, LAUNCH_END, POOL, EndpointRecord, read_endpoint, write_json
 from ..urls import server_root
 from .poolpolicy import Bounds, PoolPolicy, QueueWait, read_queue
 from .successor import HandedOver
@@ -128,7 +128,7 @@ class Pool:
         self.last_count: dict[str, float] = {}  # added replica's job -> the router's count for it
         self.last_request: dict[str, float] = {}
         self.endpoint_seen: dict[str, float] = {}  # replica job -> when its endpoint.json was seen (clock)
-        self.endpoint: dict | None = None
+        self.endpoint: EndpointRecord | None = None
         self._written: tuple | None = None
         self.say(f"ENVLAYERS-POOL: elastic pool: {started} replica(s), up to MAX_REPLICAS={max_replicas} while "
                  f"requests wait over SCALE_UP_WAIT_S={b.wait_s:g}s for SCALE_UP_WINDOW_S={b.window_s:g}s; "
@@ -138,8 +138,8 @@ class Pool:
 
     # ------------------------------------------------------------------ the loop
 
-    def went_live(self, endpoint: dict) -> None:
-        """The endpoint.json data the launcher wrote: the pool's replicas are listed there."""
+    def went_live(self, endpoint: EndpointRecord) -> None:
+        """The endpoint.json record the launcher wrote: the pool's replicas are listed there."""
         self.endpoint = endpoint
         self._written = None  # this record has no pool yet
         self._write()
@@ -221,10 +221,10 @@ class Pool:
         job = self.policy.pending
         rec = self.jobs[job]
         if rec["url"] is None:
-            ep = read_json(self.run_dir.parent / job / ENDPOINT)
-            urls = base_urls(ep)
+            ep = read_endpoint(self.run_dir.parent / job)
+            urls = ep.base_urls if ep is not None else []
             if urls:
-                rec["url"], rec["node"] = urls[0], ((ep.get("nodes") or [None])[0])
+                rec["url"], rec["node"] = urls[0], (ep.nodes or [None])[0]
                 self.endpoint_seen[job] = now
                 said = self.router.add_worker(urls[0])
                 if said is not None:
@@ -308,12 +308,12 @@ class Pool:
         except OSError:
             pass
         if self.endpoint is not None:
-            self.endpoint["pool"] = {"max_replicas": self.policy.bounds.max_replicas,
-                                     "replicas": [{"job": j, "url": self.jobs[j]["url"], "node": self.jobs[j]["node"]}
-                                                  for j in self.policy.added]}
-            if "router" in self.endpoint:
-                self.endpoint["router"]["workers"] = self.worker_urls()
+            self.endpoint.pool = {"max_replicas": self.policy.bounds.max_replicas,
+                                  "replicas": [{"job": j, "url": self.jobs[j]["url"], "node": self.jobs[j]["node"]}
+                                               for j in self.policy.added]}
+            if self.endpoint.router is not None:
+                self.endpoint.router["workers"] = self.worker_urls()
             try:
-                self.write(self.run_dir / ENDPOINT, self.endpoint)
+                self.write(self.run_dir / ENDPOINT, self.endpoint.to_dict())
             except OSError:
                 pass

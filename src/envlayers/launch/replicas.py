@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 from .. import slurm
 from ..errors import LaunchFailure
-from ..rundir import ENDPOINT, server_log_name, write_json
+from ..rundir import ENDPOINT, EndpointRecord, ReplicaRow, server_log_name, write_json
 from .prepare import LaunchPlan
 
 RESIZE_TRIES = 3
@@ -138,14 +138,14 @@ class Survivors:
         self.background = background or (lambda fn: threading.Thread(target=fn, daemon=True).start())
         self.lock = threading.Lock()
         self.dead: dict[int, str] = {}
-        self.endpoint: dict | None = None
+        self.endpoint: EndpointRecord | None = None
 
     @property
     def alive(self) -> list[int]:
         return [r for r in range(self.lp.ranks) if r not in self.dead]
 
-    def went_live(self, endpoint: dict) -> None:
-        """The endpoint.json data the launcher wrote: rewritten on every loss."""
+    def went_live(self, endpoint: EndpointRecord) -> None:
+        """The endpoint.json record the launcher wrote: rewritten on every loss."""
         self.endpoint = endpoint
         if getattr(self.steps, "survive", None) is not None:
             self.steps.survive = True
@@ -199,20 +199,17 @@ class Survivors:
     def _write(self) -> None:
         if self.endpoint is None:
             return
-        data = self.endpoint
+        ep = self.endpoint
         urls = {t.rank: t for t in self.lp.targets}
-        data["replicas"] = [{"rank": r, "node": n.name, "base_url": urls[r].url if r in urls else None,
-                             "address": n.address, "alive": r not in self.dead, "ended": self.dead.get(r)}
-                            for r, n in enumerate(self.lp.nodes)]
-        data["min_replicas"] = self.minimum
+        ep.replicas = [ReplicaRow(r, n.name, urls[r].url if r in urls else None, n.address, r not in self.dead,
+                                  self.dead.get(r)) for r, n in enumerate(self.lp.nodes)]
+        ep.min_replicas = self.minimum
         live = [t for t in self.lp.targets if t.rank not in self.dead]
-        if "router" in data:  # the router's one URL stays the endpoint; the live replicas behind it
-            data["replica_urls"] = [t.url for t in live]
-            data["replica_addresses"] = [t.address for t in live]
+        if ep.router is not None:  # the router's one URL stays the endpoint; the live replicas behind it
+            ep.replica_urls = [t.url for t in live]
+            ep.replica_addresses = [t.address for t in live]
         elif live:
-            data["base_urls"] = [t.url for t in live]
-            data["addresses"] = [t.address for t in live]
-            if "base_url" in data:
-                data["base_url"] = live[0].url
-        self.write(self.lp.run_dir / ENDPOINT, data)
+            ep.base_urls = [t.url for t in live]  # base_url is the first of them
+            ep.addresses = [t.address for t in live]
+        self.write(self.lp.run_dir / ENDPOINT, ep.to_dict())
 

@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
-from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, base_urls, read_json, write_json
+from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, read_endpoint, write_json
 
 QUEUE_MARGIN_S = 120
 
@@ -143,12 +143,11 @@ class Chain:
         if not succ:
             return
         if self.drain_from is None:
-            ep = self.run_dir.parent / succ / ENDPOINT
-            if not ep.is_file():
+            if not (self.run_dir.parent / succ / ENDPOINT).is_file():
                 return
             self.drain_from = self.clock()
-            data = read_json(ep)
-            urls = "?" if data is None else " ".join(base_urls(data))
+            ep = read_endpoint(self.run_dir.parent / succ)
+            urls = "?" if ep is None else " ".join(ep.base_urls)
             self.say(f"ENVLAYERS-STAGE: successor job {succ} is live at {urls}; this job drains for {self.drain_s}s "
                      "and ends")
         elif self.clock() - self.drain_from >= self.drain_s:

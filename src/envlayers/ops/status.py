@@ -65,7 +65,7 @@ def identity(files: rundir.JobFiles) -> dict:
     From endpoint.json, else launch.json, else the run's serve.env: the same answer before, while
     and after the endpoint is live. Each record spells a field one way (``IDENTITY_FIELDS``)."""
     found: dict = dict.fromkeys(IDENTITY_FIELDS)
-    sources = (files.endpoint_data, lambda: _as_dict(files.launch()),
+    sources = (lambda: _as_dict(files.endpoint()), lambda: _as_dict(files.launch()),
                lambda: {} if files.previous_at_top else rundir.read_serve_env(files.run_dir))
     for column, read in enumerate(sources):
         if all(found.values()):
@@ -109,14 +109,14 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
                        on_silent=on_silent)
     for info in listed:
         files = current_files(rundir.locate(info.job_id, info, environ=environ, cwd=cwd), info)
-        data = files.endpoint_data() if info.running else None
+        ep = files.endpoint() if info.running else None
         state = info.state or "?"
         if info.pending and info.reason and info.reason != "None":
             state += f" ({info.reason})"
         progress = None
         if info.running and files.run_dir is not None:
             progress = run_progress(files, files.read_job_output(), info.nodes)
-        urls = rundir.base_urls(data)
+        urls = ep.base_urls if ep is not None else []
         rows.append({"job_id": info.job_id, "state": state, "nodes": info.nodes, "nodelist": info.nodelist,
                      "time_left_s": info.time_left_s, **identity(files),
                      "phase": "live" if urls else (progress.text(details=False) if progress
@@ -176,7 +176,7 @@ def _run_summary(files: rundir.JobFiles, where: str, folder: int | None) -> dict
     end = files.launch_end()
     return {"folder": folder, "path": where, "restart": launch.restart if launch is not None else None,
             "rank_exits": {str(k): v for k, v in files.rank_exits().items()},
-            "live": files.endpoint_data() is not None,
+            "live": files.endpoint() is not None,
             "launcher": ("reported" if end is not None else "died") if launch is not None else "never started",
             "reason": end.reason if end is not None else None}
 
@@ -188,10 +188,11 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
     report = files.read_job_output()
     progress = run_progress(files, report, info.nodes if info is not None else None)
     names = identity(files)
-    data = files.endpoint_data()
+    ep = files.endpoint()
+    urls = ep.base_urls if ep is not None else []
     probes = []
-    if data and probe_endpoint and info is not None and info.running:
-        probes = probe_all(data, names["served_name"] or "", timeout_s=2.0)
+    if ep is not None and probe_endpoint and info is not None and info.running:
+        probes = probe_all(ep, names["served_name"] or "", timeout_s=2.0)
     return {
         "job_id": job.job_id,
         "slurm": info.to_dict() if info else None,
@@ -204,9 +205,9 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
         "launcher": report.to_dict(),
         "launcher_end": launcher_end(job),
         "phase": progress.to_dict() if progress else None,
-        "url": (rundir.base_urls(data) or [None])[0], "urls": rundir.base_urls(data),
+        "url": urls[0] if urls else None, "urls": urls,
         "rank_exits": {str(k): v for k, v in files.rank_exits().items()},
-        "endpoint": data,
+        "endpoint": ep.to_dict() if ep is not None else None,
         "probes": probes,
         "earlier_runs": earlier_run_records(job),
         "accounting": job_accounting(files, bool(info is not None and info.running), slurm_end=slurm_end_time(info)),

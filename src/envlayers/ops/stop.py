@@ -80,13 +80,13 @@ def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, prob
     if files.run_dir is None:
         files = rundir.locate(job.job_id, info or job.info, environ=environ, cwd=cwd, run_dir=run_dir)
     top = rundir.JobFiles(job.job_id, files.job_out, files.run_dir)  # whichever run wrote it
-    data = top.endpoint_data()
-    served = (data or {}).get("served_model_name") or ""
+    ep = top.endpoint()
+    served = ep.served_model_name if ep is not None and ep.served_model_name is not None else ""
     probes: list[dict] = []
     if ended:
         deadline = clock.monotonic() + probe_window_s
         while True:
-            probes = [{k: p[k] for k in ("url", "answers", "detail")} for p in probe_all(data, served, 1.0)]
+            probes = [{k: p[k] for k in ("url", "answers", "detail")} for p in probe_all(ep, served, 1.0)]
             if not any(p["answers"] for p in probes) or clock.monotonic() >= deadline:
                 break
             clock.sleep(poll_s)

@@ -42,7 +42,7 @@ class WaitResult:
     job: TrackedJob
     report: rundir.LauncherReport
     phase: RankProgress | None
-    endpoint: dict | None
+    endpoint: rundir.EndpointRecord | None
     waited_s: float
     findings: list = field(default_factory=list)
     rank_exits: dict[int, int | None] = field(default_factory=dict)
@@ -55,7 +55,7 @@ class WaitResult:
         from .status import identity, launcher_end
 
         info = self.job.info
-        urls = rundir.base_urls(self.endpoint)
+        urls = self.endpoint.base_urls if self.endpoint is not None else []
         return {
             "job_id": self.job.job_id, "outcome": self.outcome, "live": self.outcome == "live",
             **identity(self.job.files),
@@ -70,7 +70,8 @@ class WaitResult:
             "launcher": launcher_end(self.job) if self.outcome == "ended" else None,
             "run_dir": str(self.job.files.run_dir) if self.job.files.run_dir else None,
             "job_output": str(self.job.files.job_out) if self.job.files.job_out else None,
-            "waited_s": round(self.waited_s, 2), "endpoint": self.endpoint,
+            "waited_s": round(self.waited_s, 2),
+            "endpoint": self.endpoint.to_dict() if self.endpoint is not None else None,
             "diagnosis": [f.to_dict() for f in self.findings],
         }
 
@@ -215,11 +216,11 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
                               tick.elapsed_s, findings=[] if stale else diagnose_job(job), rank_exits=exits)
         exits = job.files.rank_exits()
         if info is not None and info.running and info.state != "COMPLETING":
-            data = job.files.endpoint_data()
-            if data and not _ending(exits, data):
+            ep = job.files.endpoint()
+            if ep is not None and not _ending(exits, ep):
                 show_steps(exits, elapsed)  # every phase up to now, then live
                 emit(WaitEvent("live", job, reader.current_report, reader.current(), exits, elapsed))
-                return WaitResult("live", job, reader.current_report, reader.current(), data, tick.elapsed_s)
+                return WaitResult("live", job, reader.current_report, reader.current(), ep, tick.elapsed_s)
         if not show_steps(exits, elapsed):
             emit(WaitEvent("state", job, reader.current_report, reader.current(), exits, elapsed))
         if timeout_s is not None and tick.elapsed_s >= timeout_s:
@@ -228,9 +229,9 @@ def wait_for(job_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _ending(exits: dict, endpoint: dict) -> bool:
+def _ending(exits: dict, endpoint: rundir.EndpointRecord) -> bool:
     """A rank exited that is not a replica the launcher dropped (those end alone, the job serves on)."""
-    return bool(set(exits) - rundir.dead_ranks(endpoint))
+    return bool(set(exits) - endpoint.dead_ranks)
 
 
 def diagnose_job(job: TrackedJob) -> list:

@@ -102,9 +102,9 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
 
     job = ops.find_job(job_id, run_dir=run_dir)
     files = job.files
-    data = files.endpoint_data()
+    ep = files.endpoint()
     state = job.info.state if job.info else "forgotten by Slurm"
-    if not data:
+    if ep is None:
         raise CannotVerify(f"job {job.job_id} has no endpoint.json yet ({state}; run dir: {files.run_dir})",
                            hint=f"`env_layers wait {job.job_id}` blocks until the endpoint is live, then verify")
     if job.info is not None and job.info.finished:
@@ -113,13 +113,14 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
     env = rundir.read_serve_env(files.run_dir)
     launch = files.launch()
     target_name = launch.target if launch is not None and launch.target is not None else ""
-    urls = ops.endpoint_urls(data)
-    t = Target(label=f"job {job.job_id}", base_urls=urls, served=str(data.get("served_model_name") or ""),
-               engine=data.get("engine"), model=data.get("model") or env.get("INFERENCE_MODEL"),
+    urls = ops.endpoint_urls(ep)
+    t = Target(label=f"job {job.job_id}", base_urls=urls,
+               served=ep.served_model_name if ep.served_model_name is not None else "",
+               engine=ep.engine, model=ep.model or env.get("INFERENCE_MODEL"),
                catalog_model=target_name.partition(":")[2] or env.get("MODEL") or None, job_id=job.job_id)
-    t.metrics_url = data.get("metrics_at") or None  # a router's own metrics port
+    t.metrics_url = ep.metrics_at or None  # a router's own metrics port
     t.gdr_level = env.get("NCCL_NET_GDR_LEVEL") or None
-    t.multi_node = data.get("shape") == "pipeline" or len(data.get("nodes") or []) > len(urls)
+    t.multi_node = ep.shape == "pipeline" or len(ep.nodes) > len(urls)
     if t.engine == "sglang" and "SGLANG_ENABLE_METRICS" in env:
         from ..engines.sglang import metrics_enabled
 
@@ -128,7 +129,7 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
                 t.metrics_off = env["SGLANG_ENABLE_METRICS"]
         except EnvLayersError:
             pass
-    recorded = data.get("api_key_file") if data.get("api_key_required") else None  # a per-job key's file
+    recorded = ep.api_key_file if ep.api_key_required else None  # a per-job key's file
     key_file = api_key_file or recorded or env.get("SERVER_API_KEY_FILE") or None
     if key_file:
         t.api_key = read_key(key_file, None if api_key_file else
@@ -136,7 +137,7 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
                              named_by="--api-key-file" if api_key_file else
                              "api_key_file" if recorded else "SERVER_API_KEY_FILE",
                              serving=False, owner=os.getuid())
-    elif data.get("api_key_required"):
+    elif ep.api_key_required:
         raise CannotVerify(f"job {job.job_id}'s endpoint needs an API key and its serve.env names no key file",
                            hint="pass --api-key-file FILE")
     t.notes.append(f"job {job.job_id}: {state}; run dir {files.run_dir}")
