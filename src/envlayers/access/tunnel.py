@@ -335,7 +335,7 @@ def _ssh_hint(line: str | None, spec: TunnelSpec) -> str:
 def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> TunnelFailed:
     said, code = ssh_said(text)
     last = said or "nothing"
-    dest, port = spec.gateway.destination, spec.remote_port
+    dest = spec.gateway.destination
     if outcome == "refused":
         return _held_failure(spec, last)
     if outcome == "exited":
