@@ -39,9 +39,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
 from envlayers.engines.router import ENTRY, KEY_ENV, plan_router  # noqa: E402
+from realengine.tiny_model import DTYPE  # noqa: E402 - the dtype the tiny model is served in, and why
 from envlayers.launch.router import worker_health  # noqa: E402
 
 
@@ -117,7 +118,7 @@ def main() -> int:
             subprocess.run([f"{args.venv}/bin/python", str(REPO / "tests/realengine/tiny_model.py"), str(model_dir)],
                            check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             exe, model = [f"{args.venv}/bin/vllm"], str(model_dir)
-            extra = ["--served-model-name", "m", "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager"]
+            extra = ["--served-model-name", "m", "--max-model-len", "512", "--dtype", DTYPE, "--enforce-eager"]
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         env["VLLM_API_KEY"] = key
         for i, port in enumerate(ports):

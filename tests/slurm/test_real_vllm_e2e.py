@@ -97,7 +97,7 @@ def real_layer(model_dir: Path, layer: str = "") -> str:
             # assigned empty: the flag is omitted (the CPU build takes --gpu-memory-utilization and ignores it:
             # its KV cache is the next key's size)
             "GPU_MEMORY_UTILIZATION=\n"
-            "SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 512 --dtype bfloat16'\n"
+            f"SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 512 --dtype {realvllm.DTYPE}'\n"
             # a layer value reaches the engine's environment: the job exports every launch key
             "VLLM_CPU_KVCACHE_SPACE=1\n"
             # keyless (acknowledged by lab_ack) unless the test names a key
@@ -328,7 +328,7 @@ def test_single_node_real_vllm_serves_verify_and_a_stopped_engine_core_ends_the_
     # cannot be greater than max_model_len=512"): this job serves the tiny model's whole context
     run = RealRun(netns_lab, tmp_path, meter, "single: live, verify, SIGSTOP of EngineCore",
                   layer="HEALTH_FAIL_AFTER_S=30\n"
-                        "SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 2048 --dtype bfloat16'\n")
+                        f"SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 2048 --dtype {realvllm.DTYPE}'\n")
     run.submit()
     stopped = None
     try:
@@ -406,7 +406,7 @@ def test_single_node_sigkill_of_the_engine_core_ends_the_job_naming_rank_0(netns
 
 def test_a_flag_the_real_engine_refuses_ends_the_job_quoting_its_root_cause(netns_lab, tmp_path, meter):
     run = RealRun(netns_lab, tmp_path, meter, "single: --max-model-len beyond the model",
-                  layer="SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 100000 --dtype bfloat16'\n")
+                  layer=f"SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 100000 --dtype {realvllm.DTYPE}'\n")
     run.submit()
     assert run.wait_end(timeout_s=LIVE_TIMEOUT_S) == "FAILED"
     text = run.text()
