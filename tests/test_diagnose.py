@@ -95,6 +95,18 @@ POSITIVE = [
     pytest.param("launcher-run-dir-full.out", "run-dir-unwritable", "launcher-run-dir-full.out:2",
                  {"run-dir-unwritable"}, id="run-dir-unwritable"),    pytest.param("launcher-engine-core-lost.out", "engine-core-lost", "launcher-engine-core-lost.out:4",
                  {"engine-core-lost"}, id="engine-core-lost"),
+    pytest.param("sglang-hip-oom.log", "gpu-out-of-memory", "sglang-hip-oom.log:10",
+                 {"gpu-out-of-memory"}, id="gpu-out-of-memory-hip"),
+    pytest.param("vllm-0.32-cpu-unknown-flag.log", "engine-flag-unknown", "vllm-0.32-cpu-unknown-flag.log:5",
+                 {"engine-flag-unknown"}, id="engine-flag-unknown-real-vllm"),
+    pytest.param("vllm-gated-model.log", "hub-gated-model", "vllm-gated-model.log:6",
+                 {"hub-gated-model"}, id="hub-gated-model"),
+    pytest.param("vllm-disk-full.log", "disk-full", "vllm-disk-full.log:6",
+                 {"disk-full"}, id="disk-full-hub-cache"),
+    pytest.param("vllm-0.32-cpu-port-in-use.log", "port-in-use", "vllm-0.32-cpu-port-in-use.log:38",
+                 {"port-in-use"}, id="port-in-use-real-vllm"),
+    pytest.param("sglang-port-in-use.log", "port-in-use", "sglang-port-in-use.log:5",
+                 {"port-in-use"}, id="port-in-use-uvicorn"),
 ]
 
 
@@ -121,6 +133,26 @@ POSITIVE = [
 ])
 def test_launcher_wording_variants(rules, line, rule_id):
     assert [f.rule_id for f in diagnose([LogText("job.out", [line])], rules)] == [rule_id]
+
+
+@pytest.mark.parametrize("line, rule_id", [
+    pytest.param("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 3 has a total "
+                 "capacity of 79.19 GiB of which 1.02 GiB is free.", "gpu-out-of-memory", id="cuda-oom-torch-2.4"),
+    pytest.param("RuntimeError: HIP error: out of memory", "gpu-out-of-memory", id="hip-error-string"),
+    pytest.param("launch_server.py: error: argument --attention-backend: invalid choice: 'flash' (choose from "
+                 "'aiter', 'triton', 'torch_native')", "engine-flag-unknown", id="sglang-invalid-choice"),
+    pytest.param("OSError: You are trying to access a gated repo.", "hub-gated-model", id="transformers-gated"),
+    pytest.param("requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: "
+                 "https://huggingface.co/api/models/meta-llama/Llama-3.1-405B-Instruct-FP8", "hub-gated-model",
+                 id="hub-403-token-without-access"),
+    pytest.param("OSError: [Errno 122] Disk quota exceeded: '/users/alice/.triton/cache/x.json'", "disk-full",
+                 id="quota"),
+    pytest.param("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                 "address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE, message: address already in use",
+                 "port-in-use", id="rendezvous-port-taken"),
+])
+def test_engine_wording_variants(rules, line, rule_id):
+    assert [f.rule_id for f in diagnose([LogText("server-0.log", [line])], rules)] == [rule_id]
 
 
 @pytest.mark.parametrize("fixture, rule_id, where, expected", POSITIVE)
@@ -416,6 +448,14 @@ def test_cli_unknown_job_id_is_bad_input(tmp_path):
     result = run("diagnose", "--root", str(tmp_path), "424242", env={"SCRATCH": ""})
     assert result.exit_code == 2
     assert "no job 424242: Slurm does not know it" in result.stderr  # what every command says
+    # its hint names the form diagnose takes (a run directory as an argument: it has no --run-dir), and it works
+    assert "give its run directory (`env_layers diagnose RUN_DIR`)" in result.stderr
+    assert "--run-dir" not in result.stderr
+    run_dir = tmp_path / "424242"
+    run_dir.mkdir()
+    (run_dir / "server-0.log").write_text("ENVLAYERS-ERROR: no routable fabric address on the head node\n")
+    as_hinted = run("diagnose", str(run_dir))
+    assert as_hinted.exit_code == 1 and "no-fabric-address" in as_hinted.output
 
 
 def test_cli_json_shape():
