@@ -56,13 +56,13 @@ def parse_job_id(text: str) -> str:
                          hint=f"give {FORMS}, e.g. `env_layers wait 12345`")
 
 
-def not_found(job_id: str) -> EnvLayersError:
-    """What every command says for a job id neither Slurm nor the files here know."""
+def not_found(job_id: str, give_dir: str = "--run-dir DIR") -> EnvLayersError:
+    """What every command says for a job id neither Slurm nor the files here know. ``give_dir``: how the
+    command that asks takes a run directory instead (diagnose takes it as an argument, not an option)."""
     return EnvLayersError(
         f"no job {job_id}: Slurm does not know it and there is no serve-only-{job_id}.out here",
         hint="`env_layers status` lists your endpoint jobs; without accounting Slurm forgets a finished job "
-             "after MinJobAge: run from the submit directory, or give the run directory (--run-dir DIR; "
-             "`env_layers diagnose DIR`)")
+             f"after MinJobAge: run from the submit directory, or give its run directory ({give_dir})")
 
 
 __all__ = ["FORMS", "WHERE", "looks_like_job_id", "not_found", "parse_job_id"]

@@ -84,7 +84,7 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
             if has_dir and not found and info is not None and info.finished:
                 continue  # nothing logged, but the launcher's end (or its lack) still says something
             if not found and info is None and not has_dir:
-                raise not_found(target)  # what every command says for a job it cannot find
+                raise not_found(target, give_dir="`env_layers diagnose RUN_DIR`")  # as every command says it
             if not found:
                 raise EnvLayersError(f"no logs for job {target}",
                                      hint=f"looked for {out} and the run directory ($SCRATCH/inference-server/"
