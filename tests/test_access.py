@@ -24,6 +24,7 @@ from envlayers.access.tunnel import TunnelSpec
 from envlayers.errors import EnvLayersError
 
 import sshdtools
+from timing import LATE_S  # how late a busy machine may run an event
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -248,7 +249,7 @@ def test_ping_never_hangs_on_a_server_that_accepts_and_says_nothing():
         proc = cli("ping", f"http://127.0.0.1:{port}", "--timeout-s", "1")
         took = time.monotonic() - t0
     assert proc.returncode == 1 and "no answer" in proc.stdout and "timed out" in proc.stdout
-    assert took < 10
+    assert took < 1 + LATE_S  # silent for ever
 
 
 def test_ping_of_a_closed_port_fails_at_once():
@@ -420,7 +421,7 @@ def test_ping_gives_up_on_a_server_that_trickles_its_answer():
         took = time.monotonic() - t0
         stop.set()
     assert not result.ok and "no complete reply within 1s" in result.checks[0].detail
-    assert took < 4
+    assert took < 1 + LATE_S  # it trickles until the test stops it
 
 
 def _no_slurm_job(tmp_path: Path, port: int) -> Path:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from envlayers import httpclient
+from timing import LATE_S  # how late a busy machine may run an event
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -90,7 +91,7 @@ def test_a_silent_server_times_out_within_the_bound(base):
     t0 = time.monotonic()
     with pytest.raises(httpclient.HttpError) as err:
         httpclient.get(base + "/silent", 0.5)
-    assert err.value.timed_out and err.value.status is None and time.monotonic() - t0 < 2
+    assert err.value.timed_out and err.value.status is None and time.monotonic() - t0 < 0.5 + LATE_S  # silent for ever
 
 
 def test_request_within_cuts_off_a_server_that_trickles(base):
@@ -98,7 +99,7 @@ def test_request_within_cuts_off_a_server_that_trickles(base):
     with pytest.raises(httpclient.HttpError) as err:
         httpclient.request_within("GET", base + "/trickle", 0.5, slack_s=0.2)
     assert err.value.incomplete and err.value.reason == "no complete answer within 0.5s"
-    assert time.monotonic() - t0 < 1.5  # each byte came within the socket timeout: only the wall clock stops it
+    assert time.monotonic() - t0 < 0.7 + LATE_S  # it trickles for ever; each byte came within the socket timeout: only the wall clock stops it
 
 
 def test_stream_reads_server_sent_lines_of_a_json_post(base):

@@ -21,6 +21,7 @@ from envlayers.verify import checks as gates
 from envlayers.verify.client import Client
 from envlayers.verify.data import Prompt, is_correct, load_baselines, load_prompts, strip_think
 from envlayers.verify.target import Target, base_url_of
+from timing import LATE_S  # how late a busy machine may run an event
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -229,7 +230,7 @@ def test_a_stalled_server_is_bounded_by_the_timeout():
         client = Client(f"http://127.0.0.1:{srv.getsockname()[1]}/v1", timeout_s=1.0)
         started = time.monotonic()
         answer = client.post("/chat/completions", {"model": "x"})
-        assert answer.status is None and time.monotonic() - started < 3.0
+        assert answer.status is None and time.monotonic() - started < 1.0 + LATE_S  # silent for ever
 
 
 def test_catalog_entry_without_a_reasoning_parser_skips_without_a_request():

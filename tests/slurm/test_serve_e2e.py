@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from labtools import processes_mentioning
+from timing import LATE_S  # how late a busy machine may run an event
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "cluster" / "serve-only.sbatch"
@@ -395,15 +396,15 @@ def test_a_rank_that_dies_after_the_endpoint_is_live_ends_the_job(netns_lab, tmp
 
 
 def test_a_vllm_engine_core_that_dies_ends_the_job_on_the_servers_report_not_its_exit(netns_lab, tmp_path):
-    # the stand-in says what vLLM's API server says when its engine core dies, then lingers 60 s before exiting
+    # the stand-in says what vLLM's API server says when its engine core dies, then lingers 300 s before exiting
     # (the real 0.32 CPU build lingers about 4 s): the job must end on the line, long before the exit
     run = Run(netns_lab, tmp_path, model="oss120b", STANDIN_CORE_DIES_AFTER_READY_SECONDS="2",
-              STANDIN_CORE_DEATH_EXIT_SECONDS="60", STANDIN_VLLM_LOG="0.32-cpu")
+              STANDIN_CORE_DEATH_EXIT_SECONDS="300", STANDIN_VLLM_LOG="0.32-cpu")
     run.submit()
     run.wait_for("^" + re.escape(BANNER), timeout_s=60)
     said_at = time.monotonic()
-    assert run.state(timeout_s=40) == "FAILED"
-    assert time.monotonic() - said_at < 40
+    assert run.state(timeout_s=2 + 2 * LATE_S) == "FAILED"
+    assert time.monotonic() - said_at < 2 + 2 * LATE_S
     text = run.out.read_text()
     assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 lost its engine core after the endpoint was live \(its log: "
                      r"\(APIServer pid=\d+\) WARNING .*\[shutdown\] MPClient: engine core exited unexpectedly; "
