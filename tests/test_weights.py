@@ -117,8 +117,10 @@ def test_no_hf_home_is_a_warning_not_a_refusal(tmp_path):
 def test_a_reference_the_login_node_cannot_expand_is_a_warning(tmp_path):
     j = job(tmp_path, "HF_HOME=${MY_JOB_SCRATCH}/hf\n")
     assert j.blockers == []
-    assert f"HF_HOME ({tmp_path / 'mine.env'}:3) reads a variable this shell does not set: the weights of {QWEN} " \
-           "cannot be checked before submission" in "\n".join(j.warnings)
+    assert f"HF_HOME ({tmp_path / 'mine.env'}:3) reads ${{MY_JOB_SCRATCH}}, which this shell does not set: the " \
+           f"weights of {QWEN} cannot be checked before submission; export MY_JOB_SCRATCH here, or CHECK_WEIGHTS=0 " \
+           "when the weights come another way" in j.warnings
+    # as the warning says: with the variable it names exported, the weights are checked (here: not there)
     assert len(job(tmp_path, "HF_HOME=${MY_JOB_SCRATCH}/hf\n", MY_JOB_SCRATCH=str(tmp_path)).blockers) == 1
 
 
@@ -142,7 +144,9 @@ def test_the_container_engine_reads_the_edfs_hf_home(tmp_path):
     fake_snapshot(tmp_path / "s" / ".cache" / "huggingface" / "hub", QWEN)
     assert prepare(REPO, "qwen38", env_file=mine, python=PY, environ=environ).blockers == []
     unset = prepare(REPO, "qwen38", env_file=mine, python=PY, environ={k: v for k, v in environ.items() if k != "SCRATCH"})
-    assert unset.blockers == [] and any(w.startswith("HF_HOME (containers/edfs/sglang-mi300.yaml:54) reads a variable")
+    # the EDF's value reads $SCRATCH: the warning names that variable, not HF_HOME, as the one to export
+    assert unset.blockers == [] and any(w.startswith("HF_HOME (containers/edfs/sglang-mi300.yaml:54) reads ${SCRATCH}, "
+                                                     "which this shell does not set") and "export SCRATCH here" in w
                                         for w in unset.warnings)
 
 

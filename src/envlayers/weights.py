@@ -143,9 +143,12 @@ def locate(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, 
                         f"{KEY}=0 when the weights come another way"], [])
     value = _expanded(env, key, edf_value, environ)
     if value is None:
-        return Located([f"{key} ({where}) reads a variable this shell does not set: the weights of {model} cannot "
-                        f"be checked before submission; export it here, or {KEY}=0 when the weights come another "
-                        "way"], [])
+        unset = _unset_names(env, key, edf_value, environ)
+        named = " and ".join(f"${{{n}}}" for n in unset) or "a variable"
+        export = f"export {' '.join(unset)}" if unset else "export it"
+        return Located([f"{key} ({where}) reads {named}, which this shell does not set: the weights of {model} "
+                        f"cannot be checked before submission; {export} here, or {KEY}=0 when the weights come "
+                        "another way"], [])
     path = Path(value).expanduser()
     hub = path if key == "HF_HUB_CACHE" else path / "hub"
     try:
@@ -163,6 +166,19 @@ def locate(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, 
         f"{repo_folder(hub, model)}/snapshots/; a download inside the job would keep every allocated GPU "
         f"idle. Download them first: `{download}` (older clients: `{key}={shlex.quote(str(path))} "
         f"huggingface-cli download {shlex.quote(model)}`), or set {KEY}=0 when they come another way"])
+
+
+def _unset_names(env: Env, key: str, edf_value: str | None, environ: Mapping[str, str]) -> list[str]:
+    """The variables the login shell leaves unset that :func:`_expanded` could not do without."""
+    if edf_value is not None:
+        from .edf.images import referenced_vars
+
+        names = [n for n, has_default in referenced_vars(edf_value) if not has_default and n not in environ]
+    else:
+        from .layers import deferred_in
+
+        names = [d.name for d in deferred_in(env.bindings[key].value) if d.op is None and d.name not in environ]
+    return list(dict.fromkeys(names))
 
 
 def _expanded(env: Env, key: str, edf_value: str | None, environ: Mapping[str, str]) -> str | None:

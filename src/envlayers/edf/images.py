@@ -38,6 +38,11 @@ def expand_vars(text: str, environ: Mapping[str, str] | None = None, *, where: s
     return _VAR_RE.sub(repl, text)
 
 
+def referenced_vars(text: str) -> list[tuple[str, bool]]:
+    """Each ``${VAR}`` or ``${VAR:-default}`` of ``text`` as (name, has a default), in order."""
+    return [(m.group(1), m.group(2) is not None) for m in _VAR_RE.finditer(text) if m.group(1)]
+
+
 def fetch_command(role: str, root: Path, cwd: Path | None = None) -> str:
     """The exact command that imports ``role``'s pinned image to the SquashFS its EDF names."""
     here = (cwd or Path.cwd()).resolve()
