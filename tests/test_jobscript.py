@@ -507,3 +507,23 @@ def test_job_submissions_of_the_same_target_are_equal(edf_dir):
     assert repr(job).startswith("JobSubmission(target='experiment:qwen38', sbatch_args=['--nodes=1'")
     with pytest.raises(AttributeError):  # frozen: what the dry run showed is what is submitted
         job.script = ""
+
+
+@pytest.mark.parametrize("time, said", [
+    pytest.param("4:00", "time limit SERVE_TIME=4:00 is 4 min (Slurm reads MM:SS as minutes and seconds: 4 h is "
+                 "04:00:00), less than the 2 h the readiness budget gives the server to start (7200s)",
+                 id="hours-meant-as-minutes-seconds"),
+    pytest.param("1", "time limit SERVE_TIME=1 is 1 min, less than the 2 h", id="bare-minutes"),
+    pytest.param("01:30:00", "time limit SERVE_TIME=01:30:00 is 1 h 30 min, less than the 2 h", id="hh-mm-ss"),
+])
+def test_a_time_limit_shorter_than_the_readiness_budget_is_said_in_words(edf_dir, time, said):
+    job = prepare(REPO, "qwen38", python=PY, environ=edf_dir, time=time)
+    (warning,) = [w for w in job.warnings if w.startswith("time limit")]
+    assert warning.startswith(said) and "may end before it serves: ask for more, e.g. SERVE_TIME=08:00:00" in warning
+    assert f"--time={time}" in job.sbatch_args  # a warning: the operator may mean it
+
+
+@pytest.mark.parametrize("time", ["02:00:00", "08:00:00", "1-00:00:00", "120"])
+def test_a_time_limit_that_covers_the_readiness_budget_says_nothing(edf_dir, time):
+    job = prepare(REPO, "qwen38", python=PY, environ=edf_dir, time=time)
+    assert not [w for w in job.warnings if w.startswith("time limit")]

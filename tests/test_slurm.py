@@ -477,3 +477,12 @@ def test_run_takes_the_environment_and_directory_and_gives_no_stdin(tmp_path):
     proc = slurm.run(["bash", "-c", 'echo "$WHO $SLURM_TIME_FORMAT $PWD"; cat'],
                      env={"WHO": "me", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert proc.stdout == f"me standard {tmp_path}\n"  # cat read nothing: stdin is /dev/null
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0 s"), (45, "45 s"), (240, "4 min"), (7200, "2 h"),
+                                           (5400, "1 h 30 min"), (90061, "1 d 1 h 1 min 1 s")])
+def test_spoken_durations(seconds, text):
+    from envlayers.durations import spoken
+
+    assert spoken(seconds) == text
+

@@ -48,3 +48,13 @@ def format_duration(seconds: int) -> str:
     hours, rest = divmod(rest, 3600)
     text = f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
     return f"{days}-{text}" if days else text
+
+
+def spoken(seconds: int) -> str:
+    """Seconds as a person says them, largest units first: ``4 min``, ``2 h``, ``1 h 30 min``, ``45 s``."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n} {unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "min"), (secs, "s")) if n]
+    return " ".join(parts) or "0 s"
+

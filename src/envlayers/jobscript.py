@@ -188,6 +188,18 @@ def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=Non
                               "(`sinfo -o '%P %l'` lists each one's MaxTime)")
 
 
+def _short_time_warning(time: str, limit_s: int, budget: int) -> str:
+    """A time limit shorter than the readiness budget, in words: Slurm reads ``4:00`` as four minutes."""
+    from .durations import spoken
+
+    mm_ss = re.fullmatch(r"\s*(\d+):(\d+)\s*", time)
+    reading = (f" (Slurm reads MM:SS as minutes and seconds: {int(mm_ss.group(1))} h is "
+               f"{int(mm_ss.group(1)):02d}:{int(mm_ss.group(2)):02d}:00)") if mm_ss else ""
+    return (f"time limit SERVE_TIME={time} is {spoken(limit_s)}{reading}, less than the {spoken(budget)} the "
+            f"readiness budget gives the server to start ({budget}s); the job clamps the budget to 90% of the time "
+            "left and may end before it serves: ask for more, e.g. SERVE_TIME=08:00:00")
+
+
 def ready_timeout_s(env: Mapping[str, str]) -> int:
     """AGENT_READY_TIMEOUT_SECONDS, else VLLM_READY_TIMEOUT_SECONDS, else the default (empty counts as unset)."""
     from . import keys
@@ -281,8 +293,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     time = check_time(time)
     limit_s = parse_duration(time)
     if limit_s and budget > limit_s:
-        warnings.append(f"readiness budget {budget}s exceeds the time limit {time}; the job clamps it to 90% "
-                        "of the time left")
+        warnings.append(_short_time_warning(time, limit_s, budget))
     partition = _partition(text)
     script = job_script(
         job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
