@@ -135,7 +135,7 @@ def test_key_from_file_and_refused_without_it(engines, tmp_path):
     key = "k-" + os.urandom(6).hex()
     e = engines({"STANDIN_TOKENS_PER_S": "500"}, "--api-key", key)
     result = CliRunner().invoke(cli, ["bench", e.url, "--requests", "2", "--concurrency", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # could not run (the help's 2), not a load the endpoint failed (1)
     assert "HTTP 401" in result.stderr and "--api-key-file" in result.stderr
     key_file = tmp_path / "key"
     key_file.write_text(key + "\n")
@@ -149,7 +149,7 @@ def test_nothing_listening_fails_fast_without_load():
     port = _free_port()
     t0 = time.monotonic()
     result = CliRunner().invoke(cli, ["bench", f"http://127.0.0.1:{port}/v1", "--timeout-s", "5"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # could not run, as the help promises
     assert "is not ready for a load test" in result.stderr and "no answer" in result.stderr
     assert time.monotonic() - t0 < LATE_S  # before any load: a load of the default 100 requests would take longer
 

@@ -139,7 +139,7 @@ def bench(ctx: click.Context, target: str, concurrency: str, requests: int, dura
     if not pre.ok:
         bad = next(c for c in pre.checks if not c.ok)
         click.echo(f"env_layers: error: {base_url} is not ready for a load test: {bad.name}: {bad.detail}", err=True)
-        ctx.exit(1)
+        ctx.exit(2)  # it could not run, as the help says (1 is for a load the endpoint failed)
     settings = load.Settings(base_url, pre.served_model_name or served or "", key, requests, duration_s, timeout_s,
                              input_tokens, output_tokens, ignore_eos)
     if not as_json:
