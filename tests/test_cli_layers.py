@@ -355,3 +355,18 @@ def test_explain_base_env_replaces_the_catalog(tmp_path):
     base.write_text("INFERENCE_ENGINE=vllm\n")
     data = json.loads(run("explain", "experiment:qwen38", "--base-env", str(base), "--json").output)
     assert data["sources"] == [str(base), "experiments/serve-only.env"]
+
+
+def test_the_help_lists_every_command_once_in_its_section():
+    from envlayers.cli import COMMANDS, SECTIONS
+
+    sectioned = [name for _, names in SECTIONS for name in names]
+    assert sorted(sectioned) == sorted(COMMANDS)  # each command in exactly one section
+    out = CliRunner().invoke(cli, ["--help"]).output
+    titles = [title for title, _ in SECTIONS]
+    assert [line[:-1] for line in out.splitlines() if line[:-1] in titles] == titles  # in this order
+    assert "Commands:" not in out
+    for title, names in SECTIONS:
+        block = out.split(f"{title}:\n", 1)[1].split("\n\n", 1)[0]
+        assert [line.split()[0] for line in block.splitlines() if line.startswith("  ") and line[2] != " "] == \
+            list(names), title

@@ -42,6 +42,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "images": ("images_cmds", "images", "Save or load a pinned podman image to or from shared storage."),
 }
 
+# `env_layers --help` lists the commands in these sections, in this order; every command is in exactly one
+# (tests/test_cli_layers.py holds the two tables together)
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Set up (the catalog and the containers)", ("list", "render", "explain", "check", "install-edfs", "edf",
+                                                 "images")),
+    ("Launch", ("plan", "serve", "wait")),
+    ("Operate (a job: its endpoint, access and end)", ("status", "logs", "connect", "ping", "tunnel", "release",
+                                                       "stop")),
+    ("Inspect (what happened, how well it serves)", ("diagnose", "check-cores", "verify", "bench", "report")),
+    ("In the job (the job script runs it)", ("launch",)),
+)
+
 
 class errors_as_one_line:  # noqa: N801 - used as a context manager, like contextlib's
     """An EnvLayersError becomes one line and its exit code; anything else unexpected too,
@@ -99,10 +111,13 @@ class LazyGroup(click.Group):
             return None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        available = set(self.list_commands(ctx))
+        width = max(map(len, available), default=0)  # one column for every section
+        for title, names in SECTIONS:
+            rows = [(name.ljust(width), COMMANDS[name][2]) for name in names if name in available]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
         with errors_as_one_line(ctx):
