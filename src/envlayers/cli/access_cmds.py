@@ -21,12 +21,12 @@ def _dump(data) -> None:
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", metavar="JOBID")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--show-key", is_flag=True, help="Print the API key itself (only when you own its file).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 def connect(job_id: str, as_json: bool, show_key: bool, run_dir: str | None) -> None:
-    """What a client needs to use JOB_ID's endpoint: base URL(s), model name, and whether a key is
+    """What a client needs to use JOBID's endpoint: base URL(s), model name, and whether a key is
     needed and which file holds it (never the key, unless --show-key). For the job's owner only."""
     from ..access.connect import connect_info
     from .access_format import format_connect
@@ -97,7 +97,7 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", metavar="JOBID")
 @click.option("--to", "destination", required=True, metavar="USER@GATEWAY", help="The gateway host to tunnel to.")
 @click.option("--remote-port", type=int, required=True, metavar="N",
               help="The fixed port on the gateway host that the gateway's route names.")
@@ -120,7 +120,7 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
 def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, remote_bind: str | None, ssh_port: int | None,
            identity: str | None, options: tuple[str, ...], keep_alive: bool, restarts: int, replica: int,
            start_timeout_s: float, as_json: bool, run_dir: str | None) -> None:
-    """Open a reverse SSH tunnel from the node serving JOB_ID's API to a fixed loopback port on a
+    """Open a reverse SSH tunnel from the node serving JOBID's API to a fixed loopback port on a
     gateway host, as a step of the job (it ends with the job). Prints the gateway route entry.
 
     \b
@@ -181,14 +181,14 @@ def tunnel(ctx: click.Context, job_id: str, destination: str, remote_port: int, 
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", metavar="JOBID")
 @click.option("--json", "as_json", is_flag=True, help="Print the steps as JSON.")
-@click.option("--timeout", "timeout_s", type=Seconds(zero_ok=True), default=60.0, show_default=True, metavar="S",
+@click.option("--timeout-s", "--timeout", "timeout_s", type=Seconds(zero_ok=True), default=60.0, show_default=True, metavar="S",
               help="How long to wait for Slurm to say the job ended.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 @click.pass_context
 def release(ctx: click.Context, job_id: str, as_json: bool, timeout_s: float, run_dir: str | None) -> None:
-    """Release JOB_ID in order: remove the gateway route (reminder), close the tunnel (by its recorded
+    """Release JOBID in order: remove the gateway route (reminder), close the tunnel (by its recorded
     PID, checked), stop the server and cancel the allocation, confirm the gateway port is closed.
 
     Exit 0 when everything is released (a second run says so), 1 when a step failed."""

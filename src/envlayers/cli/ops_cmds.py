@@ -19,7 +19,7 @@ _RUN_DIR_HELP = "The job's run directory, when it is not where the job output sa
 MAX_POLL_S = 600.0
 
 
-_TIMEOUT_HINT = "leave --timeout out to wait as long as the job lives"
+_TIMEOUT_HINT = "leave --timeout-s out to wait as long as the job lives"
 OUTAGE_ENV = "ENVLAYERS_SLURM_OUTAGE_S"  # = envlayers.ops.lookup.OUTAGE_ENV (a test holds them equal)
 _OUTAGE_HELP = ("How long Slurm may go without answering (slurmctld stopped or restarting) before giving up "
                 "with exit 75; 0: not at all. Default 300.")
@@ -46,8 +46,8 @@ def _dump(data) -> None:
 
 
 @click.command()
-@click.argument("job_id")
-@click.option("--timeout", "timeout_s", type=Seconds(zero_ok=True, hint=_TIMEOUT_HINT), default=None, metavar="S",
+@click.argument("job_id", metavar="JOBID")
+@click.option("--timeout-s", "--timeout", "timeout_s", type=Seconds(zero_ok=True, hint=_TIMEOUT_HINT), default=None, metavar="S",
               help="Give up after S seconds (exit 3; the job goes on). Default: as long as the job lives.")
 @click.option("--poll", "poll_s", type=Seconds(zero_ok=False, maximum=MAX_POLL_S), default=1.0, show_default=True,
               metavar="S", help="Seconds between Slurm queries (files are checked at least every 0.25 s).")
@@ -59,14 +59,14 @@ def _dump(data) -> None:
 @click.pass_context
 def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float, as_json: bool, progress: str,
          run_dir: str | None, outage_s: float) -> None:
-    """Wait until JOB_ID's endpoint is live, the job ends, or --timeout passes.
+    """Wait until JOBID's endpoint is live, the job ends, or --timeout-s passes.
 
     \b
     Exit 0 with the endpoint block (or --json) once endpoint.json exists;
     1 when the job ended first (with its last ENVLAYERS-ERROR and a diagnosis);
-    3 when --timeout passed (the job goes on); 2 when there is no such job;
+    3 when --timeout-s passed (the job goes on); 2 when there is no such job;
     75 when Slurm did not answer for --slurm-outage seconds (the job goes on).
-    A downstream job can depend on it:  env_layers wait 1234 --timeout 3600 && run-bench
+    A downstream job can depend on it:  env_layers wait 1234 --timeout-s 3600 && run-bench
     """
     from .. import ops
     from . import ops_format as fmt
@@ -91,19 +91,19 @@ def wait(ctx: click.Context, job_id: str, timeout_s: float | None, poll_s: float
 
 
 @click.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", metavar="JOBID", required=False)
 @click.option("--all", "all_users", is_flag=True, help="Every user's endpoint jobs, not only yours.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--no-probe", is_flag=True, help="With JOB_ID: do not ask the endpoint whether it answers.")
+@click.option("--no-probe", is_flag=True, help="With JOBID: do not ask the endpoint whether it answers.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 @_outage_option
 def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, run_dir: str | None,
            outage_s: float) -> None:
-    """Without JOB_ID: your endpoint jobs (id, state, nodes, time left, target, model id, served name,
-    phase, URL). With JOB_ID: the full record (state, reason, nodes, target, model id, served name, run
+    """Without JOBID: your endpoint jobs (id, state, nodes, time left, target, model id, served name,
+    phase, URL). With JOBID: the full record (state, reason, nodes, target, model id, served name, run
     dir, how the launcher ended, the furthest startup phase of every rank, URLs, errors, earlier runs).
 
-    JOB_ID: 1234, or a step of it (1234.0, 1234.batch). Exit 75 when Slurm did not answer for
+    JOBID: 1234, or a step of it (1234.0, 1234.batch). Exit 75 when Slurm did not answer for
     --slurm-outage seconds."""
     from .. import ops
     from . import ops_format as fmt
@@ -144,7 +144,7 @@ def _rank_choice(value: str) -> str | int:
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", metavar="JOBID")
 @click.option("--rank", "rank_text", default="0", show_default=True, metavar="N|job",
               help="Which log: server-N.log of rank N, or 'job' for serve-only-<jobid>.out.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends (Ctrl-C stops).")
@@ -184,14 +184,14 @@ def logs(job_id: str, rank_text: str, follow: bool, tail_n: int | None, as_json:
 
 
 @click.command()
-@click.argument("job_id")
-@click.option("--timeout", "timeout_s", type=Seconds(zero_ok=True), default=60.0, show_default=True, metavar="S",
+@click.argument("job_id", metavar="JOBID")
+@click.option("--timeout-s", "--timeout", "timeout_s", type=Seconds(zero_ok=True), default=60.0, show_default=True, metavar="S",
               help="How long to wait for Slurm to say the job ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 @click.pass_context
 def stop(ctx: click.Context, job_id: str, timeout_s: float, as_json: bool, run_dir: str | None) -> None:
-    """Cancel JOB_ID, wait until Slurm says it ended, and confirm its endpoint no longer answers.
+    """Cancel JOBID, wait until Slurm says it ended, and confirm its endpoint no longer answers.
 
     Exit 0 when stopped and silent; 1 when the job did not end in time or an endpoint still answers."""
     from .. import ops
