@@ -217,11 +217,14 @@ def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str],
     warning (each said once for all ranks)."""
     from .engines import engine_name, extra_args
     from .engines.choices import DATA, messages, table
+    from .engines.owned import refusals
 
     engine = engine_name(text)
     data = table(DATA / f"{engine}-choices.json")
     where = {k: str(b.origin) for k, b in env.bindings.items()}
     extra = extra_args(text)
+    # a flag the plan or the exposure check decides, given again, would override it (engines/owned.py)
+    blockers += refusals(extra, engine, data.get("options", ()), where.get("SERVER_EXTRA_ARGS", "?"))
     for cmd in commands:
         if "serve" not in cmd.argv[:2] and "sglang.launch_server" not in cmd.argv[:3]:
             continue  # a Ray worker's `ray start`

@@ -198,7 +198,7 @@ KEYS: tuple[Key, ...] = (
         doc='vLLM `--max-model-len`, SGLang `--context-length`',
         absent='flag omitted', empty='flag omitted'),
     Key('SERVER_EXTRA_ARGS', STR, section='main',
-        doc='extra engine arguments, split like a shell would, appended verbatim',
+        doc='extra engine arguments, split like a shell would, appended verbatim; a flag the plan or the exposure check decides (host, port, parallel sizes, node rank and count, rendezvous, served name, API key, executor backend, data-parallel settings, in any spelling the engine reads) is refused before submission, naming the key that sets it',
         absent='none', empty='none'),
     Key('SERVER_API_KEY_FILE', PATH, section='main',
         doc='a file holding the API key (`--api-key`); the job reads it at launch, so the key never appears in the job script, the dry run or a log; checked on the login node before submission (see below); `generate`: a per-job key (end of this page), what `experiments/serve-only.env` sets, so every job has a key unless a later layer changes it',
