@@ -4,6 +4,7 @@ on the supervision loop with fake exit files, a fake clock and a real HTTP serve
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -539,3 +540,28 @@ def test_the_last_link_submits_nothing(tmp_path):
     chain.went_live(3.0)
     assert said == ["ENVLAYERS-STAGE: last job of the chain (after job 41): no successor"]
     assert chain_of(tmp_path).predecessor == "41"
+
+
+@pytest.mark.parametrize("mode, owner, why", [
+    pytest.param(0o644, None, "others may read or write it (mode 0644)", id="readable-by-others"),
+    pytest.param(0o620, None, "others may read or write it (mode 0620)", id="group-writable"),
+    pytest.param(0o600, 4242, "the key file belongs to", id="another-users-file"),
+])
+def test_a_chain_key_file_others_could_know_is_not_taken(tmp_path, mode, owner, why):
+    # ENVLAYERS_CHAIN_KEY_FILE naming a file another user wrote would make the server accept a key they know
+    from envlayers.launch.successor import inherited_key
+
+    planted = tmp_path / "theirs"
+    planted.write_text("k-known-to-someone-else\n")
+    planted.chmod(mode)
+    if owner is not None:
+        if os.getuid() != 0:
+            pytest.skip("only root can give a file to another uid")
+        os.chown(planted, owner, -1)
+    mine = tmp_path / "57"
+    mine.mkdir()
+    said: list[str] = []
+    assert inherited_key(mine, {"ENVLAYERS_CHAIN_KEY_FILE": str(planted), "ENVLAYERS_PREDECESSOR": "41"},
+                         said.append) is None
+    assert len(said) == 1 and said[0].startswith(f"ENVLAYERS-WARN: cannot take the chain's API key from {planted} (")
+    assert why in said[0] and not list(mine.iterdir())

@@ -124,6 +124,17 @@ def test_every_error_is_one_line():
     pytest.param("LD_AUDIT", "audit libraries", id="ld-audit"),
     pytest.param("GCONV_PATH", "conversion modules", id="gconv-path"),
     pytest.param("PYTHONSTARTUP", "Python runs the file", id="pythonstartup"),
+    # the launcher's own Python runs after the layers are exported: a sitecustomize.py in a folder another
+    # user can write would run as the job's owner
+    pytest.param("PYTHONPATH", "runs a sitecustomize.py", id="pythonpath"),
+    pytest.param("PYTHONHOME", "standard library", id="pythonhome"),
+    pytest.param("PYTHONUSERBASE", "usercustomize.py", id="pythonuserbase"),
+    pytest.param("LD_LIBRARY_PATH", "before the system's", id="ld-library-path"),
+    # the job's own variables: a chain of 50 successors, a rank every node runs, another user's key file
+    pytest.param("ENVLAYERS_CHAIN_LEFT", "the successor chain", id="chain-left"),
+    pytest.param("ENVLAYERS_CHAIN_KEY_FILE", "the key file a successor keeps", id="chain-key-file"),
+    pytest.param("ENVLAYERS_RANK", "each rank's number", id="rank"),
+    pytest.param("ENVLAYERS_READY_TIMEOUT_S", "the readiness budget", id="ready-timeout-the-job-sets"),
 ])
 def test_keys_that_run_code_are_refused_with_reason_and_alternative(key, why):
     with pytest.raises(LayerSyntaxError) as err:
@@ -132,8 +143,8 @@ def test_keys_that_run_code_are_refused_with_reason_and_alternative(key, why):
     assert text.startswith(f"l.env:2: '{key}' is refused in a layer: ") and why in text and "; hint: " in text
 
 
-@pytest.mark.parametrize("key", ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONHOME", "HF_HOME"])
-def test_search_path_keys_stay_allowed(key):
+@pytest.mark.parametrize("key", ["PATH", "HF_HOME", "ENVLAYERS_HSN_IFACE", "ENVLAYERS_RANK_START_TIMEOUT"])
+def test_search_path_and_launch_keys_stay_allowed(key):
     assert one(f"{key}=/opt/x:$HOME")[0] == key
 
 

@@ -270,6 +270,36 @@ def test_render_refuses_a_secret_with_file_line(key):
     assert "hunter22" not in str(err.value)
 
 
+@pytest.mark.parametrize("key, way", [
+    pytest.param("HF_TOKEN", "HF_TOKEN_PATH=FILE", id="hf-token"),
+    pytest.param("HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH=FILE", id="hf-token-old-name"),
+    pytest.param("OPENAI_API_KEY", "a file readable only by you", id="api-key"),
+    pytest.param("VLLM_API_KEY", "a file readable only by you", id="vllms-own-key-variable"),
+    pytest.param("AWS_SECRET_ACCESS_KEY", "a file readable only by you", id="secret-inside"),
+    pytest.param("WANDB_PASSWORD", "a file readable only by you", id="password"),
+])
+def test_render_refuses_a_credential_with_file_line_and_the_way_to_pass_it(key, way):
+    with pytest.raises(StackError) as err:
+        render(stack("A=1", f"{key}=hunter22"), "sh")
+    text = str(err.value)
+    assert text.startswith(f"l1.env:1: {key} looks like a credential: a value written in a layer is copied into the "
+                           "render, the job script, the run directory's serve.env and the job's log; hint: ")
+    assert way in text and f"{key}=${{{key}}}" in text and "hunter22" not in text
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param("HF_TOKEN=${HF_TOKEN}", id="a-reference-writes-no-secret"),
+    pytest.param("HF_TOKEN=", id="empty"),
+    pytest.param("HF_TOKEN_PATH=/home/me/.hf-token", id="a-path-to-the-secret"),
+    pytest.param("SERVER_API_KEY_FILE=/home/me/key", id="a-key-file"),
+    pytest.param("SGLANG_MAX_TOKENS=4096", id="a-count-of-tokens"),
+    pytest.param("HF_HUB_DISABLE_IMPLICIT_TOKEN=1", id="a-switch"),
+    pytest.param("TOKENIZER_MODE=auto", id="tokenizer"),
+])
+def test_what_only_names_a_credential_renders(line):
+    assert line.split("=")[0] in render(stack(line), "sh")
+
+
 def test_an_empty_secret_key_renders():
     assert "SERVER_API_KEY=''" in render(stack("SERVER_API_KEY="), "sh")
 

@@ -33,8 +33,11 @@ _SPECIAL = "is a bash special variable and cannot be set from a layer"
 _SPECIAL_FIX = "choose another name"
 # Keys a layer may not assign: key -> (why, the safe alternative). One table; docs/layers.md lists it.
 # Bash's own specials first, then keys that make bash, the dynamic loader or Python run code the
-# layers never show. PATH, PYTHONPATH, LD_LIBRARY_PATH stay allowed: they choose where programs
-# are found among folders the operator names, and operators set them legitimately.
+# layers never show. A layer's keys reach the launcher itself (`python -m envlayers launch` runs after
+# the layers are exported), so where Python and the loader look for code is refused too: a layer file
+# in a shared folder would otherwise run its author's code as the job's owner. PATH stays allowed: the
+# job runs its own commands by absolute path or through srun, and sites put their tools on it.
+_ENGINE_ONLY = "set it for the engine only, in the EDF's [env] table or in the image (docs/containers.md)"
 REFUSED: dict[str, tuple[str, str]] = {
     **{k: (_SPECIAL, _SPECIAL_FIX) for k in (
         "_ BASHPID BASH_ALIASES BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS BASH_COMMAND BASH_COMPAT "
@@ -61,6 +64,17 @@ REFUSED: dict[str, tuple[str, str]] = {
     "GCONV_PATH": ("glibc loads character-conversion modules (code) from the folders it names",
                    "install conversion modules in the image instead"),
     "PYTHONSTARTUP": ("Python runs the file it names at every interactive start", "drop it: a launch is not interactive"),
+    **{k: (f"Python {how}, the launcher's own Python included (it runs in the job after the layers are exported)",
+           _ENGINE_ONLY) for k, how in (
+        ("PYTHONPATH", "imports modules (and runs a sitecustomize.py) from the folders it names"),
+        ("PYTHONHOME", "loads its whole standard library from the folder it names"),
+        ("PYTHONUSERBASE", "imports modules (and runs usercustomize.py) from the folder it names"),
+        ("PYTHONSAFEPATH", "changes which folders it imports from"),
+        ("PYTHONINSPECT", "stays interactive after the script, reading commands from stdin"),
+        ("PYTHONEXECUTABLE", "reports another interpreter as itself"),
+        ("PYTHONPLATLIBDIR", "loads its compiled standard library from another folder"))},
+    "LD_LIBRARY_PATH": ("the dynamic loader loads libraries from the folders it names into every program the job starts "
+                        "(bash, srun, the launcher's Python, the engine) before the system's", _ENGINE_ONLY),
 }
 _SLURM_INSTEAD = ("the launcher gives srun its options from the plan (the launch keys, docs/keys.md); an option of "
                   "your own for the job goes on sbatch's command line or in the shell you submit from")
@@ -80,17 +94,22 @@ REFUSED_PREFIXES: dict[str, tuple[str, str]] = {
                 "give the option to sbatch"),
     "SALLOC_": ("salloc reads SALLOC_* variables as its options: a layer would change an allocation behind the "
                 "plan's back", "export it in the shell you run salloc from"),
+    "ENVLAYERS_": ("the job sets the launcher's own ENVLAYERS_* variables itself (each rank's number, the successor "
+                   "chain, the key file a successor keeps, the readiness budget): a layer would steer the job "
+                   "behind the plan's back", "leave them to the job; docs/keys.md lists the launch keys a layer sets"),
 }
 # Names of those prefixes a layer may assign: what the launcher knowingly passes on (docs/layers.md).
 ALLOWED_SLURM = frozenset({
     "SLURM_PARTITION",  # the job's --partition (docs/keys.md); srun in the job reads it too: the same partition
 })
+# the launch keys (docs/keys.md) spelled ENVLAYERS_*: settings the operator gives, not the job's own variables
+ALLOWED_ENVLAYERS = frozenset({"ENVLAYERS_HSN_IFACE", "ENVLAYERS_RANK_START_TIMEOUT"})
 
 
 def refused(key: str) -> "tuple[str, str] | None":
     """(why, alternative) when a layer may not assign ``key``, else None."""
     why = REFUSED.get(key)
-    if why is None and key not in ALLOWED_SLURM:
+    if why is None and key not in ALLOWED_SLURM and key not in ALLOWED_ENVLAYERS:
         why = next((v for prefix, v in REFUSED_PREFIXES.items() if key.startswith(prefix)), None)
     return why
 

@@ -18,6 +18,11 @@ from .errors import StackError
 
 SERVE_ENV = os.path.join("experiments", "serve-only.env")  # the launcher's own layer
 SECRET_KEYS = ("SERVER_API_KEY",)  # never in a layer, so never in a render, a job script or a log
+# a name that says it holds a credential (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD); a name
+# that only points at one (HF_TOKEN_PATH, SERVER_API_KEY_FILE) is not, nor is a count (MAX_TOKENS)
+_CREDENTIAL = re.compile(r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY)(?:_|$)")
+_CREDENTIAL_POINTER = ("_PATH", "_FILE", "_DIR")
+NOT_CREDENTIALS = frozenset({"HF_HUB_DISABLE_IMPLICIT_TOKEN"})  # a switch whose name says TOKEN
 _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # the catalog's rule for experiment and model names
 
 
@@ -193,8 +198,16 @@ def load_env(root: str | os.PathLike, target: str, extra_files: tuple[str | os.P
     return merge(stack_sources(root, target, extra_files, launch), target, strict)
 
 
+def looks_like_credential(key: str) -> bool:
+    """Whether a key's name says it holds a secret (``HF_TOKEN``, ``*_API_KEY``, ``*_SECRET*``, ...)."""
+    return (key not in NOT_CREDENTIALS and not key.endswith(_CREDENTIAL_POINTER)
+            and _CREDENTIAL.search(key) is not None)
+
+
 def refuse_secrets(env: Env) -> None:
-    """Every path that writes a render (render, render -o, check --update, serve) calls this first."""
+    """Every path that writes a render (render, render -o, check --update, serve) calls this first: a
+    secret written in a layer would be in the render, the job script, serve.env and the logs. A reference
+    (``HF_TOKEN=${HF_TOKEN}``) is fine: only the reference is written, the job's shell reads the value."""
     for key in SECRET_KEYS:
         b = env.bindings.get(key)
         if b is not None and b.value:
@@ -203,6 +216,17 @@ def refuse_secrets(env: Env) -> None:
                 where=str(b.origin),
                 hint="put the key in a file readable only by you and set SERVER_API_KEY_FILE=<path> instead",
             )
+    for key, b in env.bindings.items():
+        if looks_like_credential(key) and any(isinstance(part, str) and part for part in b.value):
+            way = ("point the Hugging Face hub at a file readable only by you (chmod 600 FILE; HF_TOKEN_PATH=FILE "
+                   "in the layer)" if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") else
+                   "keep it in a file readable only by you and point the program at the file")
+            raise StackError(
+                f"{key} looks like a credential: a value written in a layer is copied into the render, the job "
+                "script, the run directory's serve.env and the job's log",
+                where=str(b.origin),
+                hint=f"{way}, or export {key} in the shell you submit from and write {key}=${{{key}}} in the layer "
+                     "(only the reference is written; the job's shell reads the value)")
 
 
 class Unbound(NamedTuple):

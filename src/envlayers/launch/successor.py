@@ -69,7 +69,12 @@ def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str]
     try:
         from ..apikey import read_key, write_key
 
-        key = read_key(src)
+        # the predecessor wrote it 0600 in its own run directory: a file of someone else's, or one others can
+        # read or write, is not the chain's key (another user could know it)
+        key = read_key(src, named_by="ENVLAYERS_CHAIN_KEY_FILE", owner=os.getuid())
+        mode = os.stat(src).st_mode & 0o777
+        if mode & 0o077:
+            raise EnvLayersError(f"others may read or write it (mode {mode:04o})", where=src)
     except EnvLayersError as err:
         say(f"ENVLAYERS-WARN: cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
             f"clients of job {environ.get('ENVLAYERS_PREDECESSOR') or '?'} must take it from `env_layers connect`")
