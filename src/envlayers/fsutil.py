@@ -1,6 +1,7 @@
 """Writing files: atomically (a reader sees the old file or the new one, never a partial one), and
-the ``-o PATH`` of a command, which may also name a device, a FIFO or a symlink; and the name of a
-file's owner (:func:`user_name`).
+the ``-o PATH`` of a command, which may also name a device, a FIFO or a symlink; the name of a
+file's owner (:func:`user_name`); and whether a folder is safe to write a job's files in on a shared file
+system (:func:`unsafe_folder`, the rule the job script applies to its run folder).
 """
 
 from __future__ import annotations
@@ -170,3 +171,32 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def unsafe_folder(path: Path, uid: int) -> str | None:
+    """Why ``path`` is no place for a job's files on a shared file system, or None when it is (or does
+    not exist yet, and nothing above it stops it from being made safely). The rule the job script applies
+    to RUN_ROOT and its run folder (templates/serve-only.sh.j2): the folder is no symbolic link, belongs to
+    ``uid`` and is writable by nobody else; no folder above it is writable by everyone without the sticky
+    bit (another user could rename it away and put their own in its place)."""
+    path = Path(os.path.abspath(path))
+    try:
+        st = path.lstat()
+    except OSError:
+        st = None
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link (to {os.readlink(path)})"
+        if st.st_uid != uid:
+            return f"{path} belongs to {user_name(st.st_uid)}, not to {user_name(uid)}"
+        if st.st_mode & 0o022:
+            return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    for above in path.parents:
+        try:
+            mode = above.stat().st_mode
+        except OSError:
+            continue  # not there yet: the job makes it, as its own
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return (f"{above} above it is writable by everyone without the sticky bit "
+                    f"(mode {stat.S_IMODE(mode):o}): another user could put a folder of theirs in its place")
+    return None

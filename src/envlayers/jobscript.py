@@ -105,13 +105,13 @@ class JobSubmission:
 
 def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_per_node: int, shape: str,
                sources, delimiter: _Code, env_text: str, edf: str, unbound: list, ready_timeout_s: int,
-               python: str, keys: str, image: str, devices: str) -> str:
+               python: str, keys: str, image: str, devices: str, group_read: bool = False) -> str:
     """The job script: the sbatch header, the merged environment as a here-document, the checks of the
     references the layers leave for the job, the launch keys, the run folder, and the launcher."""
     return _render("serve-only.sh.j2", job_name=job_name, target=target, nodes=nodes, partition=partition,
                    gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
                    env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
-                   keys=keys, image=image, devices=devices, files=SCRIPT_NAMES)
+                   keys=keys, image=image, devices=devices, group_read=group_read, files=SCRIPT_NAMES)
 
 
 def comment_text(text: str) -> str:
@@ -267,6 +267,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     blockers: list[str] = []
     edf_name, role_source = _edf(root, text, plan, blockers, environ)
     _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
+    _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (fsutil.unsafe_folder)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
     from .exposure import KEY as HOST_KEY, loopback_unreachable, public_keyless
@@ -305,6 +306,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         unbound=[_unbound_check(u) for u in _unbound(env)], ready_timeout_s=budget,
         python=python or sys.executable, keys=" ".join(env.bindings),
         image=podman.image if podman else "", devices=",".join(podman.devices) if podman else "",
+        group_read=bool(keys.value(text, "RUN_DIR_GROUP_READ")),
     )
     # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
     # these are the recipe: a stray SBATCH_MEM_PER_NODE or SBATCH_PARTITION would break it. The
@@ -370,6 +372,21 @@ def _partition(text: Mapping[str, str]) -> str:
 
 # Slurm sets these in the job, so the login node cannot know them
 _JOB_ONLY_PREFIXES = ("SLURM_",)
+
+
+def _run_root(env: Env, environ: Mapping[str, str], blockers: list[str]) -> None:
+    """RUN_ROOT as the job will read it, held to the rule the job script applies to it before writing."""
+    from .fsutil import unsafe_folder
+    from .layers import expand
+
+    b = env.bindings.get("RUN_ROOT")
+    value = None if b is None else expand(b.value, environ)
+    if not value:
+        return  # it reads what only the job's environment has: the job checks it itself
+    why = unsafe_folder(Path(value), os.getuid())
+    if why is not None:
+        blockers.append(f"RUN_ROOT ({b.origin}) is {value}: {why}; the job would end before writing there: point "
+                        "RUN_ROOT (or SCRATCH) at a folder of your own that nobody else can write")
 
 
 def _unbound(env: Env) -> list[Unbound]:

@@ -76,12 +76,45 @@ envlayers_unwritable() {
 envlayers_try() { local err; err=$("${@:2}" 2>&1) || envlayers_unwritable "$1" "$err"; }
 envlayers_write() {
   local err
-  if ! err=$("${@:3}" 2>&1 > "$RUN_DIR/$1.tmp") || ! err=$(mv -f -- "$RUN_DIR/$1.tmp" "$RUN_DIR/$1" 2>&1); then
+  # noclobber: a name already there is never written through (the folder is the user's alone, checked below)
+  if ! err=$(set -C; "${@:3}" 2>&1 > "$RUN_DIR/$1.tmp") || ! err=$(mv -f -- "$RUN_DIR/$1.tmp" "$RUN_DIR/$1" 2>&1); then
     rm -f -- "$RUN_DIR/$1.tmp"
     envlayers_unwritable "$2" "$err"
   fi
 }
-envlayers_try "creating it" mkdir -p -- "$RUN_DIR"
+# The run folder holds the scripts every rank runs and the job's key: on a shared file system another user
+# must not have made it, or be able to change it. RUN_ROOT and the run folder must be real folders of this
+# user that nobody else can write, and no folder above them writable by others without the sticky bit
+# (/tmp's); otherwise the job ends here, before anything is written (docs/operating.md).
+envlayers_unsafe() {
+  echo "ENVLAYERS-ERROR: unsafe run directory $RUN_DIR: $1 $2; the job ends before anything is written there: $3"
+  exit 1
+}
+envlayers_own() {  # $1: a folder this job writes in
+  local owner name mode
+  [ ! -L "$1" ] || envlayers_unsafe "$1" "is a symbolic link (to $(readlink -- "$1"))" "point RUN_ROOT at a real folder of yours"
+  owner=$(stat -c %u -- "$1") name=$(stat -c %U -- "$1") mode=$(stat -c %a -- "$1")
+  [ "$name" != UNKNOWN ] || name=$owner
+  [ "$owner" = "$(id -u)" ] || envlayers_unsafe "$1" "belongs to $name, not to $(id -un)" "point RUN_ROOT at a folder of your own, e.g. under \$SCRATCH"
+  (( (8#$mode & 8#022) == 0 )) || envlayers_unsafe "$1" "is writable by others (mode $mode)" "chmod go-w $1 if it is yours and holds nothing you did not write, else remove it"
+}
+envlayers_above() {  # $1: a folder: none above it may be writable by others unless sticky
+  local dir=$1 mode
+  while dir=$(dirname -- "$dir") && [ -n "$dir" ]; do
+    mode=$(stat -L -c %a -- "$dir" 2>/dev/null) || break
+    if (( (8#$mode & 8#002) != 0 && (8#$mode & 8#1000) == 0 )); then
+      envlayers_unsafe "$dir" "above RUN_ROOT is writable by everyone without the sticky bit (mode $mode): another user could put a folder of theirs in its place" "point RUN_ROOT at a folder of yours whose parents others cannot write"
+    fi
+    [ "$dir" != / ] || break
+  done
+}
+umask 077  # the job's files are the user's alone (RUN_DIR_GROUP_READ=1 lets the group read them)
+envlayers_try "creating it" mkdir -p -- "${RUN_DIR%/*}"
+envlayers_own "${RUN_DIR%/*}"
+envlayers_above "${RUN_DIR%/*}"
+[ ! -L "$RUN_DIR" ] || envlayers_own "$RUN_DIR"  # names the link
+[ -d "$RUN_DIR" ] || envlayers_try "creating it" mkdir -- "$RUN_DIR"  # 0700 (0750) by the umask
+envlayers_own "$RUN_DIR"
 # A job Slurm requeued (a node failed) reuses this folder: move the earlier run's files into run-<n>/
 # (n: the first free number from 0) so this run starts clean (docs/operating.md).
 shopt -s nullglob dotglob
