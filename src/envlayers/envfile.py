@@ -167,12 +167,12 @@ def parse_file(path: str | os.PathLike, display: str | None = None) -> list[Assi
 
     name = display or os.fspath(path)
     try:
-        raw = read_regular(path)
+        raw = read_regular(path, config=True)
     except FileNotFoundError:
         raise LayerSyntaxError("layer file not found", where=name, hint="check the layer names in setups.yaml") from None
     except NotRegularFile as err:
-        raise LayerSyntaxError(err.reason, where=name, hint="a layer is a few kilobytes of text; is it the right "
-                               "file?" if err.too_large else NOT_REGULAR_HINT) from None
+        raise LayerSyntaxError(err.reason, where=name, hint=err.hint or ("a layer is a few kilobytes of text; is it "
+                               "the right file?" if err.too_large else NOT_REGULAR_HINT)) from None
     except OSError as err:
         raise LayerSyntaxError(f"cannot read the layer file: {err.strerror or err}", where=name,
                                hint="make it a readable file (check its permissions)") from None

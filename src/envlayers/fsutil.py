@@ -10,8 +10,10 @@ import contextlib
 import os
 import signal
 import stat
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:  # pathlib only where a path is made: a render reads its layers through this module's checks
+    from pathlib import Path
 
 from .errors import EnvLayersError
 
@@ -39,6 +41,8 @@ def _default_mode(path: Path) -> int:
 def atomic_write(path: Path, text: str, mode: int | None = None, tmp_prefix: str | None = None) -> None:
     """Write ``text`` to a temporary file in the same folder, fsync it, rename it over ``path``,
     then fsync the folder so the rename itself survives a crash."""
+    from pathlib import Path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if tmp_prefix is None:
@@ -132,6 +136,8 @@ def write_output(path: "str | os.PathLike[str]", text: str, option: str = "--out
     link stays. A regular or new file is replaced atomically. Anything else (a folder, a block
     device, a socket), or a write the OS refuses, is an EnvLayersError naming the path.
     """
+    from pathlib import Path
+
     path = Path(path)
 
     def fail(why: str, hint: str = "name a writable file") -> EnvLayersError:
@@ -179,6 +185,8 @@ def unsafe_folder(path: Path, uid: int) -> str | None:
     to RUN_ROOT and its run folder (templates/serve-only.sh.j2): the folder is no symbolic link, belongs to
     ``uid`` and is writable by nobody else; no folder above it is writable by everyone without the sticky
     bit (another user could rename it away and put their own in its place)."""
+    from pathlib import Path
+
     path = Path(os.path.abspath(path))
     try:
         st = path.lstat()
@@ -200,3 +208,29 @@ def unsafe_folder(path: Path, uid: int) -> str | None:
             return (f"{above} above it is writable by everyone without the sticky bit "
                     f"(mode {stat.S_IMODE(mode):o}): another user could put a folder of theirs in its place")
     return None
+
+
+def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: int) -> "tuple[str, str] | None":
+    """(why, fix) when another user could change the configuration file ``path`` (``st``: its stat, taken
+    from the open file), else None: the rule OpenSSH applies to authorized_keys. The file must belong to
+    ``uid`` or root and be writable by nobody else, and so must the folder holding it (the name as given,
+    and the file's real folder when it is a link), unless that folder has the sticky bit (``/tmp``) and the
+    file is ``uid``'s: then nobody else can replace it."""
+    if st.st_uid not in (uid, 0):
+        return (f"belongs to {user_name(st.st_uid)}: another user could change what this job runs",
+                f"copy it to a file of your own (cp {path} mine.env) and read that one")
+    if st.st_mode & 0o022:
+        return (f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): another user could change what this "
+                "job runs", f"chmod go-w {path}")
+    folders = {os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.realpath(path))}
+    for folder in sorted(folders):
+        try:
+            fst = os.stat(folder)
+        except OSError:
+            continue
+        if fst.st_mode & 0o022 and not (fst.st_mode & stat.S_ISVTX and st.st_uid == uid):
+            return (f"is in {folder}, which others can write (mode {stat.S_IMODE(fst.st_mode):04o}): another user "
+                    "could put a file of theirs in its place", f"keep it in a folder only you can write (chmod go-w "
+                    f"{folder}, or move it)")
+    return None
+

@@ -319,14 +319,14 @@ def read_text(path: str | os.PathLike, file: str, error: type[EnvLayersError],
     """The text of the YAML file ``path``, with :func:`read`'s checks (a regular, bounded, UTF-8 file),
     not yet parsed: a caller with a parse cache keyed by the text (the catalog's) starts here."""
     try:
-        data = read_regular(path)
+        data = read_regular(path, config=True)
     except FileNotFoundError:
         raise error("file not found", where=file, hint=missing_hint) from None
     except IsADirectoryError:
         raise error("is a directory, not a YAML file", where=file, hint="point it at a regular file") from None
     except NotRegularFile as err:
-        raise error(err.reason, where=file, hint="these files are a few kilobytes; is it the right file?"
-                    if err.too_large else NOT_REGULAR_HINT) from None
+        raise error(err.reason, where=file, hint=err.hint or ("these files are a few kilobytes; is it the right "
+                    "file?" if err.too_large else NOT_REGULAR_HINT)) from None
     except OSError as err:
         raise error(f"cannot read: {err.strerror or err}", where=file, hint="check the file's permissions") from None
     try:
@@ -345,9 +345,9 @@ class NotRegularFile(OSError):
     """What :func:`read_regular` refuses: ``reason`` is ``"is a FIFO, not a regular file"`` or ``"is N bytes,
     more than the 4194304 this reader takes"``; ``too_large`` tells the two apart."""
 
-    def __init__(self, reason: str, too_large: bool = False):
+    def __init__(self, reason: str, too_large: bool = False, hint: str | None = None):
         super().__init__(reason)
-        self.reason, self.too_large = reason, too_large
+        self.reason, self.too_large, self.hint = reason, too_large, hint
 
 
 def _kind(mode: int) -> str:
@@ -360,13 +360,15 @@ def _kind(mode: int) -> str:
     return "not a file"  # (no other kind of file exists on Linux)
 
 
-def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES) -> bytes:
+def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES, *, config: bool = False) -> bytes:
     """The bytes of the regular file ``path``: the one read of a file an operator names (a YAML file here, a
     layer in :mod:`envlayers.envfile`). It never blocks and never grows without bound: the file is opened
     without waiting (a FIFO has no writer to wait for), anything but a regular file (a FIFO, ``/dev/zero``,
     ``/dev/urandom``, a socket) is :class:`NotRegularFile`, and so is a file larger than ``limit`` bytes,
     whether its size says so or the read finds more. A directory is ``IsADirectoryError``; the rest of
-    what ``open`` raises (``FileNotFoundError``, ``PermissionError``, ...) comes through as it is."""
+    what ``open`` raises (``FileNotFoundError``, ``PermissionError``, ...) comes through as it is.
+    ``config``: the file says what a job runs (a layer, a YAML file of the catalog), so one another user could
+    change is :class:`NotRegularFile` too, with its ``hint`` (:func:`envlayers.fsutil.untrusted_config`)."""
     import errno
     import stat
 
@@ -379,6 +381,12 @@ def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES) -> bytes:
             raise NotRegularFile(f"is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise NotRegularFile(f"is {st.st_size} bytes, more than the {limit} this reader takes", True)
+        if config:
+            from .fsutil import untrusted_config
+
+            found = untrusted_config(path, st, os.getuid())
+            if found is not None:
+                raise NotRegularFile(found[0], hint=found[1])
         chunks, size = [], 0
         while size <= limit:  # a file that grows while it is read still stops at the limit
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))
