@@ -98,3 +98,20 @@ def test_a_catalog_file_others_can_write_is_refused(tmp_path, which):
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"env_layers: error: {which}: is writable by others (mode 0664)"), proc.stderr
+
+
+@pytest.mark.parametrize("make, said", [
+    pytest.param(lambda p: None, "SERVE_ENV_FILE names a file that does not exist", id="missing"),
+    pytest.param(lambda p: (p.symlink_to(p.with_name("b.env")), p.with_name("b.env").symlink_to(p)),
+                 "SERVE_ENV_FILE is a loop of symbolic links", id="symlink-loop"),
+    pytest.param(lambda p: p.symlink_to(p.with_name("gone.env")), "SERVE_ENV_FILE is a symbolic link to ",
+                 id="dangling-symlink"),
+])
+def test_a_serve_env_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, make, said):
+    # before: click's four lines about an --env-file option the wrapper's user never typed, and a loop was
+    # "does not exist"
+    path = tmp_path / "a.env"
+    make(path)
+    proc = dry_run(tmp_path, path)
+    refused(proc, f"{path}: {said}", "")
+    assert "--env-file" not in proc.stderr

@@ -8,6 +8,7 @@ for the shell that sources the render (the job) to expand.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from typing import Iterator, Mapping, NamedTuple
@@ -127,6 +128,19 @@ def _catalog_sources(root: str | os.PathLike, experiment: str, model: str) -> li
 
 def _path_source(root: str | os.PathLike, path: str | os.PathLike, what: str) -> Source:
     label = _checked_label(_display(root, path), what)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise StackError(f"{what} is a symbolic link to {os.readlink(path)}, which does not exist", where=label,
+                             hint="point it at the file itself") from None
+        raise StackError(f"{what} names a file that does not exist", where=label,
+                         hint="check the path: a relative one is read from the folder you run the command in") from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise StackError(f"{what} is a loop of symbolic links", where=label,
+                             hint="point it at the file itself (`ls -l` on each link shows where it goes)") from None
+        # anything else (a folder it cannot enter): the read below says it with the layer's words
     return Source(label, tuple(parse_file(path, label)))
 
 

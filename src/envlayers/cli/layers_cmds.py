@@ -29,7 +29,7 @@ def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = Fa
               help="Write to FILE instead of stdout: a file is replaced atomically; a symlink is followed (the "
                    "file it points to is replaced, the link stays); a device or FIFO (/dev/null, a pipe) is "
                    "written through, never replaced.")
-@click.option("--layer", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--layer", "extra", multiple=True, type=click.Path(dir_okay=False),
               help="Append an env file on top of the stack (repeatable; later wins).")
 @click.option("--strict", is_flag=True, help="Fail on references no layer assigns ($SCRATCH, $USER, ...).")
 @click.pass_context
@@ -56,14 +56,14 @@ def render(ctx, target, fmt, output, extra, strict):
 @click.command()
 @click.argument("target", metavar="EXPERIMENT:MODEL")
 @click.argument("keys", nargs=-1)
-@click.option("--layer", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--layer", "extra", multiple=True, type=click.Path(dir_okay=False),
               help="Append an env file on top of the stack (repeatable).")
 @click.option("--serve", "launcher", is_flag=True,
               help="Explain the launcher's environment, as `env_layers serve` merges it: adds "
                    "experiments/serve-only.env, then SERVE_ENV_FILE; SERVE_BASE_ENV replaces the catalog layers.")
-@click.option("--env-file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--env-file", type=click.Path(dir_okay=False),
               help="As serve's --env-file (SERVE_ENV_FILE), sourced last; implies --serve.")
-@click.option("--base-env", type=click.Path(exists=True, dir_okay=False),
+@click.option("--base-env", type=click.Path(dir_okay=False),
               help="As serve's --base-env (SERVE_BASE_ENV), used instead of the catalog layers; implies --serve.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context

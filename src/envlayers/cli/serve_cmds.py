@@ -28,9 +28,9 @@ _common = [
                  help="Catalog experiment (env: EXPERIMENT), e.g. replicas."),
     click.option("--time", "time_", envvar="SERVE_TIME", default=DEFAULT_TIME, show_default=True,
                  help="Time limit (env: SERVE_TIME); overrides SBATCH_TIMELIMIT."),
-    click.option("--base-env", envvar="SERVE_BASE_ENV", type=click.Path(exists=True, dir_okay=False),
+    click.option("--base-env", envvar="SERVE_BASE_ENV", type=click.Path(dir_okay=False),
                  help="Env file used instead of the render of EXPERIMENT:MODEL (env: SERVE_BASE_ENV)."),
-    click.option("--env-file", envvar="SERVE_ENV_FILE", type=click.Path(exists=True, dir_okay=False),
+    click.option("--env-file", envvar="SERVE_ENV_FILE", type=click.Path(dir_okay=False),
                  help="Your copy of experiments/serve-only.env, sourced last so it wins (env: SERVE_ENV_FILE)."),
 ]
 
