@@ -527,3 +527,24 @@ def test_a_time_limit_shorter_than_the_readiness_budget_is_said_in_words(edf_dir
 def test_a_time_limit_that_covers_the_readiness_budget_says_nothing(edf_dir, time):
     job = prepare(REPO, "qwen38", python=PY, environ=edf_dir, time=time)
     assert not [w for w in job.warnings if w.startswith("time limit")]
+
+
+def test_a_value_longer_than_linux_takes_for_one_environment_string_is_refused_naming_its_line(tmp_path, edf_dir):
+    # before: it passed every check, then the job died with "Argument list too long ... free space there"
+    mine = tmp_path / "mine.env"
+    mine.write_text("MAX_MODEL_LEN=4096\nSERVER_EXTRA_ARGS='--x " + "a" * (128 * 1024) + "'\n")
+    with pytest.raises(EnvLayersError) as err:
+        prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert str(err.value).startswith(f"{mine}:2: SERVER_EXTRA_ARGS is 131095 bytes as an environment string, more "
+                                     "than the 131072 Linux allows for one")
+    assert str(err.value).endswith("; hint: keep long values in a file and name the file in the layer")
+
+
+def test_a_long_extra_args_just_under_the_limit_is_checked_whole(tmp_path, edf_dir):
+    # 12,000 flags (about 120 KB): every one is looked at, the owned one at the end too
+    mine = tmp_path / "mine.env"
+    flags = "".join(f"--x{i} a " for i in range(12000))
+    mine.write_text(f"SERVER_EXTRA_ARGS='{flags}--port 9'\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert [b for b in job.blockers if "--port is decided by SERVER_PORT" in b]
+    assert len([w for w in job.warnings if "argument parser has no --x" in w]) == 12000

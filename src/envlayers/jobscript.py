@@ -251,6 +251,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     env_text = render(env, "sh", with_header=False)
     text = keys.located(env)  # key -> text, and the file:line each key's errors name
     keys.check(text)  # a bad value of a key the job reads is refused here, not after the allocation
+    _refuse_huge_values(env)
     build_env = dict(text)
     warnings = shell_overridden_warnings(env, environ) + unresolved_warnings(env, environ)
     if text.get("SERVER_API_KEY_FILE"):
@@ -372,6 +373,23 @@ def _partition(text: Mapping[str, str]) -> str:
 
 # Slurm sets these in the job, so the login node cannot know them
 _JOB_ONLY_PREFIXES = ("SLURM_",)
+
+
+MAX_ENV_STRING = 32 * 4096  # Linux's MAX_ARG_STRLEN: one KEY=value string of a program's environment, NUL included
+
+
+def _refuse_huge_values(env: Env) -> None:
+    """Every key is exported to the job's programs; a KEY=value longer than Linux takes for one environment
+    string makes every program the job starts fail with E2BIG ("Argument list too long")."""
+    from .layers import StackError
+    from .shell import value_text
+
+    for key, b in env.bindings.items():
+        size = len(key.encode()) + 1 + len(value_text(b.value).encode()) + 1
+        if size > MAX_ENV_STRING:
+            raise StackError(f"{key} is {size} bytes as an environment string, more than the {MAX_ENV_STRING} Linux "
+                             "allows for one (every program the job starts would fail: Argument list too long)",
+                             where=str(b.origin), hint="keep long values in a file and name the file in the layer")
 
 
 def _run_root(env: Env, environ: Mapping[str, str], blockers: list[str]) -> None:

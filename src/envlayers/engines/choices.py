@@ -58,12 +58,14 @@ def check(argv: Iterable[str], data: Mapping | None = None) -> tuple[list[tuple[
     choices: Mapping[str, list[str]] = data.get("choices", {})
     options = set(data.get("options", ()))
     refused, unknown = [], []
+    seen: set[str] = set()  # unknown as a set: a long SERVER_EXTRA_ARGS stays linear
     for flag, value in flag_values(argv):
         if data.get("engine") == "vllm" and flag == CLASS_PATH_FLAG and value is not None and "." in value:
             continue  # vLLM also takes an Executor class by its dotted path
         if flag in choices and value is not None and value not in choices[flag]:
             refused.append((flag, value, sorted(choices[flag])))
-        if options and flag not in options and flag not in unknown:
+        if options and flag not in options and flag not in seen:
+            seen.add(flag)
             unknown.append(flag)
     return refused, unknown
 

@@ -49,14 +49,22 @@ OWNED: dict[str, dict[str, str]] = {
 }
 
 
-def resolve(word: str, engine: str, options: Iterable[str]) -> str | None:
-    """The option the engine's parser reads ``word`` (``--flag`` or ``--flag=value``) as, or None when it is
-    not an option (a value) or matches none or several (the engine refuses those itself)."""
+def _name(word: str, engine: str) -> str | None:
+    """The option name ``word`` spells (``--flag=value`` -> ``--flag``; vLLM's ``_`` read as ``-``), or None for a value."""
     if not word.startswith("-") or word in ("-", "--"):
         return None
     name = word.partition("=")[0]
     if engine == "vllm" and name.startswith("--"):
         name = "--" + name[2:].replace("_", "-")
+    return name
+
+
+def resolve(word: str, engine: str, options: Iterable[str]) -> str | None:
+    """The option the engine's parser reads ``word`` (``--flag`` or ``--flag=value``) as, or None when it is
+    not an option (a value) or matches none or several (the engine refuses those itself)."""
+    name = _name(word, engine)
+    if name is None:
+        return None
     known = set(options) | set(OWNED.get(engine, ()))
     if name in known:
         return name
@@ -68,11 +76,15 @@ def resolve(word: str, engine: str, options: Iterable[str]) -> str | None:
 
 def refusals(extra: Iterable[str], engine: str, options: Iterable[str], where: str) -> list[str]:
     """One message per flag of ``extra`` (SERVER_EXTRA_ARGS, split) that the plan or the exposure check
-    decides; ``where`` is SERVER_EXTRA_ARGS's file:line."""
+    decides; ``where`` is SERVER_EXTRA_ARGS's file:line. Linear in ``extra``: only a word that is an owned
+    option, or a prefix of one, is resolved against the whole table."""
     owned = OWNED.get(engine, {})
     options = tuple(options)
     out: list[str] = []
     for word in extra:
+        name = _name(word, engine)
+        if name is None or (name not in owned and not any(o.startswith(name) for o in owned if name[:2] == "--")):
+            continue
         option = resolve(word, engine, options)
         if option in owned:
             spelled = word.partition("=")[0]
@@ -83,4 +95,3 @@ def refusals(extra: Iterable[str], engine: str, options: Iterable[str], where: s
             if message not in out:
                 out.append(message)
     return out
-
