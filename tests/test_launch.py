@@ -7,8 +7,10 @@ import json
 import re
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -836,3 +838,37 @@ def test_the_block_of_a_loopback_endpoint_says_where_it_is_reached_and_the_tunne
             "(docs/access.md)") in block(ep).splitlines()
     assert EndpointRecord.from_dict(add_usage(ep).to_dict()).node_local
     assert "reach:" not in block(EndpointRecord("42", "q", "m", "vllm", "single", ["http://n1:8000/v1"], True, "/r"))
+
+
+@pytest.mark.parametrize("key", [None, "k3y-masked"], ids=["keyless", "masked"])
+def test_a_term_to_the_whole_step_keeps_the_engines_last_lines_and_its_code(tmp_path, key):
+    # scancel --signal=TERM signals every process of the step, the log-masking reader among them: it used to
+    # die first, the rank then died of SIGPIPE (recorded as 141) and the engine's shutdown lines were lost
+    engine = tmp_path / "engine.py"
+    engine.write_text("import signal, sys, time\n"
+                      "def bye(*_):\n"
+                      "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough, as for the engines\n"
+                      "    for i in range(50):\n"
+                      "        print(f'shutting down {i}', flush=True)\n"
+                      "    sys.exit(0)\n"
+                      "signal.signal(signal.SIGTERM, bye)\n"
+                      "print('ready', flush=True)\n"
+                      "while True:\n"
+                      "    time.sleep(1)\n")
+    cmd = engines.RankCommand((sys.executable, str(engine)), key_env="K" if key else None)
+    (tmp_path / "ranks.sh").write_text(rank_script([cmd], tmp_path))
+    env = {"SLURM_PROCID": "0", "PATH": os.environ["PATH"], **({"SERVER_API_KEY": key} if key else {})}
+    proc = subprocess.Popen(["bash", str(tmp_path / "ranks.sh")], env=env, cwd=tmp_path, start_new_session=True)
+    log = tmp_path / "server-0.log"
+    try:
+        while "ready" not in (log.read_text() if log.exists() else ""):  # the event, not a clock
+            assert proc.poll() is None, log.read_text() if log.exists() else "no log"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 0 and (tmp_path / "rank-0.exit").read_text() == "0\n", text
+    assert "shutting down 49" in text and "ENVLAYERS-STAGE: rank 0 exited with code 0" in text
