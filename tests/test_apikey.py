@@ -89,7 +89,7 @@ def test_a_client_path_may_start_with_a_tilde_a_servers_may_not(tmp_path, monkey
         read_key("~/key")
 
 
-@pytest.mark.parametrize("mode, warned", [(0o600, False), (0o400, False), (0o640, True), (0o606, True)])
+@pytest.mark.parametrize("mode, warned", [(0o600, False), (0o400, False), (0o640, True), (0o604, True)])
 def test_a_key_file_others_can_read_or_write_is_a_warning(tmp_path, mode, warned):
     path = _file(tmp_path, GOOD, mode)
     want = [f"SERVER_API_KEY_FILE {path} is readable or writable by others (mode {mode:04o}); run `chmod 600 {path}`"]
@@ -100,3 +100,23 @@ def test_a_key_file_others_can_read_or_write_is_a_warning(tmp_path, mode, warned
 
 def test_no_warning_for_a_file_that_is_not_there(tmp_path):
     assert mode_warning(tmp_path / "nope") is None
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o606, 0o666])
+def test_a_key_file_others_can_write_is_refused(tmp_path, mode):
+    # another user who can write the key file chooses the key the server accepts
+    path = _file(tmp_path, GOOD, mode)
+    with pytest.raises(EnvLayersError) as err:
+        check_key_file(path, where="mine.env:3")
+    assert str(err.value).startswith(f"mine.env:3: SERVER_API_KEY_FILE {path}: is writable by others (mode {mode:04o}): "
+                                     "another user could choose the key this server accepts; hint: chmod go-w")
+
+
+def test_a_key_file_in_a_folder_others_can_write_is_refused(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = _file(folder, GOOD)
+    folder.chmod(0o777)
+    with pytest.raises(EnvLayersError, match="which others can write"):
+        check_key_file(path)
+

@@ -115,8 +115,17 @@ def mode_warning(path: "str | os.PathLike[str]", named_by: str = "SERVER_API_KEY
 
 
 def check_key_file(path: "str | os.PathLike[str]", where: str | None = None) -> list[str]:
-    """Refuse an unusable key file for a server (EnvLayersError); return warnings (a file others can read)."""
+    """Refuse an unusable key file for a server (EnvLayersError), and one another user could write (they
+    would choose the key the server accepts: the rule of :func:`envlayers.fsutil.untrusted_config`); return
+    warnings (a file others can read)."""
+    from .fsutil import untrusted_config
+
     read_key(path, where)
+    found = untrusted_config(path, os.stat(path), os.getuid())
+    if found is not None:
+        why, fix = found
+        raise EnvLayersError(why.replace("change what this job runs", "choose the key this server accepts"),
+                             where=f"{where + ': ' if where else ''}SERVER_API_KEY_FILE {path}", hint=fix)
     warning = mode_warning(path)
     return [warning] if warning else []
 
