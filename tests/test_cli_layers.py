@@ -370,3 +370,14 @@ def test_the_help_lists_every_command_once_in_its_section():
         block = out.split(f"{title}:\n", 1)[1].split("\n\n", 1)[0]
         assert [line.split()[0] for line in block.splitlines() if line.startswith("  ") and line[2] != " "] == \
             list(names), title
+
+
+def test_check_fails_on_a_catalog_key_nothing_reads(catalog_copy):
+    layer = catalog_copy / "experiments/layers/model-qwen38.env"
+    layer.write_text(layer.read_text() + "TENSOR_PARALEL_SIZE=2\n")
+    line = layer.read_text().count("\n")
+    result = CliRunner().invoke(cli, ["--root", str(catalog_copy), "check"])
+    assert result.exit_code == 1
+    assert (f"experiments/layers/model-qwen38.env:{line}: TENSOR_PARALEL_SIZE is no launch key and nothing envlayers "
+            "passes on knowingly") in result.output and "did you mean TENSOR_PARALLEL_SIZE?" in result.output
+

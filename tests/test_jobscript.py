@@ -548,3 +548,27 @@ def test_a_long_extra_args_just_under_the_limit_is_checked_whole(tmp_path, edf_d
     job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
     assert [b for b in job.blockers if "--port is decided by SERVER_PORT" in b]
     assert len([w for w in job.warnings if "argument parser has no --x" in w]) == 12000
+
+
+@pytest.mark.parametrize("line, said", [
+    pytest.param("TENSOR_PARALEL_SIZE=2", "did you mean TENSOR_PARALLEL_SIZE?", id="typo"),
+    pytest.param("MEM_FRACTION_STATC=0.8", "did you mean MEM_FRACTION_STATIC?", id="typo-sglang"),
+    pytest.param("server_port=9000", "did you mean SERVER_PORT?", id="lower-case"),
+    pytest.param("JUDGE_NODES=0", "docs/keys.md lists the launch keys", id="read-by-nothing"),
+])
+def test_a_key_nothing_reads_is_a_warning_naming_its_line_and_the_nearest_launch_key(tmp_path, edf_dir, line, said):
+    mine = tmp_path / "mine.env"
+    mine.write_text(line + "\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    (warning,) = [w for w in job.warnings if w.startswith(f"{mine}:1: ")]
+    assert warning == (f"{mine}:1: {line.split('=')[0]} is no launch key and nothing envlayers passes on knowingly: "
+                       f"it is exported to the job, where nothing envlayers knows of reads it; {said}")
+
+
+@pytest.mark.parametrize("line", ["VLLM_USE_V1=1", "NCCL_DEBUG=INFO", "HF_HUB_OFFLINE=1", "FI_CXI_RDZV_THRESHOLD=0",
+                                  "TRITON_CACHE_DIR=/x", "TMPDIR=/x", "MIOPEN_USER_DB_PATH=/x"])
+def test_what_the_engine_and_its_libraries_read_is_passed_on_without_a_word(tmp_path, edf_dir, line):
+    mine = tmp_path / "mine.env"
+    mine.write_text(line + "\n")
+    job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
+    assert not [w for w in job.warnings if w.startswith(f"{mine}:1: ")]

@@ -186,7 +186,9 @@ def test_the_dry_run_refuses_a_run_root_the_job_would_refuse(tmp_path):
     job = jobscript.prepare(REPO, "qwen38", env_file=mine, python="python3",
                             environ={"EDF_PATH": str(tmp_path), "HOME": str(tmp_path), "SCRATCH": str(shared)})
     (blocker,) = [b for b in job.blockers if b.startswith("RUN_ROOT")]
-    assert blocker.startswith(f"RUN_ROOT (experiments/serve-only.env:9) is {shared}/inference-server: {shared} above "
+    line = 1 + (REPO / "experiments/serve-only.env").read_text().splitlines().index(
+        "RUN_ROOT=${SCRATCH:-$PWD/runs}/inference-server")
+    assert blocker.startswith(f"RUN_ROOT (experiments/serve-only.env:{line}) is {shared}/inference-server: {shared} above "
                               "it is writable by everyone without the sticky bit (mode 777)")
     shared.chmod(0o1777)  # as /tmp is: fine
     assert not [b for b in jobscript.prepare(REPO, "qwen38", env_file=mine, python="python3",

@@ -254,6 +254,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     _refuse_huge_values(env)
     build_env = dict(text)
     warnings = shell_overridden_warnings(env, environ) + unresolved_warnings(env, environ)
+    warnings += [f"{b.origin}: {said}" for key, b in env.bindings.items() if (said := keys.unknown_key(key))]
     if text.get("SERVER_API_KEY_FILE"):
         build_env["SERVER_API_KEY"] = "${SERVER_API_KEY}"
         warnings += _key_file_warnings(env, environ)

@@ -325,6 +325,36 @@ KEYS: tuple[Key, ...] = (
 
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
+# Variables a layer may set besides the launch keys: the job exports every key a layer assigns, and these
+# are read by the engine, its libraries or the runtime, not by envlayers. prefix -> who reads it.
+PASSED_ON: dict[str, str] = {
+    "VLLM_": "vLLM", "SGLANG_": "SGLang", "NCCL_": "NCCL", "RCCL_": "RCCL", "FI_": "libfabric (Slingshot's CXI)",
+    "CXI_": "libfabric's CXI provider", "UCX_": "UCX", "GLOO_": "Gloo", "MPICH_": "Cray MPICH", "HF_": "the Hugging Face hub",
+    "HUGGINGFACE_": "the Hugging Face hub", "TRANSFORMERS_": "transformers", "TOKENIZERS_": "tokenizers",
+    "SAFETENSORS_": "safetensors", "TORCH_": "PyTorch", "TORCHINDUCTOR_": "PyTorch's inductor", "PYTORCH_": "PyTorch",
+    "TRITON_": "Triton", "CUDA_": "CUDA", "NVIDIA_": "NVIDIA's container runtime", "HIP_": "HIP", "HSA_": "ROCm's runtime",
+    "ROCM_": "ROCm", "ROCR_": "ROCm's runtime", "AMD_": "ROCm", "MIOPEN_": "MIOpen", "GPU_": "ROCm's runtime",
+    "OMP_": "OpenMP", "MKL_": "MKL", "ONEDNN_": "oneDNN", "RAY_": "Ray", "XDG_": "the XDG folders",
+    "OUTLINES_": "outlines", "FLASHINFER_": "FlashInfer", "DG_": "DeepGEMM", "AITER_": "AITER",
+}
+PASSED_ON_NAMES = frozenset({"PATH", "TMPDIR", "TZ", "LANG", "LC_ALL", "HOME", "USER",
+                             "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"})
+
+
+def unknown_key(name: str) -> str | None:
+    """For a key a layer assigns that is no launch key and nothing the engine or its libraries read by name
+    (:data:`PASSED_ON`): the words of a warning, with the nearest launch key when one is close (a typo, as
+    ``TENSOR_PARALLEL_SIZE`` for ``TENSOR_PARALEL_SIZE``). ``None`` for a key the job knowingly passes on."""
+    if name in BY_NAME or name in PASSED_ON_NAMES or name.startswith(tuple(PASSED_ON)):
+        return None
+    import difflib
+
+    near = difflib.get_close_matches(name.upper(), list(BY_NAME), n=1, cutoff=0.75)
+    guess = f"did you mean {near[0]}?" if near else ("launch keys are upper case" if name.upper() in BY_NAME
+                                                      else "docs/keys.md lists the launch keys")
+    return (f"{name} is no launch key and nothing envlayers passes on knowingly: it is exported to the job, where "
+            f"nothing envlayers knows of reads it; {guess}")
+
 
 class Located(dict):
     """key -> text, as a plain mapping, and ``origins``: key -> the ``file:line`` of its assignment."""

@@ -181,12 +181,17 @@ def check(ctx, update):
 
     root = Path(get_root(ctx))
     cat = catalog.load(root)
+    from .. import keys
+
     expected = {}
+    unknown: dict[str, str] = {}  # a key no one reads, once per layer line (a typo of a launch key, most often)
     notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]
     for exp, model in _all_targets(cat):
         sources = stack_sources(root, f"{exp}:{model}")
         env = merge(sources, f"{exp}:{model}")
         expected[_render_path(root, exp, model)] = render_env(env, "sh")
+        unknown.update({str(b.origin): f"{b.origin}: {said}" for key, b in env.bindings.items()
+                        if (said := keys.unknown_key(key))})
         try:
             plan(env.text(), stacking(sources, env))  # as serve plans it (a PP derived over a lower layer's)
         except EnvLayersError as err:
@@ -215,6 +220,9 @@ def check(ctx, update):
         diff = difflib.unified_diff(have.splitlines(True), want.splitlines(True), f"{rel} (committed)",
                                     f"{rel} (rendered now)")
         click.echo("".join(diff), nl=False)
+    for line in unknown.values():
+        click.echo(line)
+        bad += 1
     for note in notes:
         click.echo(note)
     if bad:

@@ -40,8 +40,6 @@ export INFERENCE_MODEL='openai/gpt-oss-120b'
 export GPU_MEMORY_UTILIZATION='0.90'
 export REASONING_PARSER='openai_gptoss'
 export TOOL_CALL_PARSER='openai'
-export JUDGE_NODES='0'
-export AGENT_NODES='0'
 export RUN_ROOT="${SCRATCH:-${PWD}/runs}/inference-server"
 export SERVER_API_KEY_FILE='generate'
 ENVLAYERS_ENV
@@ -50,7 +48,7 @@ ENVLAYERS_ENV
 # without saying which layer line needs it.
 envlayers_missing=0
 envlayers_unset_ref() { echo "ENVLAYERS-ERROR: $1"; envlayers_missing=1; }
-[ -n "${SCRATCH:-}" ] || [ -n "${PWD+x}" ] || envlayers_unset_ref 'RUN_ROOT (experiments/serve-only.env:9) references $PWD, which is not set in the job; fix: export PWD before submitting (sbatch passes your environment on), assign it in a layer, or write ${PWD-default}'
+[ -n "${SCRATCH:-}" ] || [ -n "${PWD+x}" ] || envlayers_unset_ref 'RUN_ROOT (experiments/serve-only.env:6) references $PWD, which is not set in the job; fix: export PWD before submitting (sbatch passes your environment on), assign it in a layer, or write ${PWD-default}'
 [ "$envlayers_missing" = 0 ] || exit 1
 
 set -a
@@ -58,7 +56,7 @@ eval "$ENVLAYERS_SERVE_ENV"
 set +a
 
 # The launch keys are exactly these; anything else the submitting shell exported is not one.
-export ENVLAYERS_KEYS='VLLM_SERVED_MODEL SLURM_PARTITION GPUS_PER_NODE TENSOR_PARALLEL_SIZE PIPELINE_PARALLEL_SIZE INFERENCE_NODES SERVER_HOST SERVER_PORT RDZV_PORT CONTAINER_RUNTIME NCCL_NET_GDR_LEVEL GPU_MEM_GB INFERENCE_ENGINE CONTAINER_ROLE INFERENCE_MODEL GPU_MEMORY_UTILIZATION REASONING_PARSER TOOL_CALL_PARSER JUDGE_NODES AGENT_NODES RUN_ROOT SERVER_API_KEY_FILE'
+export ENVLAYERS_KEYS='VLLM_SERVED_MODEL SLURM_PARTITION GPUS_PER_NODE TENSOR_PARALLEL_SIZE PIPELINE_PARALLEL_SIZE INFERENCE_NODES SERVER_HOST SERVER_PORT RDZV_PORT CONTAINER_RUNTIME NCCL_NET_GDR_LEVEL GPU_MEM_GB INFERENCE_ENGINE CONTAINER_ROLE INFERENCE_MODEL GPU_MEMORY_UTILIZATION REASONING_PARSER TOOL_CALL_PARSER RUN_ROOT SERVER_API_KEY_FILE'
 export ENVLAYERS_TARGET=experiment:oss120b
 export ENVLAYERS_EDF=hpcagent-bench-vllm-mi300-latest-intranode
 export ENVLAYERS_READY_TIMEOUT_S=7200
