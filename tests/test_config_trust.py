@@ -115,3 +115,23 @@ def test_a_serve_env_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, ma
     proc = dry_run(tmp_path, path)
     refused(proc, f"{path}: {said}", "")
     assert "--env-file" not in proc.stderr
+
+
+def test_a_serve_env_file_under_a_folder_everyone_can_write_is_refused(tmp_path):
+    # the file and its own folder are the user's, but a folder above it is open to everyone without the sticky
+    # bit: another user could rename the user's folder away and put one of theirs, with their file, in its place
+    shared = tmp_path / "shared"
+    mine = layer(shared / "me")
+    shared.chmod(0o777)
+    refused(dry_run(tmp_path, mine), f"{mine}: is under {shared}, which everyone can write without the sticky bit "
+            "(mode 0777): another user could put a folder of theirs in its place",
+            f"keep it under folders only you can write (chmod o-w {shared}, or move it)")
+
+
+def test_a_serve_base_env_others_can_write_is_refused(tmp_path):
+    mine = layer(tmp_path / "private")
+    base = layer(tmp_path / "private", "base.env", "INFERENCE_NODES=1\n")
+    base.chmod(0o664)
+    refused(dry_run(tmp_path, mine, SERVE_BASE_ENV=str(base)),
+            f"{base}: is writable by others (mode 0664): another user could change what this job runs",
+            f"chmod go-w {base}")

@@ -215,7 +215,9 @@ def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: in
     from the open file), else None: the rule OpenSSH applies to authorized_keys. The file must belong to
     ``uid`` or root and be writable by nobody else, and so must the folder holding it (the name as given,
     and the file's real folder when it is a link), unless that folder has the sticky bit (``/tmp``) and the
-    file is ``uid``'s: then nobody else can replace it."""
+    file is ``uid``'s: then nobody else can replace it. No folder further up may be writable by everyone without
+    the sticky bit (the rule of :func:`unsafe_folder`): another user could rename the user's folder away and put
+    one of theirs in its place."""
     if st.st_uid not in (uid, 0):
         return (f"belongs to {user_name(st.st_uid)}: another user could change what this job runs",
                 f"copy it to a file of your own (cp {path} mine.env) and read that one")
@@ -232,5 +234,17 @@ def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: in
             return (f"is in {folder}, which others can write (mode {stat.S_IMODE(fst.st_mode):04o}): another user "
                     "could put a file of theirs in its place", f"keep it in a folder only you can write (chmod go-w "
                     f"{folder}, or move it)")
+    for folder in sorted(folders):
+        below, above = folder, os.path.dirname(folder)
+        while above != below:  # up to /
+            try:
+                mode = os.stat(above).st_mode
+            except OSError:
+                mode = 0
+            if mode & 0o002 and not mode & stat.S_ISVTX:
+                return (f"is under {above}, which everyone can write without the sticky bit (mode "
+                        f"{stat.S_IMODE(mode):04o}): another user could put a folder of theirs in its place",
+                        f"keep it under folders only you can write (chmod o-w {above}, or move it)")
+            below, above = above, os.path.dirname(above)
     return None
 
