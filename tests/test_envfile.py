@@ -130,6 +130,9 @@ def test_every_error_is_one_line():
     pytest.param("PYTHONHOME", "standard library", id="pythonhome"),
     pytest.param("PYTHONUSERBASE", "usercustomize.py", id="pythonuserbase"),
     pytest.param("LD_LIBRARY_PATH", "before the system's", id="ld-library-path"),
+    pytest.param("PYTHONPYCACHEPREFIX", "compiled modules", id="pythonpycacheprefix"),
+    # Python's user site folder is under $HOME: a usercustomize.py or a .pth file there runs in the launcher
+    pytest.param("HOME", "usercustomize.py", id="home"),
     # the job's own variables: a chain of 50 successors, a rank every node runs, another user's key file
     pytest.param("ENVLAYERS_CHAIN_LEFT", "the successor chain", id="chain-left"),
     pytest.param("ENVLAYERS_CHAIN_KEY_FILE", "the key file a successor keeps", id="chain-key-file"),

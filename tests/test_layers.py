@@ -70,7 +70,7 @@ def test_reading_a_name_that_an_earlier_line_of_the_render_assigns_is_refused():
 
 
 def test_reading_a_name_that_a_later_line_assigns_is_rendered():
-    assert stack("A=$HOME/x", "HOME=/h").text() == {"A": "${HOME}/x", "HOME": "/h"}
+    assert stack("A=$SCRATCH/x", "SCRATCH=/h").text() == {"A": "${SCRATCH}/x", "SCRATCH": "/h"}
 
 
 def test_colon_dash_on_a_value_of_several_deferred_references_is_refused():

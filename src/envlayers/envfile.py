@@ -35,7 +35,8 @@ _SPECIAL_FIX = "choose another name"
 # Bash's own specials first, then keys that make bash, the dynamic loader or Python run code the
 # layers never show. A layer's keys reach the launcher itself (`python -m envlayers launch` runs after
 # the layers are exported), so where Python and the loader look for code is refused too: a layer file
-# in a shared folder would otherwise run its author's code as the job's owner. PATH stays allowed: the
+# in a shared folder would otherwise run its author's code as the job's owner, and so would a value naming a
+# folder another user can write (PYTHONPATH, LD_LIBRARY_PATH, HOME, ...). PATH stays allowed: the
 # job runs its own commands by absolute path or through srun, and sites put their tools on it.
 _ENGINE_ONLY = "set it for the engine only, in the EDF's [env] table or in the image (docs/containers.md)"
 REFUSED: dict[str, tuple[str, str]] = {
@@ -72,7 +73,13 @@ REFUSED: dict[str, tuple[str, str]] = {
         ("PYTHONSAFEPATH", "changes which folders it imports from"),
         ("PYTHONINSPECT", "stays interactive after the script, reading commands from stdin"),
         ("PYTHONEXECUTABLE", "reports another interpreter as itself"),
-        ("PYTHONPLATLIBDIR", "loads its compiled standard library from another folder"))},
+        ("PYTHONPLATLIBDIR", "loads its compiled standard library from another folder"),
+        ("PYTHONPYCACHEPREFIX", "loads compiled modules (code) from the folder it names instead of beside their "
+         "sources"))},
+    "HOME": ("Python imports a usercustomize.py and runs the .pth files in its user site folder under it, the "
+             "launcher's own Python included (it runs in the job after the layers are exported); every tool reads "
+             "~ from it", "leave HOME to the job (sbatch passes yours on); give a tool its own folder through its "
+                          "own variable (HF_HOME, XDG_CACHE_HOME, ...)"),
     "LD_LIBRARY_PATH": ("the dynamic loader loads libraries from the folders it names into every program the job starts "
                         "(bash, srun, the launcher's Python, the engine) before the system's", _ENGINE_ONLY),
 }
