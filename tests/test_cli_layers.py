@@ -381,3 +381,36 @@ def test_check_fails_on_a_catalog_key_nothing_reads(catalog_copy):
     assert (f"experiments/layers/model-qwen38.env:{line}: TENSOR_PARALEL_SIZE is no launch key and nothing envlayers "
             "passes on knowingly") in result.output and "did you mean TENSOR_PARALLEL_SIZE?" in result.output
 
+
+
+# -- what a layer or setups.yaml's env: may not set, through the CLI -------------------------------
+
+@pytest.mark.parametrize("key, value, said, hint", [
+    pytest.param("HF_TOKEN", "hf_s3cretvalue", "HF_TOKEN looks like a credential", "HF_TOKEN_PATH=FILE",
+                 id="hf-token"),
+    pytest.param("WANDB_API_KEY", "s3cretvalue", "WANDB_API_KEY looks like a credential",
+                 "keep it in a file readable only by you", id="api-key"),
+    pytest.param("ENVLAYERS_CHAIN_KEY_FILE", "/tmp/theirs", "is refused in a layer",
+                 "leave them to the job", id="the-jobs-own-variable"),
+    pytest.param("PYTHONPATH", "/tmp/theirs", "is refused in a layer", "the EDF's [env] table",
+                 id="pythonpath"),
+    pytest.param("HOME", "/tmp/theirs", "is refused in a layer", "leave HOME to the job", id="home"),
+])
+@pytest.mark.parametrize("where", ["layer", "setups-env"])
+def test_a_key_a_layer_may_not_set_is_one_line_naming_its_place(catalog_copy, key, value, said, hint, where):
+    if where == "layer":
+        path = catalog_copy / "experiments/layers/model-qwen38.env"
+        path.write_text(path.read_text() + f"{key}={value}\n")
+        place = f"experiments/layers/model-qwen38.env:{path.read_text().count(chr(10))}"
+    else:
+        path = catalog_copy / "experiments/setups.yaml"
+        text = path.read_text().replace("    layers: [replicas.env]\n",
+                                        f"    layers: [replicas.env]\n    env:\n      {key}: '{value}'\n")
+        path.write_text(text)
+        place = f"experiments/setups.yaml:{text[:text.index(f'{key}:')].count(chr(10)) + 1}"
+    result = CliRunner().invoke(cli, ["--root", str(catalog_copy), "render", "replicas:qwen38"])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.splitlines()
+    assert line.startswith(f"env_layers: error: {place}: ") and key in line and said in line, line
+    assert line.index(said) < line.index("; hint: ") < line.index(hint), line
+    assert "s3cret" not in line

@@ -288,7 +288,20 @@ def test_render_refuses_a_credential_with_file_line_and_the_way_to_pass_it(key, 
 
 
 @pytest.mark.parametrize("line", [
+    pytest.param("HF_TOKEN=${HF_TOKEN:-hunter22}", id="in-a-default"),
+    pytest.param("HF_TOKEN=${X-${Y:-hunter22}}", id="in-a-nested-default"),
+])
+def test_a_credential_written_in_a_default_is_refused(line):
+    # the default is written into the render as it stands: the job script and serve.env would carry it
+    with pytest.raises(StackError) as err:
+        render(stack("A=1", line), "sh")
+    assert str(err.value).startswith("l1.env:1: HF_TOKEN looks like a credential") and "hunter22" not in str(err.value)
+
+
+@pytest.mark.parametrize("line", [
     pytest.param("HF_TOKEN=${HF_TOKEN}", id="a-reference-writes-no-secret"),
+    pytest.param("HF_TOKEN=${HF_TOKEN:-}", id="an-empty-default"),
+    pytest.param("HF_TOKEN=${HF_TOKEN:-$MY_TOKEN}", id="a-default-that-is-a-reference"),
     pytest.param("HF_TOKEN=", id="empty"),
     pytest.param("HF_TOKEN_PATH=/home/me/.hf-token", id="a-path-to-the-secret"),
     pytest.param("SERVER_API_KEY_FILE=/home/me/key", id="a-key-file"),

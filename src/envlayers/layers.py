@@ -221,7 +221,8 @@ def looks_like_credential(key: str) -> bool:
 def refuse_secrets(env: Env) -> None:
     """Every path that writes a render (render, render -o, check --update, serve) calls this first: a
     secret written in a layer would be in the render, the job script, serve.env and the logs. A reference
-    (``HF_TOKEN=${HF_TOKEN}``) is fine: only the reference is written, the job's shell reads the value."""
+    (``HF_TOKEN=${HF_TOKEN}``) is fine: only the reference is written, the job's shell reads the value; a default
+    (``${HF_TOKEN:-hf_...}``) is written as it stands, so it is a written value."""
     for key in SECRET_KEYS:
         b = env.bindings.get(key)
         if b is not None and b.value:
@@ -231,7 +232,8 @@ def refuse_secrets(env: Env) -> None:
                 hint="put the key in a file readable only by you and set SERVER_API_KEY_FILE=<path> instead",
             )
     for key, b in env.bindings.items():
-        if looks_like_credential(key) and any(isinstance(part, str) and part for part in b.value):
+        written = (*b.value, *(part for d in deferred_in(b.value) for part in d.default))  # a default is written too
+        if looks_like_credential(key) and any(isinstance(part, str) and part for part in written):
             way = ("point the Hugging Face hub at a file readable only by you (chmod 600 FILE; HF_TOKEN_PATH=FILE "
                    "in the layer)" if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") else
                    "keep it in a file readable only by you and point the program at the file")
