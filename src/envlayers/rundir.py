@@ -464,13 +464,22 @@ def locate(job_id: str, info: "JobInfo | None" = None, *, environ: Mapping[str, 
     said = None
     if out.is_file():
         said = _run_dir_line(out)
-    if said and Path(said).is_dir():
+    if said and _is_dir(Path(said)):
         return JobFiles(job_id, out, Path(said))
     for root in run_root_candidates(environ, cwd, info.workdir if info else None):
-        if (root / job_id).is_dir():
+        if _is_dir(root / job_id):
             return JobFiles(job_id, out, root / job_id)
     # the announced folder may not be visible here yet (or was moved): keep it for the messages
     return JobFiles(job_id, out, Path(said) if said else None)
+
+
+def _is_dir(path: Path) -> bool:
+    """A folder this user can see; another user's run directory (0700) counts as not there, so what asks
+    for it (``stop``, ``status`` of someone else's job) reaches Slurm's own answer instead of an OS error."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _run_dir_line(path: Path, max_bytes: int = 1 << 20) -> str | None:
