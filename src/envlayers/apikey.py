@@ -121,11 +121,10 @@ def check_key_file(path: "str | os.PathLike[str]", where: str | None = None) -> 
     from .fsutil import untrusted_config
 
     read_key(path, where)
-    found = untrusted_config(path, os.stat(path), os.getuid())
+    found = untrusted_config(path, os.stat(path), os.getuid(), harm="choose the key this server accepts")
     if found is not None:
-        why, fix = found
-        raise EnvLayersError(why.replace("change what this job runs", "choose the key this server accepts"),
-                             where=f"{where + ': ' if where else ''}SERVER_API_KEY_FILE {path}", hint=fix)
+        raise EnvLayersError(found[0], where=f"{where + ': ' if where else ''}SERVER_API_KEY_FILE {path}",
+                             hint=found[1])
     warning = mode_warning(path)
     return [warning] if warning else []
 

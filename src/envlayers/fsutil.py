@@ -199,31 +199,44 @@ def unsafe_folder(path: Path, uid: int) -> str | None:
             return f"{path} belongs to {user_name(st.st_uid)}, not to {user_name(uid)}"
         if st.st_mode & 0o022:
             return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
-    for above in path.parents:
-        try:
-            mode = above.stat().st_mode
-        except OSError:
-            continue  # not there yet: the job makes it, as its own
-        if mode & 0o002 and not mode & stat.S_ISVTX:
-            return (f"{above} above it is writable by everyone without the sticky bit "
-                    f"(mode {stat.S_IMODE(mode):o}): another user could put a folder of theirs in its place")
+    found = _open_to_everyone_above(str(path))
+    if found is not None:
+        return (f"{found[0]} above it is writable by everyone without the sticky bit "
+                f"(mode {stat.S_IMODE(found[1]):o}): another user could put a folder of theirs in its place")
     return None
 
 
-def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: int) -> "tuple[str, str] | None":
+def _open_to_everyone_above(path: str) -> "tuple[str, int] | None":
+    """The first folder above ``path`` (up to /) that everyone can write without the sticky bit, with its
+    mode; folders not there yet are skipped (whoever makes them owns them). Another user could rename what
+    lies below such a folder away and put one of theirs in its place."""
+    below, above = path, os.path.dirname(path)
+    while above != below:
+        try:
+            mode = os.stat(above).st_mode
+        except OSError:
+            mode = 0
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return above, mode
+        below, above = above, os.path.dirname(above)
+    return None
+
+
+def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: int,
+                     harm: str = "change what this job runs") -> "tuple[str, str] | None":
     """(why, fix) when another user could change the configuration file ``path`` (``st``: its stat, taken
     from the open file), else None: the rule OpenSSH applies to authorized_keys. The file must belong to
     ``uid`` or root and be writable by nobody else, and so must the folder holding it (the name as given,
     and the file's real folder when it is a link), unless that folder has the sticky bit (``/tmp``) and the
     file is ``uid``'s: then nobody else can replace it. No folder further up may be writable by everyone without
     the sticky bit (the rule of :func:`unsafe_folder`): another user could rename the user's folder away and put
-    one of theirs in its place."""
+    one of theirs in its place. ``harm`` says what another user could do with it ("another user could ...")."""
     if st.st_uid not in (uid, 0):
-        return (f"belongs to {user_name(st.st_uid)}: another user could change what this job runs",
-                f"copy it to a file of your own (cp {path} mine.env) and read that one")
+        return (f"belongs to {user_name(st.st_uid)}: another user could {harm}",
+                "copy it to a file of your own and name that one instead")
     if st.st_mode & 0o022:
-        return (f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): another user could change what this "
-                "job runs", f"chmod go-w {path}")
+        return (f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): another user could {harm}",
+                f"chmod go-w {path}")
     folders = {os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.realpath(path))}
     for folder in sorted(folders):
         try:
@@ -235,16 +248,11 @@ def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: in
                     "could put a file of theirs in its place", f"keep it in a folder only you can write (chmod go-w "
                     f"{folder}, or move it)")
     for folder in sorted(folders):
-        below, above = folder, os.path.dirname(folder)
-        while above != below:  # up to /
-            try:
-                mode = os.stat(above).st_mode
-            except OSError:
-                mode = 0
-            if mode & 0o002 and not mode & stat.S_ISVTX:
-                return (f"is under {above}, which everyone can write without the sticky bit (mode "
-                        f"{stat.S_IMODE(mode):04o}): another user could put a folder of theirs in its place",
-                        f"keep it under folders only you can write (chmod o-w {above}, or move it)")
-            below, above = above, os.path.dirname(above)
+        found = _open_to_everyone_above(folder)
+        if found is not None:
+            above, mode = found
+            return (f"is under {above}, which everyone can write without the sticky bit (mode "
+                    f"{stat.S_IMODE(mode):04o}): another user could put a folder of theirs in its place",
+                    f"keep it under folders only you can write (chmod o-w {above}, or move it)")
     return None
 

@@ -337,7 +337,7 @@ PASSED_ON: dict[str, str] = {
     "OMP_": "OpenMP", "MKL_": "MKL", "ONEDNN_": "oneDNN", "RAY_": "Ray", "XDG_": "the XDG folders",
     "OUTLINES_": "outlines", "FLASHINFER_": "FlashInfer", "DG_": "DeepGEMM", "AITER_": "AITER",
 }
-PASSED_ON_NAMES = frozenset({"PATH", "TMPDIR", "TZ", "LANG", "LC_ALL", "HOME", "USER",
+PASSED_ON_NAMES = frozenset({"PATH", "TMPDIR", "TZ", "LANG", "LC_ALL", "USER",
                              "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"})
 
 
@@ -350,8 +350,7 @@ def unknown_key(name: str) -> str | None:
     import difflib
 
     near = difflib.get_close_matches(name.upper(), list(BY_NAME), n=1, cutoff=0.75)
-    guess = f"did you mean {near[0]}?" if near else ("launch keys are upper case" if name.upper() in BY_NAME
-                                                      else "docs/keys.md lists the launch keys")
+    guess = f"did you mean {near[0]}?" if near else "docs/keys.md lists the launch keys"
     return (f"{name} is no launch key and nothing envlayers passes on knowingly: it is exported to the job, where "
             f"nothing envlayers knows of reads it; {guess}")
 

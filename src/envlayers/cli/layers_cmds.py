@@ -176,13 +176,11 @@ def check(ctx, update):
     from ..layers import merge, stack_sources
     from ..shell import render as render_env
 
-    from .. import catalog
+    from .. import catalog, keys
     from ..topology import plan, stacking
 
     root = Path(get_root(ctx))
     cat = catalog.load(root)
-    from .. import keys
-
     expected = {}
     unknown: dict[str, str] = {}  # a key no one reads, once per layer line (a typo of a launch key, most often)
     notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]

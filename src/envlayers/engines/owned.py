@@ -83,7 +83,9 @@ def refusals(extra: Iterable[str], engine: str, options: Iterable[str], where: s
     out: list[str] = []
     for word in extra:
         name = _name(word, engine)
-        if name is None or (name not in owned and not any(o.startswith(name) for o in owned if name[:2] == "--")):
+        maybe_owned = name is not None and (name in owned or name.startswith("--")
+                                            and any(o.startswith(name) for o in owned))
+        if not maybe_owned:
             continue
         option = resolve(word, engine, options)
         if option in owned:
