@@ -120,3 +120,33 @@ def test_a_key_file_in_a_folder_others_can_write_is_refused(tmp_path):
     with pytest.raises(EnvLayersError, match="which others can write"):
         check_key_file(path)
 
+
+
+@pytest.mark.parametrize("how", ["writable", "other-owner", "open-folder"])
+def test_the_key_the_job_starts_its_server_with_comes_from_a_file_no_other_user_could_write(tmp_path, how):
+    # the launcher reads SERVER_API_KEY_FILE again in the job (read_key, serving); a path the login node could not
+    # check (it read a variable set only in the job) or a file changed since is refused there too
+    from envlayers.launch.launcher import read_api_key
+    from envlayers.launch.prepare import LaunchFailure
+
+    if how == "other-owner" and os.getuid() != 0:
+        pytest.skip("only root can give a file to another uid")
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    path = _file(folder, GOOD, 0o620 if how == "writable" else 0o600)
+    if how == "other-owner":
+        os.chown(path, 4242, 4242)
+    if how == "open-folder":
+        folder.chmod(0o777)
+    said = {"writable": f"SERVER_API_KEY_FILE {path}: is writable by others (mode 0620): another user could choose "
+                        "the key this server accepts; hint: chmod go-w",
+            "other-owner": f"SERVER_API_KEY_FILE {path}: belongs to 4242: another user could choose the key this "
+                           "server accepts; hint: copy it to a file of your own",
+            "open-folder": f"SERVER_API_KEY_FILE {path}: is in {folder}, which others can write (mode 0777)"}[how]
+    with pytest.raises(EnvLayersError) as err:
+        read_key(path)
+    assert str(err.value).startswith(said), str(err.value)
+    with pytest.raises(LaunchFailure) as failure:
+        read_api_key(str(path))
+    assert str(failure.value).startswith(said)
+    assert read_key(path, serving=False) == GOOD  # a client's copy: the owner check is the client's own rule

@@ -544,7 +544,7 @@ def test_the_last_link_submits_nothing(tmp_path):
 
 @pytest.mark.parametrize("mode, owner, why", [
     pytest.param(0o644, None, "others may read or write it (mode 0644)", id="readable-by-others"),
-    pytest.param(0o620, None, "others may read or write it (mode 0620)", id="group-writable"),
+    pytest.param(0o620, None, "is writable by others (mode 0620)", id="group-writable"),
     pytest.param(0o600, 4242, "the key file belongs to", id="another-users-file"),
 ])
 def test_a_chain_key_file_others_could_know_is_not_taken(tmp_path, mode, owner, why):

@@ -47,8 +47,11 @@ def read_key(path: "str | os.PathLike[str]", where: str | None = None, *, named_
       shell would not expand it either). ``False`` for a client's copy (``connect``, ``ping``, ``bench``,
       ``verify``): any key a server may take, and ``~`` expanded as the operator typed it;
     - ``owner``: the uid that must own the file, or ``None`` for no such check. The clients pass their own
-      uid (a key is printed or used only from a file of one's own); the server's side passes ``None``
-      (a team's shared key file is the operator's choice, warned about by :func:`mode_warning`);
+      uid (a key is printed or used only from a file of one's own). A server's key (``serving``) comes only
+      from a file no other user could write, nor put in its place: the user's or root's, not writable by group
+      or others, in a folder they cannot write (:func:`envlayers.fsutil.untrusted_config`, the rule OpenSSH
+      applies to authorized_keys), or another user would choose the key the server accepts; a file others
+      may read is a warning (:func:`mode_warning`);
     - ``where`` leads the error (the layer's ``file:line`` naming the file), ``named_by`` says what named
       it (``SERVER_API_KEY_FILE``, ``--api-key-file``, a record's field).
     """
@@ -67,6 +70,12 @@ def read_key(path: "str | os.PathLike[str]", where: str | None = None, *, named_
 
         raise EnvLayersError(f"the key file belongs to {user_name(st.st_uid)}, not to you ({user_name(owner)})",
                              where=where, hint="only the key file's owner may print or use the key")
+    if serving:
+        from .fsutil import untrusted_config
+
+        found = untrusted_config(p, st, os.getuid(), harm="choose the key this server accepts")
+        if found is not None:
+            raise EnvLayersError(found[0], where=where, hint=found[1])
     try:
         raw = p.read_bytes()
     except OSError as err:
@@ -115,16 +124,9 @@ def mode_warning(path: "str | os.PathLike[str]", named_by: str = "SERVER_API_KEY
 
 
 def check_key_file(path: "str | os.PathLike[str]", where: str | None = None) -> list[str]:
-    """Refuse an unusable key file for a server (EnvLayersError), and one another user could write (they
-    would choose the key the server accepts: the rule of :func:`envlayers.fsutil.untrusted_config`); return
-    warnings (a file others can read)."""
-    from .fsutil import untrusted_config
-
+    """Refuse an unusable key file for a server, or one another user could write (:func:`read_key`, serving),
+    with an EnvLayersError; return warnings (a file others can read)."""
     read_key(path, where)
-    found = untrusted_config(path, os.stat(path), os.getuid(), harm="choose the key this server accepts")
-    if found is not None:
-        raise EnvLayersError(found[0], where=f"{where + ': ' if where else ''}SERVER_API_KEY_FILE {path}",
-                             hint=found[1])
     warning = mode_warning(path)
     return [warning] if warning else []
 

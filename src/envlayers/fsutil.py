@@ -225,7 +225,8 @@ def _open_to_everyone_above(path: str) -> "tuple[str, int] | None":
 def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: int,
                      harm: str = "change what this job runs") -> "tuple[str, str] | None":
     """(why, fix) when another user could change the configuration file ``path`` (``st``: its stat, taken
-    from the open file), else None: the rule OpenSSH applies to authorized_keys. The file must belong to
+    from the open file; ``harm``: what they could do with it), else None: the rule OpenSSH applies to
+    authorized_keys. The file must belong to
     ``uid`` or root and be writable by nobody else, and so must the folder holding it (the name as given,
     and the file's real folder when it is a link), unless that folder has the sticky bit (``/tmp``) and the
     file is ``uid``'s: then nobody else can replace it. No folder further up may be writable by everyone without
@@ -233,7 +234,7 @@ def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: in
     one of theirs in its place. ``harm`` says what another user could do with it ("another user could ...")."""
     if st.st_uid not in (uid, 0):
         return (f"belongs to {user_name(st.st_uid)}: another user could {harm}",
-                "copy it to a file of your own and name that one instead")
+                f"copy it to a file of your own (cp {path} NEW) and name that one")
     if st.st_mode & 0o022:
         return (f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): another user could {harm}",
                 f"chmod go-w {path}")
