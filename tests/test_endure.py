@@ -429,6 +429,10 @@ def test_the_successor_starts_a_lead_before_the_limit(limit, startup, minutes):
     pytest.param({"SUCCESSORS": "2"}, {}, 2, id="first-job"),
     pytest.param({"SUCCESSORS": "2"}, {"ENVLAYERS_CHAIN_LEFT": "1"}, 1, id="a-successor"),
     pytest.param({}, {}, 0, id="off"),
+    # a count the job inherited from elsewhere (the submitting shell) never makes the chain longer than the
+    # layers' SUCCESSORS: unset, no successor at all
+    pytest.param({}, {"ENVLAYERS_CHAIN_LEFT": "50"}, 0, id="inherited-with-successors-off"),
+    pytest.param({"SUCCESSORS": "2"}, {"ENVLAYERS_CHAIN_LEFT": "50"}, 2, id="inherited-above-successors"),
 ])
 def test_chain_left(keys, environ, left):
     from envlayers.launch.successor import chain_left

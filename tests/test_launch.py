@@ -872,3 +872,21 @@ def test_a_term_to_the_whole_step_keeps_the_engines_last_lines_and_its_code(tmp_
     text = log.read_text()
     assert code == 0 and (tmp_path / "rank-0.exit").read_text() == "0\n", text
     assert "shutting down 49" in text and "ENVLAYERS-STAGE: rank 0 exited with code 0" in text
+
+
+def test_a_rank_number_the_job_inherited_does_not_reach_the_ranks(tmp_path):
+    # ranks.sh takes ENVLAYERS_RANK before SLURM_PROCID; only the launcher sets it (one step per replica). One
+    # exported in the shell that submitted the job must not make every node run the same rank.
+    from envlayers.launch.launcher import Launcher
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "seen"
+    srun = bin_dir / "srun"
+    srun.write_text(f"#!/bin/bash\necho \"${{ENVLAYERS_RANK-unset}}\" > {shlex.quote(str(seen))}\n")
+    srun.chmod(0o755)
+    lp = prepare({**PIPELINE}, alloc(tmp_path))
+    launcher = Launcher(tmp_path, {"PATH": f"{bin_dir}:/usr/bin:/bin", "ENVLAYERS_RANK": "0"})
+    launcher.start(lp, None)
+    assert launcher.proc.wait(timeout=30) == 0
+    assert seen.read_text() == "unset\n"

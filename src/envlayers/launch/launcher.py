@@ -282,6 +282,9 @@ class Launcher:
         say(f"ENVLAYERS-STAGE: starting {lp.ranks} rank(s): {shlex.join(lp.srun)}")
         child_env = dict(self.environ)
         child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
+        # ranks.sh takes ENVLAYERS_RANK before SLURM_PROCID: only this launcher sets it (one step per replica,
+        # launch/replicas.py), never a value the job inherited from the shell that submitted it
+        child_env.pop("ENVLAYERS_RANK", None)
         if api_key:
             child_env["SERVER_API_KEY"] = api_key
         from .replicas import ReplicaSteps, survives

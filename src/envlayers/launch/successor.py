@@ -44,10 +44,12 @@ def drain_s(keys: Mapping[str, str]) -> int:
 
 
 def chain_left(keys: Mapping[str, str], environ: Mapping[str, str]) -> int:
-    """Successors still to submit: ``ENVLAYERS_CHAIN_LEFT`` set by the predecessor, else ``SUCCESSORS``."""
+    """Successors still to submit: ``ENVLAYERS_CHAIN_LEFT`` set by the predecessor, else ``SUCCESSORS``. Never
+    more than ``SUCCESSORS``: every job of a chain runs the same job.sh, so a count above it did not come from a
+    predecessor (a layer may not set it; an export in the submitting shell might) and cannot lengthen the chain."""
     n = keytable.value(keys, "SUCCESSORS")
     left = environ.get("ENVLAYERS_CHAIN_LEFT", "").strip()  # set by the predecessor's sbatch, never by a layer
-    return int(left) if left.isdigit() else n
+    return min(int(left), n) if left.isdigit() else n
 
 
 def dependency(job_id: str, time_limit_s: int, startup_s: float) -> tuple[str, int]:
