@@ -231,7 +231,7 @@ def untrusted_config(path: "str | os.PathLike[str]", st: os.stat_result, uid: in
     and the file's real folder when it is a link), unless that folder has the sticky bit (``/tmp``) and the
     file is ``uid``'s: then nobody else can replace it. No folder further up may be writable by everyone without
     the sticky bit (the rule of :func:`unsafe_folder`): another user could rename the user's folder away and put
-    one of theirs in its place. ``harm`` says what another user could do with it ("another user could ...")."""
+    one of theirs in its place."""
     if st.st_uid not in (uid, 0):
         return (f"belongs to {user_name(st.st_uid)}: another user could {harm}",
                 f"copy it to a file of your own (cp {path} NEW) and name that one")
