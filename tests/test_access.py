@@ -858,6 +858,34 @@ def test_an_ssh_that_cannot_reach_the_gateway_is_reported_in_its_own_words(tmp_p
     assert said.format(port=port) in message and "\n" not in message, message
 
 
+STEP_CANCELLED = "slurmstepd: error: *** STEP 5.2 ON n1 CANCELLED AT 2026-12-05T07:00:00 DUE TO TIME LIMIT ***"
+
+
+@pytest.mark.parametrize("state", ["TIMEOUT", "COMPLETING"])
+def test_a_tunnel_step_cut_by_the_jobs_end_says_the_job_ended_not_ssh(state):
+    # before: "ssh from n1 to the gateway ... failed before the forward was up: ..." with ssh's hint
+    from envlayers.access.tunnel import _failure, job_ended
+    from envlayers.slurm import JobInfo
+
+    spec = TunnelSpec("5", "n1", 8000, gw.Gateway("u@gw", 22, None, ()), "127.0.0.1", 9000)
+    text = ("ENVLAYERS-TUNNEL: node=n1 step=5.2 pid=10\nsrun: Job step aborted: Waiting up to 32 seconds\n"
+            f"{STEP_CANCELLED}\nConnection to gw closed by remote host.\nsrun: error: n1: task 0: Terminated\n")
+    ended = job_ended("5", text, job_info=lambda jid: JobInfo(jid, state=state))
+    message = _failure("exited", spec, text, 30, ended=ended).message
+    assert message == (f"the tunnel step ended before the forward to the gateway u@gw was up: job 5 ended ({state}); "
+                       "Slurm said: STEP 5.2 ON n1 CANCELLED AT 2026-12-05T07:00:00 DUE TO TIME LIMIT (not an ssh "
+                       "failure)")
+    assert job_ended("5", "", job_info=lambda jid: None) == "job 5 ended (no longer known to Slurm)"
+
+
+def test_a_tunnel_step_of_a_running_job_that_ssh_ended_still_blames_ssh():
+    from envlayers.access.tunnel import job_ended
+    from envlayers.slurm import JobInfo
+
+    assert job_ended("5", "ssh: connect to host gw port 22: Connection refused\n",
+                     job_info=lambda jid: JobInfo(jid, state="RUNNING")) is None
+
+
 # ------------------------------------------------------------------------------------------ tunnel.json, settled
 
 def _scontrol_says(no_slurm: dict, state: str, tmp_path: Path) -> None:
@@ -901,6 +929,38 @@ def test_a_tunnel_whose_step_ended_while_the_job_runs_says_why(tmp_path, no_slur
     assert data["tunnel_closed"]["closed_why"] == ("its step ended while job 77 runs (ssh exited with code 255 "
                                                   "after 3s; giving up after 5 restarts)")
     assert json.loads((run / "tunnel.json").read_text())["closed_by"] == "step end"
+
+
+def test_a_tunnel_whose_job_is_completing_says_the_job_ended(tmp_path, no_slurm, sshd):
+    # before: "its step ended while job 77 runs (ssh exited with code 255 ...)": the job's end blamed on ssh
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    _tunnel_record(run, sshd, gone.pid, ["srun", "--overlap", "--jobid=77"], 8001)
+    record = json.loads((run / "tunnel.json").read_text())
+    (run / "tunnel.log").write_text("ENVLAYERS-TUNNEL: ssh exited with code 255 after 3s; giving up after 5 restarts\n")
+    record["log"] = str(run / "tunnel.log")
+    (run / "tunnel.json").write_text(json.dumps(record))
+    _scontrol_says(no_slurm, "COMPLETING", tmp_path)
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    assert data["tunnel_closed"]["closed_why"] == "job 77 ended (COMPLETING); its tunnel step ended with it"
+    assert json.loads((run / "tunnel.json").read_text())["closed_by"] == "job end"
+
+
+def test_a_tunnel_step_slurm_cancelled_says_slurm_did(tmp_path, no_slurm, sshd):
+    run = _no_slurm_job(tmp_path, sshdtools.free_port())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    _tunnel_record(run, sshd, gone.pid, ["srun", "--overlap", "--jobid=77"], 8001)
+    record = json.loads((run / "tunnel.json").read_text())
+    (run / "tunnel.log").write_text(f"ENVLAYERS-TUNNEL: ssh pid=12\n{STEP_CANCELLED}\n"
+                                    "srun: error: n1: task 0: Terminated\n")
+    record["log"] = str(run / "tunnel.log")
+    (run / "tunnel.json").write_text(json.dumps(record))
+    _scontrol_says(no_slurm, "RUNNING", tmp_path)
+    data = json.loads(cli("connect", "77", "--run-dir", str(run), "--json", env=no_slurm).stdout)
+    assert data["tunnel_closed"]["closed_why"] == ("Slurm ended its step, not ssh (Slurm said: STEP 5.2 ON n1 "
+                                                  "CANCELLED AT 2026-12-05T07:00:00 DUE TO TIME LIMIT)")
 
 
 # ------------------------------------------------------------------------------------------ an opener killed half way

@@ -380,8 +380,8 @@ def test_public_names():
         "dependent_sbatch_argv", "format_time_limit", "hostnames", "job_fields", "job_info", "list_jobs",
         "one_node_step_argv", "overlap_step_argv", "parse_duration", "parse_job_fields", "parse_parsable",
         "parse_partitions", "parse_scontrol_job", "parse_window", "partition_max_times", "ranks_step_argv",
-        "remaining_s", "resubmit_options", "run", "sbatch_argv", "shrink_argv", "step_listed", "submit",
-        "unreachable", "window_argv", "window_jobs"])
+        "remaining_s", "resubmit_options", "run", "sbatch_argv", "shrink_argv", "slurm_cancelled", "step_listed",
+        "submit", "unreachable", "window_argv", "window_jobs"])
     assert all(hasattr(slurm, name) for name in slurm.__all__)
 
 
@@ -486,3 +486,14 @@ def test_spoken_durations(seconds, text):
 
     assert spoken(seconds) == text
 
+
+
+@pytest.mark.parametrize("text, said", [
+    pytest.param("slurmstepd: error: *** STEP 5.2 ON n1 CANCELLED AT 2026-12-05T07:00:00 DUE TO TIME LIMIT ***\n",
+                 "STEP 5.2 ON n1 CANCELLED AT 2026-12-05T07:00:00 DUE TO TIME LIMIT", id="time-limit"),
+    pytest.param("srun: Job step aborted\nslurmstepd: error: *** JOB 5 ON n1 CANCELLED AT 2026-12-05T07:00:00 ***\n",
+                 "JOB 5 ON n1 CANCELLED AT 2026-12-05T07:00:00", id="scancel"),
+    pytest.param("ssh: connect to host gw port 22: Connection refused\n", None, id="not-slurm"),
+])
+def test_slurm_cancelled_reads_slurmstepds_line(text, said):
+    assert slurm.slurm_cancelled(text) == said

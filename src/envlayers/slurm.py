@@ -41,8 +41,8 @@ __all__ = [
     "dependent_sbatch_argv", "format_time_limit", "hostnames", "job_fields", "job_info", "list_jobs",
     "one_node_step_argv", "overlap_step_argv", "parse_duration", "parse_job_fields", "parse_parsable",
     "parse_partitions", "parse_scontrol_job", "parse_window", "partition_max_times", "ranks_step_argv",
-    "remaining_s", "resubmit_options", "run", "sbatch_argv", "shrink_argv", "step_listed", "submit",
-    "unreachable", "window_argv", "window_jobs",
+    "remaining_s", "resubmit_options", "run", "sbatch_argv", "shrink_argv", "slurm_cancelled", "step_listed",
+    "submit", "unreachable", "window_argv", "window_jobs",
 ]
 
 TERMINAL_STATES: frozenset[str] = frozenset({
@@ -452,6 +452,19 @@ def step_listed(step_id: str, run: _Runner = run) -> bool | None:
     if proc.returncode != 0:
         return None
     return step_id in proc.stdout.split()
+
+
+# slurmstepd's words in a step's output when Slurm ends the step or its job (scancel, the time limit, a
+# preemption, a node failure): `slurmstepd: error: *** STEP 5.2 ON n1 CANCELLED AT 2026-12-05T07:00:00
+# DUE TO TIME LIMIT ***`
+_CANCELLED_RE = re.compile(r"\*\*\* ((?:STEP|JOB) \S+ ON \S+ CANCELLED AT .*?) \*\*\*")
+
+
+def slurm_cancelled(text: str) -> str | None:
+    """slurmstepd's last "*** STEP|JOB ... CANCELLED AT ... ***" line in a step's output, without the stars;
+    None when Slurm did not say it ended the step."""
+    found = _CANCELLED_RE.findall(text)
+    return found[-1] if found else None
 
 
 def hostnames(nodelist: str | None, run: _Runner = run) -> list[str]:

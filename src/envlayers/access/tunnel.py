@@ -244,7 +244,8 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
             if spec.takeover:
                 write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="step end",
                                               closed_why="it did not come up"))
-            raise _failure(outcome, spec, text, start_timeout_s)
+            raise _failure(outcome, spec, text, start_timeout_s,
+                           ended=job_ended(spec.job_id, text) if outcome != "refused" else None)
         if before_record is not None:
             before_record(record)
         record.state = "open"
@@ -332,12 +333,36 @@ def _ssh_hint(line: str | None, spec: TunnelSpec) -> str:
     return "the full output is in tunnel.log of the run directory"
 
 
-def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float) -> TunnelFailed:
+def job_ended(job_id: str, text: str, job_info: Callable | None = None) -> str | None:
+    """Why the tunnel's step ended when it was not ssh: its job has ended (or is ending), in Slurm's words
+    (the job's state, and slurmstepd's "CANCELLED AT" line from the step's output ``text``); None while the
+    job runs and Slurm did not cancel the step."""
+    said = slurm.slurm_cancelled(text)
+    if job_info is None:
+        def job_info(jid: str):
+            return slurm.job_info(jid, run=slurm.run)
+    try:
+        info = job_info(job_id)
+    except (EnvLayersError, OSError):  # Slurm did not answer: its line in the output is all there is
+        info = False
+    words = f"; Slurm said: {said}" if said else ""
+    if info is None:
+        return f"job {job_id} ended (no longer known to Slurm){words}"
+    if info and (info.finished or info.state == "COMPLETING"):
+        return f"job {job_id} ended ({info.state}){words}"
+    return f"Slurm ended the step: {said}" if said else None
+
+
+def _failure(outcome: str, spec: TunnelSpec, text: str, timeout_s: float, ended: str | None = None) -> TunnelFailed:
     said, code = ssh_said(text)
     last = said or "nothing"
     dest = spec.gateway.destination
     if outcome == "refused":
         return _held_failure(spec, last)
+    if ended:  # the job's end (or Slurm) cut the step: ssh's last words are its end, not the cause
+        return TunnelFailed(f"the tunnel step ended before the forward to the gateway {dest} was up: {ended} "
+                            "(not an ssh failure)",
+                            hint=f"a tunnel needs a running job: `env_layers status {spec.job_id}` says its state")
     if outcome == "exited":
         exit_said = f" (ssh exit {code})" if code else ""
         return TunnelFailed(f"ssh from {spec.node} to the gateway {dest} failed before the forward was up: {last}"

@@ -84,6 +84,19 @@ def _last_step_line(record: TunnelRecord) -> str | None:
     return None
 
 
+def _slurm_cancelled(record: TunnelRecord) -> str | None:
+    """slurmstepd's "CANCELLED AT" line at the end of tunnel.log, if Slurm ended the step."""
+    from ..slurm import slurm_cancelled
+
+    try:
+        with open(record.log, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(record.log) - 8192))
+            said = slurm_cancelled(fh.read().decode(errors="replace"))
+    except (TypeError, OSError):
+        return None
+    return "".join(c if c.isprintable() else "?" for c in said) if said else None
+
+
 def _step_listed(step_id: str) -> bool | None:
     """Whether Slurm still lists the step (None: Slurm did not answer)."""
     from .. import slurm
@@ -99,7 +112,9 @@ def closed_by_end(record: TunnelRecord, info, *,
         return None
     job = str(record.job_id or "")
     mine = is_recorded_process(record)
-    if (info is None or info.finished) and mine is not True:  # (its srun still running here: not yet ended)
+    # a COMPLETING job has ended: its steps are being ended with it
+    if (info is None or info.finished or info.state == "COMPLETING") and mine is not True:
+        # (its srun still running here: not yet ended)
         state = info.state if info is not None else None
         return replace(record, state="closed",
                        closed_at=(info.end_time if info is not None and info.end_time else None) or _log_time(record),
@@ -123,6 +138,10 @@ def closed_by_end(record: TunnelRecord, info, *,
             return None
     elif mine:
         return None
+    cancelled = _slurm_cancelled(record)
+    if cancelled:  # Slurm ended the step (a time limit, scancel): ssh's last words are not why
+        return replace(record, state="closed", closed_at=_log_time(record), closed_by="step end",
+                       closed_why=f"Slurm ended its step, not ssh (Slurm said: {cancelled})")
     said = _last_step_line(record)
     return replace(record, state="closed", closed_at=_log_time(record), closed_by="step end",
                    closed_why=f"its step ended while job {job} runs" + (f" ({said})" if said else ""))
