@@ -760,6 +760,24 @@ def test_a_run_folder_the_job_cannot_write_ends_it_in_one_line_with_no_half_writ
     assert not run_dir.is_dir() or list(run_dir.iterdir()) == []  # no empty serve.env, no temp file
 
 
+def test_a_variable_longer_than_linux_takes_ends_the_job_naming_it_not_the_disk(tmp_path):
+    # before: "Argument list too long (creating it) ... free space there": E2BIG is no full disk. The login
+    # node refuses such a layer value; a value the job makes itself still lands here
+    block = run_dir_block(tmp_path)
+    block.write_text("BIG=$(head -c 131070 /dev/zero | tr '\\0' x); FIT=${BIG:3}; export BIG FIT\n"
+                     + block.read_text())
+    env = {"PATH": os.environ["PATH"], "RUN_ROOT": str(tmp_path / "runs"), "SLURM_JOB_ID": "7",
+           "ENVLAYERS_SERVE_ENV": "X=1\n"}
+    proc = subprocess.run(["bash", str(block)], capture_output=True, text=True, timeout=10, env=env)
+    run_dir = tmp_path / "runs" / "7"
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    # BIG=<131070 x> and its NUL are 131075 bytes, over; FIT=<131067 x> and its NUL are 131072: Linux takes it
+    assert proc.stdout == (f"ENVLAYERS-ERROR: cannot prepare the run directory {run_dir} (creating it): Argument list "
+                           "too long: the job's environment has a variable longer than the 131072 bytes Linux takes "
+                           "for one (BIG), so no program starts; the job ends before any rank starts: keep long "
+                           "values in a file and name the file in the layer\n")
+
+
 def test_a_writable_run_folder_gets_serve_env_and_job_sh_whole(tmp_path):
     block = run_dir_block(tmp_path)
     env = {"PATH": os.environ["PATH"], "RUN_ROOT": str(tmp_path / "runs"), "SLURM_JOB_ID": "7",

@@ -69,6 +69,13 @@ RUN_DIR="${RUN_ROOT:?RUN_ROOT is not set: experiments/serve-only.env sets it}/${
 envlayers_unwritable() {
   local said="${2%$'\n'}"
   said="${said##*$'\n'}"
+  if [[ "$said" == *"Argument list too long"* ]]; then
+    # E2BIG: no program starts, whatever the disk: a variable longer than Linux takes for one (MAX_ARG_STRLEN)
+    local name kv big="" LC_ALL=C
+    for name in $(compgen -e); do kv="$name=${!name}"; [ -z "${kv:131071:1}" ] || big+=" $name"; done
+    echo "ENVLAYERS-ERROR: cannot prepare the run directory $RUN_DIR ($1): Argument list too long: the job's environment has a variable longer than the 131072 bytes Linux takes for one (${big# }), so no program starts; the job ends before any rank starts: keep long values in a file and name the file in the layer"
+    exit 1
+  fi
   echo "ENVLAYERS-ERROR: cannot write the run directory $RUN_DIR: ${said##*: } ($1); the job ends before any rank starts: free space there, or point SCRATCH (or RUN_ROOT) at a writable file system"
   exit 1
 }
