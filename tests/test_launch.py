@@ -561,6 +561,36 @@ def test_a_rank_exit_after_live_says_after(tmp_path):
     assert sup.live
 
 
+def test_ranks_that_all_ended_on_a_signal_to_the_step_are_a_signalled_end_not_a_failure(tmp_path):
+    # scancel --signal=TERM JOB: every rank's script wrote the signal before passing it on; the end used to
+    # read "rank 0 on n1 exited with code 0 after the endpoint was live", a failure
+    from envlayers.errors import StepSignalled
+
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, probe_ok=lambda url: True)
+    started(tmp_path, 0), started(tmp_path, 1)
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}.signal").write_text("TERM\n")
+    clock.at(10, lambda: exited(tmp_path, 0, 0, 10.0))
+    clock.at(10.2, lambda: exited(tmp_path, 1, 143, 10.2))
+    with pytest.raises(StepSignalled) as err:
+        sup.run()
+    assert (err.value.signum, err.value.live) == (15, True)
+    assert str(err.value) == ("the server step received SIGTERM after the endpoint was live (scancel --signal, or "
+                              "Slurm); the ranks stopped (rank 0 code 0, rank 1 code 143)")
+
+
+def test_a_rank_that_failed_on_its_own_is_blamed_though_srun_then_signalled_the_others(tmp_path):
+    clock, step = Clock(), Step()
+    sup = supervisor(tmp_path, clock, step, probe_ok=lambda url: True)
+    started(tmp_path, 0), started(tmp_path, 1)
+    (tmp_path / "rank-0.signal").write_text("TERM\n")  # srun stopped rank 0 after rank 1 failed
+    clock.at(10, lambda: exited(tmp_path, 1, 3, 10.0))
+    clock.at(10.2, lambda: exited(tmp_path, 0, 143, 10.2))
+    with pytest.raises(LaunchFailure, match="rank 1 on n2 exited with code 3 after the endpoint was live"):
+        sup.run()
+
+
 # --------------------------------------------------------------------------- the launcher's end
 
 
@@ -586,6 +616,16 @@ def test_a_terminated_launcher_still_runs_the_core_guard_and_records_its_end(tmp
     end = json.loads((tmp_path / "run" / "launch-end.json").read_text())
     assert end["restart"] == 3 and end["code"] == 1
     assert end["reason"] == "signal 15 before the endpoint was live; a rank ran with a core limit that is not 0"
+
+
+def test_a_signal_to_the_step_is_recorded_as_that_signal(tmp_path):
+    proc = run_main(tmp_path, "    from envlayers.errors import StepSignalled\n"
+                              "    raise StepSignalled('the server step received SIGTERM', signum=15, live=True)")
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    assert "ENVLAYERS-STAGE: the server step received SIGTERM; ending job" in proc.stdout
+    assert "ENVLAYERS-ERROR" not in proc.stdout
+    end = json.loads((tmp_path / "run" / "launch-end.json").read_text())
+    assert (end["code"], end["reason"]) == (143, "live then signal 15 to the server step")
 
 
 def test_a_failed_launch_records_the_reason_and_code(tmp_path):
@@ -889,7 +929,8 @@ def test_a_term_to_the_whole_step_keeps_the_engines_last_lines_and_its_code(tmp_
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert code == 0 and (tmp_path / "rank-0.exit").read_text() == "0\n", text
-    assert "shutting down 49" in text and "ENVLAYERS-STAGE: rank 0 exited with code 0" in text
+    assert "shutting down 49" in text and "ENVLAYERS-STAGE: rank 0 exited with code 0 after SIGTERM\n" in text
+    assert (tmp_path / "rank-0.signal").read_text() == "TERM\n"  # the launcher records the end as the signal
 
 
 def test_a_rank_number_the_job_inherited_does_not_reach_the_ranks(tmp_path):

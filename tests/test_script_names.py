@@ -16,13 +16,14 @@ from envlayers.launch import ranks
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(scripttext.__file__).parent / "templates"
 OTHER = {"serve_env": "ENV.txt", "job_sh": "JOB.txt", "run_folder": "old.", "core_limit": "CORES.txt",
-         "server_log": rundir.RankFile("LOG.", ".txt"), "rank_exit": rundir.RankFile("EXIT.", ".code")}
+         "server_log": rundir.RankFile("LOG.", ".txt"), "rank_exit": rundir.RankFile("EXIT.", ".code"),
+         "rank_signal": rundir.RankFile("SIG.", ".txt")}
 
 
 def _spellings() -> list[str]:
     names = [rundir.SERVE_ENV, rundir.JOB_SH, rundir.CORE_LIMIT, rundir.ENDPOINT, rundir.LAUNCH, rundir.LAUNCH_END,
              rundir.CHAIN, rundir.ACCOUNTING, rundir.API_KEY, rundir.TUNNEL]
-    names += [rundir.SERVER_LOG.prefix, rundir.RANK_EXIT.prefix, rundir.RANK_EXIT.suffix]
+    names += [rundir.SERVER_LOG.prefix, rundir.RANK_EXIT.prefix, rundir.RANK_EXIT.suffix, rundir.RANK_SIGNAL.suffix]
     return [re.escape(n) for n in names] + [re.escape(rundir.RUN_FOLDER) + r"[$\[<]"]
 
 

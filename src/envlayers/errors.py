@@ -86,3 +86,12 @@ class LaunchFailure(Exception):
         super().__init__(message)
         self.rank = rank
         self.lines = lines  # what the launch had to say before it stopped
+
+
+class StepSignalled(LaunchFailure):
+    """The ranks' step ended because a signal reached every rank (``scancel --signal=TERM JOB`` signals the
+    steps and not the batch script): the end of a serving job, recorded as that signal, not as a failure."""
+
+    def __init__(self, message: str, signum: int, live: bool):
+        super().__init__(message)
+        self.signum, self.live = signum, live

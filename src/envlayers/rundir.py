@@ -101,6 +101,9 @@ class RankFile:
 
 SERVER_LOG = RankFile("server-", ".log")  # one rank's output
 RANK_EXIT = RankFile("rank-", ".exit")  # one rank's exit code, written by ranks.sh
+# the signal a rank's script received (TERM, INT, HUP: scancel --signal, Slurm, srun), written by ranks.sh
+# before it passes it on to the engine
+RANK_SIGNAL = RankFile("rank-", ".signal")
 RAY_PIDS = RankFile("ray-pids-", ".txt")  # every process launch/raynode.py started on that rank's node
 RUN_FOLDER = "run-"  # ``run-<n>/``: an earlier run of a requeued job, moved there by the job script
 
@@ -118,6 +121,11 @@ def rank_exit_name(rank: int) -> str:
 RANK_EXIT_GLOB = RANK_EXIT.glob
 
 
+def rank_signal_name(rank: int) -> str:
+    """``rank-<rank>.signal``: the signal that rank's script received and passed on to its engine."""
+    return RANK_SIGNAL.name(rank)
+
+
 def ray_pids_name(rank: int) -> str:
     """``ray-pids-<rank>.txt``: every process launch/raynode.py started on that rank's node."""
     return RAY_PIDS.name(rank)
@@ -126,7 +134,7 @@ def ray_pids_name(rank: int) -> str:
 # the names the job's scripts write (templates/, through ``scripttext``): passed in as ``files``, so that the
 # bash spells no name of its own
 SCRIPT_NAMES = {"serve_env": SERVE_ENV, "job_sh": JOB_SH, "run_folder": RUN_FOLDER, "core_limit": CORE_LIMIT,
-                "server_log": SERVER_LOG, "rank_exit": RANK_EXIT}
+                "server_log": SERVER_LOG, "rank_exit": RANK_EXIT, "rank_signal": RANK_SIGNAL}
 _RUN_SUBDIR_RE = re.compile(f"^{re.escape(RUN_FOLDER)}(\\d+)$")
 # the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
 _JOB_ID_RE = re.compile(r"[0-9]+")

@@ -624,3 +624,23 @@ def test_node_names_that_do_not_resolve_are_reached_at_their_slurm_address(tmp_p
     finally:
         down = lab_command("down", env=env)
         assert down.returncode == 0, down.stdout
+
+
+def test_a_term_to_the_jobs_steps_is_recorded_as_a_cancel_with_the_engines_last_lines(netns_lab, tmp_path):
+    # scancel --signal=TERM JOB signals every step (not the batch script): the ranks' step. Its log-masking
+    # reader died first, the rank of SIGPIPE, and the end read "srun step exited with code 141"
+    run = Run(netns_lab, tmp_path, SERVE_TIME="00:10:00")
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    netns_lab.run(["scancel", "--signal=TERM", run.job_id])
+    run.state(timeout_s=60)
+    text = run.out.read_text()
+    end = json.loads((run.run_dir / "launch-end.json").read_text())
+    log = (run.run_dir / "server-0.log").read_text()
+    assert "code 141" not in text and "ENVLAYERS-ERROR" not in text, text
+    assert ("ENVLAYERS-STAGE: the server step received SIGTERM after the endpoint was live (scancel --signal, or "
+            f"Slurm); the ranks stopped (rank 0 code 0); ending job {run.job_id}") in text, text
+    assert (end["code"], end["reason"]) == (143, "live then signal 15 to the server step"), end
+    # the engine's shutdown line reached the (masked) log, then the rank's own end
+    assert "INFO:     Shutting down" in log and "ENVLAYERS-STAGE: rank 0 exited with code 0 after SIGTERM" in log, log
+    run.assert_nothing_left()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from ..errors import KeyValueError
+from ..errors import KeyValueError, StepSignalled
 from ..fsutil import atomic_write
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
                       RecordWriter, server_log_name, unrecorded_end_line, write_json)
@@ -383,6 +383,11 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
         code = 128 + term.signum
         reason = (f"live then signal {term.signum}" if launch.live
                   else f"signal {term.signum} before the endpoint was live")
+    except StepSignalled as sig:  # scancel --signal=TERM JOB: the steps were told to end, the batch script was not
+        say(f"ENVLAYERS-STAGE: {sig}; ending job {launch.job_id}")
+        code = 128 + sig.signum
+        reason = (f"live then signal {sig.signum} to the server step" if sig.live
+                  else f"signal {sig.signum} to the server step before the endpoint was live")
     except HandedOver as done:  # SUCCESSORS: the successor is live, this link of the chain ends
         say(f"ENVLAYERS-STAGE: {done}; ending job {launch.job_id}")
         code, reason = 0, str(done)

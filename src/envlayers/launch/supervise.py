@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from ..engines.logsigns import core_died
-from ..rundir import rank_exit_name, server_log_name
+from ..errors import StepSignalled
+from ..rundir import rank_exit_name, rank_signal_name, server_log_name
 from .prepare import LaunchFailure, LaunchPlan
 
 RANK_UP = "ENVLAYERS-STAGE: rank {rank} up on "
@@ -36,6 +37,7 @@ EXIT_SETTLE_S = 1.5
 # exits that are usually srun stopping a rank because another one failed (SIGINT, SIGTERM, a clean
 # stop); SIGKILL (137) is not among them: that is how the kernel's OOM killer ends a rank
 STOPPED_CODES = frozenset({"0", "130", "143"})
+SIGNALS = {"HUP": 1, "INT": 2, "TERM": 15}  # what ranks.sh writes in rank-<rank>.signal
 GENERATE_TIMEOUT_S = 300.0  # one one-token completion before readiness (asked again while the budget lasts)
 NOT_YET = (429, 503)
 STALL_TAIL_LINES = 400  # refusals that mean "busy, ask again", not "cannot generate"
@@ -191,6 +193,13 @@ class Supervisor:
         # the rank that failed first, not one that srun stopped because of it
         _, _, rank, code = min(exits)
         when = "after" if self.live else "before"
+        signalled = [self.signal_of(r) for _, _, r, _ in exits]
+        if all(signalled):  # every rank that ended was told to by a signal to the step: no rank failed
+            name = signalled[0]
+            codes = ", ".join(f"rank {r} code {c}" for _, _, r, c in sorted(exits, key=lambda e: e[2]))
+            raise StepSignalled(f"the server step received SIG{name} {when} the endpoint was live (scancel "
+                                f"--signal, or Slurm); the ranks stopped ({codes})",
+                                signum=SIGNALS.get(name, 15), live=self.live)
         others = ", ".join(f"rank {r} code {c}" for _, _, r, c in sorted(exits, key=lambda e: e[2]) if r != rank)
         raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} exited with code {code} {when} the endpoint "
                             f"was live" + (f" (then: {others})" if others else ""), rank=rank)
@@ -224,6 +233,14 @@ class Supervisor:
         when = "after" if self.live else "before"
         raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} lost its engine core {when} the endpoint was "
                             f"live (its log: {self.core_deaths[rank][1]})", rank=rank)
+
+    def signal_of(self, rank: int) -> str | None:
+        """The signal rank ``rank``'s script received and passed on (``rank-<rank>.signal``), if any."""
+        try:
+            name = (self.run_dir / rank_signal_name(rank)).read_text().strip()
+        except OSError:
+            return None
+        return name if name in SIGNALS else None
 
     def check_span(self) -> None:
         """Every node of the allocation runs a rank: the nodes the ranks report are the allocation's
