@@ -71,3 +71,35 @@ def test_the_v1_paths_want_the_key(keyed, method, path, body):
 ])
 def test_the_paths_vllm_answers_without_the_key(keyed, method, path, body):
     assert call(keyed, method, path, body) == 200
+
+
+@pytest.mark.parametrize("method, path, body", [
+    # the pooling model's routes, without /v1: vLLM serves them only for a pooling or score model; the
+    # catalog's models generate, so they are not there (a 404 with the key as without it)
+    pytest.param("POST", "/pooling", {"model": realvllm.SERVED, "input": "Hi"}, id="pooling"),
+    pytest.param("POST", "/score", {"model": realvllm.SERVED, "text_1": "a", "text_2": "b"}, id="score"),
+    pytest.param("POST", "/rerank", {"model": realvllm.SERVED, "query": "a", "documents": ["b"]}, id="rerank"),
+    pytest.param("POST", "/classify", {"model": realvllm.SERVED, "input": "Hi"}, id="classify"),
+    # the guard is a prefix of the exact path, and so are the routes: another spelling reaches nothing
+    pytest.param("POST", "/V1/completions", COMPLETION, id="upper-case-v1"),
+    pytest.param("POST", "//v1/completions", COMPLETION, id="double-slash"),
+])
+def test_the_unguarded_spellings_vllm_does_not_serve_for_a_generative_model(keyed, method, path, body):
+    assert call(keyed, method, path, body) == 404
+    assert call(keyed, method, path, body, key=KEY) == 404
+
+
+@pytest.mark.parametrize("method, path, body", [
+    pytest.param("POST", "/v1/tokenize", {"model": realvllm.SERVED, "prompt": "Hi"}, id="v1-tokenize"),
+    pytest.param("POST", "/v1/rerank", {"model": realvllm.SERVED, "query": "a", "documents": ["b"]}, id="v1-rerank"),
+    pytest.param("POST", "/v2/rerank", {"model": realvllm.SERVED, "query": "a", "documents": ["b"]}, id="v2-rerank"),
+    pytest.param("POST", "/v1/embeddings", {"model": realvllm.SERVED, "input": "Hi"}, id="v1-embeddings"),
+    pytest.param("POST", "/inference/v1/generate", {"model": realvllm.SERVED, "prompt": "Hi"}, id="inference"),
+])
+def test_the_guarded_prefixes_refuse_before_routing(keyed, method, path, body):
+    # under a guarded prefix the key is checked before vLLM looks for the route (401, not 404)
+    assert call(keyed, method, path, body) == 401
+
+
+def test_the_ping_route_answers_without_the_key(keyed):
+    assert call(keyed, "GET", "/ping") == 200 and call(keyed, "POST", "/ping") == 200

@@ -96,3 +96,52 @@ def test_the_real_router_routes_a_repeated_prefix_to_one_replica_and_checks_the_
     finally:
         router.stop()
     assert router.proc.poll() is not None
+
+
+def call(root: str, method: str, path: str, body=None, key: str | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(root + path, None if body is None else json.dumps(body).encode(), headers,
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+COMPLETION = {"model": "m", "prompt": "Hi", "max_tokens": 1}
+
+
+def test_what_the_real_router_answers_without_the_key(servers, tmp_path):
+    # vLLM checks its key only under /v1, /v2, /inference and /cohere, so /invocations generates without it
+    # (tests/test_real_vllm_auth.py). Measured here: what smg does on those paths with the key set
+    # (docs/access.md, "What the key guards"); a new smg that changes it fails this test
+    router = Router({"ROUTER": "smg", "SERVER_HOST": "127.0.0.1", "ROUTER_PORT": str(free_port())}, "replicas",
+                    servers[0], [f"http://127.0.0.1:{p}/v1" for p in servers], tmp_path, KEY, lambda line: None,
+                    url_host="127.0.0.1")
+    try:
+        router.start()
+        root = router.url.rsplit("/v1", 1)[0]
+        # generation and the router's own controls want the key
+        for method, path, body in [("POST", "/v1/completions", COMPLETION), ("POST", "/generate", {"text": "Hi"}),
+                                   ("POST", "/v1/rerank", {"query": "a", "documents": ["b"]}),
+                                   ("POST", "/rerank", {"query": "a", "documents": ["b"]}),
+                                   ("GET", "/workers", None), ("POST", "/flush_cache", None)]:
+            status, text = call(root, method, path, body)
+            assert status == 401 and b"Missing API key" in text, (path, status, text)
+        assert call(root, "POST", "/v1/completions", COMPLETION, KEY)[0] == 200
+        # vLLM's unguarded routes are no routes of the router's: it refuses them itself (its own unknown_url,
+        # not the server's 404) and forwards nothing, with the key or without
+        for method, path, body in [("POST", "/invocations", COMPLETION), ("POST", "/tokenize", {"prompt": "Hi"}),
+                                   ("POST", "/detokenize", {"tokens": [1]}), ("GET", "/metrics", None),
+                                   ("GET", "/load", None), ("GET", "/version", None),
+                                   ("POST", "/pooling", {"input": "Hi"}), ("POST", "/score", {"text_1": "a"})]:
+            for key in (None, KEY):
+                status, text = call(root, method, path, body, key)
+                assert status == 404 and b'"unknown_url"' in text, (path, key, status, text)
+        # answered without the key: the served name and the router's health
+        status, text = call(root, "GET", "/v1/models")
+        assert status == 200 and b'"m"' in text
+        assert call(root, "GET", "/health")[0] == 200
+    finally:
+        router.stop()
