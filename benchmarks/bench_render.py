@@ -22,7 +22,10 @@ leaves for envlayers' own work. An interpreter whose site-packages runs .pth sta
 Scale figures: loading, merging and rendering a stack of N layer files x 200 keys (what
 `env_layers --root R render big:m` computes, in this process), 10,000 to 160,000 assignments, with the time
 per assignment at each size and the ratio of the largest size's to the smallest's (goal: flat, <= 1.25), and,
-for scale, the same ratio for CPython building a plain dict of as many small tuples.
+for scale, the same ratio for CPython building a plain dict of as many small tuples. Then the same for
+SERVER_EXTRA_ARGS: split, checked against vLLM's options, the owned flags and the headless rejects, 1,000 to
+16,000 flags (a 128 KiB value holds about 12,000; a longer one is refused before it is split), per flag at
+each size and the ratio (goal: flat, <= 1.25; a 1 MB value took 25 s when the checks were quadratic).
 """
 
 from __future__ import annotations
@@ -184,6 +187,37 @@ def scale_figures(keys: int = 200, sizes=(50, 100, 200, 400, 800), work: int = 4
           f"the machine's)")
 
 
+def check_extra_args(value: str, table: dict) -> None:
+    """What the dry run does with SERVER_EXTRA_ARGS: split it, check it against vLLM's parser and the
+    flags the plan owns, drop what headless ranks reject."""
+    from envlayers.engines import choices, owned
+    from envlayers.engines.command import extra_args
+    from envlayers.engines.vllm import drop_headless_rejects
+
+    words = extra_args({"SERVER_EXTRA_ARGS": value})
+    choices.check(["vllm", "serve", "m", *words], table)
+    owned.refusals(words, "vllm", table.get("options", ()), "mine.env:1")
+    drop_headless_rejects(words)
+
+
+def extra_args_figures(sizes=(1000, 2000, 4000, 8000, 16000), work: int = 64000) -> None:
+    from envlayers.engines import choices
+
+    table = choices.table()
+    print(f"scale: SERVER_EXTRA_ARGS of N flags: split + option check + owned flags + headless, "
+          f"best of max(3, {work} / N)")
+    rows: list[tuple[int, float]] = []
+    for n in sizes:
+        value = "".join(f"--x{i} a " for i in range(n)) + "--port 9"
+        t = best_of(max(3, work // n), check_extra_args, value, table)
+        rows.append((n, t))
+        print(f"  {n:6d} flags {len(value):8d} bytes   {t * 1000:8.1f} ms {t / n * 1e6:6.2f} us/flag", flush=True)
+    (n0, t0), (n1, t1) = rows[0], rows[-1]
+    ratio = (t1 / n1) / (t0 / n0)
+    print(f"  per-flag time at {n1} / at {n0} flags: {ratio:.2f} (goal <= {FLAT_GOAL}): "
+          f"{'flat' if ratio <= FLAT_GOAL else 'NOT flat'}")
+
+
 def interpreter_growth(n0: int, n1: int, work: int) -> float:
     """The same per-item ratio for the plainest workload of that size: what the memory hierarchy alone costs."""
     def build(n: int) -> dict:
@@ -236,6 +270,7 @@ def main() -> None:
         import_figures(args.python)
     if not args.skip_scale:
         scale_figures()
+        extra_args_figures()
 
 
 if __name__ == "__main__":
