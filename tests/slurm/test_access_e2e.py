@@ -450,3 +450,41 @@ def test_a_follower_killed_before_recording_the_successors_tunnel_leaves_nothing
           f"ended by itself; record: {settled['closed_why']}")
     released = env_layers(run, "release", first)
     assert released.returncode == 0, released.stdout + released.stderr
+
+
+def test_a_tunnel_cut_by_the_jobs_end_says_the_job_ended_not_ssh(slurm_lab, tmp_path):
+    # a gateway host that takes the connection and never answers: ssh waits, the job ends meanwhile. The
+    # error used to be "ssh from n1 to the gateway ... failed before the forward was up" with ssh's hint
+    if slurm_lab.mode != "netns":
+        pytest.skip("needs the lab's network namespaces (a gateway host apart from the API node)")
+    run, _ = start_job(slurm_lab, tmp_path)
+    jid = run.job_id
+    used = slurm_lab.job_info(jid)["NodeList"]
+    node = next(n for n in sorted(slurm_lab.nodes, reverse=True) if n != used)
+    addr, port = slurm_lab.nodes[node], sshdtools.free_port()
+    silent = subprocess.Popen(["ip", "netns", "exec", netns_of(slurm_lab)[node], sys.executable, "-c",
+                               "import socket, sys, time\ns = socket.create_server((sys.argv[1], int(sys.argv[2])))\n"
+                               "print('listening', flush=True)\nconns = []\n"
+                               "while True:\n    conns.append(s.accept())\n", addr, str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert silent.stdout.readline() == "listening\n"
+        env = dict(run.env, PYTHONPATH=str(REPO / "src"))
+        opener = subprocess.Popen([sys.executable, "-m", "envlayers", "tunnel", jid, "--to", f"root@{addr}",
+                                   "--ssh-port", str(port), "--remote-port", "8001", "--start-timeout", "120"],
+                                  cwd=run.dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        log = run.run_dir / "tunnel.log"
+        deadline = time.monotonic() + 60
+        while "ENVLAYERS-TUNNEL: node=" not in (log.read_text() if log.exists() else ""):  # the step runs
+            assert opener.poll() is None and time.monotonic() < deadline, opener.communicate()
+            time.sleep(0.1)
+        slurm_lab.cancel(jid)
+        out, err = opener.communicate(timeout=90)
+    finally:
+        silent.kill()
+        silent.wait()
+    assert opener.returncode == 1, out + err
+    first = err.splitlines()[0]
+    assert first.startswith(f"env_layers: error: the tunnel step ended before the forward to the gateway root@{addr} "
+                            f"was up: job {jid} ended ("), err
+    assert "(not an ssh failure)" in first and "ssh from" not in err, err

@@ -241,6 +241,7 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         record.opened_at = _now()
         if outcome != "up":
             _stop(proc.pid, argv, record.step_id, acc)
+            text = _read_from(log, offset)  # srun's last lines (slurmstepd's word of a cancel) came meanwhile
             if spec.takeover:
                 write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="step end",
                                               closed_why="it did not come up"))
