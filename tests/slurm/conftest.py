@@ -110,3 +110,35 @@ def _resized_since(lab, offset: int) -> bool:
             return b"_update_job: setting nodes to" in fh.read()
     except OSError:
         return False
+
+
+@pytest.fixture(scope="module")
+def two_users(slurm_lab):
+    """Two throw-away users for the module, ``victim`` and ``attacker`` (usertools.Users), made with their
+    home folders and removed after, even when a test fails. They run the launcher from a root-owned,
+    world-readable copy of this checkout (usertools.user_python) and submit to the session's lab; their jobs
+    are cancelled before they are removed. Root only: elsewhere the tests are skipped with the reason
+    (a failure under ENVLAYERS_REQUIRE_SLURM=1)."""
+    import usertools
+
+    made = usertools.make_users(slurm_lab.env)
+    try:
+        users = next(made)
+    except usertools.UsersUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield users
+    finally:
+        for user in (users.victim, users.attacker):
+            slurm_lab.run(["scancel", "-u", user.name], check=False)
+        for user in (users.victim, users.attacker):
+            _wait_no_jobs_of(slurm_lab, user.name)
+        made.close()  # runs make_users' cleanup: stops what it started, removes the users
+
+
+def _wait_no_jobs_of(lab, user: str, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and lab.run(["squeue", "-h", "-u", user, "-o", "%i"], check=False).stdout.split():
+        time.sleep(0.2)
