@@ -203,7 +203,10 @@ def test_a_run_directory_the_attacker_made_first_runs_none_of_their_code(slurm_l
         time.sleep(0.05)
     planted = snapshot(runs)
 
-    sub = submit_as_victim(slurm_lab, users, shared, victims_layer(users, ""))
+    try:
+        sub = submit_as_victim(slurm_lab, users, shared, victims_layer(users, ""))
+    finally:
+        users.stop_started()  # the watcher, by the PID it was started with
 
     assert markers(shared) == [], f"the attacker's code ran as the victim:\n{sub.output}"
     refusal = assert_refused(sub, runs / (sub.job_id or "0"))
