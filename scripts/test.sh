@@ -20,6 +20,19 @@ export ENVLAYERS_REAL_VLLM
 if [ "$(id -u)" = 0 ]; then
   # As root the Slurm tests can always run here, so a skipped one is a failure.
   export ENVLAYERS_REQUIRE_SLURM="${ENVLAYERS_REQUIRE_SLURM:-1}"
+  # The two-user tests submit as other users, who must reach the lab's slurm.conf and munge socket: a
+  # checkout they cannot enter (under /root, say) keeps its lab in a root-owned folder under /var/tmp.
+  if [ -z "${ENVLAYERS_LAB_DIR:-}" ] && ! scripts/others-can-enter "$PWD"; then
+    ENVLAYERS_LAB_DIR="/var/tmp/envlayers-lab-$(printf %s "$PWD" | sha256sum | cut -c1-12)"
+    if [ -e "$ENVLAYERS_LAB_DIR" ] && [ "$(stat -c %u:%a "$ENVLAYERS_LAB_DIR")" != 0:755 ]; then
+      echo "scripts/test.sh: $ENVLAYERS_LAB_DIR is not root's with mode 755; remove it or set ENVLAYERS_LAB_DIR" >&2
+      exit 2
+    fi
+    mkdir -p -m 755 "$ENVLAYERS_LAB_DIR"
+    export ENVLAYERS_LAB_DIR
+    echo "scripts/test.sh: other users cannot enter $PWD; the Slurm lab lives in $ENVLAYERS_LAB_DIR" \
+         "(ENVLAYERS_LAB_DIR=$ENVLAYERS_LAB_DIR cluster/slurm-lab down stops it)"
+  fi
   # The end-to-end tests run the job's printed curl; cluster/slurm-lab installs Slurm itself.
   if ! command -v curl >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl
