@@ -1,4 +1,9 @@
-"""The catalog: its experiments and models, from experiments/setups.yaml and the model layer files.
+"""The catalog: its sites, experiments and models, from experiments/setups.yaml, the site files and the
+model layer files.
+
+A site is a file ``experiments/sites/<SITE>.env``: what a cluster decides (partition, GPUs, container
+runtime, fabric), described by its first comment line; setups.yaml's ``site:`` names the one used when
+``SITE`` names none.
 
 A model is either an entry under ``models:`` in ``experiments/setups.yaml`` (for one that needs more than
 its layer file: extra layers, inline keys, another ``model_layer``) or just a file
@@ -18,6 +23,8 @@ from .errors import CatalogError
 
 SETUPS = os.path.join("experiments", "setups.yaml")  # str paths, as in paths.py: a render needs no pathlib
 LAYERS_DIR = os.path.join("experiments", "layers")
+SITES_DIR = os.path.join("experiments", "sites")
+SITE_SUFFIX = ".env"
 
 _ENTRY_KEYS = {"description", "layers", "env"}
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -45,6 +52,7 @@ class Catalog(NamedTuple):
     experiments: dict
     models: dict  # by name: setups.yaml's models and the layer-file-only ones
     skipped: tuple = ()  # (file, why) of model-*.env files whose name cannot be a model's
+    site: "tuple[str, Origin] | None" = None  # setups.yaml's ``site:``: the default site, where it is written
 
     def experiment(self, name: str) -> Entry:
         return _lookup(self.experiments, name, "experiment")
@@ -69,6 +77,43 @@ def _lookup(table: dict[str, Entry], name: str, what: str) -> Entry:
         where = str(SETUPS)
         hint = f"did you mean '{near[0]}'?" if near else f"add it to {SETUPS}"
     raise CatalogError(f"unknown {what} {_clip(name)} (valid: {valid})", where=where, hint=hint)
+
+
+def site_file(name: str) -> str:
+    """experiments/sites/<name>.env: a site's layer file."""
+    return os.path.join(SITES_DIR, f"{name}{SITE_SUFFIX}")
+
+
+def is_site_path(site: str) -> bool:
+    """``SITE`` names a file (a path, or a name ending in .env) rather than a site of the catalog."""
+    return "/" in site or site.endswith(SITE_SUFFIX)
+
+
+def sites(root: str | os.PathLike) -> dict[str, str]:
+    """name -> description (the first comment line) of every experiments/sites/<name>.env, by name."""
+    folder = os.path.join(root, SITES_DIR)
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return {}
+    out = {}
+    for file in entries:
+        name = file[:-len(SITE_SUFFIX)]
+        path = os.path.join(folder, file)
+        if file.endswith(SITE_SUFFIX) and _ENTRY_NAME.fullmatch(name) and os.path.isfile(path):
+            out[name] = _first_comment(path)
+    return out
+
+
+def unknown_site(root: str | os.PathLike, name: str, where: str) -> CatalogError:
+    """The error for a site name no file of experiments/sites/ carries."""
+    import difflib
+
+    known = sites(root)
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return CatalogError(f"unknown site {_clip(name)} (valid: {', '.join(known) or '(none)'})", where=where,
+                        hint=f"did you mean '{near[0]}'?" if near else
+                        f"a site is a file {SITES_DIR}/<SITE>{SITE_SUFFIX}; SITE also takes a file's path")
 
 
 def model_file(name: str) -> str:
@@ -151,8 +196,8 @@ def _parse(root: str | os.PathLike, doc) -> Catalog:
         doc.fail((), "empty file", "it needs 'experiments:' and 'models:'")
     top = doc.mapping(doc.root, (), "a mapping of version, experiments and models")
     for key, (knode, _) in top.items():
-        if key not in ("version", "experiments", "models"):
-            doc.fail((key,), "unknown key", "top-level keys are version, experiments, models", node=knode)
+        if key not in ("version", "site", "experiments", "models"):
+            doc.fail((key,), "unknown key", "top-level keys are version, site, experiments, models", node=knode)
     if "version" in top:
         vnode = top["version"][1]
         if getattr(vnode, "value", None) != "1":
@@ -169,7 +214,15 @@ def _parse(root: str | os.PathLike, doc) -> Catalog:
                          hint="use letters, digits, '-', '_' and '.'; ':' separates EXPERIMENT:MODEL")
             entries[name] = _entry(doc, kind, name, nnode, enode)
         tables[kind] = entries
-    return Catalog(root, tables["experiments"], tables["models"])
+    site = None
+    if "site" in top:
+        snode = top["site"][1]
+        name = _scalar_str(doc, snode, ("site",), False)
+        if not _ENTRY_NAME.fullmatch(name):
+            doc.fail(("site",), f"{_clip(name)} is not a site name", node=snode,
+                     hint=f"the name of a file {SITES_DIR}/<SITE>{SITE_SUFFIX}, without the folder and .env")
+        site = (name, _origin(doc, snode))
+    return Catalog(root, tables["experiments"], tables["models"], site=site)
 
 
 def _clip(value) -> str:

@@ -20,7 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
@@ -58,6 +58,7 @@ class JobSubmission:
     blockers: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     router_line: str | None = None  # ROUTER=smg: the router's command line (engines/router.py)
+    site: str = ""  # the site layer's name (experiments/sites/<site>.env) or file, "" without one
 
     def submit_command(self) -> str:
         return shlex.join(self.sbatch_argv())
@@ -73,7 +74,7 @@ class JobSubmission:
         c = comment_text
         out = [
             "# envlayers dry run: nothing was submitted. Run the lines below to submit this exact job.",
-            f"# target {c(self.target)}: "
+            f"# target {c(self.target)}{' on site ' + c(self.site) if self.site else ''}: "
             f"{', '.join(c(t.removeprefix('ENVLAYERS-TOPOLOGY: ')) for t in self.topology[:1])}",
             *(f"# {c(line)}" for line in self.reasons),
             *(f"# warning: {c(w)}" for w in self.warnings),
@@ -96,7 +97,7 @@ class JobSubmission:
 
     def to_json(self) -> dict:
         return {
-            "target": self.target, "sbatch": self.sbatch_argv(), "script": self.script,
+            "target": self.target, "site": self.site or None, "sbatch": self.sbatch_argv(), "script": self.script,
             "edf": self.edf, "ready_timeout_s": self.ready_timeout_s, "topology": self.topology, "why": self.reasons,
             "ranks": self.rank_lines, "warnings": self.warnings, "blockers": self.blockers,
             **({"router": self.router_line} if self.router_line is not None else {}),
@@ -105,13 +106,15 @@ class JobSubmission:
 
 def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_per_node: int, shape: str,
                sources, delimiter: _Code, env_text: str, edf: str, unbound: list, ready_timeout_s: int,
-               python: str, keys: str, image: str, devices: str, group_read: bool = False) -> str:
+               python: str, keys: str, image: str, devices: str, group_read: bool = False, site: str = "",
+               runtime: str = "") -> str:
     """The job script: the sbatch header, the merged environment as a here-document, the checks of the
     references the layers leave for the job, the launch keys, the run folder, and the launcher."""
     return _render("serve-only.sh.j2", job_name=job_name, target=target, nodes=nodes, partition=partition,
                    gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
                    env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
-                   keys=keys, image=image, devices=devices, group_read=group_read, files=SCRIPT_NAMES)
+                   keys=keys, image=image, devices=devices, group_read=group_read, files=SCRIPT_NAMES, site=site,
+                   runtime=runtime)
 
 
 def comment_text(text: str) -> str:
@@ -235,7 +238,7 @@ def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str],
 
 def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, time: str = DEFAULT_TIME,
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
-            environ: Mapping[str, str] | None = None) -> JobSubmission:
+            environ: Mapping[str, str] | None = None, site: str | None = None) -> JobSubmission:
     from . import engines, keys, topology
     from .layers import LaunchSources, merge, refuse_secrets, stack_sources
     from .shell import render
@@ -243,7 +246,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
 
     environ = os.environ if environ is None else environ
     target = f"{experiment}:{model}"
-    sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file))
+    sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file), site=site)
     env = merge(sources, target)
     refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
     plan = topology.plan(keys.located(env), topology.stacking(sources, env))
@@ -262,11 +265,18 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     rank_lines = [engines.shell_line(c) for c in commands]
     if plan.backend == "ray":  # node 0 starts the Ray head first (launch/raynode.py)
         rank_lines[0] = _ray_head_line(plan, build_env, rank_lines[0])
-    podman = _podman(root, env, text, plan)  # -- CONTAINER_RUNTIME=podman (runtimes/podman.py)
-    if podman is not None:
-        rank_lines = _podman_lines(podman, text, plan, commands, rank_lines)
     budget = ready_timeout_s(text)
     blockers: list[str] = []
+    wrapped = _wrapped(root, env, text, plan, environ, blockers)  # -- podman, apptainer (runtimes/)
+    if wrapped is not None:
+        rank_lines = _wrapped_lines(wrapped, text, plan, commands)
+    # -- the site (sites.py): a setting for the other vendor's GPUs would fail at the engine's start
+    from . import sites
+    from .layers import site_source
+
+    site_layer = site_source(sources)
+    site_name = sites.name_of(site_layer.label) if site_layer else ""
+    blockers += sites.foreign_settings(env, keys.value(text, "GPU_VENDOR"), site_layer.label if site_layer else None)
     edf_name, role_source = _edf(root, text, plan, blockers, environ)
     _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
     _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (fsutil.unsafe_folder)
@@ -307,8 +317,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         delimiter=_Code(_delimiter(env_text, "ENVLAYERS_ENV")), env_text=env_text, edf=edf_name,
         unbound=[_unbound_check(u) for u in _unbound(env)], ready_timeout_s=budget,
         python=python or sys.executable, keys=" ".join(env.bindings),
-        image=podman.image if podman else "", devices=",".join(podman.devices) if podman else "",
-        group_read=bool(keys.value(text, "RUN_DIR_GROUP_READ")),
+        image=wrapped.image if wrapped else "", devices=wrapped.devices if wrapped else "",
+        runtime=wrapped.runtime if wrapped else "",
+        group_read=bool(keys.value(text, "RUN_DIR_GROUP_READ")), site=site_name,
     )
     # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
     # these are the recipe: a stray SBATCH_MEM_PER_NODE or SBATCH_PARTITION would break it. The
@@ -325,7 +336,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
             warnings.append(f"ROUTER=smg: smg is not installed in {sys.executable}, which runs the launcher; "
                             "the job would end when the router cannot start: pip install 'envlayers[router]'")
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines, router_line)
+                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines, router_line, site_name)
 
 
 def _router_line(env: Env, text: Mapping[str, str], plan: Plan) -> str | None:
@@ -472,21 +483,28 @@ def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
     return check_key_file(path, where=str(b.origin))
 
 
-# -- CONTAINER_RUNTIME=podman: the image and devices, decided here (runtimes/podman.py) ---------
+# -- a wrapping runtime (podman, apptainer): the image and devices, decided here (runtimes/) ---------
 
-def _podman(root: Path, env: Env, text: Mapping[str, str], plan: Plan):
-    from .runtimes import runtime_name
+class _Wrapped(NamedTuple):
+    runtime: str  # podman, apptainer, singularity
+    settings: object  # runtimes.podman.Settings or runtimes.apptainer.Settings
+    image: str  # ENVLAYERS_IMAGE: podman's pinned image, apptainer's SIF file
+    devices: str  # ENVLAYERS_GPU_DEVICES: podman's --device values (comma-separated), apptainer's --nv/--rocm
 
-    if runtime_name(text) != "podman":
+
+def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ: Mapping[str, str],
+             blockers: list[str]) -> "_Wrapped | None":
+    from .runtimes import WRAPPED, runtime_name
+
+    runtime = runtime_name(text)
+    if runtime not in WRAPPED:
         return None
     from . import edf
-    from .runtimes import podman
 
     def where(key: str) -> str:
         b = env.bindings.get(key)
         return f"{b.origin}: {key}" if b else key
 
-    podman.check_plan(plan.nodes, where("CONTAINER_RUNTIME"))
     role = text.get("CONTAINER_ROLE")
     role_image = role_gpu = None
     if role and role in edf.roles(root):
@@ -495,7 +513,54 @@ def _podman(root: Path, env: Env, text: Mapping[str, str], plan: Plan):
         src = source(role, root)
         role_image = src.remote_image
         role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
-    return podman.settings(text, role_image, role_gpu, where)
+    import shutil
+
+    if shutil.which(runtime, path=environ.get("PATH")) is None:  # the login node's is the nodes' best guess
+        blockers.append(f"{where('CONTAINER_RUNTIME')}: {runtime} is not installed on this login node (not on PATH); "
+                        "the job would fail at its first rank: install it, or name the runtime the nodes have")
+    if runtime == "podman":
+        from . import keys
+        from .runtimes import podman
+
+        podman.check_plan(plan.nodes, where("CONTAINER_RUNTIME"))
+        vendor = keys.value(text, "GPU_VENDOR")
+        gpu = "rocm" if vendor == "amd" else "cuda" if vendor == "nvidia" else role_gpu
+        s = podman.settings(text, role_image, gpu, where)
+        return _Wrapped(runtime, s, s.image, ",".join(s.devices))
+    from .runtimes import apptainer
+
+    s = apptainer.settings(text, runtime, role_image, where)
+    if plan.shape in ("ray", "gateway"):
+        raise EnvLayersError(f"{runtime} cannot run the {plan.shape} shape here (Ray across the container boundary)",
+                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
+    from dataclasses import replace
+
+    sif = _expanded(s.sif, environ)  # the job runs the SIF checked here
+    if sif is not None:
+        s = replace(s, sif=sif)
+    if sif is None:
+        blockers.append(f"{where('CONTAINER_IMAGE_DIR')}: the SIF {s.sif} reads a variable this shell does not set, "
+                        "so it cannot be checked here")
+    elif not os.path.isfile(sif):
+        how = f"`{apptainer.pull_command(s)}`" if s.image else "a SIF at CONTAINER_IMAGE"
+        blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.image else 'CONTAINER_IMAGE')}: the SIF {sif} is not "
+                        f"there; every rank would fail at its start: {how} makes it (docs/sites.md)")
+    return _Wrapped(runtime, s, s.sif, s.gpu_flag)
+
+
+def _expanded(value: str, environ: Mapping[str, str]) -> "str | None":
+    """``value`` with its ``${NAME}`` references expanded from ``environ``; None when one is not set."""
+    missing = []
+
+    def one(m) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in environ:
+            missing.append(name)
+            return ""
+        return environ[name]
+
+    out = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", one, value)
+    return None if missing else out
 
 
 def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:
@@ -511,21 +576,25 @@ def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:
     return then + server
 
 
-def _podman_lines(s, text: Mapping[str, str], plan: Plan, commands, rank_lines: list[str]) -> list[str]:
-    """The dry run's rank lines: the command's own variables, then the full `podman run` line."""
+def _wrapped_lines(w: _Wrapped, text: Mapping[str, str], plan: Plan, commands) -> list[str]:
+    """The dry run's rank lines: the command's own variables, then the full wrapper (``podman run ...``,
+    ``apptainer exec ...``) and the engine's command."""
     from . import engines
-    from .runtimes import podman
+    from .runtimes import apptainer, podman
 
     out = []
-    for rank, (cmd, line) in enumerate(zip(commands, rank_lines)):
-        port = next((r.port for r in plan.ranks if r.rank == rank and r.port), plan.api_port)
-        words = podman.run_argv(s, "${SLURM_JOB_ID}", rank, port, podman.passed_names(text, cmd.env, cmd.key_env),
-                                text)
+    for rank, cmd in enumerate(commands):
+        if w.runtime == "podman":
+            port = next((r.port for r in plan.ranks if r.rank == rank and r.port), plan.api_port)
+            words = podman.run_argv(w.settings, "${SLURM_JOB_ID}", rank, port,
+                                    podman.passed_names(text, cmd.env, cmd.key_env), text)
+        else:
+            words = apptainer.run_argv(w.settings, text)
         assigned = " ".join(f"{k}={engines.quote(v)}" for k, v in sorted(cmd.env.items()))
         if cmd.key_env:
             assigned += f" {cmd.key_env}='***'"
         engine_only = engines.shell_line(cmd._replace(env={}, key_env=None))
-        out.append(" ".join(w for w in (assigned.strip(), " ".join(engines.quote(w) for w in words), engine_only) if w))
+        out.append(" ".join(x for x in (assigned.strip(), " ".join(engines.quote(x) for x in words), engine_only) if x))
     return out
 
 
@@ -536,7 +605,7 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
     from .runtimes import runtime_name
 
     runtime = runtime_name(text)
-    if runtime in ("none", "podman"):
+    if runtime != "ce":
         return "", None
     from . import edf
 

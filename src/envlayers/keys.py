@@ -94,6 +94,7 @@ RAY_PORT = Type("port", "a port from 1024 to 64536 (the Ray ports take 1000 from
 CPUS = Type("int", "a positive number of CPUs", "positive number of CPUs", "8", _whole(1))
 PORT_PAIR = Type("port", "a TCP port from 1 to 65534 (the port above it is taken too)", "port", "30000",
                  _whole(1, 65534))
+VENDOR = Type("vendor", "amd or nvidia", "GPU vendor", "nvidia", lambda t: t if t in ("amd", "nvidia") else None)
 STR = Type("str", "text", "text", "", _text, checked=False)
 WORD = Type("word", "one of its words", "word", "", _text, checked=False)  # checked where it is read
 PATH = Type("path", "a path", "path", "", _text, checked=False)
@@ -129,8 +130,8 @@ KEYS: tuple[Key, ...] = (
         doc='the served model name clients use (`--served-model-name`)',
         absent='error', empty='error'),
     Key('INFERENCE_NODES', COUNT, default=1, if_empty=ERROR, section='main',
-        doc='nodes in the allocation; `--nodes` of the job',
-        absent='1', empty='error'),
+        doc='nodes in the allocation; `--nodes` of the job. Absent, the nodes one instance needs: `TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE x NUMBER_OF_INSTANCES` over `GPUS_PER_NODE`, rounded up, so a model layer states its GPUs and the site its nodes (docs/sites.md)',
+        absent='derived (1 when one node holds the GPUs)', empty='error'),
     Key('GPUS_PER_NODE', COUNT, default=4, if_empty=ERROR, section='main',
         doc='GPUs per node; `--gpus-per-node` of the job',
         absent='4', empty='error'),
@@ -155,8 +156,14 @@ KEYS: tuple[Key, ...] = (
     Key('RDZV_PORT', PORT, default=29500, if_empty=ERROR, section='main',
         doc='multi-node rendezvous port (SGLang `--dist-init-addr` port, vLLM `--master-port`)',
         absent='29500', empty='error'),
+    Key('GPU_VENDOR', VENDOR, section='main',
+        doc="the site's GPU vendor, `amd` or `nvidia`: which devices a container gets (`--rocm` or `--nv`; /dev/kfd and /dev/dri or NVIDIA's CDI name) and the vendor's defaults (SGLang's `aiter` attention on AMD only); a site file sets it (docs/sites.md)",
+        absent="AMD's defaults; the role's GPU for devices", empty='as absent'),
+    Key('GPU_NAME', WORD, section='main',
+        doc="the site's GPU, as the catalog's container roles name it (`mi300`, `h100`): a catalog model's role is `CONTAINER_ROLE=<engine>-${GPU_NAME}`, the image for those GPUs (containers/edfs/)",
+        absent='nothing (a role that reads it is refused)', empty='as absent'),
     Key('CONTAINER_RUNTIME', WORD, section='main',
-        doc="`ce` (`srun --environment=<EDF>`), `none` (engine from the host's PATH) or `podman` (the engine in `podman run`, docs/podman.md)",
+        doc="`ce` (`srun --environment=<EDF>`), `none` (engine from the host's PATH), `podman` (the engine in `podman run`, docs/podman.md) or `apptainer` (the engine in `apptainer exec` of a SIF file, docs/sites.md)",
         absent='`ce`', empty='error'),
     Key('CONTAINER_IMAGE', STR, section='main',
         doc='podman: the image, pinned by tag or digest (`latest` refused)',
@@ -177,7 +184,7 @@ KEYS: tuple[Key, ...] = (
         doc='`1`: serve keyless on every interface knowingly, with `SERVER_API_KEY_FILE=` (empty; see the end of this page)',
         absent='refused', empty='refused'),
     Key('CONTAINER_ROLE', WORD, section='main',
-        doc='EDF role: `sglang-mi300`, `vllm-mi300`, `vllm-mi200`',
+        doc="the image's role in containers/edfs/: `<engine>-<GPU_NAME>` (`sglang-mi300`, `vllm-h100`, ...); the EDF under `ce`, the image under podman and apptainer",
         absent='error when runtime is `ce`', empty='error'),
     Key('MEM_FRACTION_STATIC', NUMBER, section='main',
         doc='SGLang `--mem-fraction-static`',
@@ -187,7 +194,7 @@ KEYS: tuple[Key, ...] = (
         absent='flag omitted', empty='flag omitted'),
     Key('SGLANG_ATTENTION_BACKEND', WORD, section='main',
         doc='SGLang `--attention-backend`',
-        absent='`aiter`', empty='flag omitted'),
+        absent='`aiter` unless `GPU_VENDOR=nvidia` (then omitted: SGLang picks)', empty='flag omitted'),
     Key('REASONING_PARSER', WORD, section='main',
         doc="`--reasoning-parser`; for vLLM checked before submission against vLLM's own parser names (below)",
         absent='flag omitted', empty='flag omitted'),
@@ -243,7 +250,7 @@ KEYS: tuple[Key, ...] = (
         absent='checked', empty='checked',
         hint='0 skips the weights check before submission (weights that come another way); 1 or absent checks them'),
     Key('GPU_MEM_GB', GIB, if_empty=AS_ABSENT, section='weights',
-        doc='memory of one GPU in GiB (2^30 bytes; a decimal such as `79.5` is fine): the weights found in the cache must fit `TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE x GPU_MEM_GB` (one instance), else the submission is refused (docs/topology.md, "Do the weights fit?"); the catalog sets `128` (MI300A, common.env) and `64` (one MI250X GCD, the mi200 layer); anything but a number above 0 is an error naming the line',
+        doc='memory of one GPU in GiB (2^30 bytes; a decimal such as `79.5` is fine): the weights found in the cache must fit `TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE x GPU_MEM_GB` (one instance), else the submission is refused (docs/topology.md, "Do the weights fit?"); the catalog sets `128` (MI300A, sites/mi300a.env) and `64` (one MI250X GCD, the mi200 layer); anything but a number above 0 is an error naming the line',
         absent='no fit check', empty='no fit check',
         hint='the memory of one GPU in GiB, e.g. 128 for an MI300A, 64 for one MI250X GCD; empty skips the fit check'),
     Key('SGLANG_ENABLE_METRICS', BOOL, default=True, if_empty=False, section='metrics',

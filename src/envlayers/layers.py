@@ -44,6 +44,7 @@ class Source(NamedTuple):
 
     label: str
     assignments: tuple[Assignment, ...]
+    is_site: bool = False  # the site's layer (envlayers.sites)
 
 
 class Binding(NamedTuple):
@@ -86,12 +87,13 @@ class LaunchSources(NamedTuple):
 
 
 def stack_sources(root: str | os.PathLike, target: str, extra_files: tuple[str | os.PathLike, ...] = (),
-                  launch: LaunchSources | None = None) -> list[Source]:
+                  launch: LaunchSources | None = None, site: "str | None" = None) -> list[Source]:
     """The stack for EXPERIMENT:MODEL, lowest precedence first. The one place the order is written:
 
-    1. common.env < the experiment's layer files < its inline env < model-<m>.env (or the model's
-       ``model_layer``) < the model's layer files < its inline env; with ``launch.base_env``,
-       that one file instead
+    1. common.env < the site (``site``: a name in experiments/sites/ or a file's path; none given:
+       setups.yaml's ``site:``, if any) < the experiment's layer files < its inline env <
+       model-<m>.env (or the model's ``model_layer``) < the model's layer files < its inline env;
+       with ``launch.base_env``, that one file instead (a whole render: no site on top of it)
     2. ``extra_files`` (``--layer``), in order
     3. with ``launch``: experiments/serve-only.env < ``launch.env_file``
     """
@@ -101,9 +103,13 @@ def stack_sources(root: str | os.PathLike, target: str, extra_files: tuple[str |
             if not _NAME_OK.match(name):
                 raise StackError(f"'{name}' is not an experiment or model name", where="target",
                                  hint="letters, digits, '.', '_' and '-'; `env_layers list` shows the names")
+        if site:
+            raise StackError(f"SITE={site} cannot apply to SERVE_BASE_ENV, which replaces every catalog layer",
+                             where="SITE", hint="render the base env with that site (SITE=... env_layers render "
+                                                "-o FILE), or unset SITE")
         out = [_path_source(root, launch.base_env, "SERVE_BASE_ENV")]
     else:
-        out = _catalog_sources(root, experiment, model)
+        out = _catalog_sources(root, experiment, model, site)
     out += [_path_source(root, path, "--layer") for path in extra_files]
     if launch is not None:
         out.append(_path_source(root, os.path.join(root, SERVE_ENV), SERVE_ENV))
@@ -112,18 +118,42 @@ def stack_sources(root: str | os.PathLike, target: str, extra_files: tuple[str |
     return out
 
 
-def _catalog_sources(root: str | os.PathLike, experiment: str, model: str) -> list[Source]:
+def _catalog_sources(root: str | os.PathLike, experiment: str, model: str, site: "str | None") -> list[Source]:
     catalog = cat.load(root)
     exp, mod = catalog.experiment(experiment), catalog.model(model)
     model_layer = mod.model_layer or (f"model-{model}.env", mod.origin)
-    files: list[tuple[str, Origin | None]] = [("common.env", None)]
-    files += list(exp.layers)
-    out: list[Source] = [_file_source(root, name, ref) for name, ref in files]
+    out: list[Source] = [_file_source(root, "common.env", None)]
+    site_layer = _site_source(root, site, catalog.site)
+    if site_layer is not None:
+        out.append(site_layer)
+    out += [_file_source(root, name, ref) for name, ref in exp.layers]
     out.append(Source(f"{cat.SETUPS} experiments.{experiment}.env", exp.env))
     out.append(_file_source(root, *model_layer))
     out += [_file_source(root, name, ref) for name, ref in mod.layers]
     out.append(Source(f"{cat.SETUPS} models.{model}.env", mod.env))
     return [s for s in out if s.assignments or not s.label.startswith(str(cat.SETUPS))]
+
+
+def _site_source(root: str | os.PathLike, site: "str | None", default: "tuple[str, Origin] | None") -> "Source | None":
+    """The site's layer: ``site`` (SITE: a name, or a file's path) or else the catalog's default."""
+    if site and cat.is_site_path(site):
+        return _path_source(root, site, "SITE")._replace(is_site=True)
+    name, where = (site, "SITE") if site else (default[0], str(default[1])) if default else (None, "")
+    if name is None:
+        return None
+    if not _NAME_OK.match(name):
+        raise StackError(f"'{name}' is not a site name", where=where,
+                         hint="a name of experiments/sites/<SITE>.env, or a file's path; `env_layers list` "
+                              "shows the sites")
+    rel = cat.site_file(name)
+    if not os.path.isfile(os.path.join(root, rel)):
+        raise cat.unknown_site(root, name, where)
+    return Source(rel, tuple(parse_file(os.path.join(root, rel), rel)), is_site=True)
+
+
+def site_source(sources: list[Source]) -> "Source | None":
+    """The site's layer of a stack, if it has one."""
+    return next((s for s in sources if s.is_site), None)
 
 
 def _path_source(root: str | os.PathLike, path: str | os.PathLike, what: str) -> Source:
@@ -208,8 +238,8 @@ def merge(sources: list[Source], target: str = "", strict: bool = False) -> Env:
 
 
 def load_env(root: str | os.PathLike, target: str, extra_files: tuple[str | os.PathLike, ...] = (), strict: bool = False,
-             launch: LaunchSources | None = None) -> Env:
-    return merge(stack_sources(root, target, extra_files, launch), target, strict)
+             launch: LaunchSources | None = None, site: "str | None" = None) -> Env:
+    return merge(stack_sources(root, target, extra_files, launch, site), target, strict)
 
 
 def looks_like_credential(key: str) -> bool:

@@ -148,6 +148,23 @@ def _tp_pp(env: Mapping[str, str], nodes: int, gpn: int, instances: int) -> chk.
     return chk.derive(nodes, gpn, instances, tp, pp)
 
 
+def _nodes(env: Mapping[str, str], gpn: int, mode: str | None, instances: int) -> tuple[int, str | None]:
+    """``INFERENCE_NODES``, or, absent, the nodes the model's GPUs need: TP x PP x NUMBER_OF_INSTANCES over
+    GPUS_PER_NODE, rounded up (1 when they fit one node). So a model layer says what the model needs (its
+    parallelism) and the site's GPUS_PER_NODE decides the nodes: tp=4 x pp=4 is 4 nodes of 4 GPUs, 2 of 8.
+    With why, when derived past one node."""
+    if env.get("INFERENCE_NODES") is not None or mode == "replicas":
+        return chk.count(env, "INFERENCE_NODES", DEFAULT_NODES), None
+    one = _tp_pp(env, 1, gpn, instances)
+    need = one.tp * one.pp * instances
+    if need <= gpn:
+        return DEFAULT_NODES, None
+    nodes = -(-need // gpn)
+    parts = " x ".join(f"{name} {value}" for name, value in (("tp", one.tp), ("pp", one.pp), ("instances", instances))
+                       if name != "instances" or instances > 1)
+    return nodes, f"INFERENCE_NODES absent: {parts} = {need} GPU(s) at GPUS_PER_NODE = {gpn}"
+
+
 def _ranks(nodes: int, api_port: int, every_rank_serves: bool = False) -> tuple[RankPlan, ...]:
     return tuple(
         RankPlan(rank=i, node_index=i, serves_api=every_rank_serves or i == 0,
@@ -191,11 +208,11 @@ def plan(env: Mapping[str, str], layered: Stacking | None = None) -> Plan:
     serve, and every plan that would leave allocated GPUs idle on more than one node or ask
     for GPUs the allocation does not have.
     """
-    nodes = chk.count(env, "INFERENCE_NODES", DEFAULT_NODES)
     gpn = chk.count(env, "GPUS_PER_NODE", DEFAULT_GPUS_PER_NODE)
     mode = chk.mode(env)
     instances_set = chk.count(env, "NUMBER_OF_INSTANCES", None, default_text=str(DEFAULT_INSTANCES))
     instances = instances_set or DEFAULT_INSTANCES
+    nodes, nodes_why = _nodes(env, gpn, mode, instances)
     par = _tp_pp(env, nodes, gpn, nodes if mode == "replicas" else instances)
     tp, pp = par.tp, par.pp
     api_port = chk.port(env, "SERVER_PORT", DEFAULT_SERVER_PORT)
@@ -205,7 +222,7 @@ def plan(env: Mapping[str, str], layered: Stacking | None = None) -> Plan:
     ray_serve = chk.use_ray_serve(env)
     engine = keys.text(env, "INFERENCE_ENGINE")
     derived = tuple(f"{name}={value} ({why})" for name, value, why in
-                    (("tp", tp, par.tp_derived), ("pp", pp, par.pp_derived)) if why)
+                    (("nodes", nodes, nodes_why), ("tp", tp, par.tp_derived), ("pp", pp, par.pp_derived)) if why)
     if (layered is not None and layered.nodes_above and par.pp_derived is None and mode != "replicas"
             and instances == 1 and not ray_serve):  # one instance: its nodes are the allocation's
         wanted = chk.pp_for_allocation(nodes, gpn, tp, pp)

@@ -146,6 +146,12 @@ def cli(ctx: click.Context, root: str | None) -> None:
     ctx.obj = {"root": root}
 
 
+site_option = click.option(
+    "--site", envvar="SITE", metavar="SITE",
+    help="The site layer (env: SITE): a name of experiments/sites/<SITE>.env or a file's path; it sits right "
+         "above common.env. Without it, setups.yaml's site: (docs/sites.md).")
+
+
 def get_root(ctx) -> str:
     from ..paths import find_root
 

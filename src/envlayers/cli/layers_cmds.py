@@ -7,18 +7,18 @@ import sys
 
 import click
 
-from . import get_root
+from . import get_root, site_option
 from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
 
 RENDERS_DIR = os.path.join("experiments", "renders")
 
 
-def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = False, launch=None):
+def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = False, launch=None, site=None):
     from ..layers import load_env
 
     root = get_root(ctx)
-    return root, load_env(root, target, extra, strict=strict, launch=launch)
+    return root, load_env(root, target, extra, strict=strict, launch=launch, site=site or None)
 
 
 @click.command()
@@ -32,18 +32,19 @@ def _target_env(ctx, target: str, extra: tuple[str, ...] = (), strict: bool = Fa
 @click.option("--layer", "extra", multiple=True, type=click.Path(dir_okay=False),
               help="Append an env file on top of the stack (repeatable; later wins).")
 @click.option("--strict", is_flag=True, help="Fail on references no layer assigns ($SCRATCH, $USER, ...).")
+@site_option
 @click.pass_context
-def render(ctx, target, fmt, output, extra, strict):
+def render(ctx, target, fmt, output, extra, strict, site):
     """Print the merged environment of EXPERIMENT:MODEL.
 
-    Stack, lowest first: experiments/layers/common.env < the experiment in setups.yaml
+    Stack, lowest first: experiments/layers/common.env < the site (SITE) < the experiment in setups.yaml
     < model-<m>.env < the model in setups.yaml < --layer files. Last assignment wins;
     KEY= stays present and empty; references to keys no earlier layer assigns are left
     for the shell that sources the render.
     """
     from ..shell import render as render_env
 
-    _, env = _target_env(ctx, target, extra, strict)
+    _, env = _target_env(ctx, target, extra, strict, site=site)
     text = render_env(env, fmt)
     if output:
         from ..fsutil import write_output
@@ -66,8 +67,9 @@ def render(ctx, target, fmt, output, extra, strict):
 @click.option("--base-env", type=click.Path(dir_okay=False),
               help="As serve's --base-env (SERVE_BASE_ENV), used instead of the catalog layers; implies --serve.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@site_option
 @click.pass_context
-def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
+def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json, site):
     """Show each key's final value, the file:line that set it, and what it overrode.
 
     With KEYs, only those (exit 1 if one is absent: no layer assigns it). With --serve
@@ -86,7 +88,7 @@ def explain(ctx, target, keys, extra, launcher, env_file, base_env, as_json):
         launch = LaunchSources(base_env, env_file)
     from ..layers import merge, stack_sources
 
-    sources = stack_sources(get_root(ctx), target, extra, launch)
+    sources = stack_sources(get_root(ctx), target, extra, launch, site=site or None)
     env = merge(sources, target)
     wanted = list(keys) or list(env.bindings)
     plan_pp = _derived_pp(sources, env) if "PIPELINE_PARALLEL_SIZE" in wanted else None
@@ -163,7 +165,12 @@ def _models_summary(cat) -> str:
 @click.option("--update", is_flag=True, help="Rewrite stale or missing renders instead of failing.")
 @click.pass_context
 def check(ctx, update):
-    """Regenerate every committed render (experiments/renders/.env.EXPERIMENT.MODEL) and compare.
+    """Regenerate every committed render (experiments/renders/.env.EXPERIMENT.MODEL) and compare;
+    check every site x experiment x model.
+
+    The committed renders are the default site's (setups.yaml's site:). Every site file must state
+    what a site decides and nothing a model does; on every site, every target is planned, and a setting
+    only the other GPU vendor understands is an error naming its line (docs/sites.md).
 
     A stale render is shown as a diff and the exit status is 1. `--update` rewrites them
     (the one command that regenerates the golden renders). Targets whose shape the launcher
@@ -183,17 +190,37 @@ def check(ctx, update):
     cat = catalog.load(root)
     expected = {}
     unknown: dict[str, str] = {}  # a key no one reads, once per layer line (a typo of a launch key, most often)
+    problems: list[str] = []  # a site file's rules broken, a setting for the other vendor's GPUs
     notes = [f"note: {file} is not a model: {why}" for file, why in cat.skipped]
-    for exp, model in _all_targets(cat):
-        sources = stack_sources(root, f"{exp}:{model}")
-        env = merge(sources, f"{exp}:{model}")
-        expected[_render_path(root, exp, model)] = render_env(env, "sh")
-        unknown.update({str(b.origin): f"{b.origin}: {said}" for key, b in env.bindings.items()
-                        if (said := keys.unknown_key(key))})
-        try:
-            plan(env.text(), stacking(sources, env))  # as serve plans it (a PP derived over a lower layer's)
-        except EnvLayersError as err:
-            notes.append(f"note: {exp}:{model} renders but cannot launch: {err}")
+    from .. import sites
+    from ..envfile import parse_file
+    from ..layers import site_source
+
+    default = cat.site[0] if cat.site else None
+    site_names = list(catalog.sites(root)) or [None]
+    for name in site_names:  # a site file holds what a site decides, and every one of them
+        if name is not None:
+            rel = catalog.site_file(name)
+            problems.extend(sites.site_file_problems(parse_file(root / rel, rel)))
+    for site in site_names:
+        on = f" on site {site}" if site and site != default else ""
+        for exp, model in _all_targets(cat):
+            sources = stack_sources(root, f"{exp}:{model}", site=site)
+            env = merge(sources, f"{exp}:{model}")
+            if site == default or site is None:  # the committed renders are the default site's
+                expected[_render_path(root, exp, model)] = render_env(env, "sh")
+            unknown.update({str(b.origin): f"{b.origin}: {said}" for key, b in env.bindings.items()
+                            if (said := keys.unknown_key(key))})
+            layer = site_source(sources)
+            try:
+                text = env.text()
+                keys.check(text)
+                problems.extend(p for p in sites.foreign_settings(env, keys.value(text, "GPU_VENDOR"),
+                                                                   layer.label if layer else None)
+                                if p not in problems)
+                plan(text, stacking(sources, env))  # as serve plans it (a PP derived over a lower layer's)
+            except EnvLayersError as err:
+                notes.append(f"note: {exp}:{model}{on} renders but cannot launch: {err}")
     committed = set((root / RENDERS_DIR).glob(".env.*")) if (root / RENDERS_DIR).is_dir() else set()
     bad = 0
     for path in sorted(committed | set(expected)):
@@ -218,37 +245,50 @@ def check(ctx, update):
         diff = difflib.unified_diff(have.splitlines(True), want.splitlines(True), f"{rel} (committed)",
                                     f"{rel} (rendered now)")
         click.echo("".join(diff), nl=False)
-    for line in unknown.values():
+    for line in [*unknown.values(), *problems]:
         click.echo(line)
         bad += 1
     for note in notes:
         click.echo(note)
     if bad:
         sys.exit(1)
-    click.echo(f"ok: {len(expected)} render(s) up to date ({_models_summary(cat)})")
+    click.echo(f"ok: {len(expected)} render(s) up to date ({_models_summary(cat)}); "
+               f"{len(site_names) * len(expected)} site x target stack(s) checked")
 
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@site_option
 @click.pass_context
-def list_cmd(ctx, as_json):
-    """List experiments and models, with each model's engine and node count.
+def list_cmd(ctx, as_json, site):
+    """List sites, experiments and models, with each model's engine and node count on the site
+    (SITE, else setups.yaml's site:).
 
     FROM says where a model is defined: `setups.yaml` (an entry under models:) or `layer-file`
     (experiments/layers/model-<MODEL>.env alone, described by its first comment line).
     """
     from .. import catalog
-    from ..layers import load_env
+    from ..layers import merge, stack_sources
+    from ..topology import plan, stacking
 
     root = get_root(ctx)
     cat = catalog.load(root)
+    default = cat.site[0] if cat.site else None
+    site_rows = [{"name": n, "description": d, "default": n == default, "file": catalog.site_file(n)}
+                 for n, d in catalog.sites(root).items()]
     models = []
     for name, entry in cat.models.items():
         row = {"name": name, "description": entry.description, "from": entry.source,
                "defined_in": str(entry.origin)}
         try:
-            text = load_env(root, f"{DEFAULT_EXPERIMENT}:{name}").text()
-            row.update(engine=text.get("INFERENCE_ENGINE"), nodes=text.get("INFERENCE_NODES", "1"),
+            sources = stack_sources(root, f"{DEFAULT_EXPERIMENT}:{name}", site=site or None)
+            env = merge(sources, f"{DEFAULT_EXPERIMENT}:{name}")
+            text = env.text()
+            try:
+                nodes = str(plan(text, stacking(sources, env)).nodes)
+            except EnvLayersError:
+                nodes = "-"  # `env_layers plan` says why
+            row.update(engine=text.get("INFERENCE_ENGINE"), nodes=nodes,
                        model=text.get("INFERENCE_MODEL"), partition=text.get("SLURM_PARTITION"))
         except EnvLayersError as err:
             row["error"] = str(err)
@@ -258,8 +298,15 @@ def list_cmd(ctx, as_json):
     if as_json:
         import json
 
-        click.echo(json.dumps({"experiments": experiments, "models": models}, indent=2))
+        click.echo(json.dumps({"site": site or default, "sites": site_rows, "experiments": experiments,
+                               "models": models}, indent=2))
         return
+    if site_rows:
+        click.echo("SITES")
+        w = max(len(r["name"]) for r in site_rows)
+        for r in site_rows:
+            mark = (" (default)" if r["default"] else "") + (" (nodes below)" if site and r["name"] == site else "")
+            click.echo(f"  {r['name']:<{w}}  {r['description']}{mark}")
     click.echo("EXPERIMENTS")
     w = max((len(e["name"]) for e in experiments), default=4)
     for e in experiments:

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import click
 
-from . import get_root
+from . import get_root, site_option
 from ..defaults import DEFAULT_EXPERIMENT, DEFAULT_MODEL, DEFAULT_TIME
 from ..errors import EnvLayersError
 
 
-def _prepare(ctx, model, experiment, time, base_env, env_file):
+def _prepare(ctx, model, experiment, time, base_env, env_file, site):
     from ..jobscript import prepare
 
     root = Path(get_root(ctx))
     return prepare(root, model, experiment, time=time, base_env=Path(base_env) if base_env else None,
-                   env_file=Path(env_file) if env_file else None, environ=dict(os.environ))
+                   env_file=Path(env_file) if env_file else None, environ=dict(os.environ), site=site or None)
 
 
 _common = [
@@ -32,6 +32,7 @@ _common = [
                  help="Env file used instead of the render of EXPERIMENT:MODEL (env: SERVE_BASE_ENV)."),
     click.option("--env-file", envvar="SERVE_ENV_FILE", type=click.Path(dir_okay=False),
                  help="Your copy of experiments/serve-only.env, sourced last so it wins (env: SERVE_ENV_FILE)."),
+    site_option,
 ]
 
 
@@ -53,13 +54,13 @@ def common(f):
                    "allocation fits the plan, else end with one line naming the command that works.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def serve(ctx, model, experiment, time_, base_env, env_file, dry_run, wait_, verify_, in_allocation, as_json):
+def serve(ctx, model, experiment, time_, base_env, env_file, site, dry_run, wait_, verify_, in_allocation, as_json):
     """Submit a serve-only endpoint job (cluster/serve-only.sbatch calls this).
 
     Everything that can fail is checked here, on the login node, before anything is
     submitted: the layers, the topology (no idle or missing GPUs), the engine keys, the EDF.
     """
-    job = _prepare(ctx, model, experiment, time_, base_env, env_file)
+    job = _prepare(ctx, model, experiment, time_, base_env, env_file, site)
     if in_allocation:
         from .inalloc_cmds import run_here
 
@@ -108,7 +109,7 @@ def _exit_code_of(ctx, name: str, **params) -> int:
 @common
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def plan(ctx, target, model, experiment, time_, base_env, env_file, as_json):
+def plan(ctx, target, model, experiment, time_, base_env, env_file, site, as_json):
     """Show the deployment plan of TARGET (EXPERIMENT:MODEL, or --model/--experiment): the shape and
     why it was chosen, ranks, per-rank server commands. docs/topology.md says when each shape is chosen."""
     if target is not None:
@@ -116,7 +117,7 @@ def plan(ctx, target, model, experiment, time_, base_env, env_file, as_json):
         if not sep or not experiment or not model:
             raise EnvLayersError(f"'{target}' is not EXPERIMENT:MODEL", where="TARGET",
                                  hint="e.g. env_layers plan experiment:qwen38, or --model qwen38")
-    job = _prepare(ctx, model, experiment, time_, base_env, env_file)
+    job = _prepare(ctx, model, experiment, time_, base_env, env_file, site)
     if as_json:
         data = job.to_json()
         data.pop("script")
@@ -124,7 +125,7 @@ def plan(ctx, target, model, experiment, time_, base_env, env_file, as_json):
         return
     for line in job.reasons + job.topology:
         click.echo(line)
-    click.echo(f"EDF: {job.edf or '(none: CONTAINER_RUNTIME=none)'}")
+    click.echo(f"EDF: {job.edf or '(none: CONTAINER_RUNTIME is not ce)'}")
     click.echo(f"readiness budget: {job.ready_timeout_s}s")
     for i, line in enumerate(job.rank_lines):
         click.echo(f"rank {i}: {line}")

@@ -29,7 +29,7 @@ from envlayers import keys
 from envlayers.topology import Plan, RankPlan
 
 COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
-DEFAULT_ATTENTION_BACKEND = "aiter"
+DEFAULT_ATTENTION_BACKEND = "aiter"  # ROCm's kernels: AMD only (GPU_VENDOR); on NVIDIA SGLang picks its own
 # SGLang reads its API key only from ``--api-key`` (ServerArgs.api_key; no environment variable):
 # a known limit, see docs/keys.md
 KEY_FLAG = "--api-key"
@@ -52,7 +52,8 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, 
         ]
     argv += ["--host", server_host(env), "--port", str(plan.api_port)]
     argv += flag(env, "MEM_FRACTION_STATIC", "--mem-fraction-static")
-    argv += flag(env, "SGLANG_ATTENTION_BACKEND", "--attention-backend", DEFAULT_ATTENTION_BACKEND)
+    argv += flag(env, "SGLANG_ATTENTION_BACKEND", "--attention-backend",
+                 None if keys.value(env, "GPU_VENDOR") == "nvidia" else DEFAULT_ATTENTION_BACKEND)
     argv += flag(env, "MAX_MODEL_LEN", "--context-length")
     argv += metrics_flag(env)
     argv += flag(env, "REASONING_PARSER", "--reasoning-parser")

@@ -25,7 +25,7 @@ from . import raycluster
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
 JOB_SCRIPT_KEYS = ("ENVLAYERS_KEYS", "ENVLAYERS_TARGET", "ENVLAYERS_EDF", "ENVLAYERS_READY_TIMEOUT_S",
-                   "ENVLAYERS_IMAGE", "ENVLAYERS_GPU_DEVICES")  # the last two: podman only (runtimes/podman.py)
+                   "ENVLAYERS_SITE", "ENVLAYERS_IMAGE", "ENVLAYERS_GPU_DEVICES")  # the last two: podman, apptainer (runtimes/)
 
 
 @dataclass(frozen=True)
@@ -191,12 +191,18 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
     # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
-    if keytable.text(keys, "CONTAINER_RUNTIME") == "podman":
+    runtime = keytable.text(keys, "CONTAINER_RUNTIME")
+    if runtime == "podman":
         from ..runtimes.podman import container_name, rank_wrappers
 
         wrappers, podman_lines = rank_wrappers(keys, plan, alloc.job_id, commands)
         lines += podman_lines
         containers = [container_name(alloc.job_id, rank) for rank in range(len(wrappers))]
+    elif runtime in ("apptainer", "singularity"):  # no daemon, no names: the rank's process is the container's
+        from ..runtimes import apptainer
+
+        wrappers, apptainer_lines = apptainer.rank_wrappers(keys, plan, commands)
+        lines += apptainer_lines
     # -- end of the runtime's wrapper
     # SERVER_HOST on loopback: the launcher (on node 0) probes the server there, and prints that URL
     from ..exposure import loopback_host, loopback_unreachable
@@ -208,7 +214,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     ray_files: dict[str, str] = {}
     if plan.shape in raycluster.RAY_SHAPES:  # -- the Ray cluster (launch/raycluster.py): raynode.py before each command
         if wrappers is not None:
-            raise LaunchFailure(f"CONTAINER_RUNTIME=podman cannot run the {plan.shape} shape (Ray across the "
+            raise LaunchFailure(f"CONTAINER_RUNTIME={runtime} cannot run the {plan.shape} shape (Ray across the "
                                 "container boundary); use CONTAINER_RUNTIME=ce or none", lines=tuple(lines))
         wrappers, ray_lines = raycluster.wrappers(keys, plan, alloc.run_dir, alloc.job_id,
                                                   [n.address for n in nodes], keys.get("VLLM_SERVED_MODEL", ""),

@@ -5,6 +5,8 @@
 - ``none``: the engine from the host's PATH; not wrapped.
 - ``podman``: srun starts ranks.sh on the host, which runs the engine in ``podman run``
   (:mod:`envlayers.runtimes.podman`): the same Plan and engine command, only the wrapper differs.
+- ``apptainer`` / ``singularity``: the same, in ``apptainer exec`` of a SIF file
+  (:mod:`envlayers.runtimes.apptainer`).
 
 Pure: :func:`wrapper` returns the words that go before the engine's argv, or None.
 """
@@ -16,7 +18,8 @@ from typing import Mapping
 
 from ..errors import EnvLayersError
 
-RUNTIMES = ("ce", "none", "podman")
+RUNTIMES = ("ce", "none", "podman", "apptainer", "singularity")
+WRAPPED = ("podman", "apptainer", "singularity")  # srun starts ranks.sh on the host; a wrapper starts the engine
 DEFAULT_RUNTIME = "ce"
 
 
@@ -27,5 +30,6 @@ def runtime_name(env: Mapping[str, str]) -> str:
         raise EnvLayersError(f"unknown container runtime {value!r} (valid: {', '.join(RUNTIMES)})",
                              where="CONTAINER_RUNTIME",
                              hint="ce runs the registered EDF; none runs the engine from the host's PATH; "
-                                  "podman runs it in a pinned image (docs/podman.md)")
+                                  "podman runs it in a pinned image (docs/podman.md); apptainer (or singularity) "
+                                  "in a SIF file (docs/sites.md)")
     return value

@@ -8,7 +8,7 @@
 #SBATCH --mem=0
 #SBATCH --exclusive
 #
-# envlayers serve-only job for replicas:qwen38 (replicas, 2 node(s)).
+# envlayers serve-only job for replicas:qwen38 on site mi300a (replicas, 2 node(s)).
 # Rendered by `env_layers serve`; `SUBMIT=0 cluster/serve-only.sbatch` prints this exact script.
 # No -A: Slurm reads SBATCH_ACCOUNT; naming an account here would split identical jobs across accounts.
 # --mem=0: otherwise the step's memory cgroup follows its CPU share and the server dies in weight load.
@@ -19,23 +19,26 @@ echo "ENVLAYERS-STAGE: job ${SLURM_JOB_ID} started on $(hostname) with nodes ${S
 
 # The merged launch environment, lowest precedence first:
 #   experiments/layers/common.env
+#   experiments/sites/mi300a.env
 #   experiments/layers/replicas.env
 #   experiments/layers/model-qwen38.env
 #   experiments/serve-only.env
 IFS= read -r -d '' ENVLAYERS_SERVE_ENV <<'ENVLAYERS_ENV' || true
 export VLLM_SERVED_MODEL='hpcagent-bench-vllm'
-export SLURM_PARTITION='mi300'
-export GPUS_PER_NODE='4'
-export TENSOR_PARALLEL_SIZE='4'
 export PIPELINE_PARALLEL_SIZE='1'
-export INFERENCE_NODES='2'
 export SERVER_HOST='0.0.0.0'
 export SERVER_PORT='8000'
 export RDZV_PORT='29500'
+export SLURM_PARTITION='mi300'
+export GPUS_PER_NODE='4'
+export TENSOR_PARALLEL_SIZE='4'
+export GPU_MEM_GB='128'
+export GPU_VENDOR='amd'
+export GPU_NAME='mi300'
 export CONTAINER_RUNTIME='ce'
 export NCCL_NET_GDR_LEVEL='LOC'
-export GPU_MEM_GB='128'
 export INFERENCE_MODE='replicas'
+export INFERENCE_NODES='2'
 export AGENT_READY_TIMEOUT_SECONDS='2400'
 export VLLM_READY_TIMEOUT_SECONDS='2400'
 export INFERENCE_ENGINE='sglang'
@@ -60,8 +63,9 @@ eval "$ENVLAYERS_SERVE_ENV"
 set +a
 
 # The launch keys are exactly these; anything else the submitting shell exported is not one.
-export ENVLAYERS_KEYS='VLLM_SERVED_MODEL SLURM_PARTITION GPUS_PER_NODE TENSOR_PARALLEL_SIZE PIPELINE_PARALLEL_SIZE INFERENCE_NODES SERVER_HOST SERVER_PORT RDZV_PORT CONTAINER_RUNTIME NCCL_NET_GDR_LEVEL GPU_MEM_GB INFERENCE_MODE AGENT_READY_TIMEOUT_SECONDS VLLM_READY_TIMEOUT_SECONDS INFERENCE_ENGINE CONTAINER_ROLE INFERENCE_MODEL MEM_FRACTION_STATIC REASONING_PARSER TOOL_CALL_PARSER RUN_ROOT SERVER_API_KEY_FILE'
+export ENVLAYERS_KEYS='VLLM_SERVED_MODEL PIPELINE_PARALLEL_SIZE SERVER_HOST SERVER_PORT RDZV_PORT SLURM_PARTITION GPUS_PER_NODE TENSOR_PARALLEL_SIZE GPU_MEM_GB GPU_VENDOR GPU_NAME CONTAINER_RUNTIME NCCL_NET_GDR_LEVEL INFERENCE_MODE INFERENCE_NODES AGENT_READY_TIMEOUT_SECONDS VLLM_READY_TIMEOUT_SECONDS INFERENCE_ENGINE CONTAINER_ROLE INFERENCE_MODEL MEM_FRACTION_STATIC REASONING_PARSER TOOL_CALL_PARSER RUN_ROOT SERVER_API_KEY_FILE'
 export ENVLAYERS_TARGET=replicas:qwen38
+export ENVLAYERS_SITE=mi300a
 export ENVLAYERS_EDF=hpcagent-bench-sglang-mi300-latest-intranode
 export ENVLAYERS_READY_TIMEOUT_S=2400
 RUN_DIR="${RUN_ROOT:?RUN_ROOT is not set: experiments/serve-only.env sets it}/${SLURM_JOB_ID}"
