@@ -37,9 +37,12 @@ if [ "$(id -u)" = 0 ]; then
   if ! command -v curl >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl
   fi
-  # The podman tests run the stand-in in a real container (tests/podmantools.py configures it).
-  if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc
+  # The container runtimes' lab tests run the stand-in in real containers: podman (tests/podmantools.py
+  # configures it), charliecloud (ch-run, ch-convert) and docker (a daemon per lab node, started by the test).
+  if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 || ! command -v ch-run >/dev/null 2>&1 \
+     || ! command -v dockerd >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      podman runc charliecloud docker.io
   fi
 fi
 

@@ -100,5 +100,8 @@ def build_standin_image(work: Path, ref: str, env: dict[str, str]) -> None:
     build_rootfs(root)
     tar = work / "rootfs.tar"
     subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=120)
+    # the official vLLM image's entrypoint (vLLM's docker/Dockerfile: ENTRYPOINT ["vllm", "serve"]), so a
+    # launcher that ran its own `vllm serve MODEL` after it would start `vllm serve vllm serve MODEL` here too
     podman("import", "--change", "ENV PATH=/opt/standin/bin:/usr/bin:/bin",
-           "--change", "ENV PYTHONPATH=/opt/standin/pypath", str(tar), ref, env=env)
+           "--change", "ENV PYTHONPATH=/opt/standin/pypath", "--change", 'ENTRYPOINT ["vllm", "serve"]',
+           str(tar), ref, env=env)

@@ -96,7 +96,7 @@ def test_under_sbatch_a_fitting_allocation_runs_the_rendered_job_script(tmp_path
     assert first == ("serve-only.sbatch: running experiment:qwen38 as job 77 itself (the allocation fits: 1 node(s), "
                      "4 GPU(s) per node, partition mi300)")
     assert script.startswith("#!/bin/bash\n#SBATCH --job-name=serve-only\n")
-    assert "# envlayers serve-only job for experiment:qwen38 (single, 1 node(s))." in script
+    assert "# envlayers serve-only job for experiment:qwen38 on site mi300a (single, 1 node(s))." in script
     assert script.rstrip().endswith('-m envlayers launch --run-dir "$RUN_DIR"')
 
 

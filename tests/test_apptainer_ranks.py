@@ -84,7 +84,7 @@ def test_the_rendered_exec_line_is_apptainers_own_grammar(tmp_path):
     s = apptainer.Settings("apptainer", "/s/x.sif", "--nv")
     argv = apptainer.run_argv(s, {"HF_HOME": "/scratch/hf", "CONTAINER_MOUNTS": "/a:/b"})
     assert defs.apptainer_problems(argv + ["vllm", "serve", "m"]) == []
-    assert apptainer.ENV_PREFIX == defs.env_prefix()
+    assert apptainer.ENV_PREFIXES == {p: defs.env_prefix(p) for p in ("apptainer", "singularity")}
     for flag in ("--nv", "--rocm"):
         argv = apptainer.run_argv(apptainer.Settings("apptainer", "/s/x.sif", flag), {})
         assert defs.apptainer_problems(argv + ["true"]) == []

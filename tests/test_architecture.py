@@ -18,7 +18,7 @@ MAP = REPO / "docs" / "architecture.md"
 # test_every_top_level_module_has_a_layer, so a new module must be placed on the map.
 LAYERS = {
     "base": {"errors", "defaults", "paths", "fsutil", "durations", "yamlpos", "jobid", "urls"},
-    "core": {"envfile", "layers", "catalog", "shell", "keys", "topology", "topology_checks", "engines",
+    "core": {"envfile", "layers", "catalog", "sites", "shell", "keys", "topology", "topology_checks", "engines",
              "runtimes", "edf", "jobscript", "jobtext", "scripttext", "weights", "exposure", "apikey", "allocation",
              "phases", "rootcause", "accounting"},
     "edge": {"slurm", "rundir", "http", "httpclient", "readiness"},

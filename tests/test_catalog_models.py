@@ -72,7 +72,7 @@ def test_a_layer_file_alone_dry_runs_through_the_wrapper(root, tmp_path):
     proc = subprocess.run([str(REPO / "cluster/serve-only.sbatch")], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "# target experiment:foo: shape=single nodes=1" in proc.stdout
+    assert "# target experiment:foo on site mi300a: shape=single nodes=1" in proc.stdout
     assert "#   experiments/layers/model-foo.env\n" in proc.stdout  # the job script lists its sources
     assert "vllm serve example/foo-7b" in proc.stdout
 
@@ -126,7 +126,7 @@ def test_check_covers_a_layer_file_model_and_update_writes_its_renders(root):
     result = run(root, "check")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == (
-        "ok: 18 render(s) up to date (2 experiment(s) x 9 model(s): 4 in setups.yaml, 5 from a layer file alone)")
+        "ok: 18 render(s) up to date (2 experiment(s) x 9 model(s): 4 in setups.yaml, 5 from a layer file alone); 36 site x target stack(s) checked")
     render = (root / "experiments/renders/.env.experiment.foo").read_text()
     assert "#   experiments/layers/model-foo.env\n" in render and "export INFERENCE_MODEL='example/foo-7b'\n" in render
 

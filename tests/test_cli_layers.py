@@ -37,7 +37,8 @@ def test_render_sh_is_the_committed_render():
 
 def test_render_json_keeps_empty_keys():
     data = json.loads(run("render", "experiment:glm53", "--format", "json").output)
-    assert data["SGLANG_ATTENTION_BACKEND"] == "" and data["INFERENCE_NODES"] == "4"
+    assert data["SGLANG_ATTENTION_BACKEND"] == "" and data["PIPELINE_PARALLEL_SIZE"] == "4"
+    assert "INFERENCE_NODES" not in data  # absent: the plan derives it from the site's GPUs per node
 
 
 def test_render_output_file_is_written_with_header(tmp_path):
@@ -77,7 +78,7 @@ def test_explain_shows_origin_and_overrides():
     result = run("explain", "experiment:glm53", "PIPELINE_PARALLEL_SIZE")
     assert result.output == (
         "PIPELINE_PARALLEL_SIZE='4'  experiments/layers/model-glm53.env:9\n"
-        "    overrode '1'  experiments/layers/common.env:12\n"
+        "    overrode '1'  experiments/layers/common.env:9\n"
     )
 
 
@@ -105,11 +106,14 @@ def test_check_passes_on_the_committed_renders():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[-1] == ("ok: 16 render(s) up to date (2 experiment(s) x 8 model(s): 4 in setups.yaml, "
-                         "4 from a layer file alone)")
+                         "4 from a layer file alone); 32 site x target stack(s) checked")
     # multi-node models as one-server-per-node replicas: rendered, but the launcher would refuse them
     assert [line.split(" renders")[0] for line in lines[:-1]] == [
         "note: replicas:glm53", "note: replicas:kimi27sglang", "note: replicas:llama405bgateway",
-        "note: replicas:llama405bray", "note: replicas:oss20bdp"]
+        "note: replicas:llama405bray", "note: replicas:oss20bdp",
+        # on 8-GPU nodes the tp=8 models fit one node; 16 GPUs or 8 instances still do not fit one replica
+        "note: replicas:glm53 on site h100", "note: replicas:kimi27sglang on site h100",
+        "note: replicas:oss20bdp on site h100"]
 
 
 def test_check_reports_a_stale_render_with_a_diff(catalog_copy):

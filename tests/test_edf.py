@@ -29,12 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "edf"
 REGEN = os.environ.get("ENVLAYERS_REGEN_GOLDEN") == "1"
 
-ROLES = ("sglang-mi300", "vllm-mi300", "vllm-mi200")
-BASE_NAMES = {
-    "sglang-mi300": "hpcagent-bench-sglang-mi300-latest",
-    "vllm-mi300": "hpcagent-bench-vllm-mi300-latest",
-    "vllm-mi200": "hpcagent-bench-vllm-mi200-latest",
-}
+ROLES = ("sglang-mi300", "vllm-mi300", "vllm-mi200")  # the roles with an EDF; the h100 ones name images only
+IMAGE_ROLES = ("sglang-h100", "vllm-h100")
+BASE_NAMES = {role: f"hpcagent-bench-{role}-latest" for role in ROLES}
 # one topology per variant is enough to name every EDF the catalog installs
 VARIANT_TOPOLOGY = {"fabric": "pipeline", "intranode": "single"}
 CE_KEYS = {"base_environment", "image", "workdir", "entrypoint", "writable", "mounts", "env", "annotations"}
@@ -59,8 +56,21 @@ def _body(text: str) -> str:
 # the catalog as shipped
 
 
-def test_catalog_has_the_three_roles():
-    assert edf.roles(REPO) == sorted(ROLES)
+def test_catalog_has_every_role():
+    assert edf.roles(REPO) == sorted(ROLES + IMAGE_ROLES)
+
+
+@pytest.mark.parametrize("role", IMAGE_ROLES)
+def test_a_role_without_an_edf_table_names_an_image_and_no_edf(role, tmp_path):
+    from envlayers.edf.schema import source
+
+    src = source(role, REPO)
+    assert src.edf == {} and src.remote_image and edf.unpinned(src.remote_image) is None
+    with pytest.raises(EdfError) as err:
+        edf.edf_name(role, "single", REPO)
+    assert "has no edf: table" in str(err.value) and err.value.where == f"containers/edfs/{role}.yaml"
+    written = edf.install(REPO, tmp_path / "edf", environ={})
+    assert written and not any(role in r.path.name for r in written)
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -183,7 +193,7 @@ def test_unknown_role():
         edf.render_edf("vllm-mi250", "single", REPO)
     assert str(err.value) == (
         "containers/edfs: unknown container role 'vllm-mi250'; "
-        "hint: did you mean 'vllm-mi200'? roles: sglang-mi300, vllm-mi200, vllm-mi300"
+        "hint: did you mean 'vllm-mi200'? roles: sglang-h100, sglang-mi300, vllm-h100, vllm-mi200, vllm-mi300"
     )
 
 
@@ -447,4 +457,4 @@ def test_expand_vars_undefined_is_an_error():
 def test_shipped_sources_are_copyable(tmp_path):
     """The catalog validates outside the checkout too (what a wheel ships)."""
     shutil.copytree(REPO / "containers" / "edfs", tmp_path / "containers" / "edfs")
-    assert edf.roles(tmp_path) == sorted(ROLES)
+    assert edf.roles(tmp_path) == sorted(ROLES + IMAGE_ROLES)

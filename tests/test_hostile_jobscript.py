@@ -155,3 +155,19 @@ def test_hostile_target_name_is_refused(edf_env, model):
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, model, python=sys.executable, environ=edf_env)
     assert "unknown model" in str(err.value) or "not EXPERIMENT:MODEL" in str(err.value)
+
+
+def test_serve_env_names_the_site_and_still_reads_as_the_job_environment(tmp_path, edf_env):
+    from envlayers.rundir import read_serve_env
+
+    job, _, _ = _prepared(tmp_path, "plain", edf_env)
+    script = tmp_path / "job.sh"
+    script.write_text(job.script)
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "78", "SLURM_JOB_NODELIST": "n1",
+           "SCRATCH": str(tmp_path / "scratch"), "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_dir = tmp_path / "scratch/inference-server/78"
+    saved = (run_dir / "serve.env").read_text()
+    assert saved.startswith("# site: mi300a\nexport VLLM_SERVED_MODEL=")
+    assert read_serve_env(run_dir)["GPU_VENDOR"] == "amd"

@@ -20,6 +20,7 @@ from envlayers import edf
 from envlayers.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
+# the roles the catalog's default site (mi300a) runs: install-edfs installs those, not the NVIDIA site's
 NAMES = sorted(
     f"hpcagent-bench-{role}-latest{suffix}.toml"
     for role in ("sglang-mi300", "vllm-mi300", "vllm-mi200")
@@ -28,14 +29,15 @@ NAMES = sorted(
 
 
 def make_root(path: Path, *, edit: tuple[str, str] | None = None) -> Path:
-    """A catalog root: the shipped sources (optionally with one text edit in every file) and the
-    marker find_root looks for."""
-    (path / "experiments").mkdir(parents=True)
-    (path / "experiments" / "setups.yaml").write_text("{}\n")
+    """A catalog root: the shipped catalog (its default site picks the roles to install) and the shipped
+    sources (optionally with one text edit in every file)."""
+    shutil.copytree(REPO / "experiments", path / "experiments")
     shutil.copytree(REPO / "containers" / "edfs", path / "containers" / "edfs")
     if edit:
         for source in (path / "containers" / "edfs").glob("*.yaml"):
             text = source.read_text()
+            if "\nedf:" not in text:
+                continue  # a role that names an image only
             assert edit[0] in text
             source.write_text(text.replace(edit[0], edit[1]))
     return path
@@ -273,6 +275,8 @@ def _prepare(tmp_path):
 
 def _every_edf(root):
     for role in edf.roles(root):
+        if not edf.load_catalog(root)[role].edf:
+            continue  # a role that names an image only has no EDF
         for topology in ("pipeline", "single"):
             yield f"{edf.edf_name(role, topology, root)}.toml", role, topology
 
@@ -430,7 +434,7 @@ def test_cli_edf_show_unknown_role(root):
     assert out.exit_code == 2
     assert out.output.endswith(
         "env_layers: error: containers/edfs: unknown container role 'sglang-mi200'; "
-        "hint: did you mean 'sglang-mi300'? roles: sglang-mi300, vllm-mi200, vllm-mi300\n"
+        "hint: did you mean 'sglang-mi300'? roles: sglang-h100, sglang-mi300, vllm-h100, vllm-mi200, vllm-mi300\n"
     )
 
 

@@ -131,7 +131,8 @@ def test_api_key_file_keeps_the_key_out_of_the_script(tmp_path, edf_dir):
 
 def test_wasted_gpus_are_refused_before_submission(tmp_path, edf_dir):
     mine = tmp_path / "mine.env"
-    mine.write_text("PIPELINE_PARALLEL_SIZE=1\n")
+    mine.write_text("INFERENCE_NODES=4\nNUMBER_OF_INSTANCES=1\nPIPELINE_PARALLEL_SIZE=1\nTENSOR_PARALLEL_SIZE=4\n"
+                    "INFERENCE_MODE=pipeline\n")
     with pytest.raises(TopologyError) as err:
         prepare(REPO, "glm53", env_file=mine, python=PY, environ=edf_dir)
     assert "4 x 1 uses 4 GPU(s)" in str(err.value) and "12 GPU(s) would sit idle" in str(err.value)
@@ -265,10 +266,11 @@ def test_the_partition_check_stands_aside_when_slurm_cannot_be_asked(edf_dir, ru
 
 def test_unknown_runtime_is_refused(tmp_path, edf_dir):
     mine = tmp_path / "mine.env"
-    mine.write_text("CONTAINER_RUNTIME=docker\n")
+    mine.write_text("CONTAINER_RUNTIME=rkt\n")
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
-    assert str(err.value).startswith("CONTAINER_RUNTIME: unknown container runtime 'docker' (valid: ce, none, podman)")
+    assert str(err.value).startswith("CONTAINER_RUNTIME: unknown container runtime 'rkt' (valid: ce, none, podman, "
+                                     "docker, apptainer, singularity, charliecloud, pyxis)")
 
 
 def test_dry_run_through_the_sbatch_wrapper_prints_script_and_ranks(edf_dir):

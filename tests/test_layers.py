@@ -112,6 +112,7 @@ def test_catalog_stack_order():
     labels = [s.label for s in stack_sources(REPO, "replicas:qwen38mi200")]
     assert labels == [
         "experiments/layers/common.env",
+        "experiments/sites/mi300a.env",
         "experiments/layers/replicas.env",
         "experiments/layers/model-qwen38.env",
         "experiments/layers/hardware-mi200-qwen38.env",
@@ -120,7 +121,8 @@ def test_catalog_stack_order():
 
 def test_model_layer_overrides_experiment():
     env = load_env(REPO, "replicas:kimi27sglang").text()
-    assert env["INFERENCE_NODES"] == "4" and env["AGENT_READY_TIMEOUT_SECONDS"] == "7200"
+    # the model's 7200 over replicas.env's 2400; the model names no node count, so the experiment's stands
+    assert env["AGENT_READY_TIMEOUT_SECONDS"] == "7200" and env["INFERENCE_NODES"] == "2"
 
 
 def test_experiment_layer_applies_when_the_model_is_silent():

@@ -83,7 +83,7 @@ def test_dry_run_shows_each_shape(model, shape, ranks, blocked, edf_dir):
     result = run("serve", "--model", model, "--dry-run")
     assert result.exit_code == 0, result.output
     out = result.output
-    assert f"# target experiment:{model}: shape={shape} " in out
+    assert f"# target experiment:{model} on site mi300a: shape={shape} " in out
     assert f"# why: {shape}: " in out
     assert sum(1 for line in out.splitlines() if line.startswith("#   rank ")) == ranks
     assert f"--nodes={ranks} " in out

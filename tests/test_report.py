@@ -149,3 +149,16 @@ def test_every_bad_record_is_skipped_by_name_and_the_totals_stay_finite(tmp_path
                                                *g["share"].values(), g["idle_stop_would_save"]])
     assert rep.by_model[0]["allocated_gpu_hours"] == pytest.approx(10 * 8 * 3600 / 3600)
     json.dumps(rep.to_dict(), allow_nan=False)  # strict JSON: no NaN, no Infinity
+
+
+def test_report_groups_by_site_when_the_runs_name_theirs(tmp_path):
+    start = datetime.fromisoformat("2026-12-02T18:27:11").timestamp()
+    for job, site in (("1001", "mi300a"), ("1002", "h100"), ("1003", "h100")):
+        d = record(tmp_path, job, start)
+        (d / "launch.json").write_text(json.dumps({"job_id": job, "target": "experiment:glm53", "site": site}))
+    rep = build_report([tmp_path], NOW - 86400, None, now=NOW, use_sacct=False)
+    assert [(g["site"], g["jobs"]) for g in rep.by_site] == [("h100", 2), ("mi300a", 1)]
+    assert {j["job_id"]: j["site"] for j in rep.jobs} == {"1001": "mi300a", "1002": "h100", "1003": "h100"}
+    bare = tmp_path / "bare"
+    record(bare, "1004", start)  # no launch.json site: no site grouping at all
+    assert build_report([bare], NOW - 86400, None, now=NOW, use_sacct=False).by_site == []

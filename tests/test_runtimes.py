@@ -80,11 +80,21 @@ def test_run_argv_publishes_loopback_mounts_weights_read_only_and_passes_names_o
            "SERVER_HOST": "127.0.0.1"}
     argv = podman.run_argv(s, "77", 0, 8000, ["VLLM_API_KEY", "HF_HOME", "HF_HOME"], env)
     assert argv == ["podman", "run", "--rm", "--replace", "--name", "envlayers-77-0", "--ipc=host",
-                    "--publish", "127.0.0.1:8000:8000", "--device", "nvidia.com/gpu=all",
+                    "--entrypoint=", "--publish", "127.0.0.1:8000:8000", "--device", "nvidia.com/gpu=all",
                     "-v", "/shared/hf:/shared/hf:ro", "-v", "/models/q:/models/q:ro", "-v", "/a:/a:ro",
                     "-v", "/b:/b:ro", "--env", "HF_HOME", "--env", "VLLM_API_KEY", "localhost/img:1"]
     shm = podman.run_argv(s, "77", 0, 8000, [], {"CONTAINER_SHM_SIZE": "64g"})
     assert "--shm-size=64g" in shm and "--ipc=host" not in shm
+
+
+def test_a_plan_across_nodes_runs_podman_on_the_nodes_network_and_the_engine_binds_server_host():
+    from envlayers.engines.command import server_host
+
+    s = podman.Settings("localhost/img:1", ())
+    argv = podman.run_argv(s, "77", 1, 8000, [], {"SERVER_HOST": "127.0.0.1"}, nodes=2)
+    assert "--network=host" in argv and "--publish" not in argv and "--entrypoint=" in argv
+    env = {"SERVER_HOST": "10.0.0.5", "CONTAINER_RUNTIME": "podman"}
+    assert (server_host(env, 1), server_host(env, 2)) == ("0.0.0.0", "10.0.0.5")
 
 
 def test_passed_names_keep_host_paths_and_the_raw_key_out():
@@ -103,8 +113,9 @@ def test_archive_name(image, name):
 
 def test_runtime_name():
     assert runtime_name({}) == "ce" and runtime_name({"CONTAINER_RUNTIME": "podman"}) == "podman"
-    with pytest.raises(EnvLayersError, match="valid: ce, none, podman"):
-        runtime_name({"CONTAINER_RUNTIME": "docker"})
+    assert runtime_name({"CONTAINER_RUNTIME": "docker"}) == "docker"
+    with pytest.raises(EnvLayersError, match="valid: ce, none, podman, docker, apptainer, singularity, charliecloud, pyxis"):
+        runtime_name({"CONTAINER_RUNTIME": "rkt"})
 
 
 @pytest.mark.parametrize("host, url, probe", [

@@ -134,7 +134,7 @@ def test_a_missing_sif_or_runtime_is_one_line_before_submission(nvidia_env, tmp_
     bare = {**nvidia_env, "PATH": "/usr/bin:/bin"}
     if shutil.which("apptainer", path=bare["PATH"]) is None:
         job = prepare(REPO, "oss120b", site="h100", python="/usr/bin/python3", environ=bare)
-        assert any("apptainer is not installed on this login node" in b for b in job.blockers), job.blockers
+        assert any("apptainer (apptainer) is not installed on this login node" in b for b in job.blockers), job.blockers
 
 
 def test_an_amd_setting_in_a_shared_layer_is_refused_on_nvidia(nvidia_env, tmp_path):
@@ -211,3 +211,23 @@ def test_a_site_file_a_stranger_can_write_is_refused(tmp_path):
         load_env(REPO, "experiment:qwen38", site=str(site))
     assert "writable by others" in str(err.value) or "another user" in str(err.value)
     assert stat.S_IMODE(site.stat().st_mode) == 0o666  # refused, not changed
+
+
+def test_the_run_records_name_the_site_and_the_endpoint_block_says_it(tmp_path):
+    from envlayers.readiness import block
+    from envlayers.rundir import EndpointRecord, LaunchRecord
+
+    ep = EndpointRecord("7", "served", "m", "vllm", "single", ["http://n1:8000/v1"], True, str(tmp_path), site="h100")
+    assert "model id: m (vllm, single)\nsite: h100\n" in block(ep)
+    assert EndpointRecord.from_dict(ep.to_dict()).site == "h100"
+    assert "site:" not in block(EndpointRecord.from_dict({**ep.to_dict(), "site": None}))
+    launch = LaunchRecord("7", target="experiment:qwen38", site="h100", containers=["c"], container_program="docker")
+    assert LaunchRecord.from_dict(launch.to_dict()) == launch
+    assert "site" not in LaunchRecord("7").to_dict() and "container_program" not in LaunchRecord("7").to_dict()
+
+
+def test_plan_names_the_site(nvidia_env):
+    result = CliRunner().invoke(cli, ["--root", str(REPO), "plan", "--model", "glm53", "--site", "h100"],
+                                env=nvidia_env)
+    assert result.exit_code == 0, result.output
+    assert "\nsite: h100\n" in result.output and "derived: nodes=2 (INFERENCE_NODES absent" in result.output

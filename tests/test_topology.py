@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envlayers import topology
 from envlayers.errors import KeyValueError, TopologyError
 from envlayers.topology import Plan, RankPlan, plan, topology_lines
 
@@ -175,6 +176,19 @@ def test_multi_node_instance_that_leaves_gpus_idle_is_rejected(env, message):
     assert err.value.where == "TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE"
 
 
+def test_absent_nodes_are_the_nodes_the_gpus_fill():
+    p = topology.plan(keys(gpn=8, tp=4, pp=4))
+    assert (p.shape, p.nodes, p.tp, p.pp) == ("pipeline", 2, 4, 4)
+    assert p.derived[0] == "nodes=2 (INFERENCE_NODES absent: tp 4 x pp 4 = 16 GPU(s) at GPUS_PER_NODE = 8)"
+    assert topology.plan(keys(gpn=4, tp=4, pp=4)).nodes == 4
+    assert topology.plan(keys(gpn=8, tp=1, NUMBER_OF_INSTANCES="8")).nodes == 1
+    assert topology.plan(keys(gpn=4, tp=1, NUMBER_OF_INSTANCES="8")).nodes == 2
+    with pytest.raises(TopologyError, match=r"INFERENCE_NODES x GPUS_PER_NODE = 4 x 8"):  # a count set is kept
+        topology.plan(keys(nodes=4, gpn=8, tp=4, pp=4))
+    with pytest.raises(TopologyError):  # 9 GPUs fill no whole number of 4-GPU nodes: refused, not rounded up
+        topology.plan(keys(gpn=4, tp=3, pp=3))
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
@@ -185,7 +199,7 @@ def test_multi_node_instance_that_leaves_gpus_idle_is_rejected(env, message):
             id="pipeline-needs-more-nodes",
         ),
         pytest.param(
-            keys(tp=8),
+            keys(nodes=1, tp=8),
             MISSING.format(tp=8, pp=1, used=8, nodes=1, gpn=4, total=4, missing=4,
                            hint="set INFERENCE_NODES=2, or TENSOR_PARALLEL_SIZE=4"),
             id="single-node-tp-beyond-the-node",

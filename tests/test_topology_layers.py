@@ -17,7 +17,7 @@ from envlayers.layers import Source, merge
 from envlayers.topology import Stacking, plan, stacking
 
 REPO = Path(__file__).resolve().parents[1]
-ABOVE = Stacking("mine.env:1", "experiments/layers/common.env:12", True)
+ABOVE = Stacking("mine.env:1", "experiments/layers/common.env:9", True)
 SAME = Stacking("mine.env:1", "mine.env:2", False)
 
 
@@ -58,7 +58,7 @@ def test_pp_below_the_node_count_is_derived_for_one_instance(env, layered, shape
     if derived_pp:
         (line,) = layered_lines
         assert line == (f"pp={pp} (INFERENCE_NODES={env['INFERENCE_NODES']} at mine.env:1 stands above "
-                        f"PIPELINE_PARALLEL_SIZE={env['PIPELINE_PARALLEL_SIZE']} at experiments/layers/common.env:12: "
+                        f"PIPELINE_PARALLEL_SIZE={env['PIPELINE_PARALLEL_SIZE']} at experiments/layers/common.env:9: "
                         "INFERENCE_NODES x GPUS_PER_NODE / TENSOR_PARALLEL_SIZE = "
                         f"{env['INFERENCE_NODES']} x 4 / {tp})")
 
@@ -206,7 +206,7 @@ def serve_env_file(tmp_path, monkeypatch):
 def test_nodes_from_serve_env_file_give_oss120b_a_two_node_pipeline(serve_env_file):
     runner = CliRunner()
     derived = (f"derived: pp=2 (INFERENCE_NODES=2 at {serve_env_file}:2 stands above PIPELINE_PARALLEL_SIZE=1 at "
-               "experiments/layers/common.env:12: INFERENCE_NODES x GPUS_PER_NODE / TENSOR_PARALLEL_SIZE = 2 x 4 / 4)")
+               "experiments/layers/common.env:9: INFERENCE_NODES x GPUS_PER_NODE / TENSOR_PARALLEL_SIZE = 2 x 4 / 4)")
 
     planned = runner.invoke(cli, ["--root", str(REPO), "plan", "--model", "oss120b"])
     assert planned.exit_code == 0, planned.output
@@ -223,14 +223,14 @@ def test_nodes_from_serve_env_file_give_oss120b_a_two_node_pipeline(serve_env_fi
     assert f"# {derived}" in dry.output.splitlines()
     assert "--nodes=2 " in dry.output
     # the job plans again from its own environment: it must read the derived PP there
-    assert "export PIPELINE_PARALLEL_SIZE='2'\nexport INFERENCE_NODES='2'\n" in dry.output
+    assert "export PIPELINE_PARALLEL_SIZE='2'\n" in dry.output and "export INFERENCE_NODES='2'\n" in dry.output
     assert "export PIPELINE_PARALLEL_SIZE='1'" not in dry.output
 
     explained = runner.invoke(cli, ["--root", str(REPO), "explain", "--serve", "experiment:oss120b",
                                     "PIPELINE_PARALLEL_SIZE"])
     assert explained.exit_code == 0, explained.output
     assert explained.output.splitlines() == [
-        "PIPELINE_PARALLEL_SIZE='1'  experiments/layers/common.env:12",
+        "PIPELINE_PARALLEL_SIZE='1'  experiments/layers/common.env:9",
         "    " + derived.replace("derived: ", "derived for the plan: "),
     ]
 

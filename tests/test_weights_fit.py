@@ -187,7 +187,7 @@ def test_weights_larger_than_the_gpus_refuse_the_shape_naming_the_nodes_that_fit
     assert j.blockers == [
         f"INFERENCE_MODEL (experiments/layers/model-oss120b.env:6): the weights of {OSS} take {size:,} bytes "
         "(600.0 GiB, from the safetensors index; config.json: bfloat16), more than the 512.0 GiB of GPU memory one "
-        "instance has (tp x pp = 4 x 1 GPU(s) x GPU_MEM_GB=128 (experiments/layers/common.env:37)); the server "
+        "instance has (tp x pp = 4 x 1 GPU(s) x GPU_MEM_GB=128 (experiments/sites/mi300a.env:12)); the server "
         "would fail loading them after the job waited in the queue; with the 1.3x headroom for the KV cache and "
         "activations they need 7 GPU(s): 2 node(s) of 4; set INFERENCE_NODES=2 (in SERVE_ENV_FILE, pipeline "
         "parallelism follows: docs/topology.md)"]
@@ -213,7 +213,7 @@ def test_weights_that_fit_only_without_headroom_are_a_warning(tmp_path):
     (warning,) = [w for w in j.warnings if "weights of" in w]
     assert warning.startswith(f"INFERENCE_MODEL (experiments/layers/model-oss120b.env:6): the weights of {OSS} take ")
     assert warning.endswith("fit the 512.0 GiB of GPU memory one instance has (tp x pp = 4 x 1 GPU(s) x GPU_MEM_GB=128 "
-                            "(experiments/layers/common.env:37)), but not with room for the KV cache and activations: "
+                            "(experiments/sites/mi300a.env:12)), but not with room for the KV cache and activations: "
                             "the server may not start, or serve few requests at once; with the 1.3x headroom for the "
                             "KV cache and activations they need 5 GPU(s): 2 node(s) of 4; set INFERENCE_NODES=2 (in "
                             "SERVE_ENV_FILE, pipeline parallelism follows: docs/topology.md)")

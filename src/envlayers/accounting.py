@@ -170,8 +170,8 @@ def would_save(tl: Mapping, sp: Mapping, stop_after_s: float) -> float:
 
 
 def summarize(jobs: Iterable[Mapping], key: str, suggest_stop_s: float) -> list[dict]:
-    """Jobs (each ``{"timeline", "split", "model", "shape", ...}``) grouped by ``key`` ("model" or
-    "shape"): summed GPU-hours per segment, the share of each, and the savings an idle stop would bring."""
+    """Jobs (each ``{"timeline", "split", "model", "shape", "site", ...}``) grouped by ``key`` ("model",
+    "shape" or "site"): summed GPU-hours per segment, the share of each, and the savings an idle stop would bring."""
     groups: dict[str, dict] = {}
     for job in jobs:
         name = str(job.get(key) or "?")

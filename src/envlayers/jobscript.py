@@ -59,6 +59,7 @@ class JobSubmission:
     reasons: list[str] = field(default_factory=list)
     router_line: str | None = None  # ROUTER=smg: the router's command line (engines/router.py)
     site: str = ""  # the site layer's name (experiments/sites/<site>.env) or file, "" without one
+    container: list[str] = field(default_factory=list)  # CONTAINER_RUNTIME=pyxis: the ranks' step's options
 
     def submit_command(self) -> str:
         return shlex.join(self.sbatch_argv())
@@ -87,7 +88,7 @@ class JobSubmission:
             "# other ${...} expand in the job's shell):",
             *(f"#   rank {i}: {c(line)}" for i, line in enumerate(self.rank_lines)),
             "# The srun step that starts them, one rank per node (the job fills in the ${...}):",
-            f"#   {c(srun_dry_line(self.plan.nodes, self.edf))}",
+            f"#   {c(srun_dry_line(self.plan.nodes, self.edf, self.container))}",
         ]
         if self.router_line is not None:
             out += ["# The router the launcher starts on node 0, outside the container, once every replica is live",
@@ -267,9 +268,10 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         rank_lines[0] = _ray_head_line(plan, build_env, rank_lines[0])
     budget = ready_timeout_s(text)
     blockers: list[str] = []
-    wrapped = _wrapped(root, env, text, plan, environ, blockers)  # -- podman, apptainer (runtimes/)
+    wrapped = _wrapped(root, env, text, plan, environ, blockers)  # -- podman, apptainer, charliecloud (runtimes/)
     if wrapped is not None:
         rank_lines = _wrapped_lines(wrapped, text, plan, commands)
+    container = _pyxis(root, env, text, plan, commands, environ, blockers, warnings)  # -- the step's container
     # -- the site (sites.py): a setting for the other vendor's GPUs would fail at the engine's start
     from . import sites
     from .layers import site_source
@@ -317,8 +319,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         delimiter=_Code(_delimiter(env_text, "ENVLAYERS_ENV")), env_text=env_text, edf=edf_name,
         unbound=[_unbound_check(u) for u in _unbound(env)], ready_timeout_s=budget,
         python=python or sys.executable, keys=" ".join(env.bindings),
-        image=wrapped.image if wrapped else "", devices=wrapped.devices if wrapped else "",
-        runtime=wrapped.runtime if wrapped else "",
+        image=wrapped.image if wrapped else container[0].split("=", 1)[1] if container else "",
+        devices=wrapped.devices if wrapped else "",
+        runtime=wrapped.runtime if wrapped else "pyxis" if container else "",
         group_read=bool(keys.value(text, "RUN_DIR_GROUP_READ")), site=site_name,
     )
     # On the command line, because SBATCH_* variables in the submitting shell beat #SBATCH lines and
@@ -336,7 +339,8 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
             warnings.append(f"ROUTER=smg: smg is not installed in {sys.executable}, which runs the launcher; "
                             "the job would end when the router cannot start: pip install 'envlayers[router]'")
     return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
-                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines, router_line, site_name)
+                         budget, warnings, blockers, topology.reason_lines(plan) + fit_lines, router_line, site_name,
+                         container)
 
 
 def _router_line(env: Env, text: Mapping[str, str], plan: Plan) -> str | None:
@@ -488,13 +492,14 @@ def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
 class _Wrapped(NamedTuple):
     runtime: str  # podman, apptainer, singularity
     settings: object  # runtimes.podman.Settings or runtimes.apptainer.Settings
-    image: str  # ENVLAYERS_IMAGE: podman's pinned image, apptainer's SIF file
+    image: str  # ENVLAYERS_IMAGE: podman's pinned image, apptainer's SIF file, charliecloud's image directory
     devices: str  # ENVLAYERS_GPU_DEVICES: podman's --device values (comma-separated), apptainer's --nv/--rocm
+    # (charliecloud: none; ch-run keeps the node's /dev)
 
 
 def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ: Mapping[str, str],
              blockers: list[str]) -> "_Wrapped | None":
-    from .runtimes import WRAPPED, runtime_name
+    from .runtimes import PROGRAMS, WRAPPED, runtime_name
 
     runtime = runtime_name(text)
     if runtime not in WRAPPED:
@@ -513,27 +518,57 @@ def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ:
         src = source(role, root)
         role_image = src.remote_image
         role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
+    if plan.shape in ("ray", "gateway"):  # the job would refuse it too (launch/prepare.py)
+        raise EnvLayersError(f"{runtime} cannot run the {plan.shape} shape (Ray across the container boundary)",
+                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
     import shutil
 
-    if shutil.which(runtime, path=environ.get("PATH")) is None:  # the login node's is the nodes' best guess
-        blockers.append(f"{where('CONTAINER_RUNTIME')}: {runtime} is not installed on this login node (not on PATH); "
-                        "the job would fail at its first rank: install it, or name the runtime the nodes have")
+    program = PROGRAMS[runtime]
+    if shutil.which(program, path=environ.get("PATH")) is None:  # the login node's is the nodes' best guess
+        blockers.append(f"{where('CONTAINER_RUNTIME')}: {program} ({runtime}) is not installed on this login node "
+                        "(not on PATH); the job would fail at its first rank: install it, or name the runtime the "
+                        "nodes have")
+    if runtime == "docker":
+        from . import keys
+        from .runtimes import docker
+
+        s = docker.settings(text, role_image, keys.value(text, "GPU_VENDOR"), where)
+        return _Wrapped(runtime, s, s.image, ",".join(s.devices))
     if runtime == "podman":
         from . import keys
         from .runtimes import podman
 
-        podman.check_plan(plan.nodes, where("CONTAINER_RUNTIME"))
         vendor = keys.value(text, "GPU_VENDOR")
         gpu = "rocm" if vendor == "amd" else "cuda" if vendor == "nvidia" else role_gpu
         s = podman.settings(text, role_image, gpu, where)
         return _Wrapped(runtime, s, s.image, ",".join(s.devices))
+    from dataclasses import replace
+
+    if runtime == "charliecloud":
+        from .runtimes import charliecloud
+
+        s = charliecloud.settings(text, role_image, where)
+        image = _expanded(s.image, environ)  # the job runs the image checked here
+        if image is None:
+            blockers.append(f"{where('CONTAINER_IMAGE_DIR')}: the image {s.image} reads a variable this shell does "
+                            "not set, so it cannot be checked here")
+            return _Wrapped(runtime, s, s.image, "")
+        s = replace(s, image=image)
+        if not os.path.exists(image):
+            how = f"`{charliecloud.convert_command(s)}` makes it" if s.source else "CONTAINER_IMAGE names it"
+            blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.source else 'CONTAINER_IMAGE')}: the image {image} "
+                            f"is not there; every rank would fail at its start: {how} (docs/sites.md)")
+        lacking = charliecloud.missing(s, text)
+        if lacking:
+            blockers.append(f"{where('CONTAINER_RUNTIME')}: the image {image} has no {', '.join(lacking)}, which "
+                            "ch-run binds there and cannot create in a read-only image: create "
+                            f"{'them' if len(lacking) > 1 else 'it'} in the image once (a folder with mkdir -p, "
+                            f"an /etc file with touch), e.g. mkdir -p {shlex.quote(image + lacking[0])} "
+                            "(docs/sites.md)")
+        return _Wrapped(runtime, s, s.image, "")
     from .runtimes import apptainer
 
     s = apptainer.settings(text, runtime, role_image, where)
-    if plan.shape in ("ray", "gateway"):
-        raise EnvLayersError(f"{runtime} cannot run the {plan.shape} shape here (Ray across the container boundary)",
-                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
-    from dataclasses import replace
 
     sif = _expanded(s.sif, environ)  # the job runs the SIF checked here
     if sif is not None:
@@ -546,6 +581,51 @@ def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ:
         blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.image else 'CONTAINER_IMAGE')}: the SIF {sif} is not "
                         f"there; every rank would fail at its start: {how} makes it (docs/sites.md)")
     return _Wrapped(runtime, s, s.sif, s.gpu_flag)
+
+
+def _pyxis(root: Path, env: Env, text: Mapping[str, str], plan: Plan, commands, environ: Mapping[str, str],
+           blockers: list[str], warnings: list[str]) -> list[str]:
+    """CONTAINER_RUNTIME=pyxis: the ranks' srun step's ``--container-*`` options (``${RUN_DIR}`` for the job to
+    fill in), checked here; ``[]`` for another runtime."""
+    from .runtimes import runtime_name
+
+    if runtime_name(text) != "pyxis":
+        return []
+    from dataclasses import replace
+
+    from . import edf
+    from .runtimes import pyxis
+
+    def where(key: str) -> str:
+        b = env.bindings.get(key)
+        return f"{b.origin}: {key}" if b else key
+
+    role = text.get("CONTAINER_ROLE")
+    role_image = edf.load_catalog(root)[role].remote_image if role and role in edf.roles(root) else None
+    if plan.shape in ("ray", "gateway"):
+        raise EnvLayersError(f"pyxis cannot run the {plan.shape} shape (Ray across the container boundary)",
+                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
+    s = pyxis.settings(text, role_image, where)
+    if not pyxis.plugin_enabled():
+        blockers.append(f"{where('CONTAINER_RUNTIME')}: this host's Slurm does not load Pyxis (no spank_pyxis line "
+                        f"in {' or '.join(pyxis.PLUGSTACK)}); srun would refuse --container-image: run where the "
+                        "site's Slurm has Pyxis, or name the runtime it has")
+    if s.image.startswith(("/", "$")):
+        image = _expanded(s.image, environ)
+        if image is None:
+            blockers.append(f"{where('CONTAINER_IMAGE_DIR')}: the image {s.image} reads a variable this shell does "
+                            "not set, so it cannot be checked here")
+        else:
+            s = replace(s, image=image)
+            if not os.path.isfile(image):
+                how = f"`{pyxis.import_command(s)}` makes it" if s.source else "CONTAINER_IMAGE names it"
+                blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.source else 'CONTAINER_IMAGE')}: the image "
+                                f"{image} is not there; every rank would fail at its start: {how} (docs/sites.md)")
+    else:
+        warnings.append(f"{where('CONTAINER_RUNTIME')}: pyxis imports {s.image} from the registry on every node at "
+                        "every job start; set CONTAINER_IMAGE_DIR to a shared folder and import it once with "
+                        f"`enroot import -o DIR/{pyxis.sqsh_name(s.image)} docker://{s.image}` (docs/sites.md)")
+    return pyxis.step_args(s, text, "${RUN_DIR}", pyxis.passed(text, commands))
 
 
 def _expanded(value: str, environ: Mapping[str, str]) -> "str | None":
@@ -578,16 +658,21 @@ def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:
 
 def _wrapped_lines(w: _Wrapped, text: Mapping[str, str], plan: Plan, commands) -> list[str]:
     """The dry run's rank lines: the command's own variables, then the full wrapper (``podman run ...``,
-    ``apptainer exec ...``) and the engine's command."""
+    ``apptainer exec ...``, ``ch-run ... --``) and the engine's command."""
     from . import engines
-    from .runtimes import apptainer, podman
+    from .runtimes import apptainer, charliecloud, docker, podman
 
     out = []
     for rank, cmd in enumerate(commands):
         if w.runtime == "podman":
             port = next((r.port for r in plan.ranks if r.rank == rank and r.port), plan.api_port)
             words = podman.run_argv(w.settings, "${SLURM_JOB_ID}", rank, port,
-                                    podman.passed_names(text, cmd.env, cmd.key_env), text)
+                                    podman.passed_names(text, cmd.env, cmd.key_env), text, plan.nodes)
+        elif w.runtime == "docker":
+            words = docker.run_argv(w.settings, "${SLURM_JOB_ID}", rank, podman.passed_names(text, cmd.env, cmd.key_env),
+                                    text)
+        elif w.runtime == "charliecloud":
+            words = charliecloud.run_argv(w.settings, text)
         else:
             words = apptainer.run_argv(w.settings, text)
         assigned = " ".join(f"{k}={engines.quote(v)}" for k, v in sorted(cmd.env.items()))
@@ -617,6 +702,11 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
         raise EnvLayersError(f"unknown EDF role {role!r} (valid: {', '.join(edf.roles(root))})",
                              where="CONTAINER_ROLE", hint="see containers/edfs/")
     src = edf.load_catalog(root)[role]
+    if not src.edf:
+        raise EnvLayersError(f"role {role} has no EDF (no edf: table in {src.file}): the Container Engine cannot "
+                             "run it", where="CONTAINER_ROLE",
+                             hint="name a runtime for its image (CONTAINER_RUNTIME=apptainer, podman, charliecloud or "
+                                  "pyxis), or add an edf: table to the source (docs/containers.md)")
     name = src.edf_name(edf.variant_for(plan.edf_topology))
     installed = edf.edf_search_dir(environ) / f"{name}.toml"
     if not installed.is_file():
@@ -625,10 +715,11 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
     return name, src
 
 
-def srun_dry_line(nodes: int, edf: str | None) -> str:
+def srun_dry_line(nodes: int, edf: str | None, container: "list[str] | tuple[str, ...]" = ()) -> str:
     """The srun step that starts the ranks (:func:`envlayers.slurm.ranks_step_argv`) as the dry run prints it:
     the CPU count and the run directory are what the job fills in (``${SLURM_CPUS_ON_NODE}``, ``${RUN_DIR}``)."""
     from .engines import quote
     from .slurm import ranks_step_argv
 
-    return " ".join(quote(w) for w in ranks_step_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh"))
+    return " ".join(quote(w) for w in ranks_step_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh",
+                                                      container))

@@ -172,6 +172,8 @@ def block(ep: EndpointRecord) -> str:
     if ep.metrics is not False:
         lines.append(f"metrics: {metrics_url(ep)}")
     lines.append(f"model id: {ep.model} ({ep.engine}, {ep.shape})")
+    if ep.site:
+        lines.append(f"site: {ep.site}")
     if ep.api_key_required:
         where = ep.key_file or "SERVER_API_KEY_FILE"
         lines.append(f"API key: required (the key in {where}; send 'Authorization: Bearer <key>')")

@@ -575,6 +575,8 @@ class LaunchRecord:
     addresses: list[str] = field(default_factory=list)
     ready_timeout_s: int | None = None
     containers: list[str] = field(default_factory=list)
+    site: str | None = None  # ENVLAYERS_SITE: the site layer of the render (in the file only when set)
+    container_program: str | None = None  # with containers: the program that stops them (podman, docker)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "LaunchRecord":
@@ -582,13 +584,16 @@ class LaunchRecord:
         return cls(_text(data, "job_id"), restart if restart is not None and restart >= 0 else 0,
                    _text(data, "target"), _text(data, "engine"), _text(data, "model"),
                    _text(data, "served_model_name"), _text(data, "shape"), _texts(data, "nodes"),
-                   _texts(data, "addresses"), _whole(data, "ready_timeout_s"), _texts(data, "containers"))
+                   _texts(data, "addresses"), _whole(data, "ready_timeout_s"), _texts(data, "containers"),
+                   _text(data, "site"), _text(data, "container_program"))
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "restart": self.restart, "target": self.target, "engine": self.engine,
                 "model": self.model, "served_model_name": self.served_model_name, "shape": self.shape,
                 "nodes": list(self.nodes), "addresses": list(self.addresses), "ready_timeout_s": self.ready_timeout_s,
-                **({"containers": list(self.containers)} if self.containers else {})}
+                **({"containers": list(self.containers)} if self.containers else {}),
+                **({"container_program": self.container_program} if self.container_program else {}),
+                **({"site": self.site} if self.site else {})}
 
 
 @dataclass
@@ -922,6 +927,7 @@ class EndpointRecord:
     replicas: list[ReplicaRow] | None = None
     min_replicas: int | None = None
     pool: dict | None = None  # {"max_replicas", "replicas": [{"job", "url", "node"}]}
+    site: str | None = None  # the site layer the job was rendered with (ENVLAYERS_SITE)
     # never in the file: the state files beside it, as status shows them
     gateway: GatewayState | None = None
     router_state: RouterState | None = None
@@ -934,7 +940,7 @@ class EndpointRecord:
              "key_file": _text, "metrics_at": _text, "stop": _text, "curl": _text, "curls": _texts,
              "python": _text, "client_api_key": _text, "addresses": _texts, "api_key_file": _text,
              "replica_urls": _words, "replica_addresses": _words, "router": _mapping, "replicas": _rows,
-             "min_replicas": _whole, "pool": _mapping, "gateway": _state(GatewayState),
+             "min_replicas": _whole, "pool": _mapping, "site": _text, "gateway": _state(GatewayState),
              "router_state": _state(RouterState)}
 
     @property
@@ -959,7 +965,7 @@ class EndpointRecord:
     def to_dict(self) -> dict:
         out = {}
         for name in (*self._ALWAYS, "replica_urls", "replica_addresses", "router", "replicas", "min_replicas",
-                     "pool", "gateway", "router_state"):
+                     "pool", "site", "gateway", "router_state"):
             value = getattr(self, name)
             if name not in self._ALWAYS and value is None:
                 continue

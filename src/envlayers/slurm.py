@@ -695,15 +695,17 @@ def cancel(job_id: str, run: _Runner = run, signal: str | None = None) -> None:
 
 # --------------------------------------------------------------------------------- a running job
 
-def ranks_step_argv(nodes: int, cpus_per_task: str, edf: str | None, ranks_sh: str) -> list[str]:
+def ranks_step_argv(nodes: int, cpus_per_task: str, edf: str | None, ranks_sh: str,
+                    container: Sequence[str] = ()) -> list[str]:
     """The job's srun step that starts one rank per node: every CPU of the node for the rank, the job ends
-    when a rank fails (--kill-on-bad-exit), and the EDF when the ranks run in a container."""
+    when a rank fails (--kill-on-bad-exit), and the EDF (or Pyxis's ``container`` options) when the ranks run
+    in a container."""
     n = str(nodes)
     argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
             "--kill-on-bad-exit=1"]
     if edf:
         argv.append(f"--environment={edf}")
-    return argv + ["bash", ranks_sh]
+    return argv + list(container) + ["bash", ranks_sh]
 
 
 def one_node_step_argv(step: Sequence[str], node: str) -> list[str]:

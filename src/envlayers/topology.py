@@ -149,17 +149,17 @@ def _tp_pp(env: Mapping[str, str], nodes: int, gpn: int, instances: int) -> chk.
 
 
 def _nodes(env: Mapping[str, str], gpn: int, mode: str | None, instances: int) -> tuple[int, str | None]:
-    """``INFERENCE_NODES``, or, absent, the nodes the model's GPUs need: TP x PP x NUMBER_OF_INSTANCES over
-    GPUS_PER_NODE, rounded up (1 when they fit one node). So a model layer says what the model needs (its
+    """``INFERENCE_NODES``, or, absent, the nodes the model's GPUs fill: TP x PP x NUMBER_OF_INSTANCES over
+    GPUS_PER_NODE (1 when they fit one node or fill no whole number of nodes, which the checks refuse). So a model layer says what the model needs (its
     parallelism) and the site's GPUS_PER_NODE decides the nodes: tp=4 x pp=4 is 4 nodes of 4 GPUs, 2 of 8.
     With why, when derived past one node."""
     if env.get("INFERENCE_NODES") is not None or mode == "replicas":
         return chk.count(env, "INFERENCE_NODES", DEFAULT_NODES), None
     one = _tp_pp(env, 1, gpn, instances)
     need = one.tp * one.pp * instances
-    if need <= gpn:
+    if need <= gpn or need % gpn:  # fits one node, or fills no whole number of nodes: the checks say why
         return DEFAULT_NODES, None
-    nodes = -(-need // gpn)
+    nodes = need // gpn
     parts = " x ".join(f"{name} {value}" for name, value in (("tp", one.tp), ("pp", one.pp), ("instances", instances))
                        if name != "instances" or instances > 1)
     return nodes, f"INFERENCE_NODES absent: {parts} = {need} GPU(s) at GPUS_PER_NODE = {gpn}"

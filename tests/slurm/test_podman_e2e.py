@@ -64,7 +64,7 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
             "SERVER_HOST=127.0.0.1\n")  # published on the node's loopback; the engine binds the container's interface
         dry = run.sbatch(submit=False).stdout
         rank0 = next(line for line in dry.splitlines() if line.startswith("#   rank 0: "))
-        assert ("podman run --rm --replace --name \"envlayers-${SLURM_JOB_ID}-0\" --ipc=host "
+        assert ("podman run --rm --replace --name \"envlayers-${SLURM_JOB_ID}-0\" --ipc=host --entrypoint= "
                 "--publish 127.0.0.1:8000:8000 ") in rank0
         assert " --env VLLM_API_KEY " in rank0 and f" {image} vllm serve openai/gpt-oss-120b " in rank0
         assert " --host 0.0.0.0 " in rank0  # inside the container: what the publish needs
@@ -111,7 +111,7 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
 
         released = env_layers(run, "release", jid)
         assert released.returncode == 0, released.stdout + released.stderr
-        assert f"2b. containers (podman): done: podman stop {name}" in released.stdout
+        assert f"2b. containers: done: podman stop {name}" in released.stdout
         run.state()
         gone = podmantools.podman("container", "exists", name, env=podman_env, check=False)
         assert gone.returncode == 1  # stopped with the job and removed (--rm)
@@ -119,6 +119,53 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
                    and p != run.run_dir / "api-key" and "rootfs" not in p.parts
                    and key in p.read_text(errors="replace")]
         assert not holding, holding
+    finally:
+        podmantools.podman("rmi", "-f", image, env=podman_env, check=False)
+
+
+def test_podman_serves_a_pipeline_across_two_nodes_one_container_each(netns_lab, tmp_path, podman_env):
+    # the image carries vLLM's entrypoint (`vllm serve`): the launcher's command runs in its place
+    image = f"localhost/envlayers-standin:t{uuid.uuid4().hex[:8]}"
+    podmantools.build_standin_image(tmp_path / "img", image, podman_env)
+    shared = tmp_path / "shared-images"
+    run = Run(netns_lab, tmp_path, model="glm53", SERVE_TIME="00:10:00", **podman_env)
+    run.env["PATH"] = f"{REPO / 'tests' / 'podman-shim'}:{run.env['PATH']}"
+    try:
+        saved = env_layers(run, "images", "save", image, "--to", str(shared))
+        assert saved.returncode == 0, saved.stderr
+        podmantools.podman("rmi", image, env=podman_env)  # each node loads it from the shared directory
+        (tmp_path / "mine.env").write_text(
+            "CONTAINER_RUNTIME=podman\n"
+            f"CONTAINER_IMAGE={image}\n"
+            f"CONTAINER_IMAGE_DIR={shared}\n"
+            "CONTAINER_GPU_DEVICES=none\n"
+            "INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n")  # glm53 scaled from 4 nodes to the lab's 2
+        dry = run.sbatch(submit=False).stdout
+        assert "would refuse" not in dry, dry
+        ranks = [line for line in dry.splitlines() if line.startswith("#   rank ")]
+        assert len(ranks) == 2 and all(" --entrypoint= --network=host " in r for r in ranks), ranks
+        assert all("--publish" not in r for r in ranks)
+        run.submit()
+        text = run.wait_for("^" + re.escape(BANNER), timeout_s=180)
+        jid = run.job_id
+        assert "ENVLAYERS-TOPOLOGY: shape=pipeline nodes=2 gpus_per_node=4 tp=4 pp=2" in text
+        names = [f"envlayers-{jid}-0", f"envlayers-{jid}-1"]
+        assert json.loads((run.run_dir / "launch.json").read_text())["containers"] == names
+        for rank in (0, 1):
+            log = (run.run_dir / f"server-{rank}.log").read_text()
+            assert f"ENVLAYERS-STAGE: rank {rank} up on n{rank + 1}" in log, log
+        key = (run.run_dir / "api-key").read_text().strip()
+        n1 = netns_lab.nodes["n1"]
+        # the engine binds the node's own interfaces (the node's network): node 0 answers on its address
+        got = subprocess.run(["curl", "-s", "-m", "5", "-H", f"Authorization: Bearer {key}",
+                              f"http://{n1}:8000/v1/models"], capture_output=True, text=True, timeout=10)
+        assert json.loads(got.stdout)["data"][0]["id"] == "hpcagent-bench-vllm", got.stdout + got.stderr
+        released = env_layers(run, "release", jid)
+        assert released.returncode == 0, released.stdout + released.stderr
+        assert f"2b. containers: done: podman stop {names[0]} {names[1]}" in released.stdout
+        run.state()
+        for name in names:
+            assert podmantools.podman("container", "exists", name, env=podman_env, check=False).returncode == 1
     finally:
         podmantools.podman("rmi", "-f", image, env=podman_env, check=False)
 

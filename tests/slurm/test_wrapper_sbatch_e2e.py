@@ -66,7 +66,7 @@ def test_sbatch_with_a_fitting_allocation_runs_as_the_job_and_goes_live(netns_la
     assert f"ENVLAYERS-STAGE: job {job_id} started on n1" in out
     run_dir = tmp_path / "scratch" / "inference-server" / job_id
     job_sh = (run_dir / "job.sh").read_text()
-    assert "# envlayers serve-only job for experiment:qwen38 (single, 1 node(s))." in job_sh
+    assert "# envlayers serve-only job for experiment:qwen38 on site mi300a (single, 1 node(s))." in job_sh
     dry = subprocess.run([str(SBATCH)], cwd=tmp_path, env={**env, "SUBMIT": "0"}, capture_output=True, text=True,
                          timeout=60).stdout
     rendered = dry.split("<<'ENVLAYERS_JOB'\n", 1)[1].split("\nENVLAYERS_JOB\n", 1)[0] + "\n"

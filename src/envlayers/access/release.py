@@ -84,7 +84,7 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     if stopped_follower:
         detail = f"{detail}, {stopped_follower}" if detail else stopped_follower
     steps.append(Step("tunnel", {"closed": "done"}.get(status, status), detail))
-    # -- podman (runtimes/podman.py): each rank's container stopped by its stable name, while the job runs
+    # -- podman, docker (runtimes/): each rank's container stopped by its stable name, while the job runs
     containers = acc.launch.containers if acc.launch is not None else []
     if containers:
         from ..runtimes.podman import stop_containers
@@ -92,8 +92,9 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
         info = acc.job.info
         steps.append(Step("containers", *stop_containers(acc.job_id, list(containers),
                                                          list(acc.launch.nodes),
-                                                         bool(info and info.running))))
-    # -- end of podman
+                                                         bool(info and info.running),
+                                                         program=acc.launch.container_program or "podman")))
+    # -- end of podman, docker
     # -- a chain of successors: the later links first, so that none starts when this job ends
     later = _release_successors(acc, stop_timeout_s)
     if later is not None:

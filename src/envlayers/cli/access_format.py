@@ -65,7 +65,7 @@ def format_ping(results: list["PingResult"]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_LABELS = {"route": "1. gateway route", "successors": "2c. successors (chain)", "tunnel": "2. tunnel", "containers": "2b. containers (podman)",
+_LABELS = {"route": "1. gateway route", "successors": "2c. successors (chain)", "tunnel": "2. tunnel", "containers": "2b. containers",
            "job": "3. server and allocation",
            "gateway-port": "4. gateway port"}
 

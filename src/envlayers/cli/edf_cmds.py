@@ -13,9 +13,36 @@ from pathlib import Path
 
 import click
 
-from . import get_root
+from . import get_root, site_option
 
 from ..topology_checks import MODES as _TOPOLOGY_CHOICES  # == envlayers.edf.TOPOLOGIES
+from ..errors import EnvLayersError
+
+
+def _site_roles(root: Path, site: str | None) -> "set[str] | None":
+    """The CONTAINER_ROLE of every experiment x model on the site; None (every role) for a catalog with no
+    site, as before sites existed. A target whose stack cannot be read adds nothing (`check` names it)."""
+    from .. import catalog
+    from ..layers import load_env
+
+    try:
+        cat = catalog.load(root)
+    except EnvLayersError:
+        if site:
+            raise
+        return None  # a folder of EDF sources alone (no catalog to read a site from): every role
+    if not site and cat.site is None:
+        return None
+    roles = set()
+    for exp in cat.experiments:
+        for model in cat.models:
+            try:
+                role = load_env(root, f"{exp}:{model}", site=site or None).text().get("CONTAINER_ROLE")
+            except EnvLayersError:
+                continue
+            if role:
+                roles.add(role)
+    return roles
 
 
 @click.command("install-edfs")
@@ -27,9 +54,15 @@ from ..topology_checks import MODES as _TOPOLOGY_CHOICES  # == envlayers.edf.TOP
 )
 @click.option("--force", is_flag=True, help="Replace EDFs that differ from what env_layers renders.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--all", "every_role", is_flag=True, help="Every role of containers/edfs/, not only the site's.")
+@site_option
 @click.pass_context
-def install_edfs(ctx: click.Context, dest: str | None, force: bool, as_json: bool) -> None:
-    """Install every container definition (EDF) of the catalog, and report missing images.
+def install_edfs(ctx: click.Context, dest: str | None, force: bool, as_json: bool, every_role: bool,
+                 site: str | None) -> None:
+    """Install the container definitions (EDFs) the site's models run, and report missing images.
+
+    The roles are those of every experiment x model on the site (SITE, else setups.yaml's site:), so
+    an AMD site installs no NVIDIA image's EDF; --all installs every role of containers/edfs/.
 
     \b
     Per EDF: written, unchanged, differs (a file env_layers did not write, or that was edited
@@ -40,7 +73,7 @@ def install_edfs(ctx: click.Context, dest: str | None, force: bool, as_json: boo
 
     root = Path(get_root(ctx))
     folder = Path(dest).expanduser() if dest is not None else edf.edf_search_dir(os.environ)
-    results = edf.install(root, folder, force=force)
+    results = edf.install(root, folder, force=force, roles=None if every_role else _site_roles(root, site))
     missing = _missing_images(results)
     kept = [r for r in results if r.status == "differs"]
     if as_json:
@@ -158,9 +191,9 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
             {
                 "role": role,
                 "engine": src.engine,
-                "edfs": {t: lib.edf_name(role, t, root) for t in lib.TOPOLOGIES},
+                "edfs": {t: lib.edf_name(role, t, root) for t in lib.TOPOLOGIES} if src.edf else {},
                 "remote_image": src.remote_image,
-                "image": src.edf["image"],
+                "image": src.edf.get("image"),  # None: a role without edf: (no EDF, the image only)
                 "source": src.file,
             }
         )
@@ -170,6 +203,9 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     for row in rows:
         click.echo(f"{row['role']}  ({row['engine']}, {row['source']})")
         click.echo(f"  image:     {row['remote_image']}")
+        if not row["edfs"]:
+            click.echo("  no EDF: an image for podman, apptainer, charliecloud and pyxis (docs/sites.md)")
+            continue
         click.echo(f"  squashfs:  {row['image']}")
         click.echo(f"  pipeline:  {row['edfs']['pipeline']}")
         click.echo(f"  single, replicas: {row['edfs']['single']}")

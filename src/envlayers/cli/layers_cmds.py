@@ -197,7 +197,7 @@ def check(ctx, update):
     from ..layers import site_source
 
     default = cat.site[0] if cat.site else None
-    site_names = list(catalog.sites(root)) or [None]
+    site_names = sorted(catalog.sites(root), key=lambda n: n != default) or [None]  # the default site first
     for name in site_names:  # a site file holds what a site decides, and every one of them
         if name is not None:
             rel = catalog.site_file(name)

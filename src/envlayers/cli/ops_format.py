@@ -319,6 +319,8 @@ def format_record(rec: dict) -> str:
         lines.append(_label("target") + (rec.get("target") or "- (not launched from the catalog)"))
         lines.append(_label("model id") + (rec.get("model_id") or "-") + f" ({rec.get('engine') or '?'})")
         lines.append(_label("served name") + (rec.get("served_name") or "-"))
+        if rec.get("site"):
+            lines.append(_label("site") + rec["site"])
     lines.append(_label("job output") + f"{rec['job_output'] or '-'}")
     unwritable = rec["launcher"].get("run_dir_error")
     if unwritable:  # the job ended before any rank started: it could not write there

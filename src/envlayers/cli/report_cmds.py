@@ -86,7 +86,9 @@ def format_report(rep) -> str:
     if not rep.jobs:
         lines.append(f"  no accounting.json under {t(', '.join(rep.roots))}")
         return "\n".join(lines) + "\n"
-    for key, groups in (("model", rep.by_model), ("shape", rep.by_shape)):
+    for key, groups in (("model", rep.by_model), ("shape", rep.by_shape), ("site", rep.by_site)):
+        if not groups:
+            continue
         lines.append(f"by {key}:")
         for g in groups:
             lines.append(f"  {t(g[key])}: {g['jobs']} run(s), {fmt_h(g['allocated_gpu_hours'])} GPU-hours allocated")

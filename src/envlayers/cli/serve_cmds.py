@@ -125,6 +125,8 @@ def plan(ctx, target, model, experiment, time_, base_env, env_file, site, as_jso
         return
     for line in job.reasons + job.topology:
         click.echo(line)
+    if job.site:
+        click.echo(f"site: {job.site}")
     click.echo(f"EDF: {job.edf or '(none: CONTAINER_RUNTIME is not ce)'}")
     click.echo(f"readiness budget: {job.ready_timeout_s}s")
     for i, line in enumerate(job.rank_lines):

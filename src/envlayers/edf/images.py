@@ -65,7 +65,7 @@ def image_info(role: str, root: Path, environ: Mapping[str, str] | None = None) 
         "enroot_uri": "docker://" + src.remote_image,
         "image": image,
         "squashfs": path,
-        "roles_sharing": sorted(s.role for s in load_catalog(root).values() if s.edf["image"] == image),
+        "roles_sharing": sorted(s.role for s in load_catalog(root).values() if s.edf.get("image") == image),
         "root": str(Path(root).resolve()),
     }
 

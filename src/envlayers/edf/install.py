@@ -75,8 +75,9 @@ def install(
     *,
     environ: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    roles: "set[str] | None" = None,
 ) -> list[InstallResult]:
-    """Render every EDF of the catalog into ``dest``.
+    """Render every EDF of the catalog (of ``roles`` only, when given) into ``dest``.
 
     Each file is written to a temporary file in ``dest`` and renamed over the target, so a reader
     (or a kill -9) sees the old file or the new one, never a part. A file whose bytes already
@@ -88,6 +89,7 @@ def install(
     catalog = load_catalog(root)
     rendered = [
         (src, variant, _document(src, variant, env)) for src in catalog.values() for variant in VARIANTS
+        if src.edf and (roles is None or src.role in roles)  # a role without edf: has no EDF to install
     ]
     dest = Path(dest)
     try:

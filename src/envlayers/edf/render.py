@@ -57,6 +57,7 @@ def variant_for(topology: str) -> str:
 
 
 def _edf_data(src: RoleSource, variant: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    src.require_edf()
     out: dict[str, Any] = {}
     for key in _EDF_KEYS:
         if key in src.edf and key not in ("env", "annotations"):

@@ -50,7 +50,7 @@ FABRIC_HOOKS = ("cxi", "aws_ofi_nccl")
 
 _TOP_KEYS = ("role", "name", "engine", "remote_image", "fabric_env", "edf")
 
-_TOP_REQUIRED = ("role", "name", "engine", "remote_image", "edf")
+_TOP_REQUIRED = ("role", "name", "engine", "remote_image")  # no edf: a role for the other runtimes only
 
 # Container Engine EDF keys, in the order they are rendered
 _EDF_KEYS = ("base_environment", "image", "workdir", "entrypoint", "writable", "mounts", "env", "annotations")
@@ -87,7 +87,7 @@ _PIN_HINT = "pin a release tag or a digest (IMAGE:TAG or IMAGE@sha256:<digest>);
 @dataclass(frozen=True)
 class RoleSource:
     """One validated source file: ``role``, ``name``, ``engine``, ``remote_image``, ``fabric_env``, ``edf``
-    (CE keys; annotations flat, dotted keys), ``file`` (relative to the catalog root, e.g.
+    (CE keys; annotations flat, dotted keys; empty for a role that serves the other runtimes only), ``file`` (relative to the catalog root, e.g.
     containers/edfs/sglang-mi300.yaml) and ``lines`` (key path -> line in ``file``, for messages).
 
     Two sources are equal when they say the same, whatever lines they say it on.
@@ -103,7 +103,16 @@ class RoleSource:
     lines: dict = field(default_factory=dict, compare=False, repr=False)
 
     def edf_name(self, variant: str) -> str:
+        self.require_edf()
         return self.name if variant == "fabric" else self.name + INTRANODE_SUFFIX
+
+    def require_edf(self) -> None:
+        """Refuse a role whose source has no ``edf:`` table where an EDF is needed."""
+        if not self.edf:
+            raise EdfError(f"role {self.role} has no edf: table: it names an image for podman, apptainer, "
+                           "charliecloud and pyxis, not an EDF for the Container Engine", where=self.file,
+                           hint="use one of those runtimes (CONTAINER_RUNTIME), or add an edf: table to the source "
+                                "(docs/containers.md)")
 
 
 def load_catalog(root: Path) -> dict[str, RoleSource]:
@@ -121,7 +130,7 @@ def load_catalog(root: Path) -> dict[str, RoleSource]:
     images: dict[str, RoleSource] = {}
     for path in files:
         src = _load_source(path, Path(root))
-        for variant in VARIANTS:
+        for variant in VARIANTS if src.edf else ():  # a role without edf: names no EDF
             name = src.edf_name(variant)
             if name in names:
                 raise EdfError(
@@ -130,6 +139,9 @@ def load_catalog(root: Path) -> dict[str, RoleSource]:
                     hint="every role needs its own EDF name",
                 )
             names[name] = src.file
+        if not src.edf:
+            catalog[src.role] = src
+            continue
         other = images.get(src.edf["image"])
         if other is not None and other.remote_image != src.remote_image:
             raise EdfError(
@@ -222,6 +234,12 @@ def _validated(doc, path: Path, rel: str) -> RoleSource:
         check.fail(("remote_image",), f"{_clip(remote)} {problem}", hint=_PIN_HINT)
 
     fabric_env = _env_table(check, ("fabric_env",), data.get("fabric_env", {}))
+    if "edf" not in data:  # the image for podman, apptainer, charliecloud, pyxis: nothing for the Container Engine
+        if fabric_env:
+            check.fail(("fabric_env",), "belongs to the pipeline EDF, and this source has no edf: table",
+                       hint="add the edf: table, or remove fabric_env")
+        return RoleSource(role=role, name=name, engine=engine, remote_image=remote, fabric_env={}, edf={},
+                          file=rel, lines=doc.lines)
     edf = _check_edf(check, check.table(("edf",), data["edf"], "Container Engine keys"))
     for key in fabric_env:
         if key in edf.get("env", {}):

@@ -81,13 +81,15 @@ def flag(env: Mapping[str, str], key: str, name: str, default: str | None = None
     return [name, value]
 
 
-def server_host(env: Mapping[str, str]) -> str:
+def server_host(env: Mapping[str, str], nodes: int = 1) -> str:
     """The engine's ``--host``: ``SERVER_HOST``, absent -> 0.0.0.0, empty -> error (the engine's default is
-    loopback). Under ``CONTAINER_RUNTIME=podman`` the engine always binds the container's own interface
-    (0.0.0.0), which the publish needs; SERVER_HOST then decides only where the node publishes the port
+    loopback). Under ``CONTAINER_RUNTIME=podman`` on one node the engine binds the container's own interface
+    (0.0.0.0), which the publish needs; SERVER_HOST then decides only where the node publishes the port. A
+    plan of ``nodes`` > 1 runs podman on the node's network, where the engine binds SERVER_HOST itself
     (runtimes/podman.py)."""
     value = env.get("SERVER_HOST")
-    if keys.text(env, "CONTAINER_RUNTIME") == "podman" and (value is None or value.strip() != ""):
+    if (keys.text(env, "CONTAINER_RUNTIME") == "podman" and nodes == 1
+            and (value is None or value.strip() != "")):
         return DEFAULT_SERVER_HOST
     if value is None:
         return DEFAULT_SERVER_HOST

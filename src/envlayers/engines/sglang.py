@@ -50,7 +50,7 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, 
             "--node-rank", str(rank.rank),
             "--dist-init-addr", f"{master_addr}:{plan.rdzv_port}",
         ]
-    argv += ["--host", server_host(env), "--port", str(plan.api_port)]
+    argv += ["--host", server_host(env, plan.nodes), "--port", str(plan.api_port)]
     argv += flag(env, "MEM_FRACTION_STATIC", "--mem-fraction-static")
     argv += flag(env, "SGLANG_ATTENTION_BACKEND", "--attention-backend",
                  None if keys.value(env, "GPU_VENDOR") == "nvidia" else DEFAULT_ATTENTION_BACKEND)

@@ -66,7 +66,7 @@ def build(plan: Plan, env: Mapping[str, str], rank: RankPlan, master_addr: str, 
         "--pipeline-parallel-size", str(plan.pp),
     ]
     argv += shape_flags(plan, rank, master_addr)
-    argv += ["--host", server_host(env), "--port", str(plan.api_port)]
+    argv += ["--host", server_host(env, plan.nodes), "--port", str(plan.api_port)]
     argv += flag(env, "GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization")
     argv += flag(env, "MAX_MODEL_LEN", "--max-model-len")
     argv += flag(env, "REASONING_PARSER", "--reasoning-parser")

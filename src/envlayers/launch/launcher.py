@@ -310,6 +310,7 @@ class Launcher:
             node_local=lp.node_local))
         ep.addresses = [t.address for t in lp.targets]  # the node addresses behind base_urls
         ep.api_key_file = lp.key_file if lp.api_key else None  # what `env_layers connect` names
+        ep.site = self.keys.get("ENVLAYERS_SITE") or None
         if self.router is not None:
             ep.replica_urls = [t.url for t in lp.targets]
             ep.replica_addresses = [t.address for t in lp.targets]  # addresses[0] is the router's node

@@ -21,6 +21,7 @@ from ..rundir import LAUNCH, RANKS_SH, LaunchRecord, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from ..urls import host_port_base
 from . import raycluster
+from ..runtimes import rank_wrappers as runtime_wrappers
 
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
@@ -189,20 +190,13 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     rank_start_s = keytable.value(keys, "ENVLAYERS_RANK_START_TIMEOUT")
     stall_s = startup_stall_s(keys)
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
-    # -- the container runtime's wrapper (runtimes/): podman runs each rank's command in `podman run`
+    # -- the container runtime's wrapper (runtimes/): podman run, apptainer exec, ch-run before each command
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
-    runtime = keytable.text(keys, "CONTAINER_RUNTIME")
-    if runtime == "podman":
-        from ..runtimes.podman import container_name, rank_wrappers
-
-        wrappers, podman_lines = rank_wrappers(keys, plan, alloc.job_id, commands)
-        lines += podman_lines
-        containers = [container_name(alloc.job_id, rank) for rank in range(len(wrappers))]
-    elif runtime in ("apptainer", "singularity"):  # no daemon, no names: the rank's process is the container's
-        from ..runtimes import apptainer
-
-        wrappers, apptainer_lines = apptainer.rank_wrappers(keys, plan, commands)
-        lines += apptainer_lines
+    runtime = keytable.text(keys, "CONTAINER_RUNTIME") or "ce"
+    wrapped = runtime_wrappers(runtime, keys, plan, alloc.job_id, commands)
+    if wrapped is not None:
+        wrappers, runtime_lines, containers = wrapped
+        lines += runtime_lines
     # -- end of the runtime's wrapper
     # SERVER_HOST on loopback: the launcher (on node 0) probes the server there, and prints that URL
     from ..exposure import loopback_host, loopback_unreachable
@@ -226,14 +220,22 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
                            host_port_base(local or nodes[r.node_index].address, r.port),
                            local or nodes[r.node_index].address)
                     for r in plan.readiness_ranks())
+    container: list[str] = []
+    if runtime == "pyxis":  # the step itself runs in the container (runtimes/pyxis.py)
+        from ..runtimes import pyxis
+
+        container = pyxis.step_args(pyxis.Settings(keys.get("ENVLAYERS_IMAGE") or ""), keys, str(alloc.run_dir),
+                                    pyxis.passed(keys, commands))
+        lines.append(f"ENVLAYERS-STAGE: the ranks run in pyxis: {' '.join(container)}")
     srun = slurm.ranks_step_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
-                     str(alloc.run_dir / RANKS_SH))
+                     str(alloc.run_dir / RANKS_SH), container)
     served = keys.get("VLLM_SERVED_MODEL", "")
     launch_json = json_text(LaunchRecord(
         job_id=alloc.job_id, restart=alloc.restart, target=keys.get("ENVLAYERS_TARGET"), engine=engine,
         model=keys.get("INFERENCE_MODEL") or None, served_model_name=served, shape=plan.shape,
         nodes=[n.name for n in nodes], addresses=[n.address for n in nodes], ready_timeout_s=budget,
-        containers=containers).to_dict())
+        containers=containers, site=keys.get("ENVLAYERS_SITE") or None,
+        container_program=runtime if containers and runtime != "podman" else None).to_dict())
     files = {RANKS_SH: rank_script(commands, alloc.run_dir, wrappers), LAUNCH: launch_json, **ray_files}
     return LaunchPlan(alloc.job_id, alloc.restart, alloc.run_dir, plan, engine, served, keys.get("INFERENCE_MODEL", ""),
                       nodes, commands, targets, budget, rank_start_s, tuple(srun), alloc.api_key, key_file,

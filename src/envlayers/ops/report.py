@@ -21,7 +21,7 @@ from .. import slurm
 from ..accounting import largest_waste, split, summarize
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
-from ..rundir import ACCOUNTING, POOL, AccountingRecord, read_json
+from ..rundir import ACCOUNTING, LAUNCH, POOL, AccountingRecord, LaunchRecord, read_json, read_record
 
 _SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -113,6 +113,7 @@ class Report:
     jobs: list[dict] = field(default_factory=list)
     by_model: list[dict] = field(default_factory=list)
     by_shape: list[dict] = field(default_factory=list)
+    by_site: list[dict] = field(default_factory=list)  # only when a job names its site (launch.json)
     slurm_accounting: str = ""  # "sacct", or why it is not there
     missing: list[dict] = field(default_factory=list)  # jobs sacct knows and no run directory explains
     largest_waste: str | None = None
@@ -123,7 +124,7 @@ class Report:
     def to_dict(self) -> dict:
         return {"since": self.since, "until": self.until, "run_roots": self.roots,
                 "slurm_accounting": self.slurm_accounting, "jobs": self.jobs, "by_model": self.by_model,
-                "by_shape": self.by_shape, "missing": self.missing, "largest_waste": self.largest_waste,
+                "by_shape": self.by_shape, "by_site": self.by_site, "missing": self.missing, "largest_waste": self.largest_waste,
                 "suggest_idle_stop_after_s": self.suggest_stop_s,
                 "skipped": self.skipped, "pools": self.pools}
 
@@ -157,7 +158,7 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
         rep.jobs.append({"job_id": jid, "restart": 0 if record.restart is None else record.restart, "user": owner,
                          "run_dir": str(path), "model": record.served or record.model or "?",
                          "shape": f"{_or_unknown(record.shape)} {_or_unknown(record.nodes)}x{_per_node(record)} GPUs",
-                         "ended": record.how, "timeline": tl, "split": sp,
+                         "ended": record.how, "timeline": tl, "split": sp, "site": _site(path),
                          "slurm_state": by_id[jid].state if jid in by_id else None})
     rep.pools = pools(rep.jobs)
     for j in sjobs or []:
@@ -168,8 +169,16 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
                                 "gpu_hours": round(j.elapsed_s * gpus / 3600, 4) if gpus else None})
     rep.by_model = summarize(rep.jobs, "model", suggest_stop_s)
     rep.by_shape = summarize(rep.jobs, "shape", suggest_stop_s)
+    if any(j["site"] for j in rep.jobs):
+        rep.by_site = summarize(rep.jobs, "site", suggest_stop_s)
     rep.largest_waste = largest_waste(rep.by_model, "model", suggest_stop_s)
     return rep
+
+
+def _site(run_dir: Path) -> str | None:
+    """The site the run was rendered with (launch.json's ``site``), None when it names none."""
+    record = read_record(run_dir / LAUNCH, LaunchRecord)
+    return record.site if record is not None else None
 
 
 def _or_unknown(value) -> object:

@@ -60,7 +60,8 @@ def identity(files: rundir.JobFiles) -> dict:
     - ``target``: the catalog target it was launched from (``experiment:glm53``; ``None`` without one);
     - ``model_id``: the model the engine loaded (``zai-org/GLM-5.3``: INFERENCE_MODEL);
     - ``served_name``: the name clients pass as ``model`` (the served model name);
-    - ``engine``: ``sglang`` or ``vllm``.
+    - ``engine``: ``sglang`` or ``vllm``;
+    - ``site``: the site layer it was rendered with (``mi300a``; ``None`` for a catalog without sites).
 
     From endpoint.json, else launch.json, else the run's serve.env: the same answer before, while
     and after the endpoint is live. Each record spells a field one way (``IDENTITY_FIELDS``)."""
@@ -84,6 +85,7 @@ IDENTITY_FIELDS = {
     "model_id": ("model", "model", "INFERENCE_MODEL"),
     "served_name": ("served_model_name", "served_model_name", "VLLM_SERVED_MODEL"),
     "engine": ("engine", "engine", "INFERENCE_ENGINE"),
+    "site": ("site", "site", "ENVLAYERS_SITE"),
 }
 
 

@@ -5,8 +5,12 @@
 - ``none``: the engine from the host's PATH; not wrapped.
 - ``podman``: srun starts ranks.sh on the host, which runs the engine in ``podman run``
   (:mod:`envlayers.runtimes.podman`): the same Plan and engine command, only the wrapper differs.
+- ``docker``: the same, in ``docker run`` on each node's own daemon (:mod:`envlayers.runtimes.docker`).
 - ``apptainer`` / ``singularity``: the same, in ``apptainer exec`` of a SIF file
   (:mod:`envlayers.runtimes.apptainer`).
+- ``charliecloud``: the same, in ``ch-run`` of an image directory (:mod:`envlayers.runtimes.charliecloud`).
+- ``pyxis``: like ``ce``, the ranks' srun step runs in the container (``--container-image=...``,
+  :mod:`envlayers.runtimes.pyxis`); the command itself is not wrapped.
 
 Pure: :func:`wrapper` returns the words that go before the engine's argv, or None.
 """
@@ -18,8 +22,10 @@ from typing import Mapping
 
 from ..errors import EnvLayersError
 
-RUNTIMES = ("ce", "none", "podman", "apptainer", "singularity")
-WRAPPED = ("podman", "apptainer", "singularity")  # srun starts ranks.sh on the host; a wrapper starts the engine
+RUNTIMES = ("ce", "none", "podman", "docker", "apptainer", "singularity", "charliecloud", "pyxis")
+WRAPPED = ("podman", "docker", "apptainer", "singularity", "charliecloud")  # srun starts ranks.sh; a wrapper the engine
+PROGRAMS = {"podman": "podman", "docker": "docker", "apptainer": "apptainer", "singularity": "singularity",
+            "charliecloud": "ch-run"}
 DEFAULT_RUNTIME = "ce"
 
 
@@ -30,6 +36,33 @@ def runtime_name(env: Mapping[str, str]) -> str:
         raise EnvLayersError(f"unknown container runtime {value!r} (valid: {', '.join(RUNTIMES)})",
                              where="CONTAINER_RUNTIME",
                              hint="ce runs the registered EDF; none runs the engine from the host's PATH; "
-                                  "podman runs it in a pinned image (docs/podman.md); apptainer (or singularity) "
-                                  "in a SIF file (docs/sites.md)")
+                                  "podman or docker runs it in a pinned image (docs/podman.md); apptainer (or singularity) "
+                                  "in a SIF file, charliecloud in an image directory, pyxis as the srun step's "
+                                  "container (docs/sites.md)")
     return value
+
+
+def rank_wrappers(runtime: str, keys: Mapping[str, str], plan, job_id: str, commands):
+    """In the job: per rank (a shell line run first, the words before the engine's argv), the lines the
+    launcher prints about them, and the containers release stops by name (podman's only); None for a
+    runtime that wraps nothing (``ce``, ``none``)."""
+    if runtime == "podman":
+        from .podman import container_name, rank_wrappers as podman_wrappers
+
+        wrappers, lines = podman_wrappers(keys, plan, job_id, commands)
+        return wrappers, lines, [container_name(job_id, rank) for rank in range(len(wrappers))]
+    if runtime == "docker":
+        from . import docker
+        from .podman import container_name
+
+        wrappers, lines = docker.rank_wrappers(keys, plan, job_id, commands)
+        return wrappers, lines, [container_name(job_id, rank) for rank in range(len(wrappers))]
+    if runtime in ("apptainer", "singularity"):
+        from . import apptainer
+
+        return (*apptainer.rank_wrappers(keys, plan, commands), [])
+    if runtime == "charliecloud":
+        from . import charliecloud
+
+        return (*charliecloud.rank_wrappers(keys, plan, commands), [])
+    return None

@@ -4,7 +4,7 @@ of a SIF file on shared storage.
 The login node decides the SIF file and the GPU flag (:func:`settings`), and the job script hands them to
 the launcher (``ENVLAYERS_IMAGE``, ``ENVLAYERS_GPU_DEVICES``). In the job, ranks.sh runs
 :func:`prelude` (the SIF must be readable on the node; each passed variable exported under Apptainer's
-``APPTAINERENV_`` prefix) and then :func:`run_argv` + the engine's argv, unchanged:
+``APPTAINERENV_`` prefix, ``SINGULARITYENV_`` for ``singularity``) and then :func:`run_argv` + the engine's argv, unchanged:
 
     apptainer exec --cleanenv --nv --bind REAL:PATH:ro ... SIF <engine argv>
 
@@ -33,7 +33,9 @@ from ..errors import EnvLayersError
 from ..rundir import rank_exit_name
 
 COMMANDS = ("apptainer", "singularity")  # CONTAINER_RUNTIME's words for this runtime: the program it runs
-ENV_PREFIX = "APPTAINERENV_"  # Apptainer sets NAME in the container from APPTAINERENV_NAME on the host
+# Apptainer sets NAME in the container from APPTAINERENV_NAME on the host (internal/pkg/util/env/env.go), also
+# under --cleanenv; SINGULARITYENV_ is the legacy prefix it still reads, and SingularityCE's own
+ENV_PREFIXES = {"apptainer": "APPTAINERENV_", "singularity": "SINGULARITYENV_"}
 GPU_FLAGS = {"nvidia": "--nv", "amd": "--rocm"}
 IMAGE_KEY, IMAGE_DIR_KEY, DEVICES_KEY = "CONTAINER_IMAGE", "CONTAINER_IMAGE_DIR", "CONTAINER_GPU_DEVICES"
 
@@ -127,7 +129,8 @@ def prelude(s: Settings, names: Iterable[str], rank: int) -> str:
     msg = q(f"ENVLAYERS-ERROR: rank {rank}: cannot read {s.sif} on this node; "
             + (f"`{pull_command(s)}` makes it" if s.image else "`env_layers images` says how to make it"))
     lines = [f"[ -r {q(s.sif)} ] || {{ echo {msg}; {fail}; }}"]
-    lines += [f'[ -z "${{{n}+x}}" ] || export {ENV_PREFIX}{n}="${n}"' for n in sorted(set(names))]
+    prefix = ENV_PREFIXES[s.program]
+    lines += [f'[ -z "${{{n}+x}}" ] || export {prefix}{n}="${n}"' for n in sorted(set(names))]
     return "; ".join(lines)
 
 

@@ -6,19 +6,24 @@ refused) and the job script hands them to the launcher (``ENVLAYERS_IMAGE``,
 when the node does not have it (:func:`load_line`: ``podman load -i``), then runs
 :func:`run_argv` + the engine's argv, unchanged:
 
-    podman run --rm --replace --name envlayers-<job>-<rank> --ipc=host
+    podman run --rm --replace --name envlayers-<job>-<rank> --ipc=host --entrypoint=
       --publish <SERVER_HOST>:<port>:<port> --device <gpu> ... -v <weights>:<weights>:ro
       --env NAME ... IMAGE <engine argv>
 
 A weights path that goes through a symbolic link is bound from its real path (runtimes/binds.py).
+``--entrypoint=`` clears the image's entrypoint: the official vLLM image's is ``vllm serve``, which would
+otherwise run in front of the launcher's own ``vllm serve MODEL ...`` (podman and docker both read an empty
+--entrypoint as none).
 
-The engine binds 0.0.0.0 inside the container (what the publish needs, whatever SERVER_HOST says); the
-node publishes the port where SERVER_HOST says, as the engine would bind it without a container: every
-interface when it is absent, ``127.0.0.1`` for an endpoint reached on the node itself or through
-``env_layers tunnel``.
+On one node the engine binds 0.0.0.0 inside the container (what the publish needs, whatever SERVER_HOST
+says); the node publishes the port where SERVER_HOST says, as the engine would bind it without a
+container: every interface when it is absent, ``127.0.0.1`` for an endpoint reached on the node itself or
+through ``env_layers tunnel``. A plan across nodes runs each node's container on the node's network
+(``--network=host``, no publish): the ranks meet at the first node's address (NCCL, the engine's
+rendezvous) as they would without a container, and the engine binds SERVER_HOST itself. Each rank's
+container has its own name on its own node; release stops each on its node (:func:`stop_containers`).
 Values reach the container by name (``--env NAME``: podman reads them from its own environment), so
-the API key is never on podman's command line. One node per job in this runtime (see
-:func:`check_plan`). Pure, but for nothing: no process, no file.
+the API key is never on podman's command line. Pure, but for nothing: no process, no file.
 """
 
 from __future__ import annotations
@@ -94,21 +99,13 @@ def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: st
     return Settings(image, devices)
 
 
-def check_plan(nodes: int, where: str = "CONTAINER_RUNTIME") -> None:
-    """One node per job: each node's podman is its own (images, container names), and the launcher on the
-    first node manages only its own containers."""
-    if nodes != 1:
-        raise EnvLayersError(f"podman serves one node per job; this plan has {nodes}", where=where,
-                             hint="use CONTAINER_RUNTIME=ce for multi-node plans, or one job per replica")
-
-
 def mounts(env: Mapping[str, str]) -> tuple[str, ...]:
     """Host paths mounted read-only at the same path: the weights (HF_HOME; INFERENCE_MODEL when it
     is a path) and CONTAINER_MOUNTS (colon-separated absolute paths)."""
     out: list[str] = []
     for value in (env.get("HF_HOME"), env.get("INFERENCE_MODEL"), *(env.get("CONTAINER_MOUNTS") or "").split(":")):
         value = (value or "").strip()
-        if value.startswith("/") and value not in out:
+        if value.startswith(("/", "${")) and value not in out:  # a reference: the job expands it
             out.append(value)
     return tuple(out)
 
@@ -129,12 +126,15 @@ def publish_host(env: Mapping[str, str]) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable[str], env: Mapping[str, str]) -> list[str]:
-    """``podman run ...`` up to and including the image; the engine's argv follows it."""
+def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable[str], env: Mapping[str, str],
+             nodes: int = 1) -> list[str]:
+    """``podman run ...`` up to and including the image; the engine's argv follows it. ``nodes``: the plan's
+    (more than one: the node's network instead of a published port)."""
     argv = ["podman", "run", "--rm", "--replace", "--name", container_name(job_id, rank)]
     shm = (env.get(SHM_KEY) or "").strip()
     argv.append(f"--shm-size={shm}" if shm else "--ipc=host")
-    argv += ["--publish", f"{publish_host(env)}:{port}:{port}"]
+    argv.append("--entrypoint=")
+    argv += ["--network=host"] if nodes > 1 else ["--publish", f"{publish_host(env)}:{port}:{port}"]
     for d in s.devices:
         argv += ["--device", d]
     for v in volumes(env):
@@ -183,13 +183,12 @@ def passed_names(keys: Iterable[str], command_env: Iterable[str], key_env: str |
 
 def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple[list[tuple[str, list[str]]], list[str]]:
     """Per rank (load line, ``podman run ... IMAGE``), and the lines the launcher prints about them."""
-    check_plan(plan.nodes)
     s = from_job(keys)
     ports = {r.rank: r.port for r in plan.ranks}
     out, lines = [], []
     for rank, cmd in enumerate(commands):
         port = ports.get(rank) or plan.api_port
-        words = run_argv(s, job_id, rank, port, passed_names(keys, cmd.env, cmd.key_env), keys)
+        words = run_argv(s, job_id, rank, port, passed_names(keys, cmd.env, cmd.key_env), keys, plan.nodes)
         out.append((load_line(s, keys.get(IMAGE_DIR_KEY) or None, rank), words))
         lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in podman: {shlex.join(words)} <the command above>")
     return out, lines
@@ -198,31 +197,35 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
 # -- release: stop each rank's container by its stable name ------------------------------------
 
 
-def stop_argv(job_id: str, node: str, name: str, grace_s: int = 10) -> list[str]:
-    """Stop one container on its node, as a step of the running job (a missing one is not an error)."""
+def stop_argv(job_id: str, node: str, name: str, grace_s: int = 10, program: str = "podman") -> list[str]:
+    """Stop one container on its node, as a step of the running job (for podman a missing one is not an
+    error; docker's stop has no such switch)."""
     from .. import slurm
 
+    if program == "docker":
+        return slurm.overlap_step_argv(job_id, node, ["docker", "stop", "-t", str(grace_s), name])
     return slurm.overlap_step_argv(job_id, node, ["podman", "stop", "--ignore", "-t", str(grace_s), name])
 
 
-def stop_containers(job_id: str, containers: list, nodes: list, running: bool, run=None) -> tuple[str, str]:
-    """(status, detail) for release: ``podman stop`` each container launch.json names, on its node,
-    while the job runs (after it ended, ranks.sh's podman run --rm took its container with it)."""
+def stop_containers(job_id: str, containers: list, nodes: list, running: bool, run=None,
+                    program: str = "podman") -> tuple[str, str]:
+    """(status, detail) for release: ``podman stop`` (or ``docker stop``) each container launch.json names,
+    on its node, while the job runs (after it ended, ranks.sh's ``run --rm`` took its container with it)."""
     from .. import slurm
 
     if not running:
-        return "already", "the job is not running; its containers (podman run --rm) ended with it"
+        return "already", f"the job is not running; its containers ({program} run --rm) ended with it"
     run = run or (lambda argv: slurm.run(argv, timeout_s=90))
     done, failed = [], []
     for rank, name in enumerate(containers):
         node = nodes[rank] if rank < len(nodes) else (nodes[0] if nodes else "")
         try:
-            proc = run(stop_argv(job_id, node, name))
+            proc = run(stop_argv(job_id, node, name, program=program))
             ok = proc.returncode == 0
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         except (OSError, slurm.SlurmError) as err:
             ok, why = False, str(err)
         (done if ok else failed).append(name if ok else f"{name} on {node}: {why}")
     if failed:
-        return "failed", "podman stop failed: " + "; ".join(failed)
-    return "done", "podman stop " + " ".join(done)
+        return "failed", f"{program} stop failed: " + "; ".join(failed)
+    return "done", f"{program} stop " + " ".join(done)

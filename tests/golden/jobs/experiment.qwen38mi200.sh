@@ -140,7 +140,7 @@ if [ -n "${ENVLAYERS_PREV[*]-}" ]; then
   echo "ENVLAYERS-STAGE: restart ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID} (requeued by Slurm); the previous run's files are in $RUN_DIR/run-$ENVLAYERS_N"
 fi
 unset ENVLAYERS_PREV ENVLAYERS_F ENVLAYERS_N
-envlayers_write serve.env "writing serve.env" printf '%s' "$ENVLAYERS_SERVE_ENV"
+envlayers_write serve.env "writing serve.env" printf '# site: %s\n%s' mi300a "$ENVLAYERS_SERVE_ENV"
 envlayers_write job.sh "writing job.sh" cat "$0"
 echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"
 
