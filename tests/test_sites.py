@@ -231,3 +231,4 @@ def test_plan_names_the_site(nvidia_env):
                                 env=nvidia_env)
     assert result.exit_code == 0, result.output
     assert "\nsite: h100\n" in result.output and "derived: nodes=2 (INFERENCE_NODES absent" in result.output
+

@@ -257,7 +257,8 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     keys.check(text)  # a bad value of a key the job reads is refused here, not after the allocation
     _refuse_huge_values(env)
     build_env = dict(text)
-    warnings = shell_overridden_warnings(env, environ) + unresolved_warnings(env, environ)
+    warnings = (shell_overridden_warnings(env, environ) + shell_dropped_warnings(env, environ)
+                + unresolved_warnings(env, environ))
     warnings += [f"{b.origin}: {said}" for key, b in env.bindings.items() if (said := keys.unknown_key(key))]
     if text.get("SERVER_API_KEY_FILE"):
         build_env["SERVER_API_KEY"] = "${SERVER_API_KEY}"
@@ -304,7 +305,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     # -- end of the public-bind refusal
     from . import weights  # a hub id must be in the job's HF cache, and fit the GPUs' memory (weights.py)
 
-    found = weights.locate(root, env, text, environ, role_source=role_source)
+    # CHECK_WEIGHTS is a check of the submission, not a setting of the job: the shell's counts (SHELL_OPTIONS)
+    check_text = text if weights.KEY in text or weights.KEY not in environ else {**text, weights.KEY: environ[weights.KEY]}
+    found = weights.locate(root, env, check_text, environ, role_source=role_source)
     fit_lines, fit_warnings, fit_blockers = weights.fit(found, plan, env, text)
     warnings += found.warnings + fit_warnings
     blockers += found.blockers + fit_blockers
@@ -331,6 +334,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if partition:
         sbatch_args.append(f"--partition={partition}")
     sbatch_args += ["--mem=0", f"--gpus-per-node={plan.gpus_per_node}", "--ntasks-per-node=1", "--exclusive"]
+    warnings += sbatch_overridden_warnings(sbatch_args, env, environ)
     router_line = _router_line(env, text, plan)
     if router_line is not None and (python or sys.executable) == sys.executable:
         import importlib.util
@@ -445,6 +449,59 @@ def shell_overridden_warnings(env: Env, environ: Mapping[str, str]) -> list[str]
             f"{shlex.quote(value_text(b.value))}, and the layers are sourced after the command line; to set it "
             f"for a run, put {b.key}=<value> in a SERVE_ENV_FILE layer (sourced last, docs/keys.md)"
             for b in shell_overridden(env, environ)]
+
+
+# launch keys the submitting shell may set for the login node's own checks: they change what is checked before
+# submission, not the job (docs/layers.md, "The submitting shell")
+SHELL_OPTIONS = ("CHECK_WEIGHTS",)
+
+
+def shell_dropped_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
+    """One warning for every launch key the submitting shell sets and no layer does: the job's launch keys
+    are exactly the layers' (ENVLAYERS_KEYS), so the shell's value never reaches the launcher. Not the
+    shell options the login node reads itself (SHELL_OPTIONS), nor the shell's basics; the value is not
+    shown (it may be a secret)."""
+    from . import keys
+    from .layers import SHELL_BASICS
+
+    in_job = "SLURM_JOB_ID" in environ
+    out = []
+    for key in keys.BY_NAME:
+        if (key not in environ or key in env.bindings or key in SHELL_OPTIONS or key in SHELL_BASICS
+                or in_job and key.startswith("SLURM_")):
+            continue
+        out.append(f"{key} from the submitting shell does not reach the job: its launch keys are the layers' and "
+                   f"no layer sets {key}; to set it for a run, put {key}=<value> in a SERVE_ENV_FILE layer "
+                   "(sourced last, docs/layers.md)")
+    return out
+
+
+# sbatch reads these from its environment; the job's command line sets each, so the shell's is overridden
+SBATCH_OVERRIDDEN = {"SBATCH_PARTITION": ("--partition", "SLURM_PARTITION"), "SBATCH_TIMELIMIT": ("--time", "SERVE_TIME"),
+                     "SBATCH_MEM_PER_NODE": ("--mem", None), "SBATCH_GPUS_PER_NODE": ("--gpus-per-node", "GPUS_PER_NODE"),
+                     "SBATCH_EXCLUSIVE": ("--exclusive", None)}
+
+
+def sbatch_overridden_warnings(sbatch_args: list[str], env: Env, environ: Mapping[str, str]) -> list[str]:
+    """A warning for every SBATCH_* variable of the submitting shell that the job's own command line
+    overrides (sbatch takes the command line over its environment), naming the key that sets it instead."""
+    out = []
+    for var, (flag, key) in SBATCH_OVERRIDDEN.items():
+        given = environ.get(var)
+        if given is None:
+            continue
+        ours = next((a for a in sbatch_args if a == flag or a.startswith(flag + "=")), None)
+        if ours is None or ours.partition("=")[2] == given.strip():
+            continue
+        if key == "SERVE_TIME":
+            how = "set SERVE_TIME (or --time) instead"
+        elif key is not None:
+            b = env.bindings.get(key)
+            how = f"set {key} in a SERVE_ENV_FILE layer instead" + (f" ({b.origin} sets it now)" if b else "")
+        else:
+            how = "the job needs it (docs/keys.md)"
+        out.append(f"{var} from the submitting shell is overridden by the job's {ours}: {how}")
+    return out
 
 
 def unresolved_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
