@@ -574,3 +574,25 @@ def test_what_the_engine_and_its_libraries_read_is_passed_on_without_a_word(tmp_
     mine.write_text(line + "\n")
     job = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
     assert not [w for w in job.warnings if w.startswith(f"{mine}:1: ")]
+
+
+def test_an_installed_edf_edited_since_its_render_and_a_missing_image_are_refused(tmp_path):
+    from envlayers.edf import fetch_command, install
+
+    edf = tmp_path / "edf"
+    environ = {"HOME": str(tmp_path), "EDF_PATH": str(edf), "SCRATCH": str(tmp_path / "s"), "CHECK_WEIGHTS": "0"}
+    install(REPO, edf, environ=environ)
+    image = tmp_path / "s" / "ce-images" / "sglang-rocm_v0.5.20-rocm724-mi30x-20260919.sqsh"
+    job = prepare(REPO, "qwen38", python=PY, environ=environ)
+    assert [b for b in job.blockers if "image" in b] == [
+        f"the image of EDF hpcagent-bench-sglang-mi300-latest-intranode, {image}, is missing; every rank would fail "
+        f"at its first srun: `{fetch_command('sglang-mi300', REPO)}` imports it"]
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"hsqs")
+    assert prepare(REPO, "qwen38", python=PY, environ=environ).blockers == []
+    toml = edf / "hpcagent-bench-sglang-mi300-latest-intranode.toml"
+    toml.write_text(toml.read_text().replace("v0.5.20-rocm724-mi30x-20260919", "v0.5.19-rocm724"))
+    (blocker,) = prepare(REPO, "qwen38", python=PY, environ=environ).blockers
+    assert blocker.startswith(f"EDF hpcagent-bench-sglang-mi300-latest-intranode installed in {edf} is not what the "
+                              "catalog renders (installed: 'image = ")
+    assert "v0.5.19-rocm724" in blocker and "run `env_layers install-edfs`" in blocker

@@ -131,13 +131,17 @@ def test_a_local_model_path_is_not_checked(tmp_path):
 
 def test_the_container_engine_reads_the_edfs_hf_home(tmp_path):
     # CE: the EDF's [env] wins over the job's environment, so a layer's HF_HOME is not what the server reads
+    from envlayers.edf import install
+
     edf = tmp_path / "edf"
-    edf.mkdir()
-    (edf / "hpcagent-bench-sglang-mi300-latest-intranode.toml").write_text("")
     mine = tmp_path / "mine.env"
     mine.write_text(f"ALLOW_PUBLIC_UNAUTHENTICATED=1\nHF_HOME={tmp_path / 'layer-hf'}\n")
     fake_snapshot(tmp_path / "layer-hf" / "hub", QWEN)
     environ = {"HOME": str(tmp_path), "PWD": str(tmp_path), "EDF_PATH": str(edf), "SCRATCH": str(tmp_path / "s")}
+    install(REPO, edf, environ=environ)  # the EDFs and the image the dry run checks are there
+    image = tmp_path / "s" / "ce-images" / "sglang-rocm_v0.5.20-rocm724-mi30x-20260919.sqsh"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"hsqs")
     j = prepare(REPO, "qwen38", env_file=mine, python=PY, environ=environ)
     (blocker,) = j.blockers
     assert f"HF_HOME={tmp_path}/s/.cache/huggingface (containers/edfs/sglang-mi300.yaml:54)" in blocker

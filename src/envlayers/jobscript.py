@@ -769,7 +769,39 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
     if not installed.is_file():
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "
                         "(the job would fail at its first srun)")
+    else:
+        differs = _installed_edf_differs(installed, role, plan.edf_topology, root, environ)
+        if differs:
+            blockers.append(f"EDF {name} installed in {installed.parent} is not what the catalog renders ({differs}); "
+                            "the job would run the installed one: run `env_layers install-edfs` (its report shows "
+                            "the whole diff; --force replaces a file env_layers did not write)")
+    try:
+        image = Path(edf.expand_vars(src.edf["image"], environ))
+    except EnvLayersError:
+        image = None  # a variable this shell does not set: install-edfs says the same
+    if image is not None and not image.is_file():
+        blockers.append(f"the image of EDF {name}, {image}, is missing; every rank would fail at its first srun: "
+                        f"`{edf.fetch_command(role, root)}` imports it")
     return name, src
+
+
+def _installed_edf_differs(installed: Path, role: str, topology: str, root: Path,
+                           environ: Mapping[str, str]) -> str | None:
+    """The first line where the installed EDF and the catalog's render of it part ("installed: X, rendered:
+    Y"), or None when they are the same bytes."""
+    from . import edf
+
+    try:
+        want = edf.render_edf(role, topology, root, environ)
+        have = installed.read_bytes().decode("utf-8", errors="replace")
+    except (OSError, EnvLayersError):
+        return None  # the render or the file cannot be read here: install-edfs says why
+    if have == want:
+        return None
+    for a, b in zip(have.splitlines() + [""], want.splitlines() + [""]):
+        if a != b:
+            return f"installed: {a.strip()[:120]!r}, rendered: {b.strip()[:120]!r}"
+    return "the installed file has more lines"
 
 
 def srun_dry_line(nodes: int, edf: str | None, container: "list[str] | tuple[str, ...]" = ()) -> str:
