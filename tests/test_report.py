@@ -162,3 +162,14 @@ def test_report_groups_by_site_when_the_runs_name_theirs(tmp_path):
     bare = tmp_path / "bare"
     record(bare, "1004", start)  # no launch.json site: no site grouping at all
     assert build_report([bare], NOW - 86400, None, now=NOW, use_sacct=False).by_site == []
+
+
+def test_by_model_names_the_catalog_model_not_the_served_name_every_model_shares(tmp_path):
+    start = datetime.fromisoformat("2026-12-02T18:27:11").timestamp()
+    for job, target in (("1001", "experiment:glm53"), ("1002", "experiment:qwen38"), ("1003", "replicas:qwen38")):
+        d = record(tmp_path, job, start, model="hpcagent-bench-vllm")  # the one served name of the catalog
+        (d / "launch.json").write_text(json.dumps({"job_id": job, "target": target, "model": "x/y"}))
+    d = record(tmp_path, "1004", start, model="hpcagent-bench-vllm")
+    (d / "launch.json").write_text(json.dumps({"job_id": "1004", "model": "org/own-model"}))  # no target
+    rep = build_report([tmp_path], NOW - 86400, None, now=NOW, use_sacct=False)
+    assert sorted((g["model"], g["jobs"]) for g in rep.by_model) == [("glm53", 1), ("org/own-model", 1), ("qwen38", 2)]

@@ -155,10 +155,11 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
         if end < since or (user and owner != user):
             continue
         seen.add(jid)
+        launch = read_record(path / LAUNCH, LaunchRecord) or LaunchRecord()
         rep.jobs.append({"job_id": jid, "restart": 0 if record.restart is None else record.restart, "user": owner,
-                         "run_dir": str(path), "model": record.served or record.model or "?",
+                         "run_dir": str(path), "model": _model_label(launch, record),
                          "shape": f"{_or_unknown(record.shape)} {_or_unknown(record.nodes)}x{_per_node(record)} GPUs",
-                         "ended": record.how, "timeline": tl, "split": sp, "site": _site(path),
+                         "ended": record.how, "timeline": tl, "split": sp, "site": launch.site,
                          "slurm_state": by_id[jid].state if jid in by_id else None})
     rep.pools = pools(rep.jobs)
     for j in sjobs or []:
@@ -175,10 +176,12 @@ def build_report(roots: list[Path], since: float, user: str | None, *, now: floa
     return rep
 
 
-def _site(run_dir: Path) -> str | None:
-    """The site the run was rendered with (launch.json's ``site``), None when it names none."""
-    record = read_record(run_dir / LAUNCH, LaunchRecord)
-    return record.site if record is not None else None
+def _model_label(launch: LaunchRecord, record: AccountingRecord) -> str:
+    """What "by model" groups a run under: the catalog model of its target (``glm53`` of experiment:glm53,
+    from launch.json), else the model it loaded, else its served name. The served name alone would put
+    every catalog model in one row: the catalog serves them all under one name."""
+    _, sep, model = (launch.target or "").partition(":")
+    return str((model if sep and model else None) or launch.model or record.model or record.served or "?")
 
 
 def _or_unknown(value) -> object:
