@@ -60,20 +60,23 @@ def text(data: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed table; exit 1 on a difference")
+    ap.add_argument("--output", type=Path, default=TABLE,
+                    help=f"the table (default {TABLE.relative_to(REPO)}; a pinned release's is sglang-choices-X.Y.Z.json)")
     args = ap.parse_args()
+    out = args.output
     new = text(table())
     if args.check:
-        old = TABLE.read_text(encoding="utf-8") if TABLE.exists() else ""
+        old = out.read_text(encoding="utf-8") if out.exists() else ""
         if old == new:
             return 0
-        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(TABLE), "fresh"))
+        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(out), "fresh"))
         return 1
-    fd, tmp = tempfile.mkstemp(dir=TABLE.parent, prefix=".sglang-choices.")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".sglang-choices.")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(new)
     os.chmod(tmp, 0o644)
-    os.replace(tmp, TABLE)
-    print(TABLE)
+    os.replace(tmp, out)
+    print(out)
     return 0
 
 

@@ -75,11 +75,18 @@ def dry_run(tmp_path: Path, layer: str, model: str = "qwen38") -> dict:
 
 
 def test_sglangs_tool_call_parser_given_to_vllm_is_refused_before_submission(tmp_path):
-    # qwen38 is an SGLang model whose layer sets TOOL_CALL_PARSER=qwen25: switched to vLLM it keeps it
-    data = dry_run(tmp_path, "INFERENCE_ENGINE=vllm\n")
+    # qwen38 is an SGLang model whose layer sets TOOL_CALL_PARSER=qwen25: switched to vLLM (and its image) it
+    # keeps it; the vLLM image pins 0.28.0, so the 0.28.0 table judges it
+    data = dry_run(tmp_path, "INFERENCE_ENGINE=vllm\nCONTAINER_ROLE=vllm-mi300\n")
     refusal = [b for b in data["blockers"] if "--tool-call-parser 'qwen25'" in b]
     assert len(refusal) == 1 and refusal[0].startswith("TOOL_CALL_PARSER (experiments/layers/model-qwen38.env:")
-    assert "hermes" in refusal[0]
+    assert "hermes" in refusal[0] and "vLLM 0.28.0+cpu takes" in refusal[0]
+
+
+def test_an_engine_switched_without_its_image_is_refused(tmp_path):
+    data = dry_run(tmp_path, "INFERENCE_ENGINE=vllm\n")
+    (said,) = [b for b in data["blockers"] if "CONTAINER_ROLE=sglang-mi300" in b]
+    assert said.startswith("INFERENCE_ENGINE=vllm (") and said.endswith("set CONTAINER_ROLE=vllm-mi300 with it")
 
 
 def test_every_vllm_catalog_line_passes_the_check(tmp_path):
@@ -105,3 +112,23 @@ def test_every_sglang_catalog_line_passes_the_check(tmp_path):
     for model in ("glm53", "kimi27sglang", "qwen38"):
         data = dry_run(tmp_path, "", model)
         assert not [b for b in data["blockers"] if "refuses" in b], (model, data["blockers"])
+
+
+def test_the_table_of_the_release_the_image_pins_is_used_and_another_release_only_warns(tmp_path):
+    from envlayers.engines.choices import for_image
+
+    assert for_image("sglang", "lmsysorg/sglang-rocm:v0.5.20-rocm724-mi30x-20260919").name == "sglang-choices-0.5.20.json"
+    assert for_image("sglang", "lmsysorg/sglang:v0.4.0-cu124").name == "sglang-choices.json"  # no table: the newest
+    assert for_image("vllm", None).name == "vllm-choices.json"
+    argv = ["vllm", "serve", "m", "--tool-call-parser", "qwen25", "--enable-auto-tool-choice"]
+    where = {"TOOL_CALL_PARSER": "mine.env:1"}
+    blockers, warnings = messages(argv, [], where, DATA, image="vllm/vllm-openai:v9.9.9")
+    assert len(blockers) == 1 and warnings == []  # the image's release is the table's: refused
+    blockers, warnings = messages(argv, [], where, DATA, image="vllm/vllm-openai:v0.27.0")
+    assert blockers == [] and warnings == [
+        "TOOL_CALL_PARSER (mine.env:1): vLLM refuses --tool-call-parser 'qwen25' (vLLM 9.9.9 takes: hermes, openai); "
+        "the image runs vLLM 0.27.0 (vllm/vllm-openai:v0.27.0), whose list may differ: check it there"]
+    _, warnings = messages(["vllm", "serve", "m", "--no-such"], ["--no-such"], {"SERVER_EXTRA_ARGS": "x:2"}, DATA,
+                           image="vllm/vllm-openai:v0.27.0")
+    assert warnings == ["vLLM 9.9.9's argument parser has no --no-such (SERVER_EXTRA_ARGS (x:2)); check the flag "
+                        "against the image's vLLM, vLLM 0.27.0 (vllm/vllm-openai:v0.27.0)"]

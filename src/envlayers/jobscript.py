@@ -215,16 +215,17 @@ def ready_timeout_s(env: Mapping[str, str]) -> int:
     return DEFAULT_READY_TIMEOUT_S
 
 
-def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str], warnings: list[str]) -> None:
+def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str], warnings: list[str],
+                    image: str | None = None) -> None:
     """A value the engine would refuse for a flag with fixed choices (a parser name, an executor, an
     attention backend) is a blocker naming its layer line; a SERVER_EXTRA_ARGS flag its parser lacks, a
     warning (each said once for all ranks)."""
     from .engines import engine_name, extra_args
-    from .engines.choices import DATA, messages, table
+    from .engines.choices import for_image, messages, table
     from .engines.owned import refusals
 
     engine = engine_name(text)
-    data = table(DATA / f"{engine}-choices.json")
+    data = table(for_image(engine, image))
     where = {k: str(b.origin) for k, b in env.bindings.items()}
     extra = extra_args(text)
     # a flag the plan or the exposure check decides, given again, would override it (engines/owned.py)
@@ -232,7 +233,7 @@ def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str],
     for cmd in commands:
         if "serve" not in cmd.argv[:2] and "sglang.launch_server" not in cmd.argv[:3]:
             continue  # a Ray worker's `ray start`
-        found_blockers, found_warnings = messages(cmd.argv, extra, where, data)
+        found_blockers, found_warnings = messages(cmd.argv, extra, where, data, image)
         blockers += [b for b in found_blockers if b not in blockers]
         warnings += [w for w in found_warnings if w not in warnings]
 
@@ -281,7 +282,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     site_name = sites.name_of(site_layer.label) if site_layer else ""
     blockers += sites.foreign_settings(env, keys.value(text, "GPU_VENDOR"), site_layer.label if site_layer else None)
     edf_name, role_source = _edf(root, text, plan, blockers, environ)
-    _engine_choices(env, text, commands, blockers, warnings)  # the engine's own choices (engines/choices.py)
+    # the engine's own choices (engines/choices.py), against the release the image pins
+    _engine_choices(env, text, commands, blockers, warnings, _pinned_image(root, text, role_source))
+    blockers += _role_engine(root, env, text)
     _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (fsutil.unsafe_folder)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .errors import EnvLayersError
@@ -698,6 +701,43 @@ def _expanded(value: str, environ: Mapping[str, str]) -> "str | None":
 
     out = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", one, value)
     return None if missing else out
+
+
+def _role_engine(root: Path, env: Env, text: Mapping[str, str]) -> list[str]:
+    """A refusal when the image the role names runs another engine than INFERENCE_ENGINE (a model switched to
+    vLLM that kept its SGLang role): the rank would start `vllm serve` in an image without it."""
+    from . import edf
+    from .engines import engine_name
+
+    role = text.get("CONTAINER_ROLE")
+    if not role or (text.get("CONTAINER_IMAGE") or "").strip() or role not in edf.roles(root):
+        return []
+    src = edf.load_catalog(root)[role]
+    engine = engine_name(text)
+    if src.engine == engine:
+        return []
+    where = {k: str(b.origin) for k, b in env.bindings.items()}
+    suggested = role.replace(src.engine, engine, 1) if role.startswith(src.engine) else f"{engine}-<GPU_NAME>"
+    return [f"INFERENCE_ENGINE={engine} ({where.get('INFERENCE_ENGINE', '?')}), but CONTAINER_ROLE={role} "
+            f"({where.get('CONTAINER_ROLE', '?')}) is an image of {src.engine} ({src.file}); the ranks would start "
+            f"{engine} where it is not installed: set CONTAINER_ROLE={suggested} with it"]
+
+
+def _pinned_image(root: Path, text: Mapping[str, str], role_source) -> str | None:
+    """The registry reference of the image the job runs (CONTAINER_IMAGE when it is one, else the role's),
+    None when the job names a file or nothing."""
+    given = (text.get("CONTAINER_IMAGE") or "").strip()
+    if given:
+        return None if given.startswith(("/", "$")) else given
+    if role_source is not None:
+        return role_source.remote_image
+    role = text.get("CONTAINER_ROLE")
+    if role:
+        from . import edf
+
+        if role in edf.roles(root):
+            return edf.load_catalog(root)[role].remote_image
+    return None
 
 
 def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:

@@ -13,6 +13,7 @@ Pure apart from reading that one file.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -32,6 +33,17 @@ def table(path: Path = TABLE) -> dict:
     if key not in _cache:
         _cache[key] = json.loads(path.read_text(encoding="utf-8"))
     return _cache[key]
+
+
+def for_image(engine: str, image: str | None) -> Path:
+    """The table of ``engine`` for the release ``image`` pins (``data/<engine>-choices-X.Y.Z.json``), else the
+    newest one (``data/<engine>-choices.json``), whose names :func:`messages` then only warns about."""
+    wanted = release(image)
+    if wanted is not None:
+        pinned = DATA / f"{engine}-choices-{'.'.join(map(str, wanted))}.json"
+        if pinned.is_file():
+            return pinned
+    return DATA / f"{engine}-choices.json"
 
 
 def flag_values(argv: Iterable[str]) -> list[tuple[str, str | None]]:
@@ -70,23 +82,44 @@ def check(argv: Iterable[str], data: Mapping | None = None) -> tuple[list[tuple[
     return refused, unknown
 
 
+_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def release(text: str | None) -> tuple[int, int, int] | None:
+    """The x.y.z an engine version or an image tag names (``0.32.0+cpu``, ``v0.28.0``,
+    ``v0.5.20-rocm724-mi30x-20260919``): from the tag after the image's last ``:``; None without one."""
+    if not text:
+        return None
+    tag = text.rsplit("@", 1)[0].rsplit("/", 1)[-1].rpartition(":")[2] if ":" in text else text
+    m = _RELEASE.search(tag)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
 def messages(argv: Iterable[str], extra: Iterable[str], where: Mapping[str, str],
-             data: Mapping | None = None) -> tuple[list[str], list[str]]:
+             data: Mapping | None = None, image: str | None = None) -> tuple[list[str], list[str]]:
     """``(blockers, warnings)`` as the dry run prints them, for one rank's ``vllm serve`` argv of which
     ``extra`` came from ``SERVER_EXTRA_ARGS`` (only those can be flags vLLM lacks). ``where`` maps a
-    launch key to the file:line that set it."""
+    launch key to the file:line that set it. ``image``: the pinned image the job runs; when its tag names
+    another release than the table's, a refused name is a warning that says so (the image's engine may
+    take it), not a refusal."""
     data = table() if data is None else data
     engine = LABELS.get(data.get("engine", "vllm"), data.get("engine"))
     version = data.get("version", "?")
+    ours, theirs = release(version), release(image)
+    runs = f"{engine} {'.'.join(map(str, theirs))} ({image})" if ours and theirs and ours != theirs else ""
     refused, _ = check(argv, data)
     _, unknown = check(extra, data)
-    blockers = []
+    blockers, warnings = [], []
     for flag, value, valid in refused:
         key = FLAG_KEYS.get(flag)
         origin = where.get(key) if key else None
         setting = f"{key} ({origin})" if origin else f"SERVER_EXTRA_ARGS ({where.get('SERVER_EXTRA_ARGS', '?')})"
-        blockers.append(f"{setting}: {engine} refuses {flag} {value!r} ({engine} {version} takes: {', '.join(valid)}); "
-                        "the engine would refuse it as it starts, after the allocation was granted")
-    warnings = [f"{engine} {version}'s argument parser has no {flag} (SERVER_EXTRA_ARGS "
-                f"({where.get('SERVER_EXTRA_ARGS', '?')})); check the flag against the image's vLLM" for flag in unknown]
+        said = f"{setting}: {engine} refuses {flag} {value!r} ({engine} {version} takes: {', '.join(valid)})"
+        if runs:
+            warnings.append(f"{said}; the image runs {runs}, whose list may differ: check it there")
+        else:
+            blockers.append(said + "; the engine would refuse it as it starts, after the allocation was granted")
+    warnings += [f"{engine} {version}'s argument parser has no {flag} (SERVER_EXTRA_ARGS "
+                 f"({where.get('SERVER_EXTRA_ARGS', '?')})); check the flag against the image's {engine}"
+                 + (f", {runs}" if runs else "") for flag in unknown]
     return blockers, warnings
