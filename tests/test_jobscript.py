@@ -269,8 +269,8 @@ def test_unknown_runtime_is_refused(tmp_path, edf_dir):
     mine.write_text("CONTAINER_RUNTIME=rkt\n")
     with pytest.raises(EnvLayersError) as err:
         prepare(REPO, "qwen38", env_file=mine, python=PY, environ=edf_dir)
-    assert str(err.value).startswith("CONTAINER_RUNTIME: unknown container runtime 'rkt' (valid: ce, none, podman, "
-                                     "docker, apptainer, singularity, charliecloud, pyxis)")
+    assert str(err.value).startswith(f"{mine}:1: CONTAINER_RUNTIME: unknown container runtime 'rkt' (valid: ce, none, "
+                                     "podman, docker, apptainer, singularity, charliecloud, pyxis)")
 
 
 def test_dry_run_through_the_sbatch_wrapper_prints_script_and_ranks(edf_dir):

@@ -251,7 +251,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file), site=site)
     env = merge(sources, target)
     refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
-    plan = topology.plan(keys.located(env), topology.stacking(sources, env))
+    try:
+        plan = topology.plan(keys.located(env), topology.stacking(sources, env))
+    except EnvLayersError as err:  # name the line of each key the refusal is about
+        err.where = _with_origins(err.where, env)
+        raise
     env = with_plan_parallelism(env, plan)  # a PP the plan derived is the job's PP too
     env_text = render(env, "sh", with_header=False)
     text = keys.located(env)  # key -> text, and the file:line each key's errors name
@@ -287,7 +291,6 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     blockers += _role_engine(root, env, text)
     _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (fsutil.unsafe_folder)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
-    from .errors import EnvLayersError
     from .exposure import KEY as HOST_KEY, loopback_unreachable, public_keyless
 
     try:
@@ -701,6 +704,17 @@ def _expanded(value: str, environ: Mapping[str, str]) -> "str | None":
 
     out = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", one, value)
     return None if missing else out
+
+
+def _with_origins(where: "str | None", env: Env) -> "str | None":
+    """``TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE`` -> each key with the ``file:line`` that set it, as
+    every other refusal names its line; a key no layer sets (its default) stays as it is."""
+    if not where or ":" in where:
+        return where
+    names = [n.strip() for n in where.split(",")]
+    if not all(n.isidentifier() for n in names):
+        return where
+    return ", ".join(f"{n} ({env.bindings[n].origin})" if n in env.bindings else n for n in names)
 
 
 def _role_engine(root: Path, env: Env, text: Mapping[str, str]) -> list[str]:

@@ -33,8 +33,9 @@ def runtime_name(env: Mapping[str, str]) -> str:
     """``CONTAINER_RUNTIME`` (absent or empty: ce), checked."""
     value = (env.get("CONTAINER_RUNTIME") or DEFAULT_RUNTIME).strip()
     if value not in RUNTIMES:
+        origin = getattr(env, "origins", {}).get("CONTAINER_RUNTIME")  # keys.Located: the line that set it
         raise EnvLayersError(f"unknown container runtime {value!r} (valid: {', '.join(RUNTIMES)})",
-                             where="CONTAINER_RUNTIME",
+                             where=f"{origin}: CONTAINER_RUNTIME" if origin else "CONTAINER_RUNTIME",
                              hint="ce runs the registered EDF; none runs the engine from the host's PATH; "
                                   "podman or docker runs it in a pinned image (docs/podman.md); apptainer (or singularity) "
                                   "in a SIF file, charliecloud in an image directory, pyxis as the srun step's "
