@@ -268,7 +268,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     if text.get("SERVER_API_KEY_FILE"):
         build_env["SERVER_API_KEY"] = "${SERVER_API_KEY}"
         warnings += _key_file_warnings(env, environ)
-    commands = engines.build_commands(plan, build_env, MASTER_REF)
+    try:
+        commands = engines.build_commands(plan, build_env, MASTER_REF)
+    except EnvLayersError as err:  # an engine key's refusal names its line
+        err.where = _with_origins(err.where, env)
+        raise
     rank_lines = [engines.shell_line(c) for c in commands]
     if plan.backend == "ray":  # node 0 starts the Ray head first (launch/raynode.py)
         rank_lines[0] = _ray_head_line(plan, build_env, rank_lines[0])
@@ -714,6 +718,8 @@ def _with_origins(where: "str | None", env: Env) -> "str | None":
     names = [n.strip() for n in where.split(",")]
     if not all(n.isidentifier() for n in names):
         return where
+    if len(names) == 1:  # one key: as every key refusal names it, "file:line: KEY"
+        return f"{env.bindings[where].origin}: {where}" if where in env.bindings else where
     return ", ".join(f"{n} ({env.bindings[n].origin})" if n in env.bindings else n for n in names)
 
 
@@ -810,8 +816,13 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
         raise EnvLayersError("is not set; runtime ce needs the EDF role", where="CONTAINER_ROLE",
                              hint="one of: " + ", ".join(edf.roles(root)))
     if role not in edf.roles(root):
+        import difflib
+
+        origin = getattr(text, "origins", {}).get("CONTAINER_ROLE")
+        near = difflib.get_close_matches(role, edf.roles(root), n=1)
         raise EnvLayersError(f"unknown EDF role {role!r} (valid: {', '.join(edf.roles(root))})",
-                             where="CONTAINER_ROLE", hint="see containers/edfs/")
+                             where=f"{origin}: CONTAINER_ROLE" if origin else "CONTAINER_ROLE",
+                             hint=(f"did you mean {near[0]}? " if near else "") + "the roles are the files of containers/edfs/")
     src = edf.load_catalog(root)[role]
     if not src.edf:
         raise EnvLayersError(f"role {role} has no EDF (no edf: table in {src.file}): the Container Engine cannot "

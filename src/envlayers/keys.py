@@ -352,10 +352,16 @@ def unknown_key(name: str) -> str | None:
     """For a key a layer assigns that is no launch key and nothing the engine or its libraries read by name
     (:data:`PASSED_ON`): the words of a warning, with the nearest launch key when one is close (a typo, as
     ``TENSOR_PARALLEL_SIZE`` for ``TENSOR_PARALEL_SIZE``). ``None`` for a key the job knowingly passes on."""
-    if name in BY_NAME or name in PASSED_ON_NAMES or name.startswith(tuple(PASSED_ON)):
-        return None
     import difflib
 
+    if name in BY_NAME or name in PASSED_ON_NAMES:
+        return None
+    if name.startswith(tuple(PASSED_ON)):  # passed on by name, unless it is a launch key misspelt
+        near = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.88)
+        if not near:
+            return None
+        return (f"{name} is no launch key, only passed on to the engine as it is, and so close to the launch key "
+                f"{near[0]} that it looks like a typo of it: did you mean {near[0]}?")
     near = difflib.get_close_matches(name.upper(), list(BY_NAME), n=1, cutoff=0.75)
     guess = f"did you mean {near[0]}?" if near else "docs/keys.md lists the launch keys"
     return (f"{name} is no launch key and nothing envlayers passes on knowingly: it is exported to the job, where "

@@ -17,7 +17,7 @@ from malformed_tools import assert_clean_error, run_cli
         pytest.param("NUMBER_OF_INSTANCES=1e3\n", ["NUMBER_OF_INSTANCES: must be a positive integer"],
                      id="instances-float"),
         pytest.param("USE_RAY_SERVE=maybe\n", ["USE_RAY_SERVE: must be true or false"], id="ray-serve-word"),
-        pytest.param("DISTRIBUTED_BACKEND=nccl\n", ["DISTRIBUTED_BACKEND (", "serve.env:1): unknown backend 'nccl'"], id="backend"),
+        pytest.param("DISTRIBUTED_BACKEND=nccl\n", ["serve.env:1: DISTRIBUTED_BACKEND: unknown backend 'nccl'"], id="backend"),
         pytest.param("DATA_PARALLEL_RPC_PORT=\n", ["DATA_PARALLEL_RPC_PORT: is empty"], id="dp-port-empty"),
         pytest.param("DATA_PARALLEL_RPC_PORT=99999\n", ["DATA_PARALLEL_RPC_PORT: must be a TCP port"],
                      id="dp-port-range"),
@@ -25,7 +25,7 @@ from malformed_tools import assert_clean_error, run_cli
         pytest.param("INFERENCE_NODES=2\nNUMBER_OF_INSTANCES=4\n", ["the remaining 4 GPU(s) would be allocated and billed"],
                      id="idle-gpus"),
         pytest.param("INFERENCE_ENGINE=sglang\nCONTAINER_ROLE=sglang-mi300\n",
-                     ["serve.env:1): the plan is data-parallel", "sgl-router"], id="sglang-data-parallel"),
+                     ["serve.env:1: INFERENCE_ENGINE: the plan is data-parallel", "sgl-router"], id="sglang-data-parallel"),
     ],
 )
 def test_bad_topology_key_is_one_line_exit_2(lines, needles, tmp_path):

@@ -53,7 +53,9 @@ def engine_name(env: Mapping[str, str]) -> str:
     if value.strip() == "":
         raise EngineError(f"is empty; valid engines: {valid}", where="INFERENCE_ENGINE")
     if value not in ENGINES:
-        raise EngineError(f"unknown engine {value!r}; valid engines: {valid}", where="INFERENCE_ENGINE")
+        origin = getattr(env, "origins", {}).get("INFERENCE_ENGINE")  # keys.Located: the line that set it
+        raise EngineError(f"unknown engine {value!r}; valid engines: {valid}",
+                          where=f"{origin}: INFERENCE_ENGINE" if origin else "INFERENCE_ENGINE")
     return value
 
 
