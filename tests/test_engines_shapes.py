@@ -172,3 +172,14 @@ def test_data_parallel_ranks_cover_every_instance_once(nodes, gpn, tp, inst):
         assert local * tp <= gpn
         covered += range(start, start + local)
     assert sorted(covered) == list(range(inst))
+
+
+def test_every_fabric_setting_of_a_layer_goes_on_the_server_command():
+    # the CE's netstack hook rewrites NCCL and libfabric defaults after the step environment: only an
+    # assignment on the command line wins, so each NCCL_/FI_/RCCL_ key a layer sets goes there
+    from envlayers.engines.command import command_env
+
+    env = {"NCCL_NET_GDR_LEVEL": "LOC", "NCCL_MIN_NCHANNELS": "32", "FI_CXI_RDZV_THRESHOLD": "0",
+           "RCCL_MSCCL_ENABLE": "0", "NCCL_DEBUG": "", "HF_HOME": "/x"}
+    assert list(command_env(env).items()) == [("NCCL_NET_GDR_LEVEL", "LOC"), ("FI_CXI_RDZV_THRESHOLD", "0"),
+                                              ("NCCL_MIN_NCHANNELS", "32"), ("RCCL_MSCCL_ENABLE", "0")]

@@ -826,7 +826,7 @@ def test_a_writable_run_folder_gets_serve_env_and_job_sh_whole(tmp_path):
     run_dir = tmp_path / "runs" / "7"
     assert proc.returncode == 0 and proc.stdout == f"ENVLAYERS-STAGE: run_dir={run_dir}\n", proc.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == ["job.sh", "serve.env"]
-    assert (run_dir / "serve.env").read_text() == "X=1\n" * 2000
+    assert (run_dir / "serve.env").read_text() == "# site: mi300a\n" + "X=1\n" * 2000  # the catalog's default site
     assert (run_dir / "job.sh").read_text() == block.read_text()
 
 

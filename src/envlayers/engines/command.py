@@ -22,8 +22,10 @@ API_KEY_FLAG = "--api-key"
 
 # Variables set on the server command itself when their key has a value: the CE
 # netstack hook writes its own defaults into the container after the step
-# environment, so only an assignment on the command line wins.
+# environment, so only an assignment on the command line wins. Every fabric setting a
+# layer gives (NCCL's, libfabric's, RCCL's) goes there, not only these two.
 COMMAND_ENV_KEYS: tuple[str, ...] = ("NCCL_NET_GDR_LEVEL", "NCCL_SOCKET_IFNAME")
+COMMAND_ENV_PREFIXES: tuple[str, ...] = ("NCCL_", "FI_", "RCCL_")
 
 
 class EngineError(EnvLayersError):
@@ -114,8 +116,14 @@ def extra_args(env: Mapping[str, str]) -> list[str]:
 
 
 def command_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Variables to assign on the server command (``NCCL_NET_GDR_LEVEL`` when it has a value)."""
-    return {key: env[key] for key in COMMAND_ENV_KEYS if env.get(key)}
+    """Variables to assign on the server command: ``NCCL_NET_GDR_LEVEL`` and ``NCCL_SOCKET_IFNAME`` when they
+    have a value, then every other ``NCCL_*``, ``FI_*`` and ``RCCL_*`` key with a value, by name (``env``
+    holds the launch keys, so only what a layer set)."""
+    out = {key: env[key] for key in COMMAND_ENV_KEYS if env.get(key)}
+    for key in sorted(env):
+        if key.startswith(COMMAND_ENV_PREFIXES) and key not in out and env.get(key):
+            out[key] = env[key]
+    return out
 
 
 def drop_flag(args: Iterable[str], names: Iterable[str]) -> list[str]:
