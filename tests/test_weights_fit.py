@@ -325,3 +325,14 @@ def test_serve_refuses_weights_that_do_not_fit_in_one_line_before_sbatch(tmp_pat
     assert line.startswith("env_layers: error: experiment:oss120b: INFERENCE_MODEL "
                            f"(experiments/layers/model-oss120b.env:6): the weights of {OSS} take 644,245,094,400 bytes")
     assert "they need 7 GPU(s): 2 node(s) of 4; set INFERENCE_NODES=2" in line
+
+
+def test_weights_that_fit_fewer_nodes_than_the_plan_spans_are_a_warning_naming_the_count(tmp_path):
+    weights_of(tmp_path, 300)  # 300 x 1.3 = 390 <= 512: one node of 4 holds it
+    j = job(tmp_path, "INFERENCE_NODES=2\n")  # the pipeline spans 2
+    assert j.plan.nodes == 2 and j.blockers == []
+    (warning,) = [w for w in j.warnings if "weights of" in w]
+    assert warning.endswith(f"fit 1 node(s) of 4 GPU(s) with the 1.3x headroom, and the plan spans INFERENCE_NODES=2 "
+                            f"({tmp_path / 'mine.env'}:4): 1 node(s) more, billed, and every token crosses the "
+                            "nodes; unless the KV cache needs them, plan 1 (docs/topology.md)")
+    assert not [w for w in job(tmp_path).warnings if "weights of" in w]  # on the node it needs: no word

@@ -370,8 +370,16 @@ def fit(found: Located, plan: Plan, env: Env, text: Mapping[str, str]) -> tuple[
     memory = (f"the {_gib(have)} of GPU memory one instance has (tp x pp = {plan.tp} x {plan.pp} GPU(s) x "
               f"{mem_where})")
     if est.size * HEADROOM <= have:
-        return [f"weights: {_gib(est.size)} ({est.how}) in {_gib(have)} of GPU memory per instance: fits with the "
-                f"{HEADROOM}x headroom for the KV cache and activations"], [], []
+        line = (f"weights: {_gib(est.size)} ({est.how}) in {_gib(have)} of GPU memory per instance: fits with the "
+                f"{HEADROOM}x headroom for the KV cache and activations")
+        if plan.shape in ("pipeline", "ray") and need_nodes < plan.nodes:  # one instance on more nodes than it needs
+            b_nodes = env.bindings.get("INFERENCE_NODES")
+            said = f"INFERENCE_NODES={plan.nodes} ({b_nodes.origin})" if b_nodes else f"{plan.nodes} nodes"
+            return [line], [f"INFERENCE_MODEL ({found.where}): {what} fit {need_nodes} node(s) of "
+                            f"{plan.gpus_per_node} GPU(s) with the {HEADROOM}x headroom, and the plan spans {said}: "
+                            f"{plan.nodes - need_nodes} node(s) more, billed, and every token crosses the nodes; "
+                            f"unless the KV cache needs them, plan {need_nodes} (docs/topology.md)"], []
+        return [line], [], []
     fix = _fix(plan, need_gpus, need_nodes)
     headroom = (f"with the {HEADROOM}x headroom for the KV cache and activations they need {need_gpus} GPU(s): "
                 f"{need_nodes} node(s) of {plan.gpus_per_node}")
