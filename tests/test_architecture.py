@@ -19,7 +19,7 @@ MAP = REPO / "docs" / "architecture.md"
 LAYERS = {
     "base": {"errors", "defaults", "paths", "fsutil", "durations", "yamlpos", "jobid", "urls"},
     "core": {"envfile", "layers", "catalog", "sites", "shell", "keys", "topology", "topology_checks", "engines",
-             "runtimes", "edf", "jobscript", "jobtext", "scripttext", "weights", "exposure", "apikey", "allocation",
+             "runtimes", "edf", "jobscript", "scripttext", "weights", "exposure", "apikey", "allocation",
              "phases", "rootcause", "accounting"},
     "edge": {"slurm", "rundir", "http", "httpclient", "readiness"},
     "injob": {"launch", "gateway_app", "fabric", "cores"},
@@ -88,6 +88,14 @@ def test_every_module_is_on_the_map():
     named = set(re.findall(r"^\| `([^`]+)` \|", text, re.M))  # the first cell of a row of a table
     missing = [_mentions(p) for p in _modules() if _mentions(p) not in named]
     assert not missing, f"docs/architecture.md does not name: {', '.join(missing)} (add a line saying what it owns)"
+
+
+def test_every_name_on_the_map_is_in_the_code():
+    # the map is the code both ways: a module deleted or renamed leaves no line behind
+    named = set(re.findall(r"^\| `([^`]+)` \|", MAP.read_text(), re.M))
+    src = Path(__file__).resolve().parents[1] / "src" / "envlayers"
+    gone = sorted(n for n in named if not (src / n).exists())
+    assert not gone, f"docs/architecture.md names what src/envlayers does not have: {', '.join(gone)}"
 
 
 def test_every_top_level_module_has_a_layer():
