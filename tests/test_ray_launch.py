@@ -383,3 +383,19 @@ def test_every_process_of_a_node_runs_with_token_auth_and_no_token_in_its_enviro
     assert node.env["RAY_AUTH_MODE"] == "token"
     assert node.env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "ray-token")
     assert "RAY_AUTH_TOKEN" not in node.env
+
+
+def test_an_image_without_ray_is_one_named_line_not_a_python_traceback(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, raynode.__file__, "--rank", "1", "--run-dir", str(tmp_path), "--job", "32",
+            "--address", f"127.0.0.1:{port}", "--nodes", "2", "--join-timeout", "10", "--",
+            str(tmp_path / "no-such-ray"), "start", "--block"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("ENVLAYERS-ERROR")]
+    assert len(errors) == 1 and f"{tmp_path / 'no-such-ray'} is not installed where rank 1 runs" in errors[0], out

@@ -188,18 +188,33 @@ class Node:
         role = "head" if self.rank == 0 else "worker"
         say(f"ENVLAYERS-STAGE: ray {role} node of rank {self.rank} starting (cluster {self.address}): "
             f"{shlex.join(self.ray_argv)}")
-        self.ray = self.spawn(self.ray_argv, self.ray_env)
+        try:
+            self.ray = self.spawn(self.ray_argv, self.ray_env)
+        except FileNotFoundError:
+            self.guard.done()
+            return self.missing(self.ray_argv[0], "Ray (`pip install 'ray[serve]'`)")
         threading.Thread(target=self.watch, daemon=True).start()
         try:
             if self.server_argv:
                 code = self.wait_for_nodes()
                 if code or self.stopping.is_set():
                     return code or self.signalled()
-                self.server = self.spawn(self.server_argv, dict(self.env, RAY_ADDRESS=self.address), signal.SIGTERM)
+                try:
+                    self.server = self.spawn(self.server_argv, dict(self.env, RAY_ADDRESS=self.address),
+                                             signal.SIGTERM)
+                except FileNotFoundError:
+                    return self.missing(self.server_argv[0], "the server it names")
             return self.supervise()
         finally:
             self.stop()
             self.guard.done()
+
+    def missing(self, program: str, what: str) -> int:
+        """One line for a program the rank's image does not have, in place of Python's FileNotFoundError."""
+        say(f"ENVLAYERS-ERROR: ray: {program} is not installed where rank {self.rank} runs (not on its PATH): the "
+            f"ray and gateway shapes need {what} in the image (and aiohttp for the gateway); use an image with "
+            "them, or a shape without Ray (docs/topology.md)")
+        return 2
 
     def wait_for_nodes(self) -> int:
         """Rank 0: until Ray reports every node, bounded; a counter in its own process (it imports Ray)."""
