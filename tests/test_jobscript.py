@@ -596,3 +596,13 @@ def test_an_installed_edf_edited_since_its_render_and_a_missing_image_are_refuse
     assert blocker.startswith(f"EDF hpcagent-bench-sglang-mi300-latest-intranode installed in {edf} is not what the "
                               "catalog renders (installed: 'image = ")
     assert "v0.5.19-rocm724" in blocker and "run `env_layers install-edfs`" in blocker
+
+
+def test_a_serve_base_env_job_is_labelled_with_its_file_not_the_default_target(tmp_path, edf_dir):
+    base = tmp_path / "mine-base.env"
+    base.write_text("INFERENCE_ENGINE=vllm\nINFERENCE_MODEL=org/model\nVLLM_SERVED_MODEL=x\nCONTAINER_RUNTIME=none\n"
+                    "SERVER_API_KEY_FILE=generate\n")
+    job = prepare(REPO, "qwen38", base_env=base, python=PY, environ=edf_dir)
+    assert job.target == "base-env:mine-base.env"
+    assert "export ENVLAYERS_TARGET=base-env:mine-base.env\n" in job.script
+    assert "qwen38" not in job.script

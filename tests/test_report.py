@@ -173,3 +173,11 @@ def test_by_model_names_the_catalog_model_not_the_served_name_every_model_shares
     (d / "launch.json").write_text(json.dumps({"job_id": "1004", "model": "org/own-model"}))  # no target
     rep = build_report([tmp_path], NOW - 86400, None, now=NOW, use_sacct=False)
     assert sorted((g["model"], g["jobs"]) for g in rep.by_model) == [("glm53", 1), ("org/own-model", 1), ("qwen38", 2)]
+
+
+def test_a_serve_base_env_run_is_grouped_by_the_model_it_loaded(tmp_path):
+    start = datetime.fromisoformat("2026-12-02T18:27:11").timestamp()
+    d = record(tmp_path, "1005", start, model="hpcagent-bench-vllm")
+    (d / "launch.json").write_text(json.dumps({"job_id": "1005", "target": "base-env:mine.env", "model": "org/m"}))
+    rep = build_report([tmp_path], NOW - 86400, None, now=NOW, use_sacct=False)
+    assert [g["model"] for g in rep.by_model] == ["org/m"]

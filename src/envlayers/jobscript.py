@@ -238,6 +238,9 @@ def _engine_choices(env, text: Mapping[str, str], commands, blockers: list[str],
         warnings += [w for w in found_warnings if w not in warnings]
 
 
+BASE_ENV_LABEL = "base-env:"  # the target of a SERVE_BASE_ENV job: base-env:<file name>
+
+
 def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, time: str = DEFAULT_TIME,
             base_env: Path | None = None, env_file: Path | None = None, python: str | None = None,
             environ: Mapping[str, str] | None = None, site: str | None = None) -> JobSubmission:
@@ -248,6 +251,9 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
 
     environ = os.environ if environ is None else environ
     target = f"{experiment}:{model}"
+    # what the job says it serves: the catalog target, or for SERVE_BASE_ENV the file (not the default target,
+    # which it does not serve)
+    label = target if base_env is None else f"{BASE_ENV_LABEL}{Path(base_env).name}"
     sources = stack_sources(root, target, launch=LaunchSources(base_env, env_file), site=site)
     env = merge(sources, target)
     refuse_secrets(env)  # SERVER_API_KEY in a layer: before anything reads the stack
@@ -327,7 +333,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         warnings.append(_short_time_warning(time, limit_s, budget))
     partition = _partition(text)
     script = job_script(
-        job_name=JOB_NAME, target=target, nodes=plan.nodes, partition=partition,
+        job_name=JOB_NAME, target=label, nodes=plan.nodes, partition=partition,
         gpus_per_node=plan.gpus_per_node, shape=plan.shape, sources=env.sources,
         delimiter=_Code(_delimiter(env_text, "ENVLAYERS_ENV")), env_text=env_text, edf=edf_name,
         unbound=[_unbound_check(u) for u in _unbound(env)], ready_timeout_s=budget,
@@ -352,7 +358,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         if importlib.util.find_spec("smg") is None:  # the launcher starts it from the job's Python, this one
             warnings.append(f"ROUTER=smg: smg is not installed in {sys.executable}, which runs the launcher; "
                             "the job would end when the router cannot start: pip install 'envlayers[router]'")
-    return JobSubmission(target, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
+    return JobSubmission(label, sbatch_args, script, plan, rank_lines, topology.topology_lines(plan), edf_name,
                          budget, warnings, blockers, topology.reason_lines(plan) + fit_lines, router_line, site_name,
                          container)
 

@@ -180,8 +180,9 @@ def _model_label(launch: LaunchRecord, record: AccountingRecord) -> str:
     """What "by model" groups a run under: the catalog model of its target (``glm53`` of experiment:glm53,
     from launch.json), else the model it loaded, else its served name. The served name alone would put
     every catalog model in one row: the catalog serves them all under one name."""
-    _, sep, model = (launch.target or "").partition(":")
-    return str((model if sep and model else None) or launch.model or record.model or record.served or "?")
+    experiment, sep, model = (launch.target or "").partition(":")
+    catalog = sep and model and experiment != "base-env"  # a SERVE_BASE_ENV job names its file, not a model
+    return str((model if catalog else None) or launch.model or record.model or record.served or "?")
 
 
 def _or_unknown(value) -> object:

@@ -117,7 +117,8 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
     t = Target(label=f"job {job.job_id}", base_urls=urls,
                served=ep.served_model_name if ep.served_model_name is not None else "",
                engine=ep.engine, model=ep.model or env.get("INFERENCE_MODEL"),
-               catalog_model=target_name.partition(":")[2] or env.get("MODEL") or None, job_id=job.job_id)
+               catalog_model=(target_name.partition(":")[2] if not target_name.startswith("base-env:") else None)
+               or env.get("MODEL") or None, job_id=job.job_id)
     t.metrics_url = ep.metrics_at or None  # a router's own metrics port
     t.gdr_level = env.get("NCCL_NET_GDR_LEVEL") or None
     t.multi_node = ep.shape == "pipeline" or len(ep.nodes) > len(urls)
