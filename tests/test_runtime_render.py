@@ -113,3 +113,43 @@ def test_a_role_without_an_edf_is_refused_under_the_container_engine(tmp_path):
 def test_image_names_on_shared_storage():
     assert charliecloud.image_name("vllm/vllm-openai:v0.28.0") == "vllm_vllm-openai_v0.28.0"
     assert pyxis.sqsh_name("vllm/vllm-openai:v0.28.0") == "vllm_vllm-openai_v0.28.0.sqsh"
+
+
+def test_images_list_names_each_image_the_sites_jobs_run_and_the_step_that_makes_it(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from envlayers.cli import cli
+
+    env = {"SCRATCH": str(tmp_path), "ENVLAYERS_ROOT": str(REPO)}
+    result = CliRunner().invoke(cli, ["images", "list", "--site", "h100", "--json"], env=env)
+    rows = {r["role"]: r for r in json.loads(result.output)}
+    assert result.exit_code == 1  # missing ones
+    vllm = rows["vllm-h100"]
+    assert (vllm["runtime"], vllm["at"], vllm["there"]) == ("apptainer", f"{tmp_path}/sif/vllm_vllm-openai_v0.28.0.sif", False)
+    assert vllm["make"] == f"apptainer pull {tmp_path}/sif/vllm_vllm-openai_v0.28.0.sif docker://vllm/vllm-openai:v0.28.0"
+    for row in rows.values():
+        Path(row["at"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(row["at"]).write_bytes(b"SIF")
+    result = CliRunner().invoke(cli, ["images", "list", "--site", "h100"], env=env)
+    assert result.exit_code == 0 and "[there]" in result.output and "MISSING" not in result.output
+    default = CliRunner().invoke(cli, ["images", "list"], env=env)  # the Container Engine site: its SquashFS files
+    assert "sglang-mi300 (ce)" in default.output and "registry.sbatch pull sglang-mi300" in default.output
+
+
+@pytest.mark.parametrize("runtime, at, make", [
+    ("podman", "/img/vllm_vllm-openai_v0.28.0.tar", "env_layers images save vllm/vllm-openai:v0.28.0 --to /img"),
+    ("docker", "/img/vllm_vllm-openai_v0.28.0.tar", "env_layers images save vllm/vllm-openai:v0.28.0 --to /img"),
+    ("singularity", "/img/vllm_vllm-openai_v0.28.0.sif",
+     "singularity pull /img/vllm_vllm-openai_v0.28.0.sif docker://vllm/vllm-openai:v0.28.0"),
+    ("charliecloud", "/img/vllm_vllm-openai_v0.28.0",
+     "podman pull vllm/vllm-openai:v0.28.0 && ch-convert -i podman vllm/vllm-openai:v0.28.0 /img/vllm_vllm-openai_v0.28.0"),
+    ("pyxis", "/img/vllm_vllm-openai_v0.28.0.sqsh",
+     "enroot import -o /img/vllm_vllm-openai_v0.28.0.sqsh docker://vllm/vllm-openai:v0.28.0"),
+])
+def test_where_each_runtime_looks_for_an_image_and_the_step_that_puts_it_there(runtime, at, make):
+    from envlayers.runtimes import image_step
+
+    env = {"CONTAINER_IMAGE_DIR": "/img", "GPU_VENDOR": "nvidia", "CONTAINER_IMAGE": "ignored/x:1"}
+    assert image_step(runtime, env, "vllm/vllm-openai:v0.28.0") == (at, make)

@@ -242,6 +242,30 @@ def load_env(root: str | os.PathLike, target: str, extra_files: tuple[str | os.P
     return merge(stack_sources(root, target, extra_files, launch, site), target, strict)
 
 
+def role_stacks(root: str | os.PathLike, site: "str | None" = None) -> "dict[str, Env]":
+    """CONTAINER_ROLE -> the merged stack of the first EXPERIMENT:MODEL of the catalog that runs it on
+    ``site`` (None: the catalog's default); a target whose stack cannot be read adds nothing (``check`` names
+    it). What install-edfs installs and ``images list`` lists: the roles a site's jobs run."""
+    catalog = cat.load(root)
+    out: dict[str, Env] = {}
+    for exp in catalog.experiments:
+        for model in catalog.models:
+            try:
+                env = load_env(root, f"{exp}:{model}", site=site)
+            except StackError:
+                continue
+            except Exception as err:  # noqa: BLE001 - any refusal of one target: the others still count
+                from .errors import EnvLayersError
+
+                if isinstance(err, EnvLayersError):
+                    continue
+                raise
+            role = env.text().get("CONTAINER_ROLE")
+            if role and role not in out:
+                out[role] = env
+    return dict(sorted(out.items()))
+
+
 def looks_like_credential(key: str) -> bool:
     """Whether a key's name says it holds a secret (``HF_TOKEN``, ``*_API_KEY``, ``*_SECRET*``, ...)."""
     return (key not in NOT_CREDENTIALS and not key.endswith(_CREDENTIAL_POINTER)

@@ -20,29 +20,20 @@ from ..errors import EnvLayersError
 
 
 def _site_roles(root: Path, site: str | None) -> "set[str] | None":
-    """The CONTAINER_ROLE of every experiment x model on the site; None (every role) for a catalog with no
-    site, as before sites existed. A target whose stack cannot be read adds nothing (`check` names it)."""
+    """The roles of the site's targets (layers.role_stacks); None (every role) for a catalog with no site,
+    as before sites existed, or a folder of EDF sources alone."""
     from .. import catalog
-    from ..layers import load_env
+    from ..layers import role_stacks
 
     try:
         cat = catalog.load(root)
     except EnvLayersError:
         if site:
             raise
-        return None  # a folder of EDF sources alone (no catalog to read a site from): every role
+        return None
     if not site and cat.site is None:
         return None
-    roles = set()
-    for exp in cat.experiments:
-        for model in cat.models:
-            try:
-                role = load_env(root, f"{exp}:{model}", site=site or None).text().get("CONTAINER_ROLE")
-            except EnvLayersError:
-                continue
-            if role:
-                roles.add(role)
-    return roles
+    return set(role_stacks(root, site or None))
 
 
 @click.command("install-edfs")

@@ -67,3 +67,34 @@ def rank_wrappers(runtime: str, keys: Mapping[str, str], plan, job_id: str, comm
 
         return (*charliecloud.rank_wrappers(keys, plan, commands), [])
     return None
+
+
+def image_step(runtime: str, env: Mapping[str, str], role_image: str) -> tuple[str | None, str | None]:
+    """For a wrapping runtime or pyxis: where the job looks for ``role_image`` (a path; None for a node's own
+    image store) and the operator's command that puts it there (None when the job needs no step). ``env``:
+    the site's keys (CONTAINER_IMAGE_DIR, GPU_VENDOR), references expanded. Raises EnvLayersError as the dry
+    run would (no image folder where one is needed)."""
+    folder = (env.get("CONTAINER_IMAGE_DIR") or "").strip()
+    keys = {k: v for k, v in env.items() if k != "CONTAINER_IMAGE"}  # the role's image, not a job's override
+    if runtime in ("podman", "docker"):
+        from .podman import archive_name
+
+        if not folder:
+            return None, f"{runtime} pull {role_image} on every node"
+        return f"{folder.rstrip('/')}/{archive_name(role_image)}", f"env_layers images save {role_image} --to {folder}"
+    if runtime in ("apptainer", "singularity"):
+        from . import apptainer
+
+        s = apptainer.settings({**keys, "CONTAINER_GPU_DEVICES": "none"}, runtime, role_image)
+        return s.sif, apptainer.pull_command(s)
+    if runtime == "charliecloud":
+        from . import charliecloud
+
+        s = charliecloud.settings(keys, role_image)
+        return s.image, f"podman pull {role_image} && {charliecloud.convert_command(s)}"
+    if runtime == "pyxis":
+        from . import pyxis
+
+        s = pyxis.settings(keys, role_image)
+        return (s.image, pyxis.import_command(s)) if s.image != role_image else (None, None)
+    return None, None
