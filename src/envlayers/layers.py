@@ -15,7 +15,7 @@ from typing import Iterator, Mapping, NamedTuple
 
 from . import catalog as cat
 from .envfile import Assignment, Origin, Ref, Value, join_parts, parse_file, value_text
-from .errors import StackError
+from .errors import EnvLayersError, StackError
 
 SERVE_ENV = os.path.join("experiments", "serve-only.env")  # the launcher's own layer
 SECRET_KEYS = ("SERVER_API_KEY",)  # never in a layer, so never in a render, a job script or a log
@@ -252,14 +252,8 @@ def role_stacks(root: str | os.PathLike, site: "str | None" = None) -> "dict[str
         for model in catalog.models:
             try:
                 env = load_env(root, f"{exp}:{model}", site=site)
-            except StackError:
+            except EnvLayersError:  # one target's refusal: the others still count
                 continue
-            except Exception as err:  # noqa: BLE001 - any refusal of one target: the others still count
-                from .errors import EnvLayersError
-
-                if isinstance(err, EnvLayersError):
-                    continue
-                raise
             role = env.text().get("CONTAINER_ROLE")
             if role and role not in out:
                 out[role] = env
