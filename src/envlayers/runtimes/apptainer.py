@@ -37,7 +37,7 @@ COMMANDS = ("apptainer", "singularity")  # CONTAINER_RUNTIME's words for this ru
 # under --cleanenv; SINGULARITYENV_ is the legacy prefix it still reads, and SingularityCE's own
 ENV_PREFIXES = {"apptainer": "APPTAINERENV_", "singularity": "SINGULARITYENV_"}
 GPU_FLAGS = {"nvidia": "--nv", "amd": "--rocm"}
-IMAGE_KEY, IMAGE_DIR_KEY, DEVICES_KEY = "CONTAINER_IMAGE", "CONTAINER_IMAGE_DIR", "CONTAINER_GPU_DEVICES"
+DEVICES_KEY = "CONTAINER_GPU_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -65,34 +65,10 @@ def pull_command(s: Settings) -> str:
 def settings(env: Mapping[str, str], program: str, role_image: str | None = None,
              where=lambda key: key) -> Settings:
     """The SIF and the GPU flag from the keys; ``where(key)`` names a key's line (file:line) in errors."""
-    from ..edf.schema import unpinned
     from .. import keys
+    from .images import shared_image
 
-    given = (env.get(IMAGE_KEY) or "").strip()
-    if given.endswith(".sif"):
-        if not given.startswith(("/", "${", "$")):
-            raise EnvLayersError(f"{IMAGE_KEY}={given!r} is not an absolute path", where=where(IMAGE_KEY),
-                                 hint="every node reads the SIF from shared storage: name it by its full path")
-        sif, image = given, ""
-    else:
-        image = given or (role_image or "").strip()
-        if not image:
-            raise EnvLayersError(f"{IMAGE_KEY} is not set; {program} needs the image to run",
-                                 where=where("CONTAINER_RUNTIME"),
-                                 hint="a SIF file's path, or a pinned image with CONTAINER_IMAGE_DIR, or set "
-                                      "CONTAINER_ROLE to use its image")
-        why = unpinned(image)
-        if why:
-            raise EnvLayersError(f"image {image!r} {why}", where=where(IMAGE_KEY if given else "CONTAINER_ROLE"),
-                                 hint="pin a release tag or a digest: every node must run the same bytes")
-        folder = (env.get(IMAGE_DIR_KEY) or "").strip()
-        if not folder.startswith(("/", "${", "$")):
-            raise EnvLayersError(f"{IMAGE_DIR_KEY} is {'not set' if not folder else repr(folder)}: {program} "
-                                 "runs a SIF file from shared storage", where=where(IMAGE_DIR_KEY if folder else
-                                                                                    "CONTAINER_RUNTIME"),
-                                 hint=f"set {IMAGE_DIR_KEY} to the shared folder that holds the SIF files "
-                                      f"({program} pull DIR/<name>.sif docker://IMAGE), or {IMAGE_KEY} to a .sif path")
-        sif = f"{folder.rstrip('/')}/{sif_name(image)}"
+    sif, image = shared_image(env, role_image, program, "a SIF file", sif_name, where)
     devices = (env.get(DEVICES_KEY) or "").strip()
     if devices == "none":
         flag = ""

@@ -34,7 +34,6 @@ from ..errors import EnvLayersError
 from ..rundir import rank_exit_name
 
 PROGRAM = "ch-run"
-IMAGE_KEY, IMAGE_DIR_KEY = "CONTAINER_IMAGE", "CONTAINER_IMAGE_DIR"
 SQUASH_SUFFIXES = (".sqfs", ".squash", ".squashfs")
 # host paths that would steer the engine's libraries or Python in the image: unset before the image's own
 UNSET = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE")
@@ -65,27 +64,9 @@ def convert_command(s: Settings) -> str:
 
 def settings(env: Mapping[str, str], role_image: str | None = None, where=lambda key: key) -> Settings:
     """The image from the keys; ``where(key)`` names a key's line (file:line) in errors."""
-    from ..edf.schema import unpinned
+    from .images import shared_image
 
-    given = (env.get(IMAGE_KEY) or "").strip()
-    if given.startswith(("/", "$")):
-        return Settings(given)
-    image = given or (role_image or "").strip()
-    if not image:
-        raise EnvLayersError(f"{IMAGE_KEY} is not set; ch-run needs an image to run", where=where("CONTAINER_RUNTIME"),
-                             hint="an image directory's path, or a pinned image with CONTAINER_IMAGE_DIR, or set "
-                                  "CONTAINER_ROLE to use its image")
-    why = unpinned(image)
-    if why:
-        raise EnvLayersError(f"image {image!r} {why}", where=where(IMAGE_KEY if given else "CONTAINER_ROLE"),
-                             hint="pin a release tag or a digest: every node must run the same bytes")
-    folder = (env.get(IMAGE_DIR_KEY) or "").strip()
-    if not folder.startswith(("/", "$")):
-        raise EnvLayersError(f"{IMAGE_DIR_KEY} is {'not set' if not folder else repr(folder)}: ch-run runs an image "
-                             "directory from shared storage", where=where(IMAGE_DIR_KEY if folder else "CONTAINER_RUNTIME"),
-                             hint=f"set {IMAGE_DIR_KEY} to the shared folder that holds the images (ch-convert -i "
-                                  f"podman IMAGE DIR/<name>), or {IMAGE_KEY} to an image directory's path")
-    return Settings(f"{folder.rstrip('/')}/{image_name(image)}", image)
+    return Settings(*shared_image(env, role_image, "ch-run", "an image directory", image_name, where))
 
 
 def binds(env: Mapping[str, str]) -> list[tuple[str, str]]:

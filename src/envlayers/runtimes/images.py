@@ -1,4 +1,6 @@
-"""``env_layers images save|load``: move a pinned podman image through shared storage, offline.
+"""Images on shared storage: where a runtime reads a job's image (:func:`shared_image`: a file or folder of
+the image folder, named after the pinned image), and ``env_layers images save|load``, which move a pinned
+podman image through shared storage, offline.
 
 ``save`` writes ``DIR/<archive name>`` with ``podman save`` (pulling the image first where the
 image is not on this host and a registry is reachable); ``load`` reads it back with ``podman load``.
@@ -11,6 +13,8 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+
+from typing import Mapping
 
 from ..errors import EnvLayersError
 from .podman import archive_name
@@ -85,3 +89,40 @@ def load(image: str, from_dir: Path) -> Path:
     if proc.returncode != 0:
         raise _fail(f"podman load -i {path}", proc)
     return path
+
+
+def shared_image(env: Mapping[str, str], role_image: str | None, program: str, kind: str, name_of,
+                 where=lambda key: key, folder_required: bool = True) -> tuple[str, str]:
+    """The image a runtime reads from shared storage, as ``(path, pinned image)``: ``CONTAINER_IMAGE`` when it
+    is a path (``/...`` or ``$VAR/...``; the pinned image then ``""``), else the pinned image (``CONTAINER_IMAGE``
+    or the role's) as ``CONTAINER_IMAGE_DIR/<name_of(image)>``. Without a folder: ``(image, image)`` when
+    ``folder_required`` is False (the runtime imports a registry reference itself), else an error. ``kind``
+    names the file in messages (``a SIF file``); ``where(key)`` names a key's line (file:line)."""
+    from ..edf.schema import unpinned
+
+    given = (env.get("CONTAINER_IMAGE") or "").strip()
+    if given.startswith(("/", "$")):
+        return given, ""
+    if given.endswith((".sif", ".sqsh", ".sqfs")):
+        raise EnvLayersError(f"CONTAINER_IMAGE={given!r} is not an absolute path", where=where("CONTAINER_IMAGE"),
+                             hint=f"every node reads {kind} from shared storage: name it by its full path")
+    image = given or (role_image or "").strip()
+    if not image:
+        raise EnvLayersError(f"CONTAINER_IMAGE is not set; {program} needs an image to run",
+                             where=where("CONTAINER_RUNTIME"),
+                             hint=f"{kind}'s path, or a pinned image with CONTAINER_IMAGE_DIR, or set CONTAINER_ROLE "
+                                  "to use its image")
+    why = unpinned(image)
+    if why:
+        raise EnvLayersError(f"image {image!r} {why}", where=where("CONTAINER_IMAGE" if given else "CONTAINER_ROLE"),
+                             hint="pin a release tag or a digest: every node must run the same bytes")
+    folder = (env.get("CONTAINER_IMAGE_DIR") or "").strip()
+    if not folder and not folder_required:
+        return image, image
+    if not folder.startswith(("/", "$")):
+        raise EnvLayersError(f"CONTAINER_IMAGE_DIR is {'not set' if not folder else repr(folder)}: {program} runs "
+                             f"{kind} from shared storage",
+                             where=where("CONTAINER_IMAGE_DIR" if folder else "CONTAINER_RUNTIME"),
+                             hint=f"set CONTAINER_IMAGE_DIR to the shared folder that holds them, or CONTAINER_IMAGE "
+                                  f"to {kind}'s path")
+    return f"{folder.rstrip('/')}/{name_of(image)}", image

@@ -29,7 +29,6 @@ from typing import Iterable, Mapping
 
 from ..errors import EnvLayersError
 
-IMAGE_KEY, IMAGE_DIR_KEY = "CONTAINER_IMAGE", "CONTAINER_IMAGE_DIR"
 PLUGSTACK = ("/etc/slurm/plugstack.conf", "/etc/slurm/plugstack.conf.d")  # where a site enables Pyxis
 
 
@@ -53,24 +52,11 @@ def import_command(s: Settings) -> str:
 
 
 def settings(env: Mapping[str, str], role_image: str | None = None, where=lambda key: key) -> Settings:
-    from ..edf.schema import unpinned
+    """The image from the keys; without CONTAINER_IMAGE_DIR the pinned reference, which enroot imports."""
+    from .images import shared_image
 
-    given = (env.get(IMAGE_KEY) or "").strip()
-    if given.startswith(("/", "$")):
-        return Settings(given)
-    image = given or (role_image or "").strip()
-    if not image:
-        raise EnvLayersError(f"{IMAGE_KEY} is not set; pyxis needs an image", where=where("CONTAINER_RUNTIME"),
-                             hint="a .sqsh file's path, or a pinned image (with CONTAINER_IMAGE_DIR for its "
-                                  "SquashFS file), or set CONTAINER_ROLE to use its image")
-    why = unpinned(image)
-    if why:
-        raise EnvLayersError(f"image {image!r} {why}", where=where(IMAGE_KEY if given else "CONTAINER_ROLE"),
-                             hint="pin a release tag or a digest: every node must run the same bytes")
-    folder = (env.get(IMAGE_DIR_KEY) or "").strip()
-    if not folder:
-        return Settings(image, image)  # each node imports it from the registry
-    return Settings(f"{folder.rstrip('/')}/{sqsh_name(image)}", image)
+    return Settings(*shared_image(env, role_image, "pyxis", "an enroot SquashFS file", sqsh_name, where,
+                                  folder_required=False))
 
 
 def step_args(s: Settings, env: Mapping[str, str], run_dir: str, names: Iterable[str]) -> list[str]:
