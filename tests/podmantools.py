@@ -28,18 +28,23 @@ _SKIP = {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2
          "site-packages", "pydoc_data"}
 
 
-def ensure_podman() -> str | None:
-    """None when podman and runc run here; else why not (installs Debian's packages as root)."""
-    if shutil.which("podman") and shutil.which("runc"):
+def ensure_debian(programs: tuple[str, ...], packages: tuple[str, ...]) -> str | None:
+    """None when every program is on PATH; else why not (installs Debian's ``packages`` as root first)."""
+    if all(shutil.which(p) for p in programs):
         return None
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return "podman is not installed (Debian: apt-get install podman runc)"
-    proc = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "podman", "runc"],
-                          capture_output=True, text=True, timeout=600,
+        return f"{' and '.join(programs)} not installed (Debian: apt-get install {' '.join(packages)})"
+    proc = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+                          capture_output=True, text=True, timeout=900,
                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    if proc.returncode != 0 or not shutil.which("podman"):
-        return f"apt-get install podman runc failed: {proc.stderr[-400:]}"
+    if proc.returncode != 0 or not all(shutil.which(p) for p in programs):
+        return f"apt-get install {' '.join(packages)} failed: {proc.stderr[-400:]}"
     return None
+
+
+def ensure_podman() -> str | None:
+    """None when podman and runc run here; else why not (installs Debian's packages as root)."""
+    return ensure_debian(("podman", "runc"), ("podman", "runc"))
 
 
 def podman_env(conf_dir: Path) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import uuid
@@ -29,24 +28,10 @@ pytestmark = pytest.mark.slurm
 PINNED = "localhost/envlayers-standin:ch1"  # the pinned reference the image directory is named after
 
 
-def ensure_charliecloud() -> str | None:
-    """None when ch-run and ch-convert are here; else why not (installs Debian's charliecloud as root)."""
-    if shutil.which("ch-run") and shutil.which("ch-convert"):
-        return None
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return "charliecloud is not installed (Debian: apt-get install charliecloud)"
-    proc = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "charliecloud"],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    if proc.returncode != 0 or not shutil.which("ch-run"):
-        return f"apt-get install charliecloud failed: {proc.stderr[-400:]}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def ch_image(tmp_path_factory):
     """The stand-in image as a directory on shared storage: built with podman, converted with ch-convert."""
-    for reason in (podmantools.ensure_podman(), ensure_charliecloud()):
+    for reason in (podmantools.ensure_podman(), podmantools.ensure_debian(("ch-run", "ch-convert"), ("charliecloud",))):
         if reason:
             pytest.fail(reason) if os.environ.get("ENVLAYERS_REQUIRE_SLURM") == "1" else pytest.skip(reason)
     work = tmp_path_factory.mktemp("ch")

@@ -30,20 +30,6 @@ pytestmark = pytest.mark.slurm
 SHIM = REPO / "tests" / "docker-shim"
 
 
-def ensure_docker() -> str | None:
-    """None when dockerd and the docker client are here; else why not (installs Debian's docker.io as root)."""
-    if shutil.which("dockerd") and Path("/usr/bin/docker").exists():
-        return None
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return "docker is not installed (Debian: apt-get install docker.io)"
-    proc = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker.io"],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    if proc.returncode != 0 or not shutil.which("dockerd"):
-        return f"apt-get install docker.io failed: {proc.stderr[-400:]}"
-    return None
-
-
 def _netns(lab) -> dict[str, str]:
     out = subprocess.run([str(REPO / "cluster" / "slurm-lab"), "status"], env={**os.environ, **lab.env},
                          capture_output=True, text=True, timeout=30).stdout
@@ -62,7 +48,7 @@ def docker(sock: Path, *args: str, timeout_s: float = 120, check: bool = True) -
 def daemons(netns_lab):
     """One dockerd per lab node, in the node's network namespace; their sockets in one folder (the shim
     picks the node's by the namespace it runs in). Stopped by PID, their containers removed first."""
-    reason = podmantools.ensure_podman() or ensure_docker()
+    reason = podmantools.ensure_podman() or podmantools.ensure_debian(("dockerd", "docker"), ("docker.io",))
     if reason:
         pytest.fail(reason) if os.environ.get("ENVLAYERS_REQUIRE_SLURM") == "1" else pytest.skip(reason)
     # short paths: containerd's sockets live under the exec root, and a unix socket path has 108 bytes
