@@ -135,7 +135,8 @@ def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothin
     assert ep["api_key_file"] == str(run.run_dir / "api-key")
     assert f"API key: required (the key in {run.run_dir / 'api-key'};" in text
     assert curl(f"http://{ep['addresses'][0]}:8000/v1/models").stdout.endswith("\n401")  # no key, no answer
-    assert (run.run_dir / "serve.env").read_text().startswith("export VLLM_SERVED_MODEL='hpcagent-bench-vllm'")
+    assert (run.run_dir / "serve.env").read_text().startswith("# site: mi300a\nexport VLLM_SERVED_MODEL='hpcagent-bench-vllm'")
+    assert "model id: Qwen/Qwen3.8-27B-FP8 (sglang, single)\nsite: mi300a\n" in text
     assert (run.run_dir / "core-limit.txt").read_text() == "rank=0 limit=0\n"
     netns_lab.cancel(run.job_id)
     assert run.state() == "CANCELLED"
