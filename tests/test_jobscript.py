@@ -606,3 +606,22 @@ def test_a_serve_base_env_job_is_labelled_with_its_file_not_the_default_target(t
     assert job.target == "base-env:mine-base.env"
     assert "export ENVLAYERS_TARGET=base-env:mine-base.env\n" in job.script
     assert "qwen38" not in job.script
+
+
+def test_an_edf_bind_whose_source_is_not_there_is_refused_with_the_mkdir(tmp_path):
+    # a cache relocated by a symbolic link whose target is gone: install-edfs binds the link's target
+    from envlayers.edf import install
+
+    scratch = tmp_path / "s"
+    (scratch / "ce-images").mkdir(parents=True)
+    (scratch / "ce-images" / "sglang-rocm_v0.5.20-rocm724-mi30x-20260919.sqsh").write_bytes(b"hsqs")
+    (scratch / ".cache").mkdir()
+    (scratch / ".cache" / "envlayers").symlink_to(tmp_path / "elsewhere" / "caches")  # not there
+    edf = tmp_path / "edf"
+    environ = {"HOME": str(tmp_path), "EDF_PATH": str(edf), "SCRATCH": str(scratch), "CHECK_WEIGHTS": "0"}
+    install(REPO, edf, environ=environ)
+    said = [b for b in prepare(REPO, "qwen38", python=PY, environ=environ).blockers if "binds" in b]
+    assert said and all("which does not exist" in b and f"mkdir -p {tmp_path / 'elsewhere'}" in b for b in said), said
+    for line in said:  # the printed command, as the operator would run it
+        subprocess.run(["bash", "-c", line.rsplit(": ", 1)[1]], check=True, timeout=10)
+    assert prepare(REPO, "qwen38", python=PY, environ=environ).blockers == []

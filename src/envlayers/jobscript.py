@@ -846,6 +846,10 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
             blockers.append(f"EDF {name} installed in {installed.parent} is not what the catalog renders ({differs}); "
                             "the job would run the installed one: run `env_layers install-edfs` (its report shows "
                             "the whole diff; --force replaces a file env_layers did not write)")
+        for source in _missing_mount_sources(installed, environ):
+            blockers.append(f"EDF {name} binds {source}, which does not exist (a cache moved by a symbolic link is "
+                            "bound from where the link points); the Container Engine would stop at the first srun: "
+                            f"mkdir -p {shlex.quote(source)}")
     try:
         image = Path(edf.expand_vars(src.edf["image"], environ))
     except EnvLayersError:
@@ -854,6 +858,25 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
         blockers.append(f"the image of EDF {name}, {image}, is missing; every rank would fail at its first srun: "
                         f"`{edf.fetch_command(role, root)}` imports it")
     return name, src
+
+
+def _missing_mount_sources(installed: Path, environ: Mapping[str, str]) -> list[str]:
+    """The host side of each ``mounts`` entry of the installed EDF that is not there (a ``${VAR}`` this shell
+    does not set is left out: it cannot be checked here)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(installed.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    out = []
+    for mount in data.get("mounts") or []:
+        if not isinstance(mount, str):
+            continue
+        source = _expanded(mount.split(":", 1)[0], environ)
+        if source and source.startswith("/") and not os.path.exists(source) and source not in out:
+            out.append(source)
+    return out
 
 
 def _installed_edf_differs(installed: Path, role: str, topology: str, root: Path,
