@@ -269,7 +269,7 @@ def test_the_report_text_names_the_pool_its_replica_jobs_and_each_decision():
     from envlayers.cli.report_cmds import format_report
 
     rep = SimpleNamespace(since=0.0, slurm_accounting="not asked: --no-sacct", missing=[], skipped=[], roots=["/r"],
-                          jobs=[], by_model=[], by_shape=[], largest_waste=None,
+                          jobs=[], by_model=[], by_shape=[], by_site=[], largest_waste=None,
                           pools=[{"job_id": "100", "replica_jobs": ["201"], "gpu_hours_total": 2.5,
                                   "gpu_hours_replica_jobs": 0.5, "gpu_hours_own": 2.0,
                                   "decisions": [{"action": "grow", "job": None, "why": "waited"},

@@ -103,7 +103,7 @@ def test_the_job_script_writes_and_files_away_under_the_names_it_is_given(tmp_pa
     assert proc.returncode == 0, proc.stderr
     folder = given["run_folder"] + "0"
     assert sorted(p.name for p in run_dir.iterdir()) == sorted([folder, given["serve_env"], given["job_sh"]])
-    assert (run_dir / given["serve_env"]).read_text() == "X=1" and (run_dir / folder / "earlier.txt").is_file()
+    assert (run_dir / given["serve_env"]).read_text() == "# site: mi300a\nX=1" and (run_dir / folder / "earlier.txt").is_file()
     if names is None:  # what the job script files away is what status reads as an earlier run
         assert rundir.earlier_run_dirs(run_dir) == {0: run_dir / folder}
 
