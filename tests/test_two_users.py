@@ -130,4 +130,4 @@ def test_what_the_victims_job_wrote_the_attacker_cannot_read(users, victims_root
         got = as_user(users["attacker"], "cat", str(f))
         assert got.returncode != 0 and "seen-only-by-the-victim" not in got.stdout
     assert as_user(users["victim"], "cat", str(run_dir / rundir.SERVE_ENV)).stdout == \
-        "HF_TOKEN_LIKE=seen-only-by-the-victim"
+        "# site: mi300a\nHF_TOKEN_LIKE=seen-only-by-the-victim"
