@@ -15,7 +15,8 @@ def test_the_submitting_shell_rule(tmp_path):
     """Launch keys from the shell that no layer sets are dropped with a word; CHECK_WEIGHTS is the
     submission's own; SBATCH_* the command line overrides get a word naming the key that works."""
     environ = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "IDLE_STOP_AFTER_S": "1800",
-               "SBATCH_PARTITION": "debug", "SBATCH_TIMELIMIT": "1:00:00", "SBATCH_ACCOUNT": "proj"}
+               "SBATCH_PARTITION": "debug", "SBATCH_TIMELIMIT": "1:00:00", "SBATCH_ACCOUNT": "proj",
+               "SERVER_API_KEY": "a-client-key"}  # a client's key: not a setting the job misses
     job = prepare(REPO, "qwen38", python="/usr/bin/python3", environ=environ)
     said = [w for w in job.warnings if "submitting shell" in w]
     assert len(said) == 3, job.warnings

@@ -478,12 +478,13 @@ def shell_dropped_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
     shell options the login node reads itself (SHELL_OPTIONS), nor the shell's basics; the value is not
     shown (it may be a secret)."""
     from . import keys
-    from .layers import SHELL_BASICS
+    from .layers import SECRET_KEYS, SHELL_BASICS
 
     in_job = "SLURM_JOB_ID" in environ
     out = []
     for key in keys.BY_NAME:
         if (key not in environ or key in env.bindings or key in SHELL_OPTIONS or key in SHELL_BASICS
+                or key in SECRET_KEYS  # a client's key in the shell: the job makes or reads its own
                 or in_job and key.startswith("SLURM_")):
             continue
         out.append(f"{key} from the submitting shell does not reach the job: its launch keys are the layers' and "
