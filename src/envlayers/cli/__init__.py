@@ -19,9 +19,9 @@ from ..errors import EnvLayersError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "render": ("layers_cmds", "render", "Print the merged environment of EXPERIMENT:MODEL."),
     "explain": ("layers_cmds", "explain", "Show every key's value, where it was set and what it overrode."),
-    "check": ("layers_cmds", "check", "Verify committed .env.<setup> renders are up to date."),
-    "list": ("layers_cmds", "list_cmd", "List experiments and models."),
-    "install-edfs": ("edf_cmds", "install_edfs", "Install the catalog's container definitions (EDFs)."),
+    "check": ("layers_cmds", "check", "Verify the committed renders; check every site x experiment x model."),
+    "list": ("layers_cmds", "list_cmd", "List sites, experiments and models."),
+    "install-edfs": ("edf_cmds", "install_edfs", "Install the site's container definitions (EDFs)."),
     "edf": ("edf_cmds", "edf", "Inspect container definitions."),
     "plan": ("serve_cmds", "plan", "Show the deployment plan: shape, ranks, server commands."),
     "serve": ("serve_cmds", "serve", "Submit (or --dry-run) a serve-only endpoint job."),
@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tunnel": ("access_cmds", "tunnel", "Open a reverse SSH tunnel from the API node to a gateway host."),
     "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
     "bench": ("bench_cmds", "bench", "Load a live endpoint: throughput and latency at several concurrencies."),
-    "images": ("images_cmds", "images", "Save or load a pinned podman image to or from shared storage."),
+    "images": ("images_cmds", "images", "The images a site runs and how to make each; podman save and load."),
 }
 
 # `env_layers --help` lists the commands in these sections, in this order; every command is in exactly one
@@ -141,6 +141,7 @@ def cli(ctx: click.Context, root: str | None) -> None:
     Typical use:
       env_layers render experiment:qwen38        # the merged launch environment
       env_layers explain experiment:glm53 SGLANG_ATTENTION_BACKEND
+      SITE=h100 env_layers plan --model glm53    # the same model on another site
       SUBMIT=0 cluster/serve-only.sbatch          # what a submission would run
     """
     ctx.obj = {"root": root}
