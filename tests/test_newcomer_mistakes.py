@@ -68,6 +68,7 @@ CASES = [
     ("image-tagged-latest", "qwen38", "CONTAINER_RUNTIME=podman\nCONTAINER_IMAGE=vllm/vllm-openai:latest\n", {}, None, "E", [f"{MINE}:2: CONTAINER_IMAGE: image 'vllm/vllm-openai:latest' is tagged 'latest'"]),
     ("ray-shape-in-podman", "llama405bray", "CONTAINER_RUNTIME=podman\nCONTAINER_IMAGE=x/y:1\n", {}, None, "E", [f"{MINE}:1: CONTAINER_RUNTIME: podman cannot run the ray shape"]),
     ("loopback-with-a-second-node", "oss120b", "SERVER_HOST=127.0.0.1\nINFERENCE_MODE=replicas\nINFERENCE_NODES=2\n", {}, None, "B", [f"{MINE}:1: the server binds loopback only (SERVER_HOST=127.0.0.1)"]),
+    ("site-without-gpu-name", "qwen38", "", {}, "{site}", "E", ["experiments/layers/model-qwen38.env:5", "CONTAINER_ROLE reads $GPU_NAME, which no layer sets", "set GPU_NAME there"]),
     ("gpu-memory-as-a-word", "qwen38", "GPU_MEM_GB=lots\n", {}, None, "E", [f"{MINE}:1: GPU_MEM_GB: must be a positive number of GiB, got 'lots'"]),
 ]
 
@@ -81,6 +82,9 @@ def test_a_newcomer_mistake_gets_its_one_line(tmp_path, case):
     _, model, layer, shell, site, kind, words = case
     mine = tmp_path / "mine.env"
     mine.write_text(layer)
+    if site == "{site}":  # a site file of the newcomer's own, as the case's name says
+        site = str(tmp_path / "site.env")
+        Path(site).write_text("SLURM_PARTITION=p\nGPUS_PER_NODE=8\nGPU_MEM_GB=80\nGPU_VENDOR=nvidia\nCONTAINER_RUNTIME=ce\n")
     environ = {"HOME": str(tmp_path), "PWD": str(tmp_path), "PATH": os.environ["PATH"], "CHECK_WEIGHTS": "0",
                "EDF_PATH": str(tmp_path / "edf"), **shell}
     time = shell.get("SERVE_TIME", "04:00:00")

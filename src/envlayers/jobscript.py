@@ -266,6 +266,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     env_text = render(env, "sh", with_header=False)
     text = keys.located(env)  # key -> text, and the file:line each key's errors name
     keys.check(text)  # a bad value of a key the job reads is refused here, not after the allocation
+    _refuse_role_reference(env)
     _refuse_huge_values(env)
     build_env = dict(text)
     warnings = (shell_overridden_warnings(env, environ) + shell_dropped_warnings(env, environ)
@@ -728,6 +729,20 @@ def _with_origins(where: "str | None", env: Env) -> "str | None":
     if len(names) == 1:  # one key: as every key refusal names it, "file:line: KEY"
         return f"{env.bindings[where].origin}: {where}" if where in env.bindings else where
     return ", ".join(f"{n} ({env.bindings[n].origin})" if n in env.bindings else n for n in names)
+
+
+def _refuse_role_reference(env: Env) -> None:
+    """A CONTAINER_ROLE that reads a name no layer sets (``sglang-${GPU_NAME}`` on a site file without
+    GPU_NAME): the role is the image, and the login node must know it."""
+    from .layers import deferred_in
+
+    b = env.bindings.get("CONTAINER_ROLE")
+    names = sorted({d.name for d in deferred_in(b.value)}) if b is not None else []
+    if names:
+        raise EnvLayersError(f"CONTAINER_ROLE reads {', '.join('$' + n for n in names)}, which no layer sets, so the "
+                             "image cannot be known before submission", where=str(b.origin),
+                             hint=f"the site file names its GPUs: set {names[0]} there (mi300, h100: the roles of "
+                                  "containers/edfs/ are <engine>-<GPU_NAME>; docs/sites.md)")
 
 
 def _role_engine(root: Path, env: Env, text: Mapping[str, str]) -> list[str]:
