@@ -593,9 +593,7 @@ def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ:
         src = source(role, root)
         role_image = src.remote_image
         role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
-    if plan.shape in ("ray", "gateway"):  # the job would refuse it too (launch/prepare.py)
-        raise EnvLayersError(f"{runtime} cannot run the {plan.shape} shape (Ray across the container boundary)",
-                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
+    _refuse_ray(runtime, plan, where)
     import shutil
 
     program = PROGRAMS[runtime]
@@ -623,39 +621,50 @@ def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ:
         from .runtimes import charliecloud
 
         s = charliecloud.settings(text, role_image, where)
-        image = _expanded(s.image, environ)  # the job runs the image checked here
-        if image is None:
-            blockers.append(f"{where('CONTAINER_IMAGE_DIR')}: the image {s.image} reads a variable this shell does "
-                            "not set, so it cannot be checked here")
-            return _Wrapped(runtime, s, s.image, "")
-        s = replace(s, image=image)
-        if not os.path.exists(image):
-            how = f"`{charliecloud.convert_command(s)}` makes it" if s.source else "CONTAINER_IMAGE names it"
-            blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.source else 'CONTAINER_IMAGE')}: the image {image} "
-                            f"is not there; every rank would fail at its start: {how} (docs/sites.md)")
+        s = replace(s, image=_shared_image_there(
+            "image", s.image, lambda p: charliecloud.convert_command(replace(s, image=p)) if s.source else None,
+            where("CONTAINER_IMAGE_DIR" if s.source else "CONTAINER_IMAGE"), environ, blockers))
         lacking = charliecloud.missing(s, text)
         if lacking:
-            blockers.append(f"{where('CONTAINER_RUNTIME')}: the image {image} has no {', '.join(lacking)}, which "
+            blockers.append(f"{where('CONTAINER_RUNTIME')}: the image {s.image} has no {', '.join(lacking)}, which "
                             "ch-run binds there and cannot create in a read-only image: create "
                             f"{'them' if len(lacking) > 1 else 'it'} in the image once (a folder with mkdir -p, "
-                            f"an /etc file with touch), e.g. mkdir -p {shlex.quote(image + lacking[0])} "
+                            f"an /etc file with touch), e.g. mkdir -p {shlex.quote(s.image + lacking[0])} "
                             "(docs/sites.md)")
         return _Wrapped(runtime, s, s.image, "")
     from .runtimes import apptainer
 
     s = apptainer.settings(text, runtime, role_image, where)
-
-    sif = _expanded(s.sif, environ)  # the job runs the SIF checked here
-    if sif is not None:
-        s = replace(s, sif=sif)
-    if sif is None:
-        blockers.append(f"{where('CONTAINER_IMAGE_DIR')}: the SIF {s.sif} reads a variable this shell does not set, "
-                        "so it cannot be checked here")
-    elif not os.path.isfile(sif):
-        how = f"`{apptainer.pull_command(s)}`" if s.image else "a SIF at CONTAINER_IMAGE"
-        blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.image else 'CONTAINER_IMAGE')}: the SIF {sif} is not "
-                        f"there; every rank would fail at its start: {how} makes it (docs/sites.md)")
+    s = replace(s, sif=_shared_image_there(
+        "SIF", s.sif, lambda p: apptainer.pull_command(replace(s, sif=p)) if s.image else None,
+        where("CONTAINER_IMAGE_DIR" if s.image else "CONTAINER_IMAGE"), environ, blockers))
     return _Wrapped(runtime, s, s.sif, s.gpu_flag)
+
+
+def _refuse_ray(runtime: str, plan: Plan, where) -> None:
+    """The Ray shapes under a container runtime: Ray would cross the container boundary (the job refuses it
+    too, launch/prepare.py)."""
+    if plan.shape in ("ray", "gateway"):
+        raise EnvLayersError(f"{runtime} cannot run the {plan.shape} shape (Ray across the container boundary)",
+                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
+
+
+def _shared_image_there(kind: str, path: str, make, where: str, environ: Mapping[str, str],
+                        blockers: list[str]) -> str:
+    """``path`` as the job will read it (its references expanded from this shell), and a blocker when a
+    reference is unset here or nothing is there; ``make(expanded)`` is the command that puts it there (None
+    when CONTAINER_IMAGE names it)."""
+    expanded = _expanded(path, environ)
+    if expanded is None:
+        blockers.append(f"{where}: the {kind} {path} reads a variable this shell does not set, so it cannot be "
+                        "checked here")
+        return path
+    if not os.path.exists(expanded):
+        command = make(expanded)
+        how = f"`{command}` makes it" if command else "CONTAINER_IMAGE names it"
+        blockers.append(f"{where}: the {kind} {expanded} is not there; every rank would fail at its start: {how} "
+                        "(docs/sites.md)")
+    return expanded
 
 
 def _pyxis(root: Path, env: Env, text: Mapping[str, str], plan: Plan, commands, environ: Mapping[str, str],
@@ -677,25 +686,16 @@ def _pyxis(root: Path, env: Env, text: Mapping[str, str], plan: Plan, commands, 
 
     role = text.get("CONTAINER_ROLE")
     role_image = edf.load_catalog(root)[role].remote_image if role and role in edf.roles(root) else None
-    if plan.shape in ("ray", "gateway"):
-        raise EnvLayersError(f"pyxis cannot run the {plan.shape} shape (Ray across the container boundary)",
-                             where=where("CONTAINER_RUNTIME"), hint="use CONTAINER_RUNTIME=ce or none for it")
+    _refuse_ray("pyxis", plan, where)
     s = pyxis.settings(text, role_image, where)
     if not pyxis.plugin_enabled():
         blockers.append(f"{where('CONTAINER_RUNTIME')}: this host's Slurm does not load Pyxis (no spank_pyxis line "
                         f"in {' or '.join(pyxis.PLUGSTACK)}); srun would refuse --container-image: run where the "
                         "site's Slurm has Pyxis, or name the runtime it has")
     if s.image.startswith(("/", "$")):
-        image = _expanded(s.image, environ)
-        if image is None:
-            blockers.append(f"{where('CONTAINER_IMAGE_DIR')}: the image {s.image} reads a variable this shell does "
-                            "not set, so it cannot be checked here")
-        else:
-            s = replace(s, image=image)
-            if not os.path.isfile(image):
-                how = f"`{pyxis.import_command(s)}` makes it" if s.source else "CONTAINER_IMAGE names it"
-                blockers.append(f"{where('CONTAINER_IMAGE_DIR' if s.source else 'CONTAINER_IMAGE')}: the image "
-                                f"{image} is not there; every rank would fail at its start: {how} (docs/sites.md)")
+        s = replace(s, image=_shared_image_there(
+            "image", s.image, lambda p: pyxis.import_command(replace(s, image=p)) if s.source else None,
+            where("CONTAINER_IMAGE_DIR" if s.source else "CONTAINER_IMAGE"), environ, blockers))
     else:
         warnings.append(f"{where('CONTAINER_RUNTIME')}: pyxis imports {s.image} from the registry on every node at "
                         "every job start; set CONTAINER_IMAGE_DIR to a shared folder and import it once with "
