@@ -42,11 +42,13 @@ def podman_env(tmp_path):
     return podmantools.podman_env(tmp_path / "podman-conf")
 
 
-def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(netns_lab, tmp_path, podman_env):
+def _saved_standin(netns_lab, tmp_path, podman_env, model: str) -> tuple[Run, str, Path]:
+    """A run of ``model`` and the stand-in image (with vLLM's entrypoint) saved to a shared folder with
+    `env_layers images save` and removed from the host, so the job's nodes load it from there."""
     image = f"localhost/envlayers-standin:t{uuid.uuid4().hex[:8]}"
     podmantools.build_standin_image(tmp_path / "img", image, podman_env)
     shared = tmp_path / "shared-images"
-    run = Run(netns_lab, tmp_path, model="oss120b", SERVE_TIME="00:10:00", **podman_env)
+    run = Run(netns_lab, tmp_path, model=model, SERVE_TIME="00:10:00", **podman_env)
     # the lab's nodes are network namespaces whose /sys hides the cgroup mounts runc needs: a test-only
     # shim (tests/podman-shim/podman) mounts them again, privately, before running the real podman
     run.env["PATH"] = f"{REPO / 'tests' / 'podman-shim'}:{run.env['PATH']}"
@@ -54,7 +56,14 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
         saved = env_layers(run, "images", "save", image, "--to", str(shared))
         assert saved.returncode == 0, saved.stderr
         assert (shared / podmantools_archive(image)).is_file()
-        podmantools.podman("rmi", image, env=podman_env)  # the job must load it from the shared directory
+    finally:
+        podmantools.podman("rmi", "-f", image, env=podman_env, check=False)  # the job loads it from the archive
+    return run, image, shared
+
+
+def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(netns_lab, tmp_path, podman_env):
+    run, image, shared = _saved_standin(netns_lab, tmp_path, podman_env, "oss120b")
+    try:
         (tmp_path / "mine.env").write_text(
             "CONTAINER_RUNTIME=podman\n"
             f"CONTAINER_IMAGE={image}\n"
@@ -125,15 +134,8 @@ def test_podman_job_loads_the_image_offline_and_serves_on_the_nodes_loopback(net
 
 def test_podman_serves_a_pipeline_across_two_nodes_one_container_each(netns_lab, tmp_path, podman_env):
     # the image carries vLLM's entrypoint (`vllm serve`): the launcher's command runs in its place
-    image = f"localhost/envlayers-standin:t{uuid.uuid4().hex[:8]}"
-    podmantools.build_standin_image(tmp_path / "img", image, podman_env)
-    shared = tmp_path / "shared-images"
-    run = Run(netns_lab, tmp_path, model="glm53", SERVE_TIME="00:10:00", **podman_env)
-    run.env["PATH"] = f"{REPO / 'tests' / 'podman-shim'}:{run.env['PATH']}"
+    run, image, shared = _saved_standin(netns_lab, tmp_path, podman_env, "glm53")
     try:
-        saved = env_layers(run, "images", "save", image, "--to", str(shared))
-        assert saved.returncode == 0, saved.stderr
-        podmantools.podman("rmi", image, env=podman_env)  # each node loads it from the shared directory
         (tmp_path / "mine.env").write_text(
             "CONTAINER_RUNTIME=podman\n"
             f"CONTAINER_IMAGE={image}\n"
