@@ -285,10 +285,11 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
         rank_lines[0] = _ray_head_line(plan, build_env, rank_lines[0])
     budget = ready_timeout_s(text)
     blockers: list[str] = []
-    wrapped = _wrapped(root, env, text, plan, environ, blockers)  # -- podman, apptainer, charliecloud (runtimes/)
+    role_src = _role_source(root, text)  # the role's validated source, read once for every check below
+    wrapped = _wrapped(env, text, plan, environ, blockers, role_src)  # -- podman, apptainer, charliecloud (runtimes/)
     if wrapped is not None:
         rank_lines = _wrapped_lines(wrapped, text, plan, commands)
-    container = _pyxis(root, env, text, plan, commands, environ, blockers, warnings)  # -- the step's container
+    container = _pyxis(env, text, plan, commands, environ, blockers, warnings, role_src)  # -- the step's container
     # -- the site (sites.py): a setting for the other vendor's GPUs would fail at the engine's start
     from . import sites
     from .layers import site_source
@@ -296,10 +297,10 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     site_layer = site_source(sources)
     site_name = sites.name_of(site_layer.label) if site_layer else ""
     blockers += sites.foreign_settings(env, keys.value(text, "GPU_VENDOR"), site_layer.label if site_layer else None)
-    edf_name, role_source = _edf(root, text, plan, blockers, environ)
+    edf_name, role_source = _edf(root, text, plan, blockers, environ, role_src)
     # the engine's own choices (engines/choices.py), against the release the image pins
-    _engine_choices(env, text, commands, blockers, warnings, _pinned_image(root, text, role_source))
-    blockers += _role_engine(root, env, text)
+    _engine_choices(env, text, commands, blockers, warnings, _pinned_image(text, role_src))
+    blockers += _role_engine(env, text, role_src)
     _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (fsutil.unsafe_folder)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .exposure import KEY as HOST_KEY, loopback_unreachable, public_keyless
@@ -572,27 +573,21 @@ class _Wrapped(NamedTuple):
     # (charliecloud: none; ch-run keeps the node's /dev)
 
 
-def _wrapped(root: Path, env: Env, text: Mapping[str, str], plan: Plan, environ: Mapping[str, str],
-             blockers: list[str]) -> "_Wrapped | None":
+def _wrapped(env: Env, text: Mapping[str, str], plan: Plan, environ: Mapping[str, str], blockers: list[str],
+             role_src) -> "_Wrapped | None":
     from .runtimes import PROGRAMS, WRAPPED, runtime_name
 
     runtime = runtime_name(text)
     if runtime not in WRAPPED:
         return None
-    from . import edf
 
     def where(key: str) -> str:
         b = env.bindings.get(key)
         return f"{b.origin}: {key}" if b else key
 
-    role = text.get("CONTAINER_ROLE")
-    role_image = role_gpu = None
-    if role and role in edf.roles(root):
-        from .edf.schema import source
-
-        src = source(role, root)
-        role_image = src.remote_image
-        role_gpu = str((src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
+    role_image = role_src.remote_image if role_src is not None else None
+    role_gpu = (str((role_src.edf.get("annotations") or {}).get("com.hooks.aws_ofi_nccl.variant") or "")
+                if role_src is not None else None)
     _refuse_ray(runtime, plan, where)
     import shutil
 
@@ -667,8 +662,8 @@ def _shared_image_there(kind: str, path: str, make, where: str, environ: Mapping
     return expanded
 
 
-def _pyxis(root: Path, env: Env, text: Mapping[str, str], plan: Plan, commands, environ: Mapping[str, str],
-           blockers: list[str], warnings: list[str]) -> list[str]:
+def _pyxis(env: Env, text: Mapping[str, str], plan: Plan, commands, environ: Mapping[str, str],
+           blockers: list[str], warnings: list[str], role_src) -> list[str]:
     """CONTAINER_RUNTIME=pyxis: the ranks' srun step's ``--container-*`` options (``${RUN_DIR}`` for the job to
     fill in), checked here; ``[]`` for another runtime."""
     from .runtimes import runtime_name
@@ -677,17 +672,14 @@ def _pyxis(root: Path, env: Env, text: Mapping[str, str], plan: Plan, commands, 
         return []
     from dataclasses import replace
 
-    from . import edf
     from .runtimes import pyxis
 
     def where(key: str) -> str:
         b = env.bindings.get(key)
         return f"{b.origin}: {key}" if b else key
 
-    role = text.get("CONTAINER_ROLE")
-    role_image = edf.load_catalog(root)[role].remote_image if role and role in edf.roles(root) else None
     _refuse_ray("pyxis", plan, where)
-    s = pyxis.settings(text, role_image, where)
+    s = pyxis.settings(text, role_src.remote_image if role_src is not None else None, where)
     if not pyxis.plugin_enabled():
         blockers.append(f"{where('CONTAINER_RUNTIME')}: this host's Slurm does not load Pyxis (no spank_pyxis line "
                         f"in {' or '.join(pyxis.PLUGSTACK)}); srun would refuse --container-image: run where the "
@@ -745,19 +737,28 @@ def _refuse_role_reference(env: Env) -> None:
                                   "containers/edfs/ are <engine>-<GPU_NAME>; docs/sites.md)")
 
 
-def _role_engine(root: Path, env: Env, text: Mapping[str, str]) -> list[str]:
+def _role_source(root: Path, text: Mapping[str, str]):
+    """CONTAINER_ROLE's validated source (edf.RoleSource), read once for every check of the dry run; None
+    without a role or for one containers/edfs/ lacks (the Container Engine refuses that in :func:`_edf`)."""
+    role = text.get("CONTAINER_ROLE")
+    if not role:
+        return None
+    from . import edf
+
+    return edf.load_catalog(root).get(role)
+
+
+def _role_engine(env: Env, text: Mapping[str, str], src) -> list[str]:
     """A refusal when the image the role names runs another engine than INFERENCE_ENGINE (a model switched to
     vLLM that kept its SGLang role): the rank would start `vllm serve` in an image without it."""
-    from . import edf
     from .engines import engine_name
 
-    role = text.get("CONTAINER_ROLE")
-    if not role or (text.get("CONTAINER_IMAGE") or "").strip() or role not in edf.roles(root):
+    if src is None or (text.get("CONTAINER_IMAGE") or "").strip():
         return []
-    src = edf.load_catalog(root)[role]
     engine = engine_name(text)
     if src.engine == engine:
         return []
+    role = src.role
     where = {k: str(b.origin) for k, b in env.bindings.items()}
     suggested = role.replace(src.engine, engine, 1) if role.startswith(src.engine) else f"{engine}-<GPU_NAME>"
     return [f"INFERENCE_ENGINE={engine} ({where.get('INFERENCE_ENGINE', '?')}), but CONTAINER_ROLE={role} "
@@ -765,21 +766,13 @@ def _role_engine(root: Path, env: Env, text: Mapping[str, str]) -> list[str]:
             f"{engine} where it is not installed: set CONTAINER_ROLE={suggested} with it"]
 
 
-def _pinned_image(root: Path, text: Mapping[str, str], role_source) -> str | None:
+def _pinned_image(text: Mapping[str, str], role_src) -> str | None:
     """The registry reference of the image the job runs (CONTAINER_IMAGE when it is one, else the role's),
     None when the job names a file or nothing."""
     given = (text.get("CONTAINER_IMAGE") or "").strip()
     if given:
         return None if given.startswith(("/", "$")) else given
-    if role_source is not None:
-        return role_source.remote_image
-    role = text.get("CONTAINER_ROLE")
-    if role:
-        from . import edf
-
-        if role in edf.roles(root):
-            return edf.load_catalog(root)[role].remote_image
-    return None
+    return role_src.remote_image if role_src is not None else None
 
 
 def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:
@@ -823,7 +816,7 @@ def _wrapped_lines(w: _Wrapped, text: Mapping[str, str], plan: Plan, commands) -
 
 
 def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
-         environ: Mapping[str, str]) -> tuple[str, "edf.RoleSource | None"]:
+         environ: Mapping[str, str], src) -> tuple[str, "edf.RoleSource | None"]:
     """The EDF the ranks run with (``""`` without the Container Engine) and its role's validated source,
     read once for the job script and the weights check."""
     from .runtimes import runtime_name
@@ -837,18 +830,19 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
     if not role:
         raise EnvLayersError("is not set; runtime ce needs the EDF role", where="CONTAINER_ROLE",
                              hint="one of: " + ", ".join(edf.roles(root)))
-    if role not in edf.roles(root):
+    if src is None:
         import difflib
 
         origin = getattr(text, "origins", {}).get("CONTAINER_ROLE")
         near = difflib.get_close_matches(role, edf.roles(root), n=1)
         raise EnvLayersError(f"unknown EDF role {role!r} (valid: {', '.join(edf.roles(root))})",
                              where=f"{origin}: CONTAINER_ROLE" if origin else "CONTAINER_ROLE",
-                             hint=(f"did you mean {near[0]}? " if near else "") + "the roles are the files of containers/edfs/")
-    src = edf.load_catalog(root)[role]
+                             hint=(f"did you mean {near[0]}? " if near else "")
+                             + "the roles are the files of containers/edfs/")
     if not src.edf:
+        origin = getattr(text, "origins", {}).get("CONTAINER_ROLE")
         raise EnvLayersError(f"role {role} has no EDF (no edf: table in {src.file}): the Container Engine cannot "
-                             "run it", where="CONTAINER_ROLE",
+                             "run it", where=f"{origin}: CONTAINER_ROLE" if origin else "CONTAINER_ROLE",
                              hint="name a runtime for its image (CONTAINER_RUNTIME=apptainer, podman, charliecloud or "
                                   "pyxis), or add an edf: table to the source (docs/containers.md)")
     name = src.edf_name(edf.variant_for(plan.edf_topology))
@@ -857,7 +851,7 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
         blockers.append(f"EDF {name} is not installed in {installed.parent}; run `env_layers install-edfs` "
                         "(the job would fail at its first srun)")
     else:
-        differs = _installed_edf_differs(installed, role, plan.edf_topology, root, environ)
+        differs = _installed_edf_differs(installed, src, plan.edf_topology, environ)
         if differs:
             blockers.append(f"EDF {name} installed in {installed.parent} is not what the catalog renders ({differs}); "
                             "the job would run the installed one: run `env_layers install-edfs` (its report shows "
@@ -895,14 +889,13 @@ def _missing_mount_sources(installed: Path, environ: Mapping[str, str]) -> list[
     return out
 
 
-def _installed_edf_differs(installed: Path, role: str, topology: str, root: Path,
-                           environ: Mapping[str, str]) -> str | None:
+def _installed_edf_differs(installed: Path, src, topology: str, environ: Mapping[str, str]) -> str | None:
     """The first line where the installed EDF and the catalog's render of it part ("installed: X, rendered:
     Y"), or None when they are the same bytes."""
     from . import edf
 
     try:
-        want = edf.render_edf(role, topology, root, environ)
+        want = edf.render_source(src, topology, environ)
         have = installed.read_bytes().decode("utf-8", errors="replace")
     except (OSError, EnvLayersError):
         return None  # the render or the file cannot be read here: install-edfs says why

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..errors import EdfError
 from .images import expand_vars, fetch_command, image_info
 from .install import InstallResult, edf_search_dir, install
-from .render import edf_dict, edf_name, render_edf, roles, variant_for, written_by_envlayers
+from .render import edf_dict, edf_name, render_edf, render_source, roles, variant_for, written_by_envlayers
 from .schema import (
     _ANNOTATIONS,
     FABRIC_HOOKS,
@@ -35,7 +35,8 @@ from .schema import (
 
 __all__ = [
     "EdfError", "expand_vars", "fetch_command", "image_info", "InstallResult", "edf_search_dir", "install",
-    "edf_dict", "edf_name", "render_edf", "roles", "variant_for", "written_by_envlayers", "FABRIC_HOOKS",
+    "edf_dict", "edf_name", "render_edf", "render_source", "roles", "variant_for", "written_by_envlayers",
+    "FABRIC_HOOKS",
     "FETCH_SCRIPT", "INTRANODE_SUFFIX", "SOURCE_DIR", "TOPOLOGIES", "VARIANTS", "RoleSource", "load_catalog",
     "unpinned", "_ANNOTATIONS",
 ]

@@ -37,7 +37,12 @@ def edf_name(role: str, topology: str, root: Path) -> str:
 def render_edf(role: str, topology: str, root: Path, environ: Mapping[str, str] | None = None) -> str:
     """The TOML text ``install`` writes for ``role`` in ``topology``, header included; with ``environ``,
     bind sources and cache folders that go through a symbolic link are resolved (``runtimes.binds``)."""
-    return _document(source(role, root), variant_for(topology), environ)
+    return render_source(source(role, root), topology, environ)
+
+
+def render_source(src: RoleSource, topology: str, environ: Mapping[str, str] | None = None) -> str:
+    """:func:`render_edf` of a source already read (the dry run reads its role's once)."""
+    return _document(src, variant_for(topology), environ)
 
 
 def edf_dict(role: str, topology: str, root: Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
