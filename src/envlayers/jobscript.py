@@ -857,9 +857,10 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
                             "the job would run the installed one: run `env_layers install-edfs` (its report shows "
                             "the whole diff; --force replaces a file env_layers did not write)")
         for source in _missing_mount_sources(installed, environ):
-            blockers.append(f"EDF {name} binds {source}, which does not exist (a cache moved by a symbolic link is "
-                            "bound from where the link points); the Container Engine would stop at the first srun: "
-                            f"mkdir -p {shlex.quote(source)}")
+            real = os.path.realpath(source)
+            where_to = "" if real == source else f" (a link to {real}: a bind is made from where the link points)"
+            blockers.append(f"EDF {name} binds {source}, which does not exist{where_to}; the Container Engine would "
+                            f"stop at the first srun: mkdir -p {shlex.quote(real)}")
     try:
         image = Path(edf.expand_vars(src.edf["image"], environ))
     except EnvLayersError:

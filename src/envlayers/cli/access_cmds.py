@@ -27,7 +27,9 @@ def _dump(data) -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 def connect(job_id: str, as_json: bool, show_key: bool, run_dir: str | None) -> None:
     """What a client needs to use JOBID's endpoint: base URL(s), model name, and whether a key is
-    needed and which file holds it (never the key, unless --show-key). For the job's owner only."""
+    needed and which file holds it (never the key, unless --show-key). For the job's owner only.
+
+    Exit 0 with the endpoint; 2 when there is no such job, it is not yours, or it is not live yet."""
     from ..access.connect import connect_info
     from .access_format import format_connect
     from ..access.job import open_job
@@ -191,7 +193,8 @@ def release(ctx: click.Context, job_id: str, as_json: bool, timeout_s: float, ru
     """Release JOBID in order: remove the gateway route (reminder), close the tunnel (by its recorded
     PID, checked), stop the server and cancel the allocation, confirm the gateway port is closed.
 
-    Exit 0 when everything is released (a second run says so), 1 when a step failed."""
+    Exit 0 when everything is released (a second run says so), 1 when a step failed, 2 when there is no
+    such job or it is not yours."""
     from ..access.job import open_job
     from ..access.release import release as do_release
     from .access_format import format_release

@@ -103,8 +103,8 @@ def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, r
     phase, URL). With JOBID: the full record (state, reason, nodes, target, model id, served name, run
     dir, how the launcher ended, the furthest startup phase of every rank, URLs, errors, earlier runs).
 
-    JOBID: 1234, or a step of it (1234.0, 1234.batch). Exit 75 when Slurm did not answer for
-    --slurm-outage seconds."""
+    JOBID: 1234, or a step of it (1234.0, 1234.batch). Exit 0 with the list or the record; 2 when there is
+    no such job; 75 when Slurm did not answer for --slurm-outage seconds."""
     from .. import ops
     from . import ops_format as fmt
 
@@ -153,7 +153,9 @@ def _rank_choice(value: str) -> str | int:
 @click.option("--json", "as_json", is_flag=True, help="JSON: one object with the lines (with --follow: one per line).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help=_RUN_DIR_HELP)
 def logs(job_id: str, rank_text: str, follow: bool, tail_n: int | None, as_json: bool, run_dir: str | None) -> None:
-    """Print a job's server log (rank 0 of the current run by default) or its job output."""
+    """Print a job's server log (rank 0 of the current run by default) or its job output.
+
+    Exit 0 with the log; 2 when there is no such job or no such log (bad input)."""
     from .. import ops
     from ..ops import logs as oplogs
 
@@ -193,7 +195,8 @@ def logs(job_id: str, rank_text: str, follow: bool, tail_n: int | None, as_json:
 def stop(ctx: click.Context, job_id: str, timeout_s: float, as_json: bool, run_dir: str | None) -> None:
     """Cancel JOBID, wait until Slurm says it ended, and confirm its endpoint no longer answers.
 
-    Exit 0 when stopped and silent; 1 when the job did not end in time or an endpoint still answers."""
+    Exit 0 when stopped and silent; 1 when the job did not end in time or an endpoint still answers; 2 when
+    there is no such job or it is not yours."""
     from .. import ops
     from . import ops_format as fmt
 

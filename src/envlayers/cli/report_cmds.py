@@ -34,7 +34,9 @@ def report(since: str, user: str | None, as_json: bool, run_roots: tuple[str, ..
            suggest_stop_s: float, no_sacct: bool) -> None:
     """Sum the GPU-hours of the endpoint jobs since --since: allocated, to live (rank start, weight load,
     graph capture), serving, idle, idle after the last request, after the server died; per model and
-    per shape, with the largest waste named (docs/operating.md)."""
+    per shape, with the largest waste named (docs/operating.md).
+
+    Exit 0 with the report (also when no job is in the window); 2 on bad input."""
     import os
     import time
 
