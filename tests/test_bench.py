@@ -399,11 +399,11 @@ def test_generator_cpu_counts_the_work_done_in_the_generator(engines, monkeypatc
     e = engines({"STANDIN_TOKENS_PER_S": "500"})
     real = load.one_request
 
-    def busy(s, number, level_t0):
+    def busy(s, number, level_t0, conn=None):
         t0 = time.thread_time()  # this thread's own 60 ms, whatever the other workers do
         while time.thread_time() - t0 < 0.06:
             pass
-        return real(s, number, level_t0)
+        return real(s, number, level_t0, conn)
 
     monkeypatch.setattr(load, "one_request", busy)
     s = load.Settings(e.url, SERVED, requests=4, output_tokens=3, timeout_s=10)

@@ -119,3 +119,122 @@ def test_stream_reads_server_sent_lines_of_a_json_post(base):
 ])
 def test_engine_message(body, message):
     assert httpclient.engine_message(body) == message
+
+
+class KeepAliveHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 with chunked server-sent events, as uvicorn answers a streamed completion. The request's JSON
+    says how: ``n`` events; ``drop_idle``: close the connection after answering without saying so (a server
+    whose idle timeout ran out); ``cut``: end the connection after the first event."""
+    protocol_version = "HTTP/1.1"
+    connections = 0
+    requests: list = []
+
+    def setup(self):
+        super().setup()
+        type(self).connections += 1
+
+    def log_message(self, *args):
+        pass
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((body, self.headers.get("Authorization")))
+        if body.get("status", 200) != 200:
+            error = json.dumps({"error": {"message": "too many"}}).encode()
+            self.send_response(body["status"])
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for n in range(body["n"]):
+            self._chunk(f"data: {n}\n\n".encode())
+            if body.get("cut"):
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        if body.get("drop_idle"):
+            self.close_connection = True
+
+
+@pytest.fixture
+def keepalive():
+    KeepAliveHandler.connections, KeepAliveHandler.requests = 0, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def _events(conn, **body) -> list[bytes]:
+    with conn.stream("POST", "/v1/chat/completions", json_body=body, api_key="k" * 16) as resp:
+        lines = []
+        while (line := resp.readline()) and line.strip() != b"data: [DONE]":
+            if line.strip():
+                lines.append(line.strip())
+    return lines
+
+
+def test_a_connection_carries_request_after_request_over_one_tcp_connection(keepalive):
+    conn = httpclient.Connection(keepalive + "/v1", 5)
+    try:
+        for n in (1, 3, 2):
+            assert _events(conn, n=n) == [f"data: {i}".encode() for i in range(n)]
+    finally:
+        conn.close()
+    assert KeepAliveHandler.connections == 1 and len(KeepAliveHandler.requests) == 3
+    assert {auth for _, auth in KeepAliveHandler.requests} == {"Bearer " + "k" * 16}
+
+
+def test_a_connection_the_server_dropped_while_idle_is_reopened_and_the_request_sent_once(keepalive):
+    conn = httpclient.Connection(keepalive, 5)
+    try:
+        assert _events(conn, n=1, drop_idle=True) == [b"data: 0"]
+        time.sleep(0.05)  # not needed for the outcome: the server has closed its end either way
+        assert _events(conn, n=2) == [b"data: 0", b"data: 1"]
+    finally:
+        conn.close()
+    assert [b["n"] for b, _ in KeepAliveHandler.requests] == [1, 2]  # each request reached it once
+    assert KeepAliveHandler.connections == 2
+
+
+def test_a_stream_cut_mid_answer_is_an_error_and_is_not_sent_again(keepalive):
+    conn = httpclient.Connection(keepalive, 5)
+    try:
+        with pytest.raises(httpclient.HttpError):
+            _events(conn, n=3, cut=True)
+        assert _events(conn, n=1) == [b"data: 0"]  # the next request opens a new connection
+    finally:
+        conn.close()
+    assert [b["n"] for b, _ in KeepAliveHandler.requests] == [3, 1]
+
+
+def test_an_error_status_on_a_connection_raises_with_its_body(keepalive):
+    conn = httpclient.Connection(keepalive, 5)
+    try:
+        with pytest.raises(httpclient.HttpError) as err:
+            _events(conn, n=1, status=429)
+        assert err.value.status == 429 and httpclient.engine_message(err.value.body) == "too many"
+        assert _events(conn, n=1) == [b"data: 0"]
+    finally:
+        conn.close()
+
+
+def test_a_connection_to_a_closed_port_raises_with_no_status():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        conn = httpclient.Connection(f"http://127.0.0.1:{s.getsockname()[1]}", 2)
+        with pytest.raises(httpclient.HttpError) as err:
+            _events(conn, n=1)
+    assert err.value.status is None

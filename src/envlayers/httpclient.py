@@ -1,6 +1,7 @@
 """The one HTTP client of the login node and the launcher: every request with a bounded timeout.
 
-Standard library only (``urllib.request``). Every call takes ``timeout_s``, which bounds each socket
+Standard library only (``urllib.request``, and ``http.client`` for :class:`Connection`, the kept-alive
+connection a load generator or a batch sends many requests over). Every call takes ``timeout_s``, which bounds each socket
 operation; :func:`request_within` also bounds the whole answer by the wall clock (a server that
 accepts the connection and then trickles bytes is cut off). A request that gets no 2xx answer raises
 :class:`HttpError`, carrying the URL and the reason (and the status and error body when the server
@@ -157,9 +158,14 @@ class Stream:
         import http.client
 
         try:
-            return self._resp.readline()
+            line = self._resp.readline()
         except (OSError, ValueError, http.client.HTTPException) as err:
             raise HttpError(self.url, err, timed_out=isinstance(err, TimeoutError)) from err
+        if not line and getattr(self._resp, "chunked", False) and getattr(self._resp, "chunk_left", None) is not None:
+            # http.client reads a chunked answer cut short as an end (chunk_left goes None only at the last
+            # chunk): a server that died mid-stream is not a complete answer
+            raise HttpError(self.url, "the connection closed before the answer's last chunk")
+        return line
 
 
 @contextmanager
@@ -187,3 +193,107 @@ def engine_message(body: bytes, limit: int | None = None) -> str | None:
     if not message:
         return None
     return str(message) if limit is None else str(message)[:limit]
+
+
+class Connection:
+    """One kept-alive HTTP/1.1 connection to the server of ``base_url``, reused request after request as a
+    client library's session does (vLLM's own benchmark client keeps its connections open): no TCP
+    handshake and no accept in the server's event loop per request. :meth:`stream` opens a streamed
+    answer like :func:`stream`; a connection the server closed while idle is reopened and the request
+    sent again once, but only when nothing of an answer came (the server never saw it, or dropped it
+    unread). Not thread-safe: one per worker. ``close()`` when done."""
+
+    def __init__(self, base_url: str, timeout_s: float):
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url}")
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.timeout_s = timeout_s
+        self._conn = None
+
+    def _connection(self):
+        import http.client
+
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            self._conn = cls(self.host, self.port, timeout=self.timeout_s)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _send(self, method: str, path: str, data: bytes | None, headers: dict[str, str]):
+        import http.client
+
+        for attempt in (1, 2):
+            fresh = self._conn is None or self._conn.sock is None
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                return conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if fresh or attempt == 2:
+                    raise  # a new connection that fails is the server's answer, not a stale socket
+
+    @contextmanager
+    def stream(self, method: str, path: str, *, json_body: Any = None, api_key: str | None = None,
+               accept: str = "text/event-stream", error_limit: int = 4096) -> Iterator[Stream]:
+        """``path`` (e.g. ``/v1/chat/completions``) on this connection, streamed. Raises :class:`HttpError`
+        as :func:`stream` does; the connection is kept for the next request when the answer was read to
+        its end, closed otherwise."""
+        import http.client
+
+        url = self.origin + path
+        headers = {"Accept": accept, "Host": self.origin.split("://", 1)[1]}
+        data = None
+        if json_body is not None:
+            data = json.dumps(json_body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        started = time.monotonic()
+        try:
+            resp = self._send(method, path, data, headers)
+        except (OSError, http.client.HTTPException) as err:
+            self.close()
+            raise HttpError(url, err, timed_out=isinstance(err, TimeoutError),
+                            elapsed_s=time.monotonic() - started) from err
+        if not 200 <= resp.status < 300:
+            try:
+                body = resp.read(error_limit)
+            except (OSError, http.client.HTTPException):
+                body = b""
+            self.close()  # the rest of an error body is not worth reading
+            raise HttpError(url, f"HTTP {resp.status}", status=resp.status, body=body,
+                            elapsed_s=time.monotonic() - started)
+        try:
+            yield Stream(url, resp)
+        except BaseException:
+            self.close()
+            raise
+        if not resp.isclosed() and not resp.will_close:
+            self._drain(resp)  # the end of the stream after its last event: the last chunk of a chunked answer
+        if not resp.isclosed() or resp.will_close:
+            self.close()  # the answer was not read to its end, or the server ends the connection
+
+    def _drain(self, resp) -> None:
+        """Read what is left of an answer the caller stopped reading (``data: [DONE]`` seen), for a moment
+        at most: a server that ends its stream there leaves only the closing chunk."""
+        import http.client
+
+        sock = self._conn.sock if self._conn is not None else None
+        try:
+            if sock is not None:
+                sock.settimeout(min(1.0, self.timeout_s))
+            resp.read(1 << 16)
+        except (OSError, http.client.HTTPException):
+            self.close()
+        else:
+            if sock is not None and self._conn is not None:
+                sock.settimeout(self.timeout_s)

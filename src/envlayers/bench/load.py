@@ -1,6 +1,7 @@
 """The load generator: streamed chat completions at a fixed concurrency, bounded in count and time.
 
-Standard library only (threads and :mod:`envlayers.httpclient`): the maintained generators (guidellm, aiperf,
+Standard library only (threads and :mod:`envlayers.httpclient`, one kept-alive connection per worker, as
+vLLM's own client keeps its session's connections): the maintained generators (guidellm, aiperf,
 ``vllm bench serve``) each pull in torch or transformers and fetch a tokenizer from a model hub,
 which a cluster's compute network usually cannot reach (docs/operating.md, "Load report").
 
@@ -18,9 +19,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 
-from ..httpclient import HttpError, engine_message, stream
+from ..httpclient import Connection, HttpError, engine_message
 
 MAX_CONCURRENCY = 512
 
@@ -85,9 +87,15 @@ def _content(event: dict) -> str:
     return ""
 
 
-def one_request(s: Settings, number: int, level_t0: float) -> Sample:
-    """Send one streamed request and time it; never raises, never runs past ``s.timeout_s`` by more
-    than one socket read."""
+def one_request(s: Settings, number: int, level_t0: float, conn: Connection | None = None) -> Sample:
+    """Send one streamed request (on ``conn``, a worker's kept-alive connection; a connection of its own
+    when None) and time it; never raises, never runs past ``s.timeout_s`` by more than one socket read."""
+    if conn is None:
+        conn = Connection(s.base_url, s.timeout_s)
+        try:
+            return one_request(s, number, level_t0, conn)
+        finally:
+            conn.close()
     t0 = time.monotonic()
     sample = Sample(ok=False, start_s=t0 - level_t0)
     body = {"model": s.model, "stream": True, "stream_options": {"include_usage": True},
@@ -95,12 +103,12 @@ def one_request(s: Settings, number: int, level_t0: float) -> Sample:
             "messages": [{"role": "user", "content": prompt_for(number, s.input_tokens)}]}
     if s.ignore_eos:
         body["ignore_eos"] = True
-    url = s.base_url.rstrip("/") + "/chat/completions"
+    path = urllib.parse.urlsplit(s.base_url.rstrip("/") + "/chat/completions").path
     usage_tokens = prompt_tokens = None
     end = None
     streaming = False  # the server said 200 and the stream began
     try:
-        with stream("POST", url, s.timeout_s, json_body=body, api_key=s.api_key) as resp:
+        with conn.stream("POST", path, json_body=body, api_key=s.api_key) as resp:
             if resp.status != 200:
                 sample.error = f"HTTP {resp.status}"
                 return sample
@@ -193,17 +201,21 @@ def run_level(s: Settings, concurrency: int) -> LevelRun:
     t0 = time.monotonic()
 
     def worker() -> None:
-        while True:
-            with lock:
-                number = next(counter, None)
-            if number is None:
-                return
-            if time.monotonic() - t0 >= s.duration_s:
-                cut.set()
-                return
-            sample = one_request(s, number, t0)
-            with lock:
-                samples.append(sample)
+        conn = Connection(s.base_url, s.timeout_s)
+        try:
+            while True:
+                with lock:
+                    number = next(counter, None)
+                if number is None:
+                    return
+                if time.monotonic() - t0 >= s.duration_s:
+                    cut.set()
+                    return
+                sample = one_request(s, number, t0, conn)
+                with lock:
+                    samples.append(sample)
+        finally:
+            conn.close()
 
     threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}")
                for i in range(min(concurrency, s.requests))]
