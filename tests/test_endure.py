@@ -32,7 +32,7 @@ NODES3 = (Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True), N3)
 @pytest.mark.parametrize("value, want", [
     pytest.param(None, (600, 30.0, 60.0), id="default-ten-minutes"),
     pytest.param("10", (10, 2.0, 5.0), id="short-for-tests"),
-    pytest.param("0", (0, 1.0, 1.0), id="off"),
+    pytest.param("0", (0, 30.0, 60.0), id="off-the-progress-clock-still-reads"),
 ])
 def test_health_settings_follow_the_key(value, want):
     s = health_settings({} if value is None else {"HEALTH_FAIL_AFTER_S": value})
@@ -569,3 +569,134 @@ def test_a_chain_key_file_others_could_know_is_not_taken(tmp_path, mode, owner, 
                          said.append) is None
     assert len(said) == 1 and said[0].startswith(f"ENVLAYERS-WARN: cannot take the chain's API key from {planted} (")
     assert why in said[0] and not list(mine.iterdir())
+
+
+# --------------------------------------------------------------------------- progress: /health says 200, no token comes
+
+
+def progress_watch(clock, readings, answers=None, fail_after=600, stall_after=60, ranks=1):
+    """A synchronous HealthWatch whose /metrics reading of rank r is ``readings[r]()`` and whose probe
+    answers ``answers[r]()`` (healthy by default)."""
+    from envlayers.launch.health import HealthSettings
+
+    urls = {r: f"http://10.0.0.{r + 1}:8000/health" for r in range(ranks)}
+    by_url = {u: r for r, u in urls.items()}
+    answers = answers or {}
+    settings = HealthSettings(fail_after, 12.0, 30.0, stall_after)
+    return HealthWatch(urls, settings, clock=clock, background=False,
+                       get=lambda url, t: answers.get(by_url[url], lambda: (True, "HTTP 200"))(),
+                       progress=lambda url, t: readings[by_url[url]]())
+
+
+def test_requests_in_flight_and_no_token_end_a_single_server_although_health_answers(tmp_path):
+    clock = Clock()
+    tokens = {"n": 0.0, "frozen": False}
+
+    def reading():
+        if not tokens["frozen"]:
+            tokens["n"] += 40
+        return tokens["n"], 3.0
+
+    lp = prepare({**SINGLE_VLLM, "ENVLAYERS_READY_TIMEOUT_S": "100"}, alloc(tmp_path, nodes=NODES3[:1]))
+    sup = Supervisor(lp, Step(), probe=lambda u, s, k, timeout_s: Probe(u, True, 200, "ok"), on_live=lambda e: None,
+                     say=lambda line: None, clock=clock, sleep=clock.sleep,
+                     health=progress_watch(clock, {0: reading}, stall_after=60))
+    started(tmp_path, 0)
+    clock.at(100, lambda: tokens.update(frozen=True))
+    with pytest.raises(LaunchFailure) as err:
+        sup.run()
+    said = str(err.value)
+    assert said.startswith("rank 0 on n1 stopped generating after the endpoint was live: 3 request(s) running or "
+                           "waiting and the watch's one-token completion, and its generated-token counter stayed at ")
+    assert said.endswith("(PROGRESS_STALL_AFTER_S=60); the watch's last probe: HTTP 200")
+    # noticed within the window and one probe interval (12s) of the first reading that saw no advance
+    assert 100 + 60 <= clock.t - 1000 <= 100 + 60 + 2 * 12 + 1
+
+
+def test_a_busy_engine_whose_counter_advances_and_an_idle_one_are_never_stuck():
+    clock = Clock()
+    n = {"busy": 0.0}
+
+    def busy():
+        n["busy"] += 1
+        return n["busy"], 8.0
+
+    w = progress_watch(clock, {0: busy, 1: lambda: (500.0, 0.0)}, fail_after=0, ranks=2)  # rank 1: idle, no probe
+    w.start()
+    for _ in range(600):
+        assert w.tick() == []
+        clock.sleep(1)
+
+
+def test_an_idle_engine_whose_one_token_completion_never_comes_is_stuck_before_health_gives_up():
+    clock = Clock()
+    # idle: nothing running; the probe's token never comes (the engine core stopped); /health still 200
+    w = progress_watch(clock, {0: lambda: (500.0, 0.0)}, answers={0: lambda: (True, "HTTP 200")},
+                       fail_after=600, stall_after=60)
+    w.start()
+    reported = []
+    while not reported and clock.t < 1000 + 600:
+        reported = w.tick()
+        clock.sleep(1)
+    ((rank, what),) = reported
+    assert rank == 0 and clock.t - 1000 < 120
+    assert what.startswith("stopped generating after the endpoint was live: the watch's one-token completion, "
+                           "and its generated-token counter stayed at 500 for ")
+
+
+def test_a_reading_that_fails_stops_nothing_and_a_restarted_counter_is_progress():
+    from envlayers.launch.health import RankHealth, note_progress
+
+    h = RankHealth("u", 0.0)
+    note_progress(h, 0.0, (100.0, 2.0))
+    note_progress(h, 10.0, (100.0, 2.0))
+    assert h.work_since == 10.0
+    note_progress(h, 20.0, None)
+    assert h.work_since == 10.0  # unreadable: neither progress nor stall
+    note_progress(h, 30.0, (3.0, 2.0))  # a restarted server counts from 0 again
+    assert h.work_since is None and h.tokens == 3.0
+
+
+def test_a_stuck_replica_leaves_and_the_others_serve_on(tmp_path):
+    clock = Clock()
+    stuck = {"r": None}
+    count = {r: 0.0 for r in range(3)}
+
+    def reading(r):
+        def read():
+            if stuck["r"] != r:
+                count[r] += 5
+            return count[r], 1.0
+        return read
+
+    health = progress_watch(clock, {r: reading(r) for r in range(3)}, stall_after=60, ranks=3)
+    sup, steps, released, said = replicas_loop(tmp_path, clock, health=health)
+    clock.at(50, lambda: stuck.update(r=2))
+    clock.at(300, stop)
+    with pytest.raises(Stop):
+        sup.run()
+    errors = [line for line in said if line.startswith("ENVLAYERS-ERROR: replica")]
+    assert len(errors) == 1 and errors[0].startswith("ENVLAYERS-ERROR: replica rank 2 on n3 stopped generating "
+                                                     "after the endpoint was live: 1 request(s) running or waiting")
+    assert steps.ended == [2] and released == [["n1", "n2"]]
+
+
+@pytest.mark.parametrize("keys, want", [
+    pytest.param({}, (600, 30.0, 60.0, 300), id="defaults"),
+    pytest.param({"PROGRESS_STALL_AFTER_S": "20"}, (600, 4.0, 60.0, 20), id="stall-shorter-sets-the-interval"),
+    pytest.param({"HEALTH_FAIL_AFTER_S": "0", "PROGRESS_STALL_AFTER_S": "0"}, (0, 1.0, 1.0, 0), id="both-off"),
+])
+def test_progress_settings_follow_the_key(keys, want):
+    s = health_settings(keys)
+    assert (s.fail_after_s, s.interval_s, s.timeout_s, s.stall_after_s) == want
+
+
+def test_read_progress_reads_vllm_and_leaves_sglang_to_health():
+    from envlayers.launch.health import metrics_progress, read_progress
+
+    text = ('vllm:generation_tokens_total{engine="0",model_name="m"} 1234.0\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n')
+    assert read_progress("vllm", text) == (1234.0, 3.0)
+    assert read_progress("vllm", "vllm:num_requests_running 2.0\n") is None
+    assert metrics_progress("sglang", None) is None and metrics_progress("vllm", None) is not None

@@ -78,6 +78,8 @@ Behaviour knobs (environment variables; all optional):
                                     Ray cluster must have (default: any count with enough GPUs)
   STANDIN_REASONING=0|1             the model thinks (default: guessed from its name); its reasoning is
                                     separate only with --reasoning-parser, else <think> inline in content
+  (signals)                         SIGUSR1: hung (nothing answers); SIGUSR2: stalled (/health answers,
+                                    completions never get a token): install_hang_signal
   STANDIN_WRONG_ANSWERS=1           answer the accuracy gate's prompts wrongly (env_layers verify)
   STANDIN_LOG_STREAM=stdout|stderr  override where log lines go
   STANDIN_TTFT_S=<s>                streamed replies: seconds before the first token (default 0)
@@ -1379,6 +1381,7 @@ class State:
         self.started = int(time.time())
         self.gate = GateKnobs({})  # run() sets the process's own
         self.hung = False  # SIGUSR1: a hung server (install_hang_signal)
+        self.stalled = False  # SIGUSR2: an engine that no longer generates behind a live server
         self.core_dead = False  # STANDIN_CORE_DIES_AFTER_READY_SECONDS: completions answer 500 (EngineDeadError)
 
 
@@ -1484,6 +1487,8 @@ class Handler(BaseHTTPRequestHandler):
         elif method == "POST":
             if path in ("/v1/chat/completions", "/v1/completions"):
                 with queued(st), in_flight(st):
+                    if st.stalled:
+                        _hang_forever()  # a stuck engine: running for ever, no token (the process's end ends it)
                     return self._completion(chat=path == "/v1/chat/completions")
             if path in ("/health", "/ping", "/v1/models"):
                 return self._send(405, {"detail": "Method Not Allowed"})
@@ -1737,12 +1742,20 @@ def _on_signal(signum, frame) -> None:
 def install_hang_signal(state: "State") -> None:
     """SIGUSR1 turns the server into a hung one (a deadlocked collective, a stuck scheduler): the
     process lives and the socket still accepts connections, but no request (``/health`` and the API
-    alike) is ever answered. Only SIGTERM/SIGINT end it."""
+    alike) is ever answered. SIGUSR2 stalls only the engine, as a stopped engine core behind vLLM's live
+    API server: ``/health``, ``/metrics`` and ``/v1/models`` answer, every completion is counted running
+    and never gets a token. Only SIGTERM/SIGINT end it."""
     def on_usr1(signum, frame) -> None:
         state.hung = True
         state.log.raw("[standin] SIGUSR1: hung, no request is answered from now on\n")
 
     signal.signal(signal.SIGUSR1, on_usr1)
+
+    def on_usr2(signum, frame) -> None:
+        state.stalled = True
+        state.log.raw("[standin] SIGUSR2: stalled, /health and /metrics answer, no token is generated from now on\n")
+
+    signal.signal(signal.SIGUSR2, on_usr2)
 
 
 def _hang_forever() -> None:

@@ -28,6 +28,12 @@ METRIC_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sglang": (("sglang:num_requests_total",), ("sglang:num_running_reqs", "sglang:num_queue_reqs")),
 }
 
+# engine -> its generated-token counter, one that advances with every engine step (the health watch's
+# progress clock, launch/health.py). vLLM's does; SGLang's sglang:generation_tokens_total counts a request's
+# tokens only when it finishes (its tokenizer manager's observe_one_finished_request), so a long answer
+# would look like a stall: SGLang is judged by /health and the one-token completion alone
+GENERATED_TOKENS: dict[str, str] = {"vllm": "vllm:generation_tokens_total"}
+
 _SAMPLE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')  # "}" may be in a value
 
 

@@ -188,11 +188,12 @@ class Launcher:
                 raise self.unwritable(err, RAY_TOKEN) from None
         self.start(lp, api_key)
         # replicas that survive a peer, and the /health watch once live
-        from .health import HealthWatch, generating_health, health_url
+        from .health import HealthWatch, generating_health, health_url, metrics_progress
         from .replicas import Survivors, release_node, survives
 
         health = HealthWatch({t.rank: health_url(t.probe_url) for t in lp.targets}, self.health,
-                             get=generating_health(generates, lp.served, api_key, own))
+                             get=generating_health(generates, lp.served, api_key, own),
+                             progress=metrics_progress(lp.engine, api_key) if lp.metrics else None)
         if survives(lp):
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir),

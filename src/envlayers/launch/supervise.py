@@ -401,10 +401,10 @@ class Supervisor:
             self.sleep(POLL_S)
 
     def check_health(self) -> None:
-        """A serving rank silent for HEALTH_FAIL_AFTER_S: a lost replica, or the end of the job."""
-        for rank, seen in self.health.tick():
+        """A serving rank silent for HEALTH_FAIL_AFTER_S, or stuck for PROGRESS_STALL_AFTER_S: a lost
+        replica, or the end of the job."""
+        for rank, what in self.health.tick():
             if self.survivors is not None:
-                self.survivors.lost(rank, f"stopped answering /health after the endpoint was live: {seen}")
+                self.survivors.lost(rank, what)
             else:
-                raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} stopped answering /health after "
-                                    f"the endpoint was live: {seen}", rank=rank)
+                raise LaunchFailure(f"rank {rank} on {self.lp.nodes[rank].name} {what}", rank=rank)
