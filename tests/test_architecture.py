@@ -23,7 +23,7 @@ LAYERS = {
              "phases", "rootcause", "accounting"},
     "edge": {"slurm", "rundir", "http", "httpclient", "readiness"},
     "injob": {"launch", "gateway_app", "fabric", "cores"},
-    "operator": {"ops", "access", "diagnose", "verify", "bench"},
+    "operator": {"ops", "access", "diagnose", "verify", "bench", "batch"},
     "cli": {"cli"},
     "package": {"__init__", "__main__"},
 }

@@ -66,7 +66,8 @@ def test_the_job_argument_is_spelled_jobid_everywhere():
 
 @pytest.mark.parametrize("name", sorted(set(JOB_COMMANDS) - {"tunnel"}))
 def test_a_job_id_that_is_none_exits_2_in_one_line(name, tmp_path):
-    done = _run(name, "12ab", cwd=tmp_path)
+    more = {"batch": ("in.jsonl", "-o", "out.jsonl")}.get(name, ())  # its other required arguments
+    done = _run(name, "12ab", *more, cwd=tmp_path)
     assert done.returncode == 2, (name, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("env_layers: error:") and "12ab" in lines[0], done.stderr

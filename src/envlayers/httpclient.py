@@ -241,6 +241,22 @@ class Connection:
                 if fresh or attempt == 2:
                     raise  # a new connection that fails is the server's answer, not a stale socket
 
+    def request(self, method: str, path: str, *, json_body: Any = None, api_key: str | None = None,
+                limit: int = MAX_BODY, error_limit: int = MAX_BODY) -> Response:
+        """``path`` on this connection, the whole answer read (up to ``limit`` bytes); :class:`HttpError`
+        as :func:`request` raises it (with the error body, up to ``error_limit``)."""
+        import http.client
+
+        started = time.monotonic()
+        with self.stream(method, path, json_body=json_body, api_key=api_key, accept="application/json",
+                         error_limit=error_limit) as answer:
+            try:
+                body = answer._resp.read(limit)
+            except (OSError, http.client.HTTPException) as err:
+                raise HttpError(answer.url, err, timed_out=isinstance(err, TimeoutError),
+                                elapsed_s=time.monotonic() - started) from err
+            return Response(answer.url, answer.status, body, time.monotonic() - started)
+
     @contextmanager
     def stream(self, method: str, path: str, *, json_body: Any = None, api_key: str | None = None,
                accept: str = "text/event-stream", error_limit: int = 4096) -> Iterator[Stream]:

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ping": ("access_cmds", "ping", "Check /v1/models and a one-token chat, with latency."),
     "tunnel": ("access_cmds", "tunnel", "Open a reverse SSH tunnel from the API node to a gateway host."),
     "release": ("access_cmds", "release", "Release in order: gateway route, tunnel, server, allocation."),
+    "batch": ("batch_cmds", "batch", "Run an OpenAI Batch file through a live endpoint; a rerun resumes."),
     "bench": ("bench_cmds", "bench", "Load a live endpoint: throughput and latency at several concurrencies."),
     "images": ("images_cmds", "images", "The images a site runs and how to make each; podman save and load."),
 }
@@ -48,8 +49,8 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up (the catalog and the containers)", ("list", "render", "explain", "check", "install-edfs", "edf",
                                                  "images")),
     ("Launch", ("plan", "serve", "wait")),
-    ("Operate (a job: its endpoint, access and end)", ("status", "logs", "connect", "ping", "tunnel", "release",
-                                                       "stop")),
+    ("Operate (a job: its endpoint, access and end)", ("status", "logs", "connect", "ping", "batch", "tunnel",
+                                                       "release", "stop")),
     ("Inspect (what happened, how well it serves)", ("diagnose", "check-cores", "verify", "bench", "report")),
     ("In the job (the job script runs it)", ("launch",)),
 )
