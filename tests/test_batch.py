@@ -280,7 +280,7 @@ def test_progress_lines_without_a_terminal_and_the_summary(standin, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "batch: 5/5 done (0 failed)" in done.stderr
     assert done.stdout.startswith("batch: 5 answered, 0 failed, 0 answered before (of 5)\n")
-    assert "GPU-hours not known (a URL, or the allocation names no GPU)" in done.stdout
+    assert "GPU-hours not known (a URL, or a job without its accounting record)" in done.stdout
 
 
 def test_the_endpoint_with_no_url_is_an_error():

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -177,3 +178,30 @@ def test_a_chain_of_successors_hands_over_twice_without_a_gap(netns_lab, tmp_pat
     print(f"chain {chain}: first answered at {served_by} s; longest time with no job answering: {longest:.1f}s")
     assert longest == 0.0
     netns_lab.cancel(chain[-1])
+
+
+def test_a_server_that_answers_health_but_no_longer_generates_ends_its_job(netns_lab, tmp_path):
+    """/health says 200 and /metrics answers, but the engine stopped generating (the stand-in's SIGUSR2): the
+    progress clock ends the job after PROGRESS_STALL_AFTER_S, long before HEALTH_FAIL_AFTER_S could."""
+    run = Run(netns_lab, tmp_path, model="oss120b", layer=KEYLESS + "HEALTH_FAIL_AFTER_S=600\nPROGRESS_STALL_AFTER_S=6\n",
+              SERVE_TIME="00:10:00")  # vLLM: SGLang's token counter moves only when a request ends
+    run.submit()
+    run.wait_for("^" + re.escape(BANNER), timeout_s=60)
+    (address,) = json.loads((run.run_dir / "endpoint.json").read_text())["addresses"]
+    os.kill(engine_pid(run, "n1"), signal.SIGUSR2)
+    stuck = threading.Thread(target=lambda: _swallow(chat, address, 120), daemon=True)  # a client's request in flight
+    stuck.start()
+    assert run.state(timeout_s=600) == "FAILED"
+    text = run.out.read_text()
+    assert re.search(r"^ENVLAYERS-ERROR: rank 0 on n1 stopped generating after the endpoint was live: \d+ request\(s\) "
+                     r"running or waiting.*, and its generated-token counter stayed at \d+ for \d+s "
+                     r"\(PROGRESS_STALL_AFTER_S=6\); the watch's last probe: .+$", text, re.M), text
+    assert "[standin] SIGUSR2: stalled" in (run.run_dir / "server-0.log").read_text()
+    run.assert_nothing_left()
+
+
+def _swallow(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass  # the job's end cuts the request

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from test_batch_e2e import finish, start_batch, wait_answered
 from test_real_vllm_e2e import RealRun, answers_openai, meter  # noqa: F401  (meter: the module's fixture)
 
 openai = pytest.importorskip("openai")
@@ -85,7 +86,10 @@ def test_real_vllm_replicas_behind_the_router_answer_through_one_url_and_survive
 
     asker = threading.Thread(target=ask, daemon=True)
     asker.start()
-    time.sleep(3)
+    # and a batch through the job id beside it (env_layers batch: the router's URL, the job's key file)
+    n = 300
+    batch, out = start_batch(run, n, "--concurrency", "2")
+    wait_answered(batch, out, 20, timeout_s=300)
     t_kill = time.monotonic()
     os.kill(replica_serve_pid(run, 1), signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -98,6 +102,8 @@ def test_real_vllm_replicas_behind_the_router_answer_through_one_url_and_survive
     print(f"\nROUTER-REAL-KILL: {len(results)} requests, {len(failed)} failed; at s after SIGKILL: {failed}")
     assert re.search(r"^ENVLAYERS-ERROR: replica rank 1 on n2 ", run.text(), re.M), run.text()[-3000:]
     assert len(results) >= 10 and not failed, failed
+    summary = finish(batch, out, n)  # every custom_id answered once, through the kill
+    print(f"ROUTER-REAL-KILL: batch of {n}: retries {summary['retries_by_kind']}")
     answers_openai(bases[0], served, api_key=key)  # the endpoint keeps answering with one replica
     assert key not in run.text()
     run.cancel()

@@ -41,16 +41,21 @@ def job_resolver(job_id: str, run_dir: str | None, key: str | None):
     return resolve
 
 
-def gpus_of(job_id: str | None) -> int | None:
+def gpus_of(job_id: str | None, run_dir: str | None) -> int | None:
+    """The GPUs the job holds, from its accounting record (the plan's nodes x GPUs per node); None for a URL
+    or a job without the record."""
     if job_id is None:
         return None
-    from .. import slurm
+    from .. import rundir
+    from ..access.job import open_job
 
     try:
-        info = slurm.job_info(job_id, run=slurm.run)
+        folder = open_job(job_id, run_dir=run_dir).run_dir
     except EnvLayersError:
         return None
-    return info.gpus if info is not None else None
+    data = rundir.read_json(folder / rundir.ACCOUNTING) if folder is not None else None
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
 
 
 class Progress:
@@ -110,7 +115,7 @@ def format_summary(s: dict) -> str:
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["failed_by_kind"].items())) or "none"
     retries = ", ".join(f"{k} {v}" for k, v in sorted(s["retries_by_kind"].items())) or "none"
     gpu = (f"{s['gpu_hours']:.4f} GPU-hours ({s['gpus']} GPUs for {s['wall_s']:.0f}s)" if s["gpu_hours"] is not None
-           else "GPU-hours not known (a URL, or the allocation names no GPU)")
+           else "GPU-hours not known (a URL, or a job without its accounting record)")
     lines = [
         f"batch: {s['answered']} answered, {s['failed']} failed, {s['skipped']} answered before (of {s['total']})"
         + (f", {s['left']} left (interrupted)" if s["interrupted"] else ""),
@@ -190,7 +195,7 @@ def batch(target: str, input_file: str, output: str, errors: str | None, concurr
     finally:
         show.close()
         out.close()
-    s = summary(tally, gpus_of(job_id), out_path, err_path)
+    s = summary(tally, gpus_of(job_id, run_dir), out_path, err_path)
     click.echo(json.dumps(s, indent=1) if as_json else format_summary(s))
     if s["failed"] or s["interrupted"]:
         sys.exit(1)
