@@ -22,8 +22,9 @@ end, on Ctrl-C and on an error), sends one uncounted warm-up load, then for each
 The server caches prompt prefixes, and both send the same prompts: the warm-up sends every prompt
 once, so every measured run finds them cached. Then, since whole runs are seconds apart on a host
 whose state changes faster than that, --ab-rounds alternates the two clients request by request in
-one process at concurrency 1 (the venv's python: our envlayers.bench.load.one_request and vLLM's
-own request function with its keep-alive aiohttp session): the same moments for both.
+one process at each concurrency (the venv's python: C lanes, each alternating our
+envlayers.bench.load.one_request on its own kept-alive connection and vLLM's own request function
+with its keep-alive aiohttp session, half the lanes starting with ours): the same moments for both.
 
 Both ask for temperature 0 and ignore_eos, stream with include_usage, and count output tokens from
 the engine's usage. Definitions that match: req/s (completed / the load's wall time), output tok/s,
@@ -426,27 +427,34 @@ def run_vllm(args, url: str, conc: int, sampler: Sampler, prompts: Path, model: 
 
 
 # ---------------------------------------------------------------- request by request, one process
-def ab_worker(url: str, words: int, output_tokens: int, requests: int, rounds: int) -> None:
-    """Run by the venv's python (it has aiohttp and vLLM): alternate, request by request, our
-    one_request and vLLM's own request function (its keep-alive aiohttp session), at concurrency 1,
-    after one pass over every prompt (a warm prefix cache for both). Prints JSON."""
+def ab_worker(url: str, words: int, output_tokens: int, requests: int, rounds: int, conc: int) -> None:
+    """Run by the venv's python (it has aiohttp and vLLM): ``conc`` lanes at once, each alternating, request
+    by request, our one_request (on the lane's own kept-alive connection, in a thread of its own) and vLLM's
+    own request function (its keep-alive aiohttp session), half the lanes starting with ours: at any moment
+    about half the requests in flight are each client's, so both meet the server in the same state. After
+    one pass over every prompt (a warm prefix cache for both). Prints JSON."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
     from envlayers.bench import load
+    from envlayers.httpclient import Connection
 
     s = load.Settings(f"{url}/v1", "tiny", input_tokens=words, output_tokens=output_tokens, timeout_s=120)
+    pool = ThreadPoolExecutor(max_workers=conc)
+    conns = [Connection(s.base_url, s.timeout_s) for _ in range(conc)]
 
-    def ours(n: int) -> tuple[float, float]:
-        x = load.one_request(s, n, time.monotonic())
+    def ours(n: int, lane: int) -> tuple[float, float]:
+        x = load.one_request(s, n, time.monotonic(), conns[lane])
         if not x.ok:
             raise RuntimeError(f"ours: {x.error}")
         return x.ttft_s, x.e2e_s
 
     async def go() -> dict:
-        connector = aiohttp.TCPConnector(limit=1, keepalive_timeout=60)
+        loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=conc, keepalive_timeout=60)
         async with aiohttp.ClientSession(connector=connector) as session:
             async def theirs(n: int) -> tuple[float, float]:
                 o = await async_request_openai_chat_completions(RequestFuncInput(
@@ -457,32 +465,35 @@ def ab_worker(url: str, words: int, output_tokens: int, requests: int, rounds: i
                 return o.ttft, o.latency
 
             for n in range(requests):
-                ours(n)
+                ours(n, 0)
             out: dict[str, list] = {"ours": [], "vllm": []}
-            for r in range(rounds):
-                for n in range(requests):
-                    if (n + r) % 2:
-                        out["ours"].append(ours(n))
-                        out["vllm"].append(await theirs(n))
-                    else:
-                        out["vllm"].append(await theirs(n))
-                        out["ours"].append(ours(n))
+            todo = iter([(r, n) for r in range(rounds) for n in range(requests)])
+
+            async def lane(i: int) -> None:
+                turn = i % 2
+                for r, n in todo:
+                    for who in (("ours", "vllm") if (turn + r + n) % 2 else ("vllm", "ours")):
+                        got = await (loop.run_in_executor(pool, ours, n, i) if who == "ours" else theirs(n))
+                        out[who].append(got)
+
+            await asyncio.gather(*(lane(i) for i in range(conc)))
             return out
 
     print(json.dumps(asyncio.run(go())))
 
 
-def run_ab(args, url: str) -> dict:
+def run_ab(args, url: str, conc: int) -> dict:
     out = subprocess.run([str(args.venv / "bin" / "python"), __file__, "--ab-worker", url,
                           "--input-words", str(args.input_words), "--output-tokens", str(args.output_tokens),
-                          "--requests", str(args.requests), "--ab-rounds", str(args.ab_rounds)],
+                          "--requests", str(args.requests), "--ab-rounds", str(args.ab_rounds),
+                          "--concurrency", str(conc)],
                          capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"the request-by-request comparison failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def ab_table(ab: dict) -> str:
+def ab_table(ab: dict, conc: int) -> str:
     """A stream is held back when its first token came after half its time."""
     def stats(rows):
         held = [t for t, e in rows if t > 0.5 * e]
@@ -494,8 +505,8 @@ def ab_table(ab: dict) -> str:
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}"  # noqa: E731
     return "\n".join([
-        f"concurrency 1, request by request in one process (ours' one_request and vLLM's request function "
-        f"alternating, warm prefix cache, {o[4]} requests each)",
+        f"concurrency {conc}, request by request in one process ({conc} lane(s), each alternating ours' "
+        f"one_request and vLLM's request function, warm prefix cache, {o[4]} requests each)",
         f"  {'':24} {'ours':>9} {'vLLM':>9} {'ours/vLLM':>10}",
         f"  {'TTFT p50 ms':24} {o[0]:>9.1f} {t[0]:>9.1f} {ratio(o[0], t[0]):>10}",
         f"  {'  of streams not held':24} {fmt(o[1]):>9} {fmt(t[1]):>9} {ratio(o[1], t[1]):>10}",
@@ -602,14 +613,15 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3, help="interleaved pairs per concurrency (default 3)")
     ap.add_argument("--max-model-len", type=int, default=512, help="the server's --max-model-len (default 512)")
     ap.add_argument("--ab-rounds", type=int, default=1,
-                    help="rounds of the request-by-request comparison at concurrency 1 (0: none; default 1)")
+                    help="rounds of the request-by-request comparison at each concurrency (0: none; default 1)")
     ap.add_argument("--engine-nice", type=int, default=10,
                     help="nice value for the server's engine-core process (default 10; 0 leaves it): see above")
     ap.add_argument("--json", type=Path, default=None, help="also write every run's figures to this file")
     ap.add_argument("--ab-worker", default=None, help=argparse.SUPPRESS)  # the venv's side of --ab-rounds
     args = ap.parse_args()
     if args.ab_worker:
-        ab_worker(args.ab_worker, args.input_words, args.output_tokens, args.requests, args.ab_rounds)
+        ab_worker(args.ab_worker, args.input_words, args.output_tokens, args.requests, args.ab_rounds,
+                  int(args.concurrency))
         return 0
     levels = [int(x) for x in args.concurrency.split(",")]
     for tool in ("python", "vllm"):
@@ -658,21 +670,22 @@ def main() -> int:
                         f"prompt {r['prompt_tokens']:g} tokens, gen CPU {r['gen_ms_req']:.2f} ms/req, "
                         f"engine CPU {r['engine_ms_req']:.1f} ms/req, others {r['other_cores']:.2f} cores"
                         + (f", {r['held']} streams held back" if r["held"] is not None else ""))
-        ab = None
+        ab = {}
         if args.ab_rounds > 0:
-            say("bench_vs_vllm: request by request at concurrency 1")
-            ab = run_ab(args, server.url)
+            for conc in levels:
+                say(f"bench_vs_vllm: request by request at concurrency {conc}")
+                ab[conc] = run_ab(args, server.url, conc)
         cores = os.cpu_count() or 1
         version = subprocess.run([str(args.venv / "bin" / "vllm"), "--version"], capture_output=True,
                                  text=True).stdout.strip().splitlines()[-1]
         print(f"env_layers bench vs vllm bench serve {version} on {cores} cores: tiny model, {args.requests} requests, {args.input_words} prompt words, "
               f"{args.output_tokens} output tokens, ignore_eos, same prompts (load avg {os.getloadavg()[0]:.2f})")
         print(table(results, cores))
-        if ab:
-            print(ab_table(ab))
+        for conc, rows in ab.items():
+            print(ab_table(rows, conc))
         if args.json:
             args.json.write_text(json.dumps({"pairs": {str(c): v for c, v in results.items()},
-                                             "request_by_request": ab}, indent=1))
+                                             "request_by_request": {str(c): v for c, v in ab.items()}}, indent=1))
         return 0
     except KeyboardInterrupt:
         say("bench_vs_vllm: interrupted")

@@ -286,3 +286,35 @@ def test_progress_lines_without_a_terminal_and_the_summary(standin, tmp_path):
 def test_the_endpoint_with_no_url_is_an_error():
     with pytest.raises(EnvLayersError, match="no base URL"):
         Endpoint(lambda: ([], None))
+
+
+def test_on_a_terminal_a_progress_bar_shows_the_rate(standin, tmp_path):
+    import pty
+
+    chat = _lines(tmp_path / "chat.jsonl", 6)
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal of 120 columns
+    proc = subprocess.Popen([sys.executable, "-m", "envlayers", "batch", standin, str(chat), "-o", "out.jsonl",
+                             "--model", SERVED], cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)  # until the child's end closes the terminal
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, seen
+    text = seen.decode(errors="replace")
+    assert "batch: 100%" in text and "6/6" in text and "req/s" in text, text  # tqdm's bar, rate and count
+    assert "done (0 failed)" not in text  # not the plain lines
+    assert stdout.startswith("batch: 6 answered")

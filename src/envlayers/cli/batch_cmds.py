@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,10 +73,15 @@ class Progress:
             self.bar = tqdm(total=total, initial=skipped, unit="req", dynamic_ncols=True, file=sys.stderr,
                             desc="batch")
         self.shown = 0
+        self.lock = threading.Lock()  # the workers report from their threads
 
     def __call__(self, tally) -> None:
         if self.quiet:
             return
+        with self.lock:
+            self._show(tally)
+
+    def _show(self, tally) -> None:
         done = tally.done
         if self.bar is not None:
             self.bar.update(done - self.shown)
