@@ -96,17 +96,30 @@ def test_parse_since(text, want):
     assert parse_since(text, NOW) == want
 
 
-def test_cli_report_json_and_chart(tmp_path):
+def _report(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     root = tmp_path / "runs"
-    record(root, "5", NOW - 7200)
-    chart = tmp_path / "split.png"
+    if not root.exists():
+        record(root, "5", NOW - 7200)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    proc = subprocess.run([sys.executable, "-m", "envlayers", "report", "--since", "3650d", "--run-root", str(root),
-                           "--no-sacct", "--chart", str(chart)], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, "-m", "envlayers", "report", "--since", "3650d", "--run-root", str(root),
+                           "--no-sacct", *extra], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_cli_report_text_and_json(tmp_path):
+    proc = _report(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Slurm accounting not available (not asked: --no-sacct)" in proc.stdout
-    assert "glm53: 1 run(s), 8.00 GPU-hours allocated" in proc.stdout and f"chart: {chart}" in proc.stdout
-    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "glm53: 1 run(s), 8.00 GPU-hours allocated" in proc.stdout
+    data = json.loads(_report(tmp_path, "--json").stdout)
+    assert [j["job_id"] for j in data["jobs"]] == ["5"] and data["slurm_accounting"] == "not asked: --no-sacct"
+
+
+def test_cli_report_chart(tmp_path):
+    pytest.importorskip("matplotlib")  # the report extra, as bench --plot's test skips without it
+    chart = tmp_path / "split.png"
+    proc = _report(tmp_path, "--chart", str(chart))
+    assert proc.returncode == 0, proc.stderr
+    assert f"chart: {chart}" in proc.stdout and chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 BAD_RECORDS = {
