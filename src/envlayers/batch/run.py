@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ..errors import EnvLayersError
 from ..httpclient import Connection, HttpError, engine_message
+from ..urls import server_root
 from .records import Output, Request
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -96,9 +97,9 @@ class Endpoint:
 
 
 def _path(base_url: str, url: str) -> str:
-    """The base URL's path (``/v1``, or a router's) and the request's endpoint under it."""
-    base = urllib.parse.urlsplit(base_url).path.rstrip("/")
-    return (base[: -len("/v1")] if base.endswith("/v1") else base) + url
+    """The path of the request's endpoint (``/v1/...``) on the server of ``base_url``, under the path the
+    server sits at (a proxy's prefix)."""
+    return urllib.parse.urlsplit(server_root(base_url)).path.rstrip("/") + url
 
 
 def _kind(err: HttpError) -> str:
