@@ -65,3 +65,39 @@ def test_a_dry_run_imports_neither_the_router_nor_the_launcher():
     assert "envlayers.jobscript" in modules and "jinja2" in modules  # the probe did a dry run
     assert imported(modules, NOT_FOR_A_DRY_RUN) == []
 
+
+
+def _cache_of(tmp_path, tmpdir: Path) -> str:
+    code = ("import envlayers.scripttext as t; c = t._ENV.bytecode_cache; "
+            "print(c.directory if c is not None else 'none')")
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          check=True).stdout.strip()
+
+
+def test_the_template_cache_is_a_folder_of_the_users_own_and_none_where_others_could_swap_it(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    assert _cache_of(tmp_path, mine) == str(mine / f"_jinja2-cache-{os.getuid()}")
+    assert (mine / f"_jinja2-cache-{os.getuid()}").stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"  # everyone can write it and no sticky bit: another user could swap the folder
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert _cache_of(tmp_path, shared) == "none"
+    linked = tmp_path / "linked"
+    linked.mkdir(mode=0o700)
+    (linked / f"_jinja2-cache-{os.getuid()}").symlink_to(mine)
+    assert _cache_of(tmp_path, linked) == "none"
+
+
+def test_a_dry_run_from_the_template_cache_is_the_same_bytes(tmp_path):
+    mine = tmp_path / "tmp"
+    mine.mkdir(mode=0o700)
+    env = {**os.environ, "TMPDIR": str(mine), "CHECK_WEIGHTS": "0", "HOME": str(tmp_path),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    root = Path(__file__).resolve().parents[1]
+    run = lambda: subprocess.run([sys.executable, "-m", "envlayers", "--root", str(root), "serve", "--model", "glm53",  # noqa: E731
+                                  "--dry-run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    first, second = run(), run()  # the first compiles the template and keeps it, the second reads it back
+    assert list((mine / f"_jinja2-cache-{os.getuid()}").iterdir()), "nothing was cached"
+    assert first.returncode == second.returncode and first.stdout == second.stdout and first.stdout

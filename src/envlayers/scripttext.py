@@ -25,6 +25,7 @@ through it without importing what decides the job (:mod:`envlayers.jobscript`).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -121,11 +122,33 @@ def _finalize(value):
     return value
 
 
+def _bytecode_cache() -> "jinja2.BytecodeCache | None":
+    """Jinja's own cache of compiled templates, in its default folder (``$TMPDIR/_jinja2-cache-<uid>``, which it
+    makes 0700 and refuses when another user owns it or can write it): a template is compiled once per
+    source, not at every start (a fifth of a dry run). None when that folder cannot be trusted (the rule of
+    the run folders, fsutil.unsafe_folder: also no folder above it that everyone can write without the
+    sticky bit, where another user could swap it for theirs): then templates compile every time."""
+    import tempfile
+
+    from jinja2.bccache import FileSystemBytecodeCache
+
+    from .fsutil import unsafe_folder
+
+    uid = os.getuid()
+    if unsafe_folder(os.path.join(tempfile.gettempdir(), f"_jinja2-cache-{uid}"), uid) is not None:
+        return None
+    try:
+        return FileSystemBytecodeCache()
+    except (RuntimeError, OSError):  # Jinja2's own checks refused it
+        return None
+
+
 def environment(loader: jinja2.BaseLoader | None = None) -> jinja2.Environment:
     """The one template environment: ``templates/``, strict about names, quoting filters only."""
     env = jinja2.Environment(loader=loader or jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=False, undefined=jinja2.StrictUndefined, finalize=_finalize,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             bytecode_cache=_bytecode_cache() if loader is None else None)
     env.filters = dict(FILTERS)  # jinja2's own filters return plain text: none of them is offered
     return env
 
