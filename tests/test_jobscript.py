@@ -261,7 +261,7 @@ def test_the_partition_check_stands_aside_when_slurm_cannot_be_asked(edf_dir, ru
     if runner == "missing":
         monkeypatch.setenv("PATH", "/nonexistent")
         runner = slurm.run
-    check_partition_time(job, {}, run=runner)  # sbatch has the last word
+    assert check_partition_time(job, {}, run=runner) is None  # nothing refused: sbatch has the last word
 
 
 def test_unknown_runtime_is_refused(tmp_path, edf_dir):

@@ -150,11 +150,15 @@ def test_check_refuses_a_bad_value_of_a_key_only_the_job_reads():
 
 
 def test_check_leaves_a_value_the_jobs_shell_expands_to_the_job():
-    keys.check(Located({"HEALTH_FAIL_AFTER_S": "${MY_HEALTH}", "SERVER_PORT": "8001"}, {}))
+    with pytest.raises(KeyValueError, match="^HEALTH_FAIL_AFTER_S: "):  # the same key, a literal: checked here
+        keys.check(Located({"HEALTH_FAIL_AFTER_S": "MY_HEALTH", "SERVER_PORT": "8001"}, {}))
+    assert keys.check(Located({"HEALTH_FAIL_AFTER_S": "${MY_HEALTH}", "SERVER_PORT": "8001"}, {})) is None
 
 
 def test_check_takes_an_empty_value_where_it_means_derive():
-    keys.check(Located({"GATEWAY_REPLACE_TIMEOUT_S": "1", "RAY_PORT_BASE": "", "MIN_REPLICAS": ""}, {}))
+    with pytest.raises(KeyValueError, match="^MIN_REPLICAS: "):  # a value that is no number is checked
+        keys.check(Located({"GATEWAY_REPLACE_TIMEOUT_S": "1", "RAY_PORT_BASE": "", "MIN_REPLICAS": "x"}, {}))
+    assert keys.check(Located({"GATEWAY_REPLACE_TIMEOUT_S": "1", "RAY_PORT_BASE": "", "MIN_REPLICAS": ""}, {})) is None
 
 
 def test_located_carries_the_merged_envs_lines(tmp_path):
@@ -253,7 +257,8 @@ def test_a_bad_planner_value_names_its_layer_line(tmp_path):
 
 
 def test_a_value_the_jobs_shell_expands_is_not_refused_on_the_login_node(tmp_path):
-    job(tmp_path, "HEALTH_FAIL_AFTER_S=${MY_HEALTH_S:-600}\n")
+    made = job(tmp_path, "HEALTH_FAIL_AFTER_S=${MY_HEALTH_S:-600}\n")
+    assert 'export HEALTH_FAIL_AFTER_S="${MY_HEALTH_S:-600}"' in made.script  # left for the job's shell to expand
 
 
 @pytest.mark.parametrize("word", ["yes", "1", "ON"])

@@ -339,7 +339,9 @@ def test_cancel_argv():
     pytest.param("scancel: error: Kill job error on job id 42: Invalid job id specified\n", id="unknown"),
 ])
 def test_cancel_of_an_ended_job_is_fine(stderr):
-    slurm.cancel("42", run=FakeRunner({("scancel",): (1, "", stderr)}))
+    run = FakeRunner({("scancel",): (1, "", stderr)})
+    assert slurm.cancel("42", run=run) is None
+    assert [argv for argv, _ in run.calls] == [["scancel", "42"]]
 
 
 def test_cancel_refused_is_an_error():

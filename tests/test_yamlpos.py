@@ -102,7 +102,8 @@ def test_deep_flow_nesting_is_refused_before_the_parser_sees_it(text, line):
     pytest.param("a: [" + "[1], " * 100 + "[2]]\n", id="many-in-one-list"),
 ])
 def test_brackets_that_are_text_or_shallow_are_read(libyaml, text):
-    yamlpos.parse(text, "f.yaml", CatalogError, loader=yamlpos._compose_class(libyaml))
+    data = yamlpos.parse(text, "f.yaml", CatalogError, loader=yamlpos._compose_class(libyaml))
+    assert data.file == "f.yaml" and data.root is not None and data.root.value[0][0].value == "a"
 
 
 def test_the_depth_bound_reads_a_file_of_the_limit_in_one_linear_pass():
