@@ -161,3 +161,23 @@ def test_the_import_reader_sees_imports_inside_functions():
 def test_a_broken_rule_is_reported():
     """A rule that every import breaks lists them: the checker can fail."""
     assert _broken(lambda s, d: True)
+
+
+def _asserting(src: str) -> bool:
+    return "assert" in src or "raises(" in src or "fail(" in src
+
+
+def test_every_test_asserts_something():
+    """A test that only calls the code passes whatever the code returns: each test asserts, expects a raise,
+    or calls a helper of its module that does."""
+    silent = []
+    for path in sorted((SRC.parents[1] / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        helpers = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
+                   and _asserting(ast.unparse(n))}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                if not _asserting(ast.unparse(node)) and not calls & helpers:
+                    silent.append(f"{path.relative_to(SRC.parents[1])}:{node.lineno} {node.name}")
+    assert silent == []
