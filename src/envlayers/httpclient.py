@@ -167,6 +167,15 @@ class Stream:
             raise HttpError(self.url, "the connection closed before the answer's last chunk")
         return line
 
+    def read(self, limit: int) -> bytes:
+        """The rest of the answer, up to ``limit`` bytes; :class:`HttpError` when the connection fails."""
+        import http.client
+
+        try:
+            return self._resp.read(limit)
+        except (OSError, http.client.HTTPException) as err:
+            raise HttpError(self.url, err, timed_out=isinstance(err, TimeoutError)) from err
+
 
 @contextmanager
 def stream(method: str, url: str, timeout_s: float, *, json_body: Any = None, api_key: str | None = None,
@@ -245,17 +254,10 @@ class Connection:
                 limit: int = MAX_BODY, error_limit: int = MAX_BODY) -> Response:
         """``path`` on this connection, the whole answer read (up to ``limit`` bytes); :class:`HttpError`
         as :func:`request` raises it (with the error body, up to ``error_limit``)."""
-        import http.client
-
         started = time.monotonic()
         with self.stream(method, path, json_body=json_body, api_key=api_key, accept="application/json",
                          error_limit=error_limit) as answer:
-            try:
-                body = answer._resp.read(limit)
-            except (OSError, http.client.HTTPException) as err:
-                raise HttpError(answer.url, err, timed_out=isinstance(err, TimeoutError),
-                                elapsed_s=time.monotonic() - started) from err
-            return Response(answer.url, answer.status, body, time.monotonic() - started)
+            return Response(answer.url, answer.status, answer.read(limit), time.monotonic() - started)
 
     @contextmanager
     def stream(self, method: str, path: str, *, json_body: Any = None, api_key: str | None = None,

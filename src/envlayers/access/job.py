@@ -81,6 +81,16 @@ class JobAccess:
         return read_key(self.key_file, named_by=f"job {self.job_id}'s key file", serving=False,
                         owner=os.getuid() if uid is None else uid)
 
+    def client_key(self) -> str | None:
+        """The key a client sends to this job: None when the job needs none, else read from its key file
+        (:meth:`read_key`); an error when it needs one and its key file is not recorded."""
+        if not self.key_required:
+            return None
+        if not self.key_file:
+            raise EnvLayersError(f"job {self.job_id} needs a key and its key file is not recorded",
+                                 hint="give it with --api-key-file FILE")
+        return self.read_key()
+
     @property
     def live(self) -> bool:
         info = self.job.info
@@ -131,3 +141,17 @@ def open_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, s
     check_owner(job, uid)
     files = job.files
     return JobAccess(job, files.endpoint(), files.launch(), rundir.read_serve_env(files.run_dir))
+
+
+def open_serving(job_id: str, *, run_dir: str | None = None) -> tuple[JobAccess, dict | None]:
+    """The job of ``job_id``'s chain that serves now: the job itself, or (when it handed over) its newest live
+    successor, opened as :func:`open_job` opens it, with ``access.chain.newest_live``'s record of the move
+    (None when the job serves itself)."""
+    from .chain import newest_live
+
+    acc = open_job(job_id, run_dir=run_dir)
+    moved = newest_live(acc.job_id, acc.run_dir)
+    if moved is None:
+        return acc, None
+    return open_job(moved["to"], run_dir=moved["run_dir"]), {**moved, "from_state": acc.job.info.state
+                                                               if acc.job.info else None}

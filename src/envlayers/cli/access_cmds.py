@@ -59,7 +59,7 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     TARGET is a job id (its endpoint, every replica; for a job of a chain of successors, the job of the
     chain that serves now) or a base URL (e.g. http://127.0.0.1:8001/v1).
     Exit 0 when both answer, 1 when they do not, 2 when the check could not run."""
-    from ..access.job import open_job
+    from ..access.job import open_serving
     from ..apikey import read_key
     from ..access.ping import EXIT_FAILED, EXIT_OK, normalize_base_url, ping as do_ping
     from .access_format import format_ping, moved_line
@@ -69,22 +69,10 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
 
     moved = None
     if looks_like_job_id(target):
-        from ..access.chain import newest_live
-
-        acc = open_job(target, run_dir=run_dir)
-        moved = newest_live(acc.job_id, acc.run_dir)  # a chain's successor serves now: ping that one
-        if moved:
-            info = acc.job.info
-            moved = {**moved, "from_state": info.state if info else None}
-            acc = open_job(moved["to"], run_dir=moved["run_dir"])
+        acc, moved = open_serving(target, run_dir=run_dir)  # a chain's successor serves now: ping that one
         acc.require_live("ping")
-        if key is None and acc.key_required:
-            if not acc.key_file:
-                from ..errors import EnvLayersError
-
-                raise EnvLayersError(f"job {acc.job_id} needs a key and its key file is not recorded",
-                                     hint="give it with --api-key-file FILE")
-            key = acc.read_key()
+        if key is None:
+            key = acc.client_key()
         urls, served = acc.probe_urls, model or acc.served
     else:
         urls, served = [normalize_base_url(target)], model

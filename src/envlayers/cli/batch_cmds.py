@@ -22,38 +22,21 @@ from .params import Seconds
 def job_resolver(job_id: str, run_dir: str | None, key: str | None):
     """``resolve()`` for a job: its newest live successor's URLs and key when it handed over, else its own
     (the live replicas, or the router in front of them); an error when nothing of the chain serves."""
-    from ..access.chain import newest_live
-    from ..access.job import open_job
+    from ..access.job import open_serving
 
     def resolve() -> tuple[list[str], str | None]:
-        acc = open_job(job_id, run_dir=run_dir)
-        newest = newest_live(job_id, acc.run_dir)
-        if newest is not None:
-            acc = open_job(newest["to"], run_dir=newest["run_dir"])
+        acc, _moved = open_serving(job_id, run_dir=run_dir)
         acc.require_live("run a batch against")
-        wanted = key
-        if wanted is None and acc.key_required:
-            if not acc.key_file:
-                raise EnvLayersError(f"job {acc.job_id} needs a key and its key file is not recorded",
-                                     hint="give it with --api-key-file FILE")
-            wanted = acc.read_key()
-        return acc.probe_urls, wanted
+        return acc.probe_urls, key if key is not None else acc.client_key()
 
     return resolve
 
 
-def gpus_of(job_id: str | None, run_dir: str | None) -> int | None:
-    """The GPUs the job holds, from its accounting record (the plan's nodes x GPUs per node); None for a URL
-    or a job without the record."""
-    if job_id is None:
-        return None
+def gpus_of(folder: Path | None) -> int | None:
+    """The GPUs the job of run directory ``folder`` holds, from its accounting record (the plan's nodes x GPUs
+    per node); None for a URL (no folder) or a job without the record."""
     from .. import rundir
-    from ..access.job import open_job
 
-    try:
-        folder = open_job(job_id, run_dir=run_dir).run_dir
-    except EnvLayersError:
-        return None
     data = rundir.read_json(folder / rundir.ACCOUNTING) if folder is not None else None
     gpus = data.get("gpus") if isinstance(data, dict) else None
     return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
@@ -187,21 +170,22 @@ def batch(target: str, input_file: str, output: str, errors: str | None, concurr
         def resolve() -> tuple[list[str], str | None]:
             return [url], key
     endpoint = Endpoint(resolve)
-    served = model
-    if served is None and job_id is not None:
+    served, folder = model, None
+    if job_id is not None:
         from ..access.job import open_job
 
-        served = open_job(job_id, run_dir=run_dir).served
+        job = open_job(job_id, run_dir=run_dir)  # the job named: its served name and its GPUs
+        served, folder = served or job.served, job.run_dir
     requests = read_input(Path(input_file), served)
     out = Output(out_path, err_path)
-    show = Progress(len(requests), len([r for r in requests if r.custom_id in out.answered]), quiet=as_json)
+    show = Progress(len(requests), sum(r.custom_id in out.answered for r in requests), quiet=as_json)
     try:
         tally = run(requests, out, endpoint, Settings(concurrency=concurrency, retries=retries, timeout_s=timeout_s),
                     progress=show)
     finally:
         show.close()
         out.close()
-    s = summary(tally, gpus_of(job_id, run_dir), out_path, err_path)
+    s = summary(tally, gpus_of(folder), out_path, err_path)
     click.echo(json.dumps(s, indent=1) if as_json else format_summary(s))
     if s["failed"] or s["interrupted"]:
         sys.exit(1)

@@ -76,11 +76,8 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
     elif replica >= len(urls):
         raise EnvLayersError(f"--replica {replica}: job {acc.job_id} has {len(urls)} replica URL(s)",
                              hint=f"give --replica 0..{len(urls) - 1}")
-    if key is None and acc.key_required:
-        if not acc.key_file:
-            raise EnvLayersError(f"job {acc.job_id} needs a key and its key file is not recorded",
-                                 hint="give it with --api-key-file FILE")
-        key = acc.read_key()
+    if key is None:
+        key = acc.client_key()
     return urls[replica], model or acc.served, key, f"job {acc.job_id}"
 
 

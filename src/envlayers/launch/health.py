@@ -72,6 +72,11 @@ def health_url(base_url: str) -> str:
     return server_root(base_url) + "/health"
 
 
+def _server_of(url: str) -> str:
+    """A health URL (``http://host:port/health``, :func:`health_url`) -> the server's root."""
+    return url[: -len("/health")] if url.endswith("/health") else server_root(url)
+
+
 def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
     """One ``GET /health``: (healthy, what was seen). Healthy is a 2xx answer."""
     from .. import httpclient
@@ -117,7 +122,7 @@ def generating_health(generate: Callable, served: str, api_key: str | None,
         ok, seen = get_health(url, timeout_s)
         if not ok:
             return ok, seen
-        root = url[: -len("/health")] if url.endswith("/health") else url.rstrip("/")
+        root = _server_of(url)
         own.begin()
         try:
             result = generate(api_base(root), served, api_key, timeout_s=timeout_s)
@@ -141,8 +146,7 @@ def metrics_progress(engine: str, api_key: str | None) -> "Callable[[str, float]
     def read(url: str, timeout_s: float) -> tuple[float, float] | None:
         from .counters import fetch_metrics
 
-        root = url[: -len("/health")] if url.endswith("/health") else server_root(url)
-        text = fetch_metrics(root + "/metrics", api_key, timeout_s=timeout_s)
+        text = fetch_metrics(_server_of(url) + "/metrics", api_key, timeout_s=timeout_s)
         return read_progress(engine, text) if text is not None else None
 
     return read
@@ -242,9 +246,8 @@ class HealthWatch:
             for _, h in due:
                 h.in_flight = True
                 h.next_at = now + self.settings.interval_s
-        for work, name in ((reads, "progress"), (due, "health")):
+        for work, call, name in ((reads, self._read, "progress"), (due, self._probe, "health")):
             for r, h in work:
-                call = self._read if name == "progress" else self._probe
                 if self.background:
                     threading.Thread(target=call, args=(r, h), daemon=True, name=f"{name}-{r}").start()
                 else:
