@@ -11,8 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,38 +18,17 @@ import pytest
 from envlayers.batch.records import Output, read_input
 from envlayers.batch.run import Endpoint, Settings, run
 from envlayers.errors import EnvLayersError
+from standintools import Engine
 
 REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "tests" / "standin"
 SERVED = "batch-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def standin(tmp_path):
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")}
-    env.update({"STANDIN_LOAD_SECONDS": "0", "STANDIN_TOKENS_PER_S": "400", "PYTHONPATH": str(STANDIN / "pypath")})
-    with open(tmp_path / "engine.log", "w") as out:
-        proc = subprocess.Popen([str(STANDIN / "bin" / "vllm"), "serve", "m", "--served-model-name", SERVED,
-                                 "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "engine.log").read_text()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                break
-        except OSError:
-            time.sleep(0.05)  # not listening yet
-    yield f"http://127.0.0.1:{port}/v1"
-    proc.terminate()
-    proc.wait(30)
+    engine = Engine(tmp_path, {"STANDIN_TOKENS_PER_S": "400"}, served=SERVED)
+    yield engine.url
+    engine.stop()
 
 
 def _lines(path: Path, n: int, url: str = "/v1/chat/completions", **extra) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from click.testing import CliRunner
 from envlayers.bench import load, report
 from envlayers.cli import cli
 from envlayers.cli.bench_format import format_bench
+import standintools
 from timing import LATE_S  # how late a busy machine may run an event
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,42 +28,9 @@ STANDIN = REPO / "tests" / "standin"
 SERVED = "bench-model"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Engine:
-    """A stand-in vLLM serving on 127.0.0.1 with the given pace."""
-
-    def __init__(self, tmp_path: Path, env: dict[str, str], *extra: str):
-        self.port = _free_port()
-        full = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")}
-        full.update({"STANDIN_LOAD_SECONDS": "0", "PYTHONPATH": str(STANDIN / "pypath"), **env})
-        self.log = tmp_path / f"engine-{self.port}.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([str(STANDIN / "bin" / "vllm"), "serve", "m", "--served-model-name", SERVED,
-                                          "--host", "127.0.0.1", "--port", str(self.port), *extra],
-                                         env=full, stdout=out, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("the stand-in did not serve within 20 s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+def Engine(tmp_path: Path, env: dict[str, str], *extra: str) -> standintools.Engine:  # noqa: N802
+    """A stand-in vLLM serving SERVED on 127.0.0.1 with the given pace."""
+    return standintools.Engine(tmp_path, env, *extra, served=SERVED)
 
 
 @pytest.fixture
@@ -146,7 +113,7 @@ def test_key_from_file_and_refused_without_it(engines, tmp_path):
 
 
 def test_nothing_listening_fails_fast_without_load():
-    port = _free_port()
+    port = standintools.free_port()
     t0 = time.monotonic()
     result = CliRunner().invoke(cli, ["bench", f"http://127.0.0.1:{port}/v1", "--timeout-s", "5"])
     assert result.exit_code == 2  # could not run, as the help promises
@@ -322,7 +289,7 @@ def tokenizing_engine(tmp_path):
     def start(usage: bool) -> str:
         script = tmp_path / "tokenizing_engine.py"
         script.write_text(TOKENIZING_ENGINE)
-        port = _free_port()
+        port = standintools.free_port()
         started.append(subprocess.Popen([sys.executable, str(script), str(port), "1" if usage else "0"]))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
