@@ -51,12 +51,14 @@ server and the generator share the other. While it waits for the worker, the eng
 sched_yield for a second after every read (vllm/distributed/device_communicators/shm_broadcast.py,
 SpinCondition). On this kernel (6.18, EEVDF) that spinner sometimes starves the API server for whole
 requests: every stream then arrives in one burst at its end (TTFT = e2e), the engine batches less and
-throughput halves. The state lasts seconds and lands on whichever client is running: measured side by side
-with a keep-alive client of the same requests, 8.7..30 req/s for both, bursts in 0..48 of 48 requests,
-with the engine core's CPU share the only thing that moved (20% API / 79% engine core in the bad state,
-45 / 36 in the good). A node with spare cores never sees it; a host with fewer free cores sees it more.
-Hence --engine-nice (default 10): the engine core runs niced, as if the API server had a core of its own,
-as on a GPU node; with it, no stream was held back in 18 of 18 runs (0 of 432 requests).
+throughput halves. The state lasts seconds and lands on whichever client is running. A node with spare
+cores never sees it; a host with fewer free cores sees it more. Hence --engine-nice (default 10): the engine
+core runs niced, as if the API server had a core of its own, as on a GPU node. To see the difference, run
+with --engine-nice 0 and compare the "streams held back" row and the ranges over the pairs: on 2026-12-05,
+without the nice, 5 and 14 of vLLM's 24 streams were held back in two c=1 runs and ours' c=16 req/s ranged
+14.8..49.4; with it, 0 of vLLM's 216 in each of two whole runs (the table below). (A one-off sampler of
+/proc, not kept, showed the bad state as the only change in the CPU split on the shared core: API server 20%
+/ engine core 79% of it, against 45 / 36.)
 
 The generator now keeps one connection per worker alive (as vLLM's aiohttp session does) instead of a new
 TCP connection per request, and a stream cut mid-answer is an error, not a short reply.
