@@ -23,12 +23,14 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
 
 This module owns the run directory: every file's name (the constants below; no other module spells
 one, and the job's scripts get theirs from :data:`SCRIPT_NAMES`), the record type of each JSON file (a
-dataclass with ``from_dict``/``to_dict``: :class:`LaunchRecord`, :class:`LaunchEnd`, :class:`ChainRecord`,
+dataclass whose fields are the file's keys: :class:`LaunchRecord`, :class:`LaunchEnd`, :class:`ChainRecord`,
 :class:`AccountingRecord`, :class:`GatewayState`, :class:`RouterState`, :class:`TunnelRecord`, :class:`RayCluster`,
-:class:`EndpointRecord`), their readers, and the one writer of a JSON record (:func:`write_json`, atomic through
-``fsutil.atomic_write``). The two scripts the job copies into the run directory and runs with the standard
-library only (``gateway_app.py``, ``launch/raynode.py``) repeat the names of the files they write; a test
-keeps them equal to the ones here.
+:class:`PoolRecord`, :class:`EndpointRecord`), the one converter between a record and its file's data
+(:class:`Record`'s ``from_dict``/``to_dict``, from the fields and their type hints), their readers, the one
+writer of a JSON record (:func:`write_json`, atomic through ``fsutil.atomic_write``), and the one reading of how
+a run's launcher ended (:meth:`JobFiles.launcher_ended`, from :class:`LaunchEnd` and its ``kind``). The two
+scripts the job copies into the run directory and runs with the standard library only (``gateway_app.py``,
+``launch/raynode.py``) repeat the names of the files they write; a test keeps them equal to the ones here.
 
 Parsing here is pure (text in, records out); ``locate`` and ``JobFiles`` only read files.
 ``FileTail`` is the one reader of a growing file (and ``tail_lines`` of a file's last lines).
@@ -37,9 +39,12 @@ Unknown fields in the JSON files are ignored, missing or mistyped ones are ``Non
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -62,8 +67,9 @@ ENDPOINT = "endpoint.json"  # EndpointRecord: written once live (launch.launcher
 LAUNCH = "launch.json"  # LaunchRecord: what the launcher planned (launch.prepare), written before srun
 LAUNCH_END = "launch-end.json"  # LaunchEnd: how the launcher ended: restart, code, reason, ended_at
 CHAIN = "chain.json"  # ChainRecord: the job's link in a chain of successors (launch.successor)
-POOL = "pool.json"  # the elastic pool: replica jobs added and released, each decision (launch.pool)
+POOL = "pool.json"  # PoolRecord: the elastic pool's replica jobs added and released, each decision (launch.pool)
 TUNNEL = "tunnel.json"  # TunnelRecord: the login node's tunnel to the endpoint (access.tunnel, access.tunnelrecord)
+TUNNEL_LOG = "tunnel.log"  # the tunnel step's output, and each handover's lines (access.tunnel, access.handover)
 ACCOUNTING = "accounting.json"  # AccountingRecord: the GPU-hour timeline (launch.timeline, envlayers.accounting)
 SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines
 API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
@@ -338,6 +344,9 @@ def top_is_previous(recorded_restart: int | None, slurm_restarts: int | None, pe
     return slurm_restarts > (recorded_restart or 0)
 
 
+LAUNCHER_ENDS = ("running", "reported", "idle stop", "unrecorded", "died", "never started")  # JobFiles.launcher_ended
+
+
 @dataclass
 class JobFiles:
     """A job's output file and run directory (either may be ``None`` or not exist yet).
@@ -402,6 +411,29 @@ class JobFiles:
     def accounting(self) -> AccountingRecord | None:
         """``accounting.json`` of the current run: its GPU-hour timeline (``launch.timeline``), or ``None``."""
         return None if self.previous_at_top else self._record(ACCOUNTING, AccountingRecord)
+
+    def launcher_ended(self, job_ended: bool = True) -> tuple[str, dict]:
+        """How the current run's launcher ended, the one reading of it (``status``, ``diagnose``, an earlier
+        run's summary): ``(how, what it said)``, ``how`` one of :data:`LAUNCHER_ENDS`:
+
+        - ``"running"``: the job has not ended (``job_ended`` false): nothing to say yet;
+        - ``"reported"``: the launcher wrote ``launch-end.json`` (its ``code``, ``reason``, ``ended_at``);
+        - ``"idle stop"``: reported, of kind :data:`END_IDLE_STOP` (no request for IDLE_STOP_AFTER_S; exit 0);
+        - ``"unrecorded"``: the launcher ended but could not write launch-end.json (a full or read-only file
+          system) and said its end in the job output instead (``code``, ``reason``, ``path``, ``write_error``);
+        - ``"died"``: the launcher had started (launch.json) but wrote no launch-end.json: it was killed
+          (SIGKILL, the node went away) or crashed;
+        - ``"never started"``: the job ended before this run's launcher wrote launch.json."""
+        if not job_ended:
+            return "running", {}
+        end = self.launch_end()
+        if end is not None:
+            said = {"code": end.code, "reason": end.reason, "ended_at": end.ended_at}
+            return ("idle stop" if end.kind == END_IDLE_STOP else "reported"), said
+        unrecorded = self.read_job_output().unrecorded_end
+        if unrecorded is not None:
+            return "unrecorded", dict(unrecorded)
+        return ("died" if self.launch() is not None else "never started"), {}
 
     def read_job_output(self) -> LauncherReport:
         """The current run's launcher lines (nothing while the top-level files are a previous run's)."""
@@ -527,45 +559,156 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-# --- the records: one dataclass per JSON file, ``from_dict`` tolerant (unknown fields ignored; a missing or
-# mistyped one is ``None``, or the empty list), ``to_dict`` the file's fields in the order the writer writes them
+# --- the records: one dataclass per JSON file, read and written by one converter (:class:`Record`) from its own
+# fields and their type hints
 
-def _whole(data: Mapping, key: str) -> int | None:
-    value = data.get(key)
+# when a field is in its file: always, when not None, when not empty, never
+_ALWAYS, _IF_SET, _IF_ANY, _NEVER = "always", "if set", "if any", "never"
+
+
+def filed(*, write: str = _ALWAYS, read=None, then: str | None = None) -> dict:
+    """How a field is filed, as its ``metadata``: ``write`` (when it is in the file), ``read`` (its own reader,
+    ``read(data, key) -> value or None``, instead of the one its type hint gives), ``then`` (a property the file
+    holds right after this field)."""
+    return {"write": write, "read": read, "then": then}
+
+
+def _whole(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _number(data: Mapping, key: str) -> float | None:
-    value = data.get(key)
+def _number(value) -> float | None:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _text(data: Mapping, key: str) -> str | None:
-    value = data.get(key)
-    return value if isinstance(value, str) else None
+def _count(data: Mapping, key: str) -> int | None:
+    """A count from 0: ``restart`` (a negative or mistyped one is the field's default, the first run)."""
+    value = _whole(data.get(key))
+    return value if value is not None and value >= 0 else None
 
 
 def _job_id(data: Mapping, key: str) -> str | None:
     """A job id: digits, as text or as the number a hand-edited file may hold (``41`` for ``"41"``); never a
     path (a chain's successor names a folder beside this one)."""
     value = data.get(key)
-    text = str(value) if isinstance(value, str) or _whole(data, key) is not None else ""
+    text = str(value) if isinstance(value, str) or _whole(value) is not None else ""
     return text if _JOB_ID_RE.fullmatch(text) else None
 
 
-def _texts(data: Mapping, key: str) -> list[str]:
-    value = data.get(key)
-    return [str(v) for v in value] if isinstance(value, list) else []
+_TYPE_CHECKS = {str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
+                int: lambda v: _whole(v) is not None, float: lambda v: _number(v) is not None,
+                dict: lambda v: isinstance(v, dict), object: lambda v: True}
 
 
-@dataclass
-class LaunchRecord:
+def _reader(hint):
+    """``value -> field value`` for a field of type ``hint`` (``X | None`` reads as ``X``); ``None``: the field's
+    default. A value not of the type is ``None``; a list's items are read as text (or as records, the items
+    that are objects); a ``dict[str, V]`` keeps the entries whose value is a ``V``."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    kind, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if _is_record(kind):
+        return lambda v: kind.from_dict(v) if isinstance(v, dict) else None
+    if kind is list and _is_record(args[0]):
+        return lambda v: [args[0].from_dict(i) for i in v if isinstance(i, dict)] if isinstance(v, list) else None
+    if kind is list:
+        return lambda v: [str(i) for i in v] if isinstance(v, list) else None
+    if kind is dict and args:
+        keep = _TYPE_CHECKS[args[1]]
+        return lambda v: {str(k): i for k, i in v.items() if keep(i)} if isinstance(v, dict) else None
+    check = _TYPE_CHECKS[kind]
+    return (lambda v: dict(v) if check(v) else None) if kind is dict else (lambda v: v if check(v) else None)
+
+
+def _is_record(kind) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Record)
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+class Record:
+    """A run-directory record, a dataclass whose fields are its file's keys in the file's order.
+
+    ``from_dict`` is tolerant: unknown keys are ignored, a missing or mistyped one takes the field's default
+    (``None``, or the empty list); ``to_dict`` gives the file's keys in field order, the later ones only when
+    their ``write`` (:func:`filed`) says so. A subclass may map an older form of its file first (``_older``)."""
+
+    _plans = {}  # record type -> [(name, read(data, key), write, then, field)], made on first use (not on import)
+
+    @classmethod
+    def _plan(cls) -> list:
+        plan = Record._plans.get(cls)
+        if plan is None:
+            hints = typing.get_type_hints(cls)
+            plan = Record._plans[cls] = []
+            for f in dataclasses.fields(cls):
+                how = f.metadata or filed()
+                read = how["read"] or (lambda data, key, by_type=_reader(hints[f.name]): by_type(data.get(key)))
+                plan.append((f.name, read, how["write"], how["then"], f))
+        return plan
+
+    @classmethod
+    def _older(cls, data: Mapping) -> Mapping:
+        return data
+
+    # a record's __repr__ and __eq__ as dataclass writes them, made once here rather than once per record type
+    # (``@record`` leaves them out): making them is most of what a dataclass costs, and dataclasses most of this
+    # module's import time
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}(" + ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)) + ")"
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        names = [f.name for f in dataclasses.fields(self)]
+        return [getattr(self, n) for n in names] == [getattr(other, n) for n in names]
+
+    __hash__ = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping):
+        data = cls._older(data)
+        values = {}
+        for name, read, _, _, f in cls._plan():
+            value = read(data, name)
+            values[name] = _default(f) if value is None else value
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for name, _, write, then, _ in self._plan():
+            value = getattr(self, name)
+            if write == _ALWAYS or write == _IF_SET and value is not None or write == _IF_ANY and value:
+                out[name] = _written(value)
+            if then:
+                out[then] = getattr(self, then)
+        return out
+
+
+def record(cls):
+    """A record type: a dataclass with :class:`Record`'s ``__repr__`` and ``__eq__``."""
+    return dataclass(cls, repr=False, eq=False)
+
+
+def _written(value):
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_written(v) for v in value]
+    return dict(value) if isinstance(value, dict) else value
+
+
+@record
+class LaunchRecord(Record):
     """``launch.json``: what the launcher planned, written before srun (``launch.prepare``). ``restart`` is
     Slurm's ``SLURM_RESTART_COUNT`` of the run that wrote it (0 when the file has none: the first run);
     ``containers`` (podman only, in the file only when there are some): each rank's container name."""
 
     job_id: str | None = None
-    restart: int = 0
+    restart: int = field(default=0, metadata=filed(read=_count))
     target: str | None = None
     engine: str | None = None
     model: str | None = None  # INFERENCE_MODEL (None when empty)
@@ -574,53 +717,65 @@ class LaunchRecord:
     nodes: list[str] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
     ready_timeout_s: int | None = None
-    containers: list[str] = field(default_factory=list)
-    site: str | None = None  # ENVLAYERS_SITE: the site layer of the render (in the file only when set)
-    container_program: str | None = None  # with containers: the program that stops them (podman, docker)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "LaunchRecord":
-        restart = _whole(data, "restart")
-        return cls(_text(data, "job_id"), restart if restart is not None and restart >= 0 else 0,
-                   _text(data, "target"), _text(data, "engine"), _text(data, "model"),
-                   _text(data, "served_model_name"), _text(data, "shape"), _texts(data, "nodes"),
-                   _texts(data, "addresses"), _whole(data, "ready_timeout_s"), _texts(data, "containers"),
-                   _text(data, "site"), _text(data, "container_program"))
-
-    def to_dict(self) -> dict:
-        return {"job_id": self.job_id, "restart": self.restart, "target": self.target, "engine": self.engine,
-                "model": self.model, "served_model_name": self.served_model_name, "shape": self.shape,
-                "nodes": list(self.nodes), "addresses": list(self.addresses), "ready_timeout_s": self.ready_timeout_s,
-                **({"containers": list(self.containers)} if self.containers else {}),
-                **({"container_program": self.container_program} if self.container_program else {}),
-                **({"site": self.site} if self.site else {})}
+    # in the file only when not empty
+    containers: list[str] = field(default_factory=list, metadata=filed(write=_IF_ANY))
+    # with containers: the program that stops them (podman, docker)
+    container_program: str | None = field(default=None, metadata=filed(write=_IF_ANY))
+    # ENVLAYERS_SITE: the site layer of the render
+    site: str | None = field(default=None, metadata=filed(write=_IF_ANY))
 
 
-@dataclass
-class LaunchEnd:
+# how a launcher ended, as launch-end.json's ``kind`` says it (:func:`end_kind`)
+END_ENDED = "ended"  # the launch returned: every rank ended on its own
+END_IDLE_STOP = "idle stop"  # IDLE_STOP_AFTER_S: no request for that long (launch.meter.IdleStop), code 0
+END_HANDED_OVER = "handed over"  # a successor (or the pool's job) took over, code 0
+END_SIGNAL = "signal"  # scancel, the time limit, or a signal to the server step: 128 + the signal
+END_FAILED = "failed"  # a rank, a launch key or the launcher itself failed: code 1
+END_KINDS = (END_ENDED, END_IDLE_STOP, END_HANDED_OVER, END_SIGNAL, END_FAILED)
+IDLE_STOP_REASON = "idle stop"  # how launch.meter.IdleStop's reason begins
+
+
+def end_kind(code: int | None, reason: str | None) -> str | None:
+    """The kind of a launcher's end from the ``code`` and ``reason`` it wrote (``None`` without a code)."""
+    if code is None:
+        return None
+    if code == 0:
+        if (reason or "").startswith(IDLE_STOP_REASON):
+            return END_IDLE_STOP
+        return END_ENDED if reason in ("ended", "", None) else END_HANDED_OVER
+    return END_SIGNAL if code >= 128 else END_FAILED
+
+
+def _end_kind(data: Mapping, key: str) -> str | None:
+    value = data.get(key)
+    return value if value in END_KINDS else None
+
+
+@record
+class LaunchEnd(Record):
     """``launch-end.json``: how the launcher ended, written on every orderly end (``launch.launcher``):
-    the run's ``restart``, the exit ``code``, the ``reason`` and ``ended_at`` (epoch seconds)."""
+    the run's ``restart``, the exit ``code``, the ``reason`` and ``ended_at`` (epoch seconds). ``kind``
+    (:data:`END_KINDS`) is not written: it follows from ``code`` and ``reason`` (:func:`end_kind`); a file
+    that holds one is read as it says."""
 
     restart: int | None = None
     code: int | None = None
     reason: str | None = None
     ended_at: float | None = None
+    kind: str | None = field(default=None, metadata=filed(write=_NEVER, read=_end_kind))
 
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "LaunchEnd":
-        return cls(_whole(data, "restart"), _whole(data, "code"), _text(data, "reason"), _number(data, "ended_at"))
-
-    def to_dict(self) -> dict:
-        return {"restart": self.restart, "code": self.code, "reason": self.reason, "ended_at": self.ended_at}
+    def __post_init__(self):
+        if self.kind is None:
+            self.kind = end_kind(self.code, self.reason)
 
 
-@dataclass
-class ChainRecord:
+@record
+class ChainRecord(Record):
     """``chain.json``: the job's link in a chain of successors (``launch.successor``): the job before it, the
     successor it submitted (a job id) with its ``--dependency``, and how many successors are ``left``."""
 
-    predecessor: str | None = None
-    successor: str | None = None
+    predecessor: str | None = field(default=None, metadata=filed(read=_job_id))
+    successor: str | None = field(default=None, metadata=filed(read=_job_id))
     dependency: str | None = None
     left: int | None = None
 
@@ -629,18 +784,9 @@ class ChainRecord:
         """Whether the job is a link of a chain at all (a predecessor, a successor, or successors to come)."""
         return bool(self.predecessor or self.successor or self.left)
 
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "ChainRecord":
-        return cls(_job_id(data, "predecessor"), _job_id(data, "successor"), _text(data, "dependency"),
-                   _whole(data, "left"))
 
-    def to_dict(self) -> dict:
-        return {"predecessor": self.predecessor, "successor": self.successor, "dependency": self.dependency,
-                "left": self.left}
-
-
-@dataclass
-class AccountingRecord:
+@record
+class AccountingRecord(Record):
     """``accounting.json``: the job's GPU-hour timeline (``launch.timeline``) and its ``split``
     (``envlayers.accounting``). Its fields are kept as written, not made to fit a type: the file may be
     hand-edited or cut short, and ``accounting.problem`` names a value no sum can take (the report lists such
@@ -667,13 +813,6 @@ class AccountingRecord:
     how: object = None  # how the job ended, in a few words
     split: object = None
 
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "AccountingRecord":
-        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
-
-    def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
 
 def read_record(path: Path, kind):
     """The record of type ``kind`` (a class above) in ``path``; ``None`` when :func:`read_json` has none."""
@@ -681,68 +820,61 @@ def read_record(path: Path, kind):
     return None if data is None else kind.from_dict(data)
 
 
-@dataclass
-class GatewayState:
+KEEP_EVENTS = 5  # gateway_app.KEEP_EVENTS
+
+
+def _last_events(data: Mapping, key: str) -> list[str]:
+    value = data.get(key)
+    return [str(v) for v in value][-KEEP_EVENTS:] if isinstance(value, list) else []
+
+
+@record
+class GatewayState(Record):
     """``gateway-state.json``: what the gateway (gateway_app.py) last saw of its replicas: how many Ray Serve
     reports healthy of how many, its survival settings, the Serve application's status, and the latest
     replica events (``replica 1 on n2: its vllm serve ...``, newest last, at most ``KEEP_EVENTS``)."""
 
-    KEEP_EVENTS = 5  # gateway_app.KEEP_EVENTS
+    KEEP_EVENTS = KEEP_EVENTS
 
     healthy: int | None = None
     replicas: int | None = None
     min_replicas: int | None = None
     grace_s: int | None = None
     serve_status: str | None = None
-    events: list[str] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "GatewayState":
-        return cls(_whole(data, "healthy"), _whole(data, "replicas"), _whole(data, "min_replicas"),
-                   _whole(data, "grace_s"), _text(data, "serve_status"), _texts(data, "events")[-cls.KEEP_EVENTS:])
-
-    def to_dict(self) -> dict:
-        return {"healthy": self.healthy, "replicas": self.replicas, "min_replicas": self.min_replicas,
-                "grace_s": self.grace_s, "serve_status": self.serve_status, "events": list(self.events)}
+    events: list[str] = field(default_factory=list, metadata=filed(read=_last_events))
 
 
 def read_gateway_state(run_dir: Path) -> GatewayState | None:
     """The gateway's state file in ``run_dir`` (``None`` without one: not the gateway shape, or not yet)."""
-    data = read_json(Path(run_dir) / GATEWAY_STATE)
-    return None if data is None else GatewayState.from_dict(data)
+    return read_record(Path(run_dir) / GATEWAY_STATE, GatewayState)
 
 
-@dataclass
-class RouterState:
+def _seconds(data: Mapping, key: str) -> float | None:
+    """A time as a float (``5`` reads as ``5.0``)."""
+    value = _number(data.get(key))
+    return None if value is None else float(value)
+
+
+@record
+class RouterState(Record):
     """``router-state.json``: each worker URL the router knows and whether its own health checks call it
     healthy (smg's ``smg_worker_health``), and when the launcher last read that (Unix time)."""
 
     workers: dict[str, bool] = field(default_factory=dict)
-    at: float | None = None
+    at: float | None = field(default=None, metadata=filed(read=_seconds))
 
     @property
     def healthy(self) -> int:
         return sum(self.workers.values())
 
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "RouterState":
-        workers = data.get("workers")
-        at = data.get("at")
-        return cls({str(k): v for k, v in workers.items() if isinstance(v, bool)} if isinstance(workers, dict) else {},
-                   float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None)
-
-    def to_dict(self) -> dict:
-        return {"workers": dict(self.workers), "at": self.at}
-
 
 def read_router_state(run_dir: Path) -> RouterState | None:
     """The router's state file in ``run_dir`` (``None`` without one: no router, or not read yet)."""
-    data = read_json(Path(run_dir) / ROUTER_STATE)
-    return None if data is None else RouterState.from_dict(data)
+    return read_record(Path(run_dir) / ROUTER_STATE, RouterState)
 
 
-@dataclass
-class RayCluster:
+@record
+class RayCluster(Record):
     """``ray-cluster.json``: the Ray cluster node 0 saw form, written by ``launch/raynode.py`` (standard library
     only, so it writes the file itself; this is its reader): the head's ``address``, the ``nodes`` that joined
     and after how many seconds (``joined_after_s``)."""
@@ -751,31 +883,12 @@ class RayCluster:
     nodes: int | None = None
     joined_after_s: float | None = None
 
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "RayCluster":
-        return cls(_text(data, "address"), _whole(data, "nodes"), _number(data, "joined_after_s"))
 
-    def to_dict(self) -> dict:
-        return {"address": self.address, "nodes": self.nodes, "joined_after_s": self.joined_after_s}
+_SET = filed(write=_IF_SET)
 
 
-def _mapping(data: Mapping, key: str) -> dict | None:
-    value = data.get(key)
-    return dict(value) if isinstance(value, dict) else None
-
-
-def _words(data: Mapping, key: str) -> list[str] | None:
-    value = data.get(key)
-    return [str(v) for v in value] if isinstance(value, list) else None
-
-
-def _flag(data: Mapping, key: str) -> bool | None:
-    value = data.get(key)
-    return value if isinstance(value, bool) else None
-
-
-@dataclass
-class TunnelRecord:
+@record
+class TunnelRecord(Record):
     """``tunnel.json``: the login node's reverse SSH tunnel to the endpoint (``access.tunnel`` opens it,
     ``access.tunnelrecord`` settles it against Slurm and the recorded process, ``access.handover`` carries it
     along a chain of successors). ``state``: ``opening``, ``open``, ``handed-over`` or ``closed``.
@@ -807,36 +920,17 @@ class TunnelRecord:
     opened_at: str | None = None
     control: bool | None = None
     # in the file only when set
-    replica: int | None = None
-    took_over_from: str | None = None
-    follower: dict | None = None
-    port_closed_s: float | None = None
-    successor: str | None = None
-    handed_over_at: str | None = None
-    closed_s: float | None = None
-    route_reminded_at: str | None = None
-    closed_at: str | None = None
-    closed_by: str | None = None
-    closed_why: str | None = None
-
-    _ALWAYS = ("job_id", "state", "node", "local_port", "gateway", "remote_bind", "remote_port", "route",
-               "keep_alive", "restarts", "host", "srun_pid", "srun_argv", "command", "ssh_command", "step_id",
-               "node_pid", "log", "opened_at", "control")
-    _READ = {"job_id": _text, "state": _text, "node": _text, "local_port": _whole, "gateway": _mapping,
-             "remote_bind": _text, "remote_port": _whole, "route": _mapping, "keep_alive": _flag, "restarts": _whole,
-             "host": _text, "srun_pid": _whole, "srun_argv": _words, "command": _text, "ssh_command": _text,
-             "step_id": _text, "node_pid": _whole, "log": _text, "opened_at": _text, "control": _flag,
-             "replica": _whole, "took_over_from": _text, "follower": _mapping, "port_closed_s": _number,
-             "successor": _text, "handed_over_at": _text, "closed_s": _number, "route_reminded_at": _text,
-             "closed_at": _text, "closed_by": _text, "closed_why": _text}
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "TunnelRecord":
-        return cls(**{name: read(data, name) for name, read in cls._READ.items()})
-
-    def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self._READ
-                if name in self._ALWAYS or getattr(self, name) is not None}
+    replica: int | None = field(default=None, metadata=_SET)
+    took_over_from: str | None = field(default=None, metadata=_SET)
+    follower: dict | None = field(default=None, metadata=_SET)
+    port_closed_s: float | None = field(default=None, metadata=_SET)
+    successor: str | None = field(default=None, metadata=_SET)
+    handed_over_at: str | None = field(default=None, metadata=_SET)
+    closed_s: float | None = field(default=None, metadata=_SET)
+    route_reminded_at: str | None = field(default=None, metadata=_SET)
+    closed_at: str | None = field(default=None, metadata=_SET)
+    closed_by: str | None = field(default=None, metadata=_SET)
+    closed_why: str | None = field(default=None, metadata=_SET)
 
 
 def read_tunnel(run_dir: Path | None) -> TunnelRecord | None:
@@ -849,8 +943,49 @@ def write_tunnel(run_dir: Path, record: TunnelRecord) -> None:
     write_json(Path(run_dir) / TUNNEL, record.to_dict())
 
 
-@dataclass
-class ReplicaRow:
+@record
+class PoolJob(Record):
+    """One replica job of pool.json's ``jobs``: when it was submitted, went live (joined the router) and was
+    released, its URL and node, and how it ``ended`` (``None`` while it runs; ``ended_at`` only once it did)."""
+
+    job: str | None = None
+    submitted_at: float | None = None
+    live_at: float | None = None
+    url: str | None = None
+    node: str | None = None
+    released_at: float | None = None
+    ended: str | None = None
+    ended_at: float | None = field(default=None, metadata=_SET)
+
+
+@record
+class PoolDecision(Record):
+    """One decision of pool.json's ``decisions`` (``launch.poolpolicy``): when, ``grow`` or ``shrink``, which
+    job (a shrink's), and why."""
+
+    at: float | None = None
+    action: str | None = None
+    job: str | None = None
+    why: str | None = None
+
+
+@record
+class PoolRecord(Record):
+    """``pool.json``: the elastic pool (``launch.pool``): its bounds (the replicas it ``started`` with,
+    ``MAX_REPLICAS``, ``SCALE_UP_WAIT_S``, ``SCALE_UP_WINDOW_S``, ``IDLE_STOP_AFTER_S``), every replica job it
+    submitted and every decision. ``jobs`` is ``None`` when the file has no list of them (no pool record)."""
+
+    started: int | None = None
+    max_replicas: int | None = None
+    wait_s: float | None = None
+    window_s: float | None = None
+    idle_s: float | None = None
+    jobs: list[PoolJob] | None = None
+    decisions: list[PoolDecision] = field(default_factory=list)
+
+
+@record
+class ReplicaRow(Record):
     """One replica of endpoint.json's ``replicas`` list (``launch.replicas``): its rank, node, base URL and
     address, whether it is ``alive``, and why it ``ended`` (``None`` while alive)."""
 
@@ -861,38 +996,21 @@ class ReplicaRow:
     alive: bool | None = None
     ended: str | None = None
 
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "ReplicaRow":
-        return cls(_whole(data, "rank"), _text(data, "node"), _text(data, "base_url"), _text(data, "address"),
-                   _flag(data, "alive"), _text(data, "ended"))
 
-    def to_dict(self) -> dict:
-        return {"rank": self.rank, "node": self.node, "base_url": self.base_url, "address": self.address,
-                "alive": self.alive, "ended": self.ended}
-
-
-def _rows(data: Mapping, key: str) -> list[ReplicaRow] | None:
+def _urls(data: Mapping, key: str) -> list[str]:
     value = data.get(key)
-    return [ReplicaRow.from_dict(r) for r in value if isinstance(r, dict)] if isinstance(value, list) else None
+    return [str(v) for v in value if str(v)] if isinstance(value, list) else []
 
 
-def _state(kind):
-    """The reader of a field that holds a record of type ``kind`` (``None`` when it is not an object)."""
-    def read(data: Mapping, key: str):
-        value = data.get(key)
-        return kind.from_dict(value) if isinstance(value, dict) else None
-    return read
-
-
-@dataclass
-class EndpointRecord:
+@record
+class EndpointRecord(Record):
     """``endpoint.json``: what the operator needs once the endpoint answers, written by the launcher once live
     (``launch.launcher``; ``readiness`` prints it as the endpoint block and fills the commands to paste:
     ``stop``, ``curl``, ``curls``, ``python``, ``client_api_key``) and rewritten as replicas are lost
     (``launch.replicas``: ``replicas``, ``min_replicas``, the live ``base_urls``/``addresses``, or behind a
     router the live ``replica_urls``/``replica_addresses``) and as the elastic pool changes (``launch.pool``:
-    ``pool``, ``router["workers"]``). ``base_url`` is the first of ``base_urls`` (a file with ``base_url`` only
-    reads as that one URL).
+    ``pool``, ``router["workers"]``). ``base_url`` is the first of ``base_urls``, written after ``metrics_at``
+    (a file with ``base_url`` only reads as that one URL).
 
     The fields up to ``api_key_file`` are in every file the launcher writes; the later ones only when set
     (``None``: absent from the file). ``gateway`` and ``router_state`` are never in the file: status reads the
@@ -903,16 +1021,17 @@ class EndpointRecord:
     model: str | None = None
     engine: str | None = None
     shape: str | None = None
-    base_urls: list[str] = field(default_factory=list)
+    base_urls: list[str] = field(default_factory=list, metadata=filed(read=_urls))
     api_key_required: bool | None = None
     run_dir: str | None = None
     startup_s: float | None = None
     nodes: list[str] = field(default_factory=list)
     metrics: bool | None = None  # None: the engine serves /metrics (vLLM always; SGLang unless turned off)
-    restart: int = 0  # SLURM_RESTART_COUNT of the run that went live
+    restart: int = field(default=0, metadata=filed(read=_count))  # SLURM_RESTART_COUNT of the run that went live
     key_file: str | None = None  # SERVER_API_KEY_FILE: the printed curl reads the key from it
     node_local: bool = False  # SERVER_HOST binds loopback: only the node itself, or `env_layers tunnel`, reach it
-    metrics_at: str | None = None  # the Prometheus URL when it is not the base URL's root (a router's own port)
+    # the Prometheus URL when it is not the base URL's root (a router's own port); then the file's base_url
+    metrics_at: str | None = field(default=None, metadata=filed(then="base_url"))
     stop: str | None = None  # the commands to paste (readiness.add_usage)
     curl: str | None = None
     curls: list[str] = field(default_factory=list)
@@ -921,27 +1040,16 @@ class EndpointRecord:
     addresses: list[str] = field(default_factory=list)  # the node addresses behind base_urls
     api_key_file: str | None = None  # what `env_layers connect` names
     # in the file only when set
-    replica_urls: list[str] | None = None  # behind a router: the live replicas' own URLs
-    replica_addresses: list[str] | None = None
-    router: dict | None = None  # launch.router.Router.record()
-    replicas: list[ReplicaRow] | None = None
-    min_replicas: int | None = None
-    pool: dict | None = None  # {"max_replicas", "replicas": [{"job", "url", "node"}]}
-    site: str | None = None  # the site layer the job was rendered with (ENVLAYERS_SITE)
+    replica_urls: list[str] | None = field(default=None, metadata=_SET)  # behind a router: the live replicas' URLs
+    replica_addresses: list[str] | None = field(default=None, metadata=_SET)
+    router: dict | None = field(default=None, metadata=_SET)  # launch.router.Router.record()
+    replicas: list[ReplicaRow] | None = field(default=None, metadata=_SET)
+    min_replicas: int | None = field(default=None, metadata=_SET)
+    pool: dict | None = field(default=None, metadata=_SET)  # {"max_replicas", "replicas": [{"job", "url", "node"}]}
+    site: str | None = field(default=None, metadata=_SET)  # the site layer the job was rendered with (ENVLAYERS_SITE)
     # never in the file: the state files beside it, as status shows them
-    gateway: GatewayState | None = None
-    router_state: RouterState | None = None
-
-    _ALWAYS = ("job_id", "served_model_name", "model", "engine", "shape", "base_urls", "api_key_required", "run_dir",
-               "startup_s", "nodes", "metrics", "restart", "key_file", "node_local", "metrics_at", "base_url", "stop",
-               "curl", "curls", "python", "client_api_key", "addresses", "api_key_file")
-    _READ = {"job_id": _text, "served_model_name": _text, "model": _text, "engine": _text, "shape": _text,
-             "api_key_required": _flag, "run_dir": _text, "startup_s": _number, "nodes": _texts, "metrics": _flag,
-             "key_file": _text, "metrics_at": _text, "stop": _text, "curl": _text, "curls": _texts,
-             "python": _text, "client_api_key": _text, "addresses": _texts, "api_key_file": _text,
-             "replica_urls": _words, "replica_addresses": _words, "router": _mapping, "replicas": _rows,
-             "min_replicas": _whole, "pool": _mapping, "site": _text, "gateway": _state(GatewayState),
-             "router_state": _state(RouterState)}
+    gateway: GatewayState | None = field(default=None, metadata=_SET)
+    router_state: RouterState | None = field(default=None, metadata=_SET)
 
     @property
     def base_url(self) -> str | None:
@@ -953,28 +1061,12 @@ class EndpointRecord:
         return {r.rank for r in self.replicas or [] if r.alive is False and r.rank is not None}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "EndpointRecord":
-        urls = [u for u in _texts(data, "base_urls") if u]
-        if not urls and _text(data, "base_url"):
-            urls = [data["base_url"]]
-        restart = _whole(data, "restart")
-        return cls(base_urls=urls, restart=restart if restart is not None and restart >= 0 else 0,
-                   node_local=_flag(data, "node_local") is True,
-                   **{name: read(data, name) for name, read in cls._READ.items()})
-
-    def to_dict(self) -> dict:
-        out = {}
-        for name in (*self._ALWAYS, "replica_urls", "replica_addresses", "router", "replicas", "min_replicas",
-                     "pool", "site", "gateway", "router_state"):
-            value = getattr(self, name)
-            if name not in self._ALWAYS and value is None:
-                continue
-            if isinstance(value, list):
-                value = [v.to_dict() if isinstance(v, ReplicaRow) else v for v in value]
-            elif isinstance(value, (GatewayState, RouterState)):
-                value = value.to_dict()
-            out[name] = value
-        return out
+    def _older(cls, data: Mapping) -> Mapping:
+        """A file with ``base_url`` and no URL in ``base_urls`` (written before there were replicas)."""
+        old = data.get("base_url")
+        if isinstance(old, str) and old and not _urls(data, "base_urls"):
+            return {**data, "base_urls": [old]}
+        return data
 
 
 def read_endpoint(run_dir: Path) -> EndpointRecord | None:
@@ -1042,8 +1134,13 @@ def chain_links(job_id: str, run_dir: "str | Path | None") -> list[tuple[str, Pa
     return links
 
 
+def end_recorded(run_dir: Path) -> bool:
+    """Whether the run's launcher recorded its end (``launch-end.json`` is there): the run is over."""
+    return (Path(run_dir) / LAUNCH_END).exists()
+
+
 def serving_endpoint(run_dir: Path) -> EndpointRecord | None:
     """endpoint.json of a run that has not ended (no launch-end.json), else ``None``."""
-    if (Path(run_dir) / LAUNCH_END).exists():
+    if end_recorded(run_dir):
         return None
     return read_endpoint(run_dir)

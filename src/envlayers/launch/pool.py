@@ -34,7 +34,8 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
-from ..rundir import API_KEY, ENDPOINT, JOB_SH, LAUNCH_END, POOL, EndpointRecord, read_endpoint, write_json
+from ..rundir import (API_KEY, ENDPOINT, JOB_SH, POOL, EndpointRecord, PoolDecision, PoolJob, PoolRecord, end_recorded,
+                      read_endpoint, write_json)
 from ..urls import server_root
 from .poolpolicy import Bounds, PoolPolicy, QueueWait, read_queue
 from .successor import HandedOver
@@ -73,7 +74,7 @@ class Member:
                  f"{self.parent}'s router adds it")
 
     def tick(self) -> None:
-        if (self.run_dir.parent / self.parent / LAUNCH_END).is_file():
+        if end_recorded(self.run_dir.parent / self.parent):
             raise HandedOver(f"job {self.parent}, whose pool this replica served, ended")
         now = self.clock()
         if now < self.next_ask:
@@ -123,8 +124,8 @@ class Pool:
         self.every_s = max(MIN_SAMPLE_EVERY_S, min(SAMPLE_EVERY_S, b.window_s / 5))
         self.next_sample = now
         self.next_state = now
-        self.jobs: dict[str, dict] = {}  # job id -> its record in pool.json
-        self.decisions: list[dict] = []
+        self.jobs: dict[str, PoolJob] = {}  # job id -> its record in pool.json
+        self.decisions: list[PoolDecision] = []
         self.last_count: dict[str, float] = {}  # added replica's job -> the router's count for it
         self.last_request: dict[str, float] = {}
         self.endpoint_seen: dict[str, float] = {}  # replica job -> when its endpoint.json was seen (clock)
@@ -161,7 +162,7 @@ class Pool:
         wait = self.queue.feed(now, waits)
         idle = self._idle(now)
         for d in self.policy.decide(now, wait, self.time_left(now), idle):
-            self.decisions.append({"at": round(self.wall(), 3), "action": d.action, "job": d.job, "why": d.why})
+            self.decisions.append(PoolDecision(round(self.wall(), 3), d.action, d.job, d.why))
             if d.action == "grow":
                 self.grow(d.why, now)
             else:
@@ -170,7 +171,7 @@ class Pool:
 
     def worker_urls(self) -> list[str]:
         """The replicas smg routes to: the job's own, and the added ones."""
-        return [server_root(u) for u in self.router.workers] + [server_root(self.jobs[j]["url"])
+        return [server_root(u) for u in self.router.workers] + [server_root(self.jobs[j].url)
                                                                  for j in self.policy.added]
 
     def _idle(self, now: float) -> dict[str, float]:
@@ -181,7 +182,7 @@ class Pool:
         counts = worker_requests(text) if text is not None else {}
         out = {}
         for job in self.policy.added:
-            count = counts.get(server_root(self.jobs[job]["url"]))
+            count = counts.get(server_root(self.jobs[job].url))
             if count is not None and count != self.last_count.get(job):
                 self.last_count[job] = count
                 self.last_request[job] = now
@@ -210,8 +211,7 @@ class Pool:
             self.say(f"ENVLAYERS-POOL: grow refused: could not submit a replica job ({said}); {why}")
             return
         self.policy.submitted(job)
-        self.jobs[job] = {"job": job, "submitted_at": round(self.wall(), 3), "live_at": None, "url": None,
-                          "node": None, "released_at": None, "ended": None}
+        self.jobs[job] = PoolJob(job, submitted_at=round(self.wall(), 3))
         self.next_state = now + STATE_EVERY_S
         self._write()
         self.say(f"ENVLAYERS-POOL: grow: {why}: submitted replica job {job} ({shlex.join(argv)}"
@@ -220,16 +220,16 @@ class Pool:
     def _pending(self, now: float) -> None:
         job = self.policy.pending
         rec = self.jobs[job]
-        if rec["url"] is None:
+        if rec.url is None:
             ep = read_endpoint(self.run_dir.parent / job)
             urls = ep.base_urls if ep is not None else []
             if urls:
-                rec["url"], rec["node"] = urls[0], (ep.nodes or [None])[0]
+                rec.url, rec.node = urls[0], (ep.nodes or [None])[0]
                 self.endpoint_seen[job] = now
                 said = self.router.add_worker(urls[0])
                 if said is not None:
                     return self._failed(job, f"smg did not take it: {said}")
-                self.say(f"ENVLAYERS-POOL: replica job {job} is live at {urls[0]} on {rec['node']}; added to the "
+                self.say(f"ENVLAYERS-POOL: replica job {job} is live at {urls[0]} on {rec.node}; added to the "
                          "router (POST /workers)")
                 return
             if now >= self.next_state:
@@ -239,10 +239,10 @@ class Pool:
                     self._failed(job, f"it ended ({state}) before its endpoint was live; see its output")
             return
         listed = self.router.listed() or {}
-        entry = listed.get(server_root(rec["url"]))
+        entry = listed.get(server_root(rec.url))
         if entry is not None and entry[1]:
-            startup = round(self.wall() - rec["submitted_at"], 1)
-            rec["live_at"] = round(self.wall(), 3)
+            startup = round(self.wall() - rec.submitted_at, 1)
+            rec.live_at = round(self.wall(), 3)
             self.policy.joined(job, startup)
             self.last_request[job] = now
             self._write()  # endpoint.json lists it before the line says so
@@ -260,21 +260,21 @@ class Pool:
 
     def shrink(self, job: str, why: str) -> None:
         rec = self.jobs[job]
-        said = self.router.remove_worker(rec["url"])
+        said = self.router.remove_worker(rec.url)
         if said is not None:
             self.say(f"ENVLAYERS-POOL: shrink of replica job {job} put off: the router did not let it go ({said})")
             return
         self.policy.released(job)
-        rec["released_at"] = round(self.wall(), 3)
+        rec.released_at = round(self.wall(), 3)
         self._end(job, f"released: {why}")
         self._write()
-        self.say(f"ENVLAYERS-POOL: shrink: replica job {job} ({rec['url']}) {why}: removed from the router, job "
+        self.say(f"ENVLAYERS-POOL: shrink: replica job {job} ({rec.url}) {why}: removed from the router, job "
                  f"cancelled; {self.policy.size} replicas serve")
 
     def _end(self, job: str, how: str) -> None:
         rec = self.jobs[job]
-        rec["ended"] = how
-        rec["ended_at"] = round(self.wall(), 3)
+        rec.ended = how
+        rec.ended_at = round(self.wall(), 3)
         try:
             self.cancel(job)
         except (OSError, slurm.SlurmError) as err:
@@ -282,7 +282,7 @@ class Pool:
 
     def stop(self) -> None:
         """This job ends: cancel every replica job still running (the router already stopped)."""
-        left = [j for j, rec in self.jobs.items() if rec["ended"] is None]
+        left = [j for j, rec in self.jobs.items() if rec.ended is None]
         for job in left:
             self._end(job, "the pool's job ended")
         if left:
@@ -291,15 +291,15 @@ class Pool:
 
     # ------------------------------------------------------------------ records
 
-    def record(self) -> dict:
+    def record(self) -> PoolRecord:
         b = self.policy.bounds
-        return {"started": b.started, "max_replicas": b.max_replicas, "wait_s": b.wait_s, "window_s": b.window_s,
-                "idle_s": b.idle_s, "jobs": list(self.jobs.values()), "decisions": list(self.decisions)}
+        return PoolRecord(b.started, b.max_replicas, b.wait_s, b.window_s, b.idle_s, list(self.jobs.values()),
+                          list(self.decisions))
 
     def _write(self) -> None:
         """pool.json, and the pool's replicas in endpoint.json, when they changed."""
-        rec = self.record()
-        seen = (json.dumps(rec, sort_keys=True), self.endpoint is not None)  # text: the records are mutated in place
+        rec = self.record().to_dict()
+        seen = (json.dumps(rec, sort_keys=True), self.endpoint is not None)  # text: the records change in place
         if seen == self._written:
             return
         self._written = seen
@@ -309,7 +309,7 @@ class Pool:
             pass
         if self.endpoint is not None:
             self.endpoint.pool = {"max_replicas": self.policy.bounds.max_replicas,
-                                  "replicas": [{"job": j, "url": self.jobs[j]["url"], "node": self.jobs[j]["node"]}
+                                  "replicas": [{"job": j, "url": self.jobs[j].url, "node": self.jobs[j].node}
                                                for j in self.policy.added]}
             if self.endpoint.router is not None:
                 self.endpoint.router["workers"] = self.worker_urls()

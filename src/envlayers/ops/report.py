@@ -21,7 +21,7 @@ from .. import slurm
 from ..accounting import largest_waste, split, summarize
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
-from ..rundir import ACCOUNTING, LAUNCH, POOL, AccountingRecord, LaunchRecord, read_json, read_record
+from ..rundir import ACCOUNTING, LAUNCH, POOL, AccountingRecord, LaunchRecord, PoolRecord, read_record
 
 _SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -201,20 +201,18 @@ def pools(jobs: list[dict]) -> list[dict]:
     by_id = {j["job_id"]: j for j in jobs}
     out = []
     for job in jobs:
-        rec = read_json(Path(job["run_dir"]) / POOL)
-        if not isinstance(rec, dict) or not isinstance(rec.get("jobs"), list):
+        rec = read_record(Path(job["run_dir"]) / POOL, PoolRecord)
+        if rec is None or rec.jobs is None:
             continue
-        members = [m for m in rec["jobs"] if isinstance(m, dict) and isinstance(m.get("job"), str)]
+        members = [m.job for m in rec.jobs if m.job is not None]
         own = job["split"]["allocated_gpu_hours"]
         hours = 0.0
         for m in members:
-            member = by_id.get(m["job"])
+            member = by_id.get(m)
             if member is not None:
                 member["pool_of"] = job["job_id"]
                 hours += member["split"]["allocated_gpu_hours"]
-        decisions = [d for d in rec.get("decisions") or [] if isinstance(d, dict)]
-        out.append({"job_id": job["job_id"], "max_replicas": rec.get("max_replicas"),
-                    "replica_jobs": [m["job"] for m in members], "gpu_hours_own": own,
-                    "gpu_hours_replica_jobs": round(hours, 4), "gpu_hours_total": round(own + hours, 4),
-                    "decisions": decisions})
+        out.append({"job_id": job["job_id"], "max_replicas": rec.max_replicas, "replica_jobs": members,
+                    "gpu_hours_own": own, "gpu_hours_replica_jobs": round(hours, 4),
+                    "gpu_hours_total": round(own + hours, 4), "decisions": [d.to_dict() for d in rec.decisions]})
     return out
