@@ -165,11 +165,13 @@ def _pool_text(tmp_path: Path) -> str:
         def metrics(self):
             return ""
 
-    waiting = "vllm:num_requests_waiting 3\nvllm:request_queue_time_seconds_sum 0\nvllm:request_queue_time_seconds_count 0\n"
+    waiting = ("vllm:num_requests_waiting 3\nvllm:request_queue_time_seconds_sum 0\n"
+               "vllm:request_queue_time_seconds_count 0\n")
     pool = Pool({"SCALE_UP_WAIT_S": "5", "SCALE_UP_WINDOW_S": "20", "IDLE_STOP_AFTER_S": "30"}, job_id="100",
                 run_dir=run_dir, engine="vllm", router=Router(), started=1, max_replicas=2, startup_s=30.0,
                 time_left_s=3600.0, environ={}, api_key=None, say=lambda line: None, clock=lambda: now[0],
-                wall=lambda: now[0] + 1e9 + 0.1234, run=lambda argv, env: subprocess.CompletedProcess(argv, 0, "201\n", ""),
+                wall=lambda: now[0] + 1e9 + 0.1234,
+                run=lambda argv, env: subprocess.CompletedProcess(argv, 0, "201\n", ""),
                 fields=lambda job: {}, state=lambda job: "RUNNING", fetch=lambda url, key: waiting,
                 cancel=lambda job: None)
 
@@ -237,3 +239,77 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         _write_pins(Path(tmp))
     sys.exit(0)
+
+
+@pytest.mark.parametrize("code, reason, kind", [
+    pytest.param(0, "ended", rundir.END_ENDED, id="ended"),
+    pytest.param(0, "idle stop: no request for 600s (IDLE_STOP_AFTER_S=600)", rundir.END_IDLE_STOP, id="idle-stop"),
+    pytest.param(0, "successor job 57 is live at http://n3:8000/v1", rundir.END_HANDED_OVER, id="handed-over"),
+    pytest.param(143, "live then signal 15", rundir.END_SIGNAL, id="signal"),
+    pytest.param(143, "signal 15 to the server step before the endpoint was live", rundir.END_SIGNAL, id="step"),
+    pytest.param(1, "rank 1 exited with code 137", rundir.END_FAILED, id="failed"),
+    pytest.param(1, "idle stop: x; a rank ran with a core limit that is not 0", rundir.END_FAILED, id="core-limit"),
+    pytest.param(None, "ended", None, id="no-code"),
+])
+def test_launch_end_says_its_kind_from_what_the_launcher_wrote(code, reason, kind, tmp_path):
+    written = rundir.LaunchEnd(0, code, reason, 5.0)
+    assert written.kind == kind
+    assert "kind" not in written.to_dict(), "the file keeps its four keys"
+    rundir.write_json(tmp_path / rundir.LAUNCH_END, written.to_dict())
+    assert rundir.JobFiles("7", None, tmp_path).launch_end().kind == kind
+
+
+def test_a_launch_end_that_holds_its_kind_is_read_as_it_says():
+    assert rundir.LaunchEnd.from_dict({"code": 0, "reason": "ended", "kind": "handed over"}).kind == "handed over"
+    assert rundir.LaunchEnd.from_dict({"code": 0, "reason": "ended", "kind": "exploded"}).kind == "ended"
+
+
+def _ended(tmp_path: Path, *, launch=True, end=None, said=None) -> rundir.JobFiles:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if launch:
+        rundir.write_json(run_dir / rundir.LAUNCH, {"job_id": "7"})
+    if end is not None:
+        rundir.write_json(run_dir / rundir.LAUNCH_END, end)
+    out = tmp_path / "serve-only-7.out"
+    out.write_text("ENVLAYERS-STAGE: run_dir=x\n" + (said or ""))
+    return rundir.JobFiles("7", out, run_dir)
+
+
+@pytest.mark.parametrize("setup, how, said", [
+    pytest.param({"end": {"restart": 0, "code": 1, "reason": "r", "ended_at": 2.5}}, "reported",
+                 {"code": 1, "reason": "r", "ended_at": 2.5}, id="reported"),
+    pytest.param({"end": {"code": 0, "reason": "idle stop: no request for 60s"}}, "idle stop",
+                 {"code": 0, "reason": "idle stop: no request for 60s", "ended_at": None}, id="idle-stop"),
+    pytest.param({"said": rundir.unrecorded_end_line(143, Path("/r/launch-end.json"), "No space left on device",
+                                                     "live then signal 15") + "\n"}, "unrecorded",
+                 {"code": 143, "path": "/r/launch-end.json", "write_error": "No space left on device",
+                  "reason": "live then signal 15"}, id="unrecorded"),
+    pytest.param({}, "died", {}, id="died"),
+    pytest.param({"launch": False}, "never started", {}, id="never-started"),
+])
+def test_how_the_launcher_ended_is_read_in_one_place(tmp_path, setup, how, said):
+    from envlayers.diagnose import launcher_end_finding
+    from envlayers.ops.status import _run_summary
+
+    files = _ended(tmp_path, **setup)
+    assert files.launcher_ended(job_ended=False) == ("running", {})
+    assert files.launcher_ended() == (how, said)
+    finished = type("Info", (), {"finished": True, "state": "FAILED", "exit_code": "1:0", "reason": None,
+                                 "stdout": str(files.job_out), "workdir": None, "name": None})()
+    finding = launcher_end_finding(files.run_dir, finished, "7")
+    assert (finding is not None) == (how in ("died", "never started"))
+    summary = _run_summary(rundir.JobFiles("7", None, files.run_dir), "p", 0)
+    assert summary["launcher"] == ("died" if how == "unrecorded" else how)  # an earlier run has no job output
+    assert summary["reason"] == (said.get("reason") if how != "unrecorded" else None)
+
+
+def test_pool_json_reads_to_its_record_and_writes_back_byte_for_byte():
+    text = (DATA / "write-pool.json").read_text()
+    record = rundir.PoolRecord.from_dict(json.loads(text))
+    assert record.jobs[0].job == "201" and record.jobs[0].ended_at is not None
+    assert [d.action for d in record.decisions] == ["grow", "shrink"]
+    assert rundir.json_text(record.to_dict()) == text
+    running = rundir.PoolJob("202", submitted_at=1.0)
+    assert list(running.to_dict())[-1] == "ended", "ended_at only once the job ended"
+    assert rundir.PoolRecord.from_dict({"decisions": "x"}) == rundir.PoolRecord(), "no jobs list: no pool record"

@@ -384,7 +384,7 @@ def _run_line(run: dict) -> str:
     bad = {r: c for r, c in run["rank_exits"].items() if c not in (0, None)}
     if bad:
         bits.append("rank exits " + ", ".join(f"{r} -> {c}" for r, c in bad.items()))
-    if run["launcher"] == "reported":
+    if run["launcher"] in ("reported", "idle stop"):
         bits.append(f"launcher: {run['reason'] or 'ended'}")
     elif run["launcher"] == "died":
         bits.append("launcher ended without reporting")

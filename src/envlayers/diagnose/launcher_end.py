@@ -1,4 +1,5 @@
-"""How the launcher ended, from a run directory: its ``launch-end.json`` record, or the lack of one.
+"""The finding of a launcher that died without reporting, from how a run directory says it ended
+(``rundir.JobFiles.launcher_ended``, the one reading of it): no ``launch-end.json`` record, and no word of it.
 
 On every orderly end the launcher writes ``launch-end.json`` (``{"restart", "code", "reason",
 "ended_at"}``) into the run directory ``$RUN_ROOT/<jobid>/``. A job that Slurm reports as ended whose
@@ -16,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..rundir import LAUNCH_END
+from ..rundir import LAUNCH_END, JobFiles, job_output_path
 from .evidence import Finding
 
 RULE_ID = "launcher-died"
@@ -39,26 +40,15 @@ def _exit_text(exit_code: str | None) -> str:
     return exit_code
 
 
-def _said_its_end(job_id: str, info: Any) -> bool:
-    """Whether the job output says the launcher's end because it could not write launch-end.json (a full or
-    read-only file system): it did not die, and the rule run-dir-unwritable names why."""
-    from ..rundir import job_output_path, parse_job_output
-
-    try:
-        text = job_output_path(str(job_id), info, Path.cwd()).read_text(errors="replace")
-    except OSError:
-        return False
-    return parse_job_output(text).unrecorded_end is not None
-
-
 def launcher_end_finding(run_dir: Path | None, info: Any, job_id: str) -> Finding | None:
-    """A finding when the job has ended (by Slurm's record ``info``, a ``slurm.JobInfo``) and its run
-    directory holds no ``launch-end.json``; ``None`` when the launcher reported its end (in that file, or in the
-    job output when it could not write the file), when the job has
-    not ended, or when Slurm's record or the run directory is not available (nothing can be said)."""
+    """A finding when the job has ended (by Slurm's record ``info``, a ``slurm.JobInfo``) and its launcher did
+    not report its end (``rundir.JobFiles.launcher_ended``: no ``launch-end.json``, and no line in the job
+    output saying it could not write one); ``None`` when it did, when the job has not ended, or when Slurm's
+    record or the run directory is not available (nothing can be said)."""
     if info is None or not getattr(info, "finished", False) or run_dir is None or not Path(run_dir).is_dir():
         return None
-    if (Path(run_dir) / LAUNCH_END).exists() or _said_its_end(job_id, info):
+    files = JobFiles(str(job_id), job_output_path(str(job_id), info, Path.cwd()), Path(run_dir))
+    if files.launcher_ended()[0] not in ("died", "never started"):
         return None
     state = info.state or "unknown"
     slurm_said = f"Slurm: State={state}, ExitCode={_exit_text(info.exit_code)}"

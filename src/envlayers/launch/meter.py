@@ -15,7 +15,7 @@ import time
 from typing import Callable, Mapping
 
 from .. import keys as keytable
-from ..rundir import RecordWriter, server_log_name
+from ..rundir import IDLE_STOP_REASON, RecordWriter, server_log_name
 from .counters import RequestCounters, fetch_metrics, metrics_urls
 from .gatewaylog import GatewayRelay
 from .idle import Counters, IdleTracker
@@ -99,7 +99,7 @@ class Meter:
             elif decision == "stop":
                 self.say(f"ENVLAYERS-STAGE: idle stop: no request served for {idle:.0f}s "
                          f"(IDLE_STOP_AFTER_S={self.stop_after_s:g}); ending the job cleanly")
-                raise IdleStop(f"idle stop: no request for {idle:.0f}s (IDLE_STOP_AFTER_S="
+                raise IdleStop(f"{IDLE_STOP_REASON}: no request for {idle:.0f}s (IDLE_STOP_AFTER_S="
                                f"{self.stop_after_s:g})")
 
     def _first_sample(self, now: float) -> None:

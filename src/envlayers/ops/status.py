@@ -11,9 +11,6 @@ from .lookup import Clock, TrackedJob, current_files, patiently
 from .probe import probe_all
 from .progress import RankProgress, read_run, run_total, serving_ranks
 
-IDLE_STOP_REASON = "idle stop"  # how launch.meter.IdleStop's reason begins
-
-
 def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = None,
                    slurm_end: float | None = None) -> dict | None:
     """The run's ``accounting.json`` with its split recomputed up to ``now`` while the job runs (the
@@ -129,35 +126,14 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
 
 
 def launcher_end(job: TrackedJob) -> dict:
-    """How the current run's launcher ended: ``{"launcher": ..., ...}`` with ``launcher`` one of
-
-    - ``"running"``: the job has not ended (nothing to say yet);
-    - ``"reported"``: the launcher wrote ``launch-end.json`` (its ``code``, ``reason``, ``ended_at``);
-    - ``"idle stop"``: reported, and the reason is IDLE_STOP_AFTER_S (no request for that long; exit 0);
-    - ``"unrecorded"``: the launcher ended but could not write launch-end.json (a full or read-only file
-      system) and said its end in the job output instead (``code``, ``reason``, ``path``, ``write_error``);
-    - ``"died"``: the job ended, the launcher had started (launch.json) but wrote no launch-end.json:
-      it was killed (SIGKILL, the node went away) or crashed;
-    - ``"never started"``: the job ended before the current run's launcher wrote launch.json.
+    """How the current run's launcher ended: ``{"launcher": ..., ...}`` with ``launcher`` and what the launcher
+    said as ``rundir.JobFiles.launcher_ended`` reads them (``running`` until Slurm says the job ended).
 
     ``slurm_state`` / ``slurm_exit`` are what Slurm reports (``None`` once it forgot the job)."""
     info = job.info
-    out = {"launcher": "running", "slurm_state": info.state if info else None,
-           "slurm_exit": info.exit_code if info else None, "restart": job.restart}
-    if info is not None and not info.finished:
-        return out
-    end = job.files.launch_end()
-    if end is not None:
-        out.update(launcher="reported", code=end.code, reason=end.reason, ended_at=end.ended_at)
-        if end.code == 0 and end.reason is not None and end.reason.startswith(IDLE_STOP_REASON):
-            out["launcher"] = "idle stop"  # IDLE_STOP_AFTER_S: its own state, not a failure
-    elif (unrecorded := job.files.read_job_output().unrecorded_end) is not None:
-        out.update(launcher="unrecorded", **unrecorded)
-    elif job.files.launch() is not None:
-        out["launcher"] = "died"
-    else:
-        out["launcher"] = "never started"
-    return out
+    how, said = job.files.launcher_ended(job_ended=info is None or info.finished)
+    return {"launcher": how, "slurm_state": info.state if info else None,
+            "slurm_exit": info.exit_code if info else None, "restart": job.restart, **said}
 
 
 def earlier_run_records(job: TrackedJob) -> list[dict]:
@@ -175,12 +151,10 @@ def earlier_run_records(job: TrackedJob) -> list[dict]:
 
 def _run_summary(files: rundir.JobFiles, where: str, folder: int | None) -> dict:
     launch = files.launch()
-    end = files.launch_end()
+    how, said = files.launcher_ended()
     return {"folder": folder, "path": where, "restart": launch.restart if launch is not None else None,
             "rank_exits": {str(k): v for k, v in files.rank_exits().items()},
-            "live": files.endpoint() is not None,
-            "launcher": ("reported" if end is not None else "died") if launch is not None else "never started",
-            "reason": end.reason if end is not None else None}
+            "live": files.endpoint() is not None, "launcher": how, "reason": said.get("reason")}
 
 
 def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
