@@ -36,7 +36,7 @@ def test_the_copied_scripts_are_the_files_rundir_names():
 # a run-directory file spelled out as a string, or a rank's file built from its pattern
 _NAMES = [rundir.ENDPOINT, rundir.LAUNCH, rundir.LAUNCH_END, rundir.CHAIN, rundir.TUNNEL, rundir.ACCOUNTING,
           rundir.SERVE_ENV, rundir.API_KEY, rundir.RAY_TOKEN, rundir.RAY_CLUSTER, rundir.GATEWAY_STATE,
-          rundir.RANKS_SH, rundir.JOB_SH, rundir.ROUTER_STATE, rundir.ROUTER_LOG, rundir.POOL]
+          rundir.RANKS_SH, rundir.JOB_SH, rundir.ROUTER_STATE, rundir.ROUTER_LOG, rundir.POOL, rundir.TUNNEL_LOG]
 _SPELLED = re.compile(r"""(["'])(%s)\1|f["'](server-\{|rank-\{|ray-pids-\{)""" % "|".join(map(re.escape, _NAMES)))
 # the standard-library scripts that run inside the job, and the owner itself
 _ALLOWED = {"rundir.py", "gateway_app.py", "launch/raynode.py"}

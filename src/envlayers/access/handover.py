@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import ChainRecord, TunnelRecord, chain_of, read_tunnel, serving_endpoint, write_tunnel
+from ..rundir import TUNNEL_LOG, ChainRecord, TunnelRecord, chain_of, read_tunnel, serving_endpoint, write_tunnel
 from .gateway import Gateway
 from .job import JobAccess
 
@@ -59,7 +59,7 @@ def start_follower(acc: JobAccess, record: TunnelRecord) -> dict:
 
     run_dir = acc.run_dir
     argv = [sys.executable, "-m", "envlayers.access.handover", str(run_dir)]
-    with open(run_dir / "tunnel.log", "a", encoding="utf-8") as log:
+    with open(run_dir / TUNNEL_LOG, "a", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=_clean_env(), cwd=str(run_dir))
     follower = {"pid": proc.pid, "argv": argv, "host": socket.gethostname()}
@@ -90,7 +90,7 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
     def say(line: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         try:
-            with open(run_dir / "tunnel.log", "a", encoding="utf-8") as fh:
+            with open(run_dir / TUNNEL_LOG, "a", encoding="utf-8") as fh:
                 fh.write(f"ENVLAYERS-TUNNEL: chain: {stamp} {line}\n")
         except OSError:
             pass

@@ -36,14 +36,13 @@ from urllib.parse import urlsplit
 
 from .. import slurm
 from ..errors import EnvLayersError
-from ..rundir import TUNNEL, TunnelRecord, write_tunnel
+from ..rundir import TUNNEL, TUNNEL_LOG, TunnelRecord, write_tunnel
 from ..scripttext import Code, render
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import JobAccess
 from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now
 
 STEP_NAME = "envlayers-tunnel"
-LOG_NAME = "tunnel.log"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
 MAX_DELAY_S = 60
 CONTROL_DIR = "/tmp"  # where a handed-over tunnel's control socket lives, on the API node
@@ -196,7 +195,7 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
             f"job {acc.job_id} already has a tunnel to {old.gateway['destination']} port {old.remote_port} "
             f"(srun pid {old.srun_pid})",
             hint=f"`env_layers release {acc.job_id}` ends it with the job; one tunnel per job")
-    log = run_dir / LOG_NAME
+    log = run_dir / TUNNEL_LOG
     argv = spec.srun_argv()
     record = TunnelRecord(
         job_id=spec.job_id, state="opening" if spec.takeover else "open", node=spec.node,
