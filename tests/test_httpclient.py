@@ -70,35 +70,33 @@ def test_get_json_and_the_key_goes_in_the_authorization_header(base):
     assert ("/ok", "Bearer sekrit") in Handler.seen
 
 
-def test_an_error_status_raises_with_status_body_and_url(base):
-    with pytest.raises(httpclient.HttpError) as err:
-        httpclient.get(base + "/missing", 2)
-    assert err.value.status == 404 and err.value.url == base + "/missing"
-    assert httpclient.engine_message(err.value.body) == "no such model"
+def test_an_error_status_is_a_response_with_status_body_message_and_url(base):
+    answer = httpclient.get(base + "/missing", 2)
+    assert answer.status == 404 and not answer.ok and answer.url == base + "/missing"
+    assert answer.message() == "no such model" and answer.said() == "HTTP 404: no such model"
+    assert answer.headers["Content-Type"] == "application/json" and answer.elapsed_s > 0
 
 
-def test_a_closed_port_raises_with_no_status_and_the_reason():
+def test_a_closed_port_is_a_response_with_no_status_and_the_reason():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    with pytest.raises(httpclient.HttpError) as err:
-        httpclient.get(f"http://127.0.0.1:{port}/", 2)
-    assert err.value.status is None and not err.value.timed_out and "refused" in str(err.value.reason)
+    answer = httpclient.get(f"http://127.0.0.1:{port}/", 2)
+    assert answer.status is None and not answer.ok and not answer.timed_out and "refused" in answer.reason
+    assert answer.said() == f"no answer: {answer.reason}"
 
 
 def test_a_silent_server_times_out_within_the_bound(base):
     t0 = time.monotonic()
-    with pytest.raises(httpclient.HttpError) as err:
-        httpclient.get(base + "/silent", 0.5)
-    assert err.value.timed_out and err.value.status is None and time.monotonic() - t0 < 0.5 + LATE_S  # silent for ever
+    answer = httpclient.get(base + "/silent", 0.5)
+    assert answer.timed_out and answer.status is None and time.monotonic() - t0 < 0.5 + LATE_S  # silent for ever
 
 
 def test_request_within_cuts_off_a_server_that_trickles(base):
     t0 = time.monotonic()
-    with pytest.raises(httpclient.HttpError) as err:
-        httpclient.request_within("GET", base + "/trickle", 0.5, slack_s=0.2)
-    assert err.value.incomplete and err.value.reason == "no complete answer within 0.5s"
+    answer = httpclient.request_within("GET", base + "/trickle", 0.5, slack_s=0.2)
+    assert answer.incomplete and answer.status is None and answer.reason == "no complete reply within 0.5s"
     assert time.monotonic() - t0 < 0.7 + LATE_S  # it trickles for ever; each byte came within the socket timeout: only the wall clock stops it
 
 
@@ -115,10 +113,23 @@ def test_stream_reads_server_sent_lines_of_a_json_post(base):
     pytest.param(b'{"error": {"message": "bad"}}', "bad", id="openai-error-object"),
     pytest.param(b'{"error": "bad"}', "bad", id="error-string"),
     pytest.param(b'{"message": "bad"}', "bad", id="message-only"),
+    pytest.param(b'{"object": "error", "message": "bad", "code": 400}', "bad", id="vllm-error-response"),
+    pytest.param(b'{"error": {"code": 7}, "message": "bad"}', "bad", id="error-object-without-message"),
+    pytest.param(b'{"detail": "Not Found"}', "Not Found", id="web-framework-detail"),
+    pytest.param(b'{"error": {}}', None, id="empty-error"),
+    pytest.param(b'["bad"]', None, id="not-an-object"),
     pytest.param(b"<html>", None, id="not-json"),
 ])
-def test_engine_message(body, message):
-    assert httpclient.engine_message(body) == message
+def test_the_message_of_an_error_body_is_read_one_way(body, message):
+    answer = httpclient.Response("http://h/v1/x", 400, body)
+    assert answer.message() == message
+    assert answer.said() == "HTTP 400" + (f": {message}" if message else "")
+
+
+def test_a_message_is_cut_at_the_limit_and_a_2xx_answer_says_only_its_status():
+    assert httpclient.Response("u", 500, b'{"error": "' + b"x" * 50 + b'"}').said(10) == "HTTP 500: " + "x" * 10
+    assert httpclient.Response("u", 200, b'{"message": "fine"}').said() == "HTTP 200"
+    assert httpclient.Response("u", 200, b"abcdef").text(3) == "abc..."
 
 
 class KeepAliveHandler(http.server.BaseHTTPRequestHandler):
@@ -225,7 +236,9 @@ def test_an_error_status_on_a_connection_raises_with_its_body(keepalive):
     try:
         with pytest.raises(httpclient.HttpError) as err:
             _events(conn, n=1, status=429)
-        assert err.value.status == 429 and httpclient.engine_message(err.value.body) == "too many"
+        assert err.value.response.status == 429 and err.value.response.message() == "too many"
+        answer = conn.request("POST", "/v1/chat/completions", json_body={"n": 1, "status": 429})
+        assert answer.status == 429 and answer.said() == "HTTP 429: too many"  # the same, as a response
         assert _events(conn, n=1) == [b"data: 0"]
     finally:
         conn.close()
@@ -237,4 +250,5 @@ def test_a_connection_to_a_closed_port_raises_with_no_status():
         conn = httpclient.Connection(f"http://127.0.0.1:{s.getsockname()[1]}", 2)
         with pytest.raises(httpclient.HttpError) as err:
             _events(conn, n=1)
-    assert err.value.status is None
+        answer = conn.request("POST", "/v1/chat/completions", json_body={"n": 1})
+    assert err.value.response.status is None and answer.status is None and "refused" in answer.reason

@@ -2,8 +2,9 @@
 commands to paste that endpoint.json carries: its record is ``rundir.EndpointRecord``).
 
 Every HTTP call has a timeout. A probe never declares failure: it says whether the endpoint
-answers now: :func:`probe` whether ``/v1/models`` lists the served name, :func:`generates` whether a
-one-token completion comes back (live means both). Failure is the launcher's call, made from the server step's exit or a spent budget.
+answers now: :func:`probe` whether ``/v1/models`` lists the served name (:func:`models`, the one asking of
+``/v1/models`` every command and the launcher use), :func:`generates` whether a one-token completion comes
+back (live means both). Failure is the launcher's call, made from the server step's exit or a spent budget.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .defaults import BANNER
 from .rundir import EndpointRecord
 from .urls import server_root
+
+if TYPE_CHECKING:
+    from .httpclient import Response
 
 NO_KEY = "EMPTY"  # what to pass as api_key to a keyless endpoint: OpenAI clients refuse to start without one
 
@@ -27,20 +32,67 @@ class Probe:
     detail: str  # one line: why not ok
 
 
-def probe(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 2.0) -> Probe:
-    """GET {base_url}/models once. ``base_url`` ends in /v1."""
+@dataclass(frozen=True)
+class Listing:
+    """What ``GET {base_url}/models`` said: ``answer``, the HTTP outcome; ``cards``, the model cards it lists
+    (None when it is no OpenAI model list); ``name``, the name asked for, or the first listed when none was."""
+
+    answer: Response
+    cards: list[dict] | None
+    name: str | None
+
+    @property
+    def ids(self) -> list:
+        return [card.get("id") for card in self.cards or []]
+
+    @property
+    def serves(self) -> bool:
+        """The name is listed."""
+        return self.cards is not None and self.name in self.ids
+
+    @property
+    def card(self) -> dict | None:
+        """The listed card of the name."""
+        return self.cards[self.ids.index(self.name)] if self.serves else None
+
+    @property
+    def detail(self) -> str:
+        """One line: ``ok``, or why not (what is served instead, or what came back)."""
+        if self.answer.status is None:
+            return f"no answer: {self.answer.reason}"
+        if not self.answer.ok:
+            return f"HTTP {self.answer.status}"
+        if self.cards is None:
+            if self.answer.json() is None and self.answer.body.strip() != b"null":
+                return "the answer is not JSON"
+            return "the answer is not an OpenAI model list"
+        return "ok" if self.serves else f"serves {self.ids}, not {self.name!r}"
+
+
+def models(base_url: str, name: str | None, api_key: str | None = None, timeout_s: float = 2.0, *,
+           slack_s: float | None = None) -> Listing:
+    """``GET {base_url}/models`` once (``base_url`` ends in /v1): does it list ``name`` (None: the first it
+    lists)? Each socket operation bounded by ``timeout_s``; with ``slack_s``, the whole answer too, within
+    ``timeout_s + slack_s`` by the wall clock."""
+    from . import httpclient
+
     url = base_url.rstrip("/") + "/models"
-    answer = _ask("GET", url, None, api_key, timeout_s)
-    if isinstance(answer, Probe):
-        return answer
-    status, body = answer
-    try:
-        names = [m.get("id") for m in json.loads(body).get("data", [])]
-    except (ValueError, AttributeError):
-        return Probe(url, False, status, "answer is not an OpenAI model list")
-    if served_name not in names:
-        return Probe(url, False, status, f"serves {names}, not {served_name!r}")
-    return Probe(url, True, status, "ok")
+    kw = {"api_key": api_key, "limit": 1 << 20, "error_limit": 4096}
+    answer = (httpclient.request("GET", url, timeout_s, **kw) if slack_s is None
+              else httpclient.request_within("GET", url, timeout_s, slack_s=slack_s, **kw))
+    data = answer.json() if answer.ok else None
+    cards = data.get("data", []) if isinstance(data, dict) else None
+    if not isinstance(cards, list) or not all(isinstance(card, dict) for card in cards):
+        cards = None
+    if name is None and cards:
+        name = cards[0].get("id")
+    return Listing(answer, cards, name)
+
+
+def probe(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 2.0) -> Probe:
+    """GET {base_url}/models once: ``ok`` when it lists the served name. ``base_url`` ends in /v1."""
+    listing = models(base_url, served_name, api_key, timeout_s)
+    return Probe(listing.answer.url, listing.serves, listing.answer.status, listing.detail)
 
 
 def generates(base_url: str, served_name: str, api_key: str | None = None, timeout_s: float = 60.0) -> Probe:
@@ -48,43 +100,20 @@ def generates(base_url: str, served_name: str, api_key: str | None = None, timeo
     choice. ``status`` is the HTTP status of a refusal (the engine's own message in ``detail``), None when
     nothing answered within ``timeout_s``. A server can list its model and still fail here (an engine
     that dies on its first forward pass)."""
-    url = base_url.rstrip("/") + "/completions"
-    body = {"model": served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
-    answer = _ask("POST", url, body, api_key, timeout_s, with_message=True)
-    if isinstance(answer, Probe):
-        return answer
-    status, text = answer
-    try:
-        choices = json.loads(text).get("choices")
-    except (ValueError, AttributeError):
-        choices = None
-    if not choices:
-        return Probe(url, False, status, "the answer holds no completion")
-    return Probe(url, True, status, "ok")
-
-
-def _ask(method: str, url: str, body: dict | None, api_key: str | None, timeout_s: float,
-         with_message: bool = False):
-    """``(status, body)`` of one bounded request, or the not-ok Probe saying why there is none (the engine's
-    own message from an error body, ``with_message``)."""
     from . import httpclient
 
-    try:
-        answer = httpclient.request(method, url, timeout_s, json_body=body, api_key=api_key, limit=1 << 20,
-                                    error_limit=1 << 16)
-    except httpclient.HttpError as err:
-        if err.status is not None:
-            return Probe(url, False, err.status, f"HTTP {err.status}{_engine_message(err.body) if with_message else ''}")
-        return Probe(url, False, None, f"no answer: {err.reason}")
-    return answer.status, answer.body
-
-
-def _engine_message(body: bytes) -> str:
-    """``: <message>`` from an OpenAI-style error body, or ``""``."""
-    from .httpclient import engine_message
-
-    message = engine_message(body)
-    return f": {' '.join(message.split())[:300]}" if message else ""
+    url = base_url.rstrip("/") + "/completions"
+    body = {"model": served_name, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    answer = httpclient.request("POST", url, timeout_s, json_body=body, api_key=api_key, limit=1 << 20,
+                                error_limit=1 << 16)
+    if not answer.ok:  # the engine's message on one line: it goes into ENVLAYERS- lines
+        message = answer.message()
+        said = f"HTTP {answer.status}: {' '.join(message.split())[:300]}" if message else answer.said()
+        return Probe(url, False, answer.status, said)
+    data = answer.json()
+    if not (isinstance(data, dict) and data.get("choices")):
+        return Probe(url, False, answer.status, "the answer holds no completion")
+    return Probe(url, True, answer.status, "ok")
 
 
 def metrics_url(ep: EndpointRecord, base_url: str | None = None) -> str:

@@ -7,10 +7,14 @@ command line or in the output. Exit 0 when both checks pass, 1 when the endpoint
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import EnvLayersError
 from ..urls import api_base
+
+if TYPE_CHECKING:
+    from ..httpclient import Response
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -54,68 +58,48 @@ def normalize_base_url(text: str) -> str:
     return api_base(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
 
 
-def _request(url: str, body: dict | None, api_key: str | None, timeout_s: float):
-    """(status, parsed JSON or None, detail, seconds), within about ``timeout_s`` in all: the timeout
-    bounds each socket operation, and a server that trickles bytes is cut off by the wall clock."""
-    from .. import httpclient
+def _detail(answer: Response, api_key: str | None) -> str:
+    """Why an answer is no success: what came back, a refused key said as such."""
+    if answer.status == 401:
+        return "HTTP 401: " + ("the key was refused" if api_key else "the endpoint wants a key (--api-key-file FILE)")
+    return answer.said(200)
 
-    try:
-        answer = httpclient.request_within("POST" if body is not None else "GET", url, timeout_s, slack_s=1.0,
-                                           json_body=body, api_key=api_key, limit=1 << 20, error_limit=4096)
-    except httpclient.HttpError as err:
-        if err.incomplete:
-            return None, None, f"no answer: no complete reply within {timeout_s:g}s", err.elapsed_s
-        if err.status is None:
-            return None, None, f"no answer: {err.reason}", err.elapsed_s
-        detail = f"HTTP {err.status}"
-        if err.status == 401:
-            detail += (": the endpoint wants a key (--api-key-file FILE)" if not api_key
-                       else ": the key was refused")
-        else:
-            message = httpclient.engine_message(err.body, 200)
-            if message:
-                detail += f": {message}"
-        return err.status, None, detail, err.elapsed_s
-    data = answer.json()
-    if data is None and answer.body.strip() != b"null":
-        return answer.status, None, "the answer is not JSON", answer.elapsed_s
-    return answer.status, data, "ok", answer.elapsed_s
+
+def _spent(answer: Response) -> float | None:
+    return round(answer.elapsed_s, 4) if answer.status is not None else None
 
 
 def ping(base_url: str, served: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> PingResult:
-    """Both checks against one base URL (ending in /v1). ``served=None`` takes the first listed model."""
+    """Both checks against one base URL (ending in /v1), each within about ``timeout_s`` in all: the timeout
+    bounds each socket operation, and a server that trickles bytes is cut off by the wall clock.
+    ``served=None`` takes the first listed model."""
+    from .. import httpclient
+    from ..readiness import models
+
     result = PingResult(base_url, served)
-    url = base_url.rstrip("/") + "/models"
-    status, data, detail, spent = _request(url, None, api_key, timeout_s)
-    ok = False
-    if status == 200 and data is not None:
-        try:
-            names = [m.get("id") for m in data.get("data", [])]
-        except AttributeError:
-            names = None
-        if names is None:
-            detail = "the answer is not an OpenAI model list"
-        elif served is None and names:
-            result.served_model_name = served = names[0]
-            ok, detail = True, f"ok, serves {names}"
-        elif served in names:
-            ok, detail = True, "ok"
-        else:
-            detail = f"serves {names}, not {served!r}"
-    elif status == 200:
-        pass  # detail says why
-    result.checks.append(Check("models", url, ok, status, round(spent, 4) if status else None, detail))
-    if not ok and status is None:
+    listing = models(base_url, served, api_key, timeout_s, slack_s=1.0)
+    answer = listing.answer
+    detail = listing.detail if answer.ok else _detail(answer, api_key)
+    if listing.serves and served is None:
+        result.served_model_name = served = listing.name
+        detail = f"ok, serves {listing.ids}"
+    result.checks.append(Check("models", answer.url, listing.serves, answer.status, _spent(answer), detail))
+    if not listing.serves and answer.status is None:
         return result  # nothing answers: a chat request would only wait the same timeout again
     url = base_url.rstrip("/") + "/chat/completions"
     body = {"model": served or "", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
-    status, data, detail, spent = _request(url, body, api_key, timeout_s)
-    ok = False
-    if status == 200 and data is not None:
+    answer = httpclient.request_within("POST", url, timeout_s, slack_s=1.0, json_body=body, api_key=api_key,
+                                       limit=1 << 20, error_limit=4096)
+    ok, data = False, answer.json()
+    if not answer.ok:
+        detail = _detail(answer, api_key)
+    elif data is None and answer.body.strip() != b"null":
+        detail = "the answer is not JSON"
+    else:
         try:
             choice = data["choices"][0]
             ok, detail = True, f"ok, finish_reason={choice.get('finish_reason')}"
         except (KeyError, IndexError, TypeError, AttributeError):
             detail = "the answer has no choices"
-    result.checks.append(Check("chat", url, ok, status, round(spent, 4) if status else None, detail))
+    result.checks.append(Check("chat", url, ok, answer.status, _spent(answer), detail))
     return result

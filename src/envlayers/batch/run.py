@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import EnvLayersError
-from ..httpclient import Connection, HttpError, engine_message
+from ..httpclient import Connection, Response
 from ..urls import server_root
 from .records import Output, Request
 
@@ -102,21 +102,18 @@ def _path(base_url: str, url: str) -> str:
     return urllib.parse.urlsplit(server_root(base_url)).path.rstrip("/") + url
 
 
-def _kind(err: HttpError) -> str:
-    if err.status == 429:
+def _kind(answer: Response) -> str:
+    if answer.status == 429:
         return "rate_limited"
-    if err.status is not None and err.status >= 500:
+    if answer.status is not None and answer.status >= 500:
         return "server_error"
-    if err.status is not None:
-        return f"http_{err.status}"
-    return "timeout" if err.timed_out else "connection"
+    if answer.status is not None:
+        return f"http_{answer.status}"
+    return "timeout" if answer.timed_out else "connection"
 
 
-def _message(err: HttpError) -> str:
-    said = engine_message(err.body, 300) if err.status is not None else None
-    if said:
-        return f"HTTP {err.status}: {said}"
-    return f"HTTP {err.status}" if err.status is not None else f"{err.reason}"
+def _message(answer: Response) -> str:
+    return answer.said(300) if answer.status is not None else answer.reason
 
 
 def run(requests: list[Request], output: Output, endpoint: Endpoint, settings: Settings, *,
@@ -148,19 +145,18 @@ def run(requests: list[Request], output: Output, endpoint: Endpoint, settings: S
             conn = conns.get(base)
             if conn is None:
                 conn = conns[base] = Connection(base, settings.timeout_s)
-            try:
-                answer = conn.request("POST", _path(base, req.url), json_body=req.body, api_key=key)
-            except HttpError as err:
-                kind = _kind(err)
-                retry = err.status is None or err.status in RETRY_STATUSES
-                if err.status is None:
+            answer = conn.request("POST", _path(base, req.url), json_body=req.body, api_key=key)
+            if not answer.ok:
+                kind = _kind(answer)
+                retry = answer.status is None or answer.status in RETRY_STATUSES
+                if answer.status is None:
                     conn.close()
                     endpoint.refresh()  # the replica or the job may be gone: ask where the endpoint is now
                 if not retry or attempt >= settings.retries or stop.is_set():
-                    body = err.json() if err.status is not None else None
+                    body = answer.json() if answer.status is not None else None
                     note(lambda: tally.failed.update([kind]))
-                    output.fail(req, kind, _message(err) + (f" (after {attempt} retries)" if attempt else ""),
-                                err.status, body)
+                    output.fail(req, kind, _message(answer) + (f" (after {attempt} retries)" if attempt else ""),
+                                answer.status, body)
                     return
                 attempt += 1
                 note(lambda: tally.retries.update([kind]))

@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from ..httpclient import Connection, HttpError, engine_message
+from ..httpclient import Connection, HttpError, Response
 
 MAX_CONCURRENCY = 512
 
@@ -141,10 +141,11 @@ def one_request(s: Settings, number: int, level_t0: float, conn: Connection | No
                     sample.chunk_times.append(time.monotonic() - t0)
             end = time.monotonic()  # the stream ended ([DONE] or the server closed it)
     except HttpError as err:
-        cause = err.__cause__ if err.__cause__ is not None else err.reason
-        if err.status is not None:
-            sample.error = _http_error(err)
-        elif streaming and err.timed_out:
+        answer = err.response
+        cause = err.__cause__ if err.__cause__ is not None else answer.reason
+        if answer.status is not None:
+            sample.error = _http_error(answer)
+        elif streaming and answer.timed_out:
             sample.error = stalled(sample.chunk_times, time.monotonic() - t0)
         elif streaming:
             sample.error = (f"the stream broke after {_chunks(len(sample.chunk_times))}: {type(cause).__name__}"
@@ -180,12 +181,9 @@ def stalled(chunk_times: list[float], gave_up_s: float) -> str:
             f"{gave_up_s - last:.1f}s")
 
 
-def _http_error(err: HttpError) -> str:
-    detail = f"HTTP {err.status}"
-    message = engine_message(err.body, 200)
-    if message:
-        detail += f": {message}"
-    if err.status == 401:
+def _http_error(answer: Response) -> str:
+    detail = answer.said(200)
+    if answer.status == 401:
         detail += " (the endpoint wants a key: --api-key-file FILE)"
     return detail
 

@@ -25,10 +25,7 @@ def fetch_metrics(url: str, api_key: str | None, timeout_s: float = 2.0) -> str 
     """GET a /metrics URL; None when it does not answer 200."""
     from .. import httpclient
 
-    try:
-        answer = httpclient.get(url, timeout_s, api_key=api_key, accept=None, limit=4 << 20, error_limit=0)
-    except httpclient.HttpError:
-        return None
+    answer = httpclient.get(url, timeout_s, api_key=api_key, accept=None, limit=4 << 20, error_limit=0)
     return answer.text() if answer.status == 200 else None
 
 

@@ -81,15 +81,10 @@ def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
     """One ``GET /health``: (healthy, what was seen). Healthy is a 2xx answer."""
     from .. import httpclient
 
-    try:
-        answer = httpclient.get(url, timeout_s, accept=None, limit=0, error_limit=0)
-    except httpclient.HttpError as err:
-        if err.status is not None:
-            return False, f"HTTP {err.status}"
-        if err.timed_out:
-            return False, f"no answer within {timeout_s:g}s"
-        return False, f"no answer: {err.reason}"
-    return 200 <= answer.status < 300, f"HTTP {answer.status}"
+    answer = httpclient.get(url, timeout_s, accept=None, limit=0, error_limit=0)
+    if answer.status is None and answer.timed_out:
+        return False, f"no answer within {timeout_s:g}s"
+    return answer.ok, answer.said()
 
 
 class OwnRequests:

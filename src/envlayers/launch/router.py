@@ -97,25 +97,20 @@ def worker_requests(text: str) -> dict[str, float]:
 
 def _call(method: str, url: str, api_key: str | None, body: dict | None = None,
           timeout_s: float = 5.0) -> tuple[int | None, str]:
-    """(status, text) of one request to smg's control API; (None, what failed) when nothing answered."""
-    from ..httpclient import HttpError, request
+    """(status, text) of one request to smg's control API (an error body too); (None, what failed) when
+    nothing answered."""
+    from ..httpclient import request
 
-    try:
-        resp = request(method, url, timeout_s, json_body=body, api_key=api_key)
-    except HttpError as err:
-        return err.status, str(err)
-    return resp.status, resp.text()
+    answer = request(method, url, timeout_s, json_body=body, api_key=api_key)
+    return answer.status, answer.text() if answer.status is not None else f"{url}: {answer.reason}"
 
 
 def _get(url: str, api_key: str | None, timeout_s: float = 2.0) -> tuple[int | None, str]:
     """(status, text) of a GET through the one HTTP client; (None, "") when nothing answered."""
-    from ..httpclient import HttpError, get
+    from ..httpclient import get
 
-    try:
-        resp = get(url, timeout_s, api_key=api_key, accept=None)
-    except HttpError as err:
-        return err.status, ""
-    return resp.status, resp.text()
+    answer = get(url, timeout_s, api_key=api_key, accept=None)
+    return answer.status, answer.text()
 
 
 class Router:

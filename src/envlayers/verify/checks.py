@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .client import Answer, Client
+from ..httpclient import Response
+from .client import Client, describe
 from .data import Baselines, Prompt, final_answer, is_correct
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Check:
                 "hint": self.hint, "url": self.url, **({"data": self.data} if self.data else {})}
 
 
-def _message(answer: Answer) -> dict | None:
+def _message(answer: Response) -> dict | None:
     data = answer.json()
     try:
         message = data["choices"][0]["message"]
@@ -69,7 +70,7 @@ def _message(answer: Answer) -> dict | None:
     return message if isinstance(message, dict) else None
 
 
-def _finish(answer: Answer) -> str | None:
+def _finish(answer: Response) -> str | None:
     try:
         return answer.json()["choices"][0].get("finish_reason")
     except (TypeError, KeyError, IndexError, AttributeError):
@@ -109,8 +110,8 @@ def check_tools(client: Client, target: "Target") -> Check:
     answer = client.post("/chat/completions", _payload(target, TOOL_MESSAGES, tools=[TOOL], tool_choice="auto"))
     check = Check("tools", "fail", "", url=client.base_url)
     if answer.status != 200:
-        body = answer.text()
-        check.evidence.append(answer.describe())
+        body = answer.text(300)
+        check.evidence.append(describe(answer))
         if answer.status == 400 and ("tool" in body.lower()):
             check.summary = "the server refused a request with tools: it has no tool-call parser"
         else:
@@ -120,7 +121,7 @@ def check_tools(client: Client, target: "Target") -> Check:
     message = _message(answer)
     if message is None:
         check.summary = "the answer is not an OpenAI chat completion"
-        check.evidence.append(answer.text())
+        check.evidence.append(answer.text(300))
         return check
     calls = message.get("tool_calls") or []
     content = message.get("content")
@@ -166,7 +167,7 @@ def check_reasoning(client: Client, target: "Target") -> Check:
     message = _message(answer) if answer.status == 200 else None
     if message is None:
         check.summary = "no chat answer"
-        check.evidence.append(answer.describe() if answer.status != 200 else answer.text())
+        check.evidence.append(describe(answer) if answer.status != 200 else answer.text(300))
         return check
     content = message.get("content") or ""
     field_name = next((k for k in ("reasoning_content", "reasoning") if message.get(k)), None)
@@ -206,7 +207,7 @@ def check_accuracy(client: Client, target: "Target", prompts: list[Prompt], base
         message = _message(answer) if answer.status == 200 else None
         if message is None:
             errors += 1
-            check.evidence.append(f"{prompt.id}: {answer.describe() if answer.status != 200 else 'not a chat answer'}")
+            check.evidence.append(f"{prompt.id}: {describe(answer) if answer.status != 200 else 'not a chat answer'}")
             continue
         ok, got = is_correct(prompt, message.get("content"))
         score += ok
@@ -252,7 +253,7 @@ def check_metrics(client: Client, target: "Target") -> Check:
         check.summary = "/metrics answered 200 but not Prometheus text"
         check.evidence.append(answer.text(120))
         return check
-    check.evidence.append(answer.describe())
+    check.evidence.append(describe(answer))
     check.summary = "/metrics does not answer"
     if answer.status == 404 and target.engine != "vllm":
         check.hint = ("SGLang serves /metrics only with --enable-metrics; the launcher passes it unless "

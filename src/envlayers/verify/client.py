@@ -11,44 +11,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
 
+from ..httpclient import Response, request_within
 from ..urls import server_root
 
 
-@dataclass
-class Answer:
-    """One request's outcome: ``status`` is None when nothing (complete) came back, and ``error`` says why."""
-
-    url: str
-    status: int | None
-    body: bytes = b""
-    error: str | None = None
-    elapsed_s: float = 0.0
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return None
-
-    def text(self, limit: int = 300) -> str:
-        text = self.body.decode("utf-8", errors="replace")
-        return text if len(text) <= limit else text[:limit] + "..."
-
-    def describe(self) -> str:
-        """One line for evidence: the status and the error message an engine put in the body."""
-        if self.status is None:
-            return f"no answer from {self.url}: {self.error}"
-        data = self.json()
-        message = None
-        if isinstance(data, dict):
-            err = data.get("error") if isinstance(data.get("error"), dict) else None
-            message = (err or {}).get("message") or data.get("message") or data.get("detail")
-            if message is None and isinstance(data.get("error"), str):
-                message = data["error"]
-        return f"HTTP {self.status} from {self.url}" + (f": {message}" if message else "")
+def describe(answer: Response) -> str:
+    """One line for evidence: the status and the error message an engine put in the body."""
+    if answer.status is None:
+        return f"no answer from {answer.url}: {answer.reason}"
+    message = answer.message()
+    return f"HTTP {answer.status} from {answer.url}" + (f": {message}" if message else "")
 
 
 class Client:
@@ -63,16 +36,16 @@ class Client:
     def __repr__(self) -> str:  # never the key
         return f"Client({self.base_url!r}, key={'yes' if self._key else 'no'}, timeout_s={self.timeout_s})"
 
-    def get(self, path: str, *, at_root: bool = False) -> Answer:
+    def get(self, path: str, *, at_root: bool = False) -> Response:
         return self.request("GET", (self.root if at_root else self.base_url) + path)
 
-    def post(self, path: str, payload: dict) -> Answer:
+    def post(self, path: str, payload: dict) -> Response:
         return self.request("POST", self.base_url + path, json.dumps(payload).encode("utf-8"))
 
-    def post_all(self, path: str, payloads: list[dict], parallel: int = 6) -> list[Answer]:
+    def post_all(self, path: str, payloads: list[dict], parallel: int = 6) -> list[Response]:
         """The payloads at most ``parallel`` at a time; answers in the order given."""
         gate = threading.Semaphore(max(1, parallel))
-        results: list[Answer | None] = [None] * len(payloads)
+        results: list[Response | None] = [None] * len(payloads)
 
         def one(i: int, payload: dict) -> None:
             with gate:
@@ -86,17 +59,9 @@ class Client:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         url = self.base_url + path
-        return [r if r is not None else Answer(url, None, error=f"no answer within {self.timeout_s:g}s")
+        return [r if r is not None else Response(url, None, reason=f"no answer within {self.timeout_s:g}s")
                 for r in results]
 
-    def request(self, method: str, url: str, data: bytes | None = None) -> Answer:
-        from .. import httpclient
-
-        try:
-            got = httpclient.request_within(method, url, self.timeout_s, data=data, api_key=self._key,
-                                            content_type="application/json" if data is not None else None)
-        except httpclient.HttpError as err:
-            if err.status is not None:
-                return Answer(url, err.status, err.body, elapsed_s=err.elapsed_s)
-            return Answer(url, None, error=str(err.reason), elapsed_s=err.elapsed_s)
-        return Answer(url, got.status, got.body, elapsed_s=got.elapsed_s)
+    def request(self, method: str, url: str, data: bytes | None = None) -> Response:
+        return request_within(method, url, self.timeout_s, data=data, api_key=self._key,
+                              content_type="application/json" if data is not None else None)

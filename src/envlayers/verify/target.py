@@ -19,7 +19,8 @@ from ..errors import EnvLayersError
 from .. import rundir
 from ..jobid import looks_like_job_id
 from ..urls import api_base
-from .client import Client
+from ..readiness import models
+from .client import describe
 
 
 
@@ -173,24 +174,21 @@ def resolve(spec: str, *, model: str | None = None, api_key_file: str | None = N
 def _preflight(target: Target, timeout_s: float) -> None:
     """Every base URL answers /v1/models and lists the served name (filled in from it for a URL)."""
     for url in target.base_urls:
-        answer = Client(url, target.api_key, timeout_s=min(timeout_s, 30.0)).get("/models")
+        listing = models(url, target.served or None, target.api_key, min(timeout_s, 30.0), slack_s=0.5)
+        answer = listing.answer
         if answer.status in (401, 403):
             raise CannotVerify(f"{url}/models: HTTP {answer.status}: the endpoint needs an API key",
                                hint="pass --api-key-file FILE (a job's own key file is found through its serve.env)")
-        data = answer.json() if answer.status == 200 else None
-        cards = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(cards, list) or not cards:
-            raise CannotVerify(f"{answer.describe()}" if answer.status != 200 else
-                               f"{url}/models: not an OpenAI model list",
+        if not answer.ok or not listing.cards:
+            raise CannotVerify(describe(answer) if not answer.ok else f"{url}/models: not an OpenAI model list",
                                hint="is the endpoint live? `env_layers status <jobid>` says")
-        ids = [c.get("id") for c in cards if isinstance(c, dict)]
         if not target.served:
-            target.served = ids[0]
-            if len(ids) > 1:
-                target.notes.append(f"{url} serves {ids}; verifying {ids[0]!r} (--model picks another)")
-        elif target.served not in ids:
-            raise CannotVerify(f"{url} serves {ids}, not {target.served!r}", hint="pass --model NAME")
-        card = cards[ids.index(target.served)]
+            target.served = listing.name
+            if len(listing.ids) > 1:
+                target.notes.append(f"{url} serves {listing.ids}; verifying {listing.name!r} (--model picks another)")
+        elif not listing.serves:
+            raise CannotVerify(f"{url} serves {listing.ids}, not {target.served!r}", hint="pass --model NAME")
+        card = listing.card
         target.model = target.model or card.get("root") or None
         owner = card.get("owned_by")
         if target.engine is None and owner in ("vllm", "sglang"):
