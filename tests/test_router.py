@@ -248,6 +248,38 @@ def test_the_router_gone_after_live_ends_the_job(tmp_path):
         r.tick()
 
 
+def test_a_control_call_smg_refuses_gives_its_error_body_and_one_nothing_answers_gives_the_reason():
+    import http.server
+    import socket
+    import threading
+
+    class Refuses(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": "worker http://10.0.0.9:8000 failed its health check"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, text = lr._call("POST", f"http://127.0.0.1:{server.server_port}/workers", "k" * 16, {"url": "x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 400 and "failed its health check" in text  # what add_worker puts in its warning
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/workers"
+        status, text = lr._call("GET", url, None, timeout_s=2.0)
+    assert status is None and text.startswith(url + ": ") and "refused" in text
+
+
 def test_the_routers_view_of_its_workers_goes_to_its_state_file_and_each_change_is_said(tmp_path):
     from envlayers.cli.serving_format import replica_lines
     from envlayers.rundir import ROUTER_STATE, JobFiles, read_router_state
