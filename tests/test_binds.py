@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from envlayers import edf
+from envlayers import edf, edfinstall
 from envlayers.runtimes import podman
-from envlayers.runtimes.binds import is_cache_key, real, resolve_edf, split_mount
+from envlayers.edf.render import resolve_edf, split_mount
+from envlayers.runtimes.binds import is_cache_key, real
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,7 @@ def test_without_links_or_with_scratch_unset_the_edf_is_as_before(tmp_path):
 def test_install_edfs_writes_the_resolved_paths(relocated):
     tmp_path, scratch, elsewhere = relocated
     dest = tmp_path / "edfs"
-    results = edf.install(REPO, dest, environ={"SCRATCH": str(scratch), "HOME": str(tmp_path)})
+    results = edfinstall.install(REPO, dest, environ={"SCRATCH": str(scratch), "HOME": str(tmp_path)})
     written = tomllib.loads((dest / "hpcagent-bench-sglang-mi300-latest.toml").read_text().split("\n\n", 1)[1])
     assert written["env"]["HF_HOME"] == str(elsewhere) and f"{elsewhere}:{elsewhere}" in written["mounts"]
     assert all(r.status == "written" for r in results)
@@ -109,7 +110,7 @@ def test_edf_show_prints_what_install_edfs_writes(relocated, monkeypatch):
     dest = tmp_path / "edfs"
     monkeypatch.setenv("SCRATCH", str(scratch))
     monkeypatch.setenv("HOME", str(tmp_path))
-    edf.install(REPO, dest)
+    edfinstall.install(REPO, dest)
     shown = CliRunner().invoke(cli, ["--root", str(REPO), "edf", "show", "sglang-mi300", "--topology", "pipeline"])
     assert shown.exit_code == 0, shown.output
     assert shown.output == (dest / "hpcagent-bench-sglang-mi300-latest.toml").read_text()

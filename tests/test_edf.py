@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from envlayers import edf
+from envlayers import edf, edfinstall
 from envlayers.errors import EdfError
+from envlayers.runtimes.images import unpinned
 
 try:
     import tomllib  # Python 3.11+
@@ -65,11 +66,11 @@ def test_a_role_without_an_edf_table_names_an_image_and_no_edf(role, tmp_path):
     from envlayers.edf.schema import source
 
     src = source(role, REPO)
-    assert src.edf == {} and src.remote_image and edf.unpinned(src.remote_image) is None
+    assert src.edf == {} and src.remote_image and unpinned(src.remote_image) is None
     with pytest.raises(EdfError) as err:
         edf.edf_name(role, "single", REPO)
     assert "has no edf: table" in str(err.value) and err.value.where == f"containers/edfs/{role}.yaml"
-    written = edf.install(REPO, tmp_path / "edf", environ={})
+    written = edfinstall.install(REPO, tmp_path / "edf", environ={})
     assert written and not any(role in r.path.name for r in written)
 
 
@@ -179,7 +180,7 @@ def test_mi200_and_mi300_vllm_share_one_image():
 
 @pytest.mark.parametrize("role", ROLES)
 def test_remote_images_are_pinned(role):
-    assert edf.unpinned(edf.load_catalog(REPO)[role].remote_image) is None
+    assert unpinned(edf.load_catalog(REPO)[role].remote_image) is None
 
 
 def test_unknown_topology():
@@ -420,7 +421,7 @@ def test_empty_catalog(tmp_path):
     ],
 )
 def test_unpinned(ref, problem):
-    assert edf.unpinned(ref) == problem
+    assert unpinned(ref) == problem
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from envlayers import edf
+from envlayers import edf, edfinstall
 from envlayers.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int, int]]:
 
 
 def test_first_install_writes_every_variant(root, dest):
-    results = edf.install(root, dest, environ={})
+    results = edfinstall.install(root, dest, environ={})
     assert statuses(results) == {name: "written" for name in NAMES}
     assert sorted(p.name for p in dest.iterdir()) == NAMES
     for r in results:
@@ -76,9 +76,9 @@ def test_first_install_writes_every_variant(root, dest):
 
 
 def test_second_install_changes_nothing(root, dest):
-    edf.install(root, dest, environ={})
+    edfinstall.install(root, dest, environ={})
     before = snapshot(dest)
-    results = edf.install(root, dest, environ={})
+    results = edfinstall.install(root, dest, environ={})
     assert statuses(results) == {name: "unchanged" for name in NAMES}
     assert snapshot(dest) == before  # same bytes, same inode, same mtime: not rewritten
 
@@ -86,8 +86,8 @@ def test_second_install_changes_nothing(root, dest):
 def test_install_replaces_an_older_render_of_its_own(tmp_path, dest):
     old = make_root(tmp_path / "old", edit=("/.cache/huggingface", "/hf-old"))
     new = make_root(tmp_path / "new")
-    edf.install(old, dest, environ={})
-    results = edf.install(new, dest, environ={})
+    edfinstall.install(old, dest, environ={})
+    results = edfinstall.install(new, dest, environ={})
     assert statuses(results) == {name: "written" for name in NAMES}
     assert {r.reason for r in results} == {"replaced an older render"}
     assert all("-HF_HOME = \"${SCRATCH}/hf-old\"" in r.diff for r in results)
@@ -98,7 +98,7 @@ def test_file_not_written_by_the_tool_is_kept(root, dest):
     dest.mkdir()
     mine = dest / "hpcagent-bench-vllm-mi300-latest.toml"
     mine.write_text('image = "/my/own.sqsh"\n')
-    results = {r.path.name: r for r in edf.install(root, dest, environ={})}
+    results = {r.path.name: r for r in edfinstall.install(root, dest, environ={})}
     r = results[mine.name]
     assert (r.status, r.reason) == ("differs", "not written by env_layers")
     assert mine.read_text() == 'image = "/my/own.sqsh"\n'
@@ -108,11 +108,11 @@ def test_file_not_written_by_the_tool_is_kept(root, dest):
 
 
 def test_file_edited_since_install_is_kept(root, dest):
-    edf.install(root, dest, environ={})
+    edfinstall.install(root, dest, environ={})
     path = dest / "hpcagent-bench-sglang-mi300-latest-intranode.toml"
     edited = path.read_text().replace('NCCL_NET = ""', 'NCCL_NET = "Socket"')
     path.write_text(edited)
-    results = {r.path.name: r for r in edf.install(root, dest, environ={})}
+    results = {r.path.name: r for r in edfinstall.install(root, dest, environ={})}
     r = results[path.name]
     assert (r.status, r.reason) == ("differs", "edited since env_layers wrote it")
     assert path.read_text() == edited
@@ -120,15 +120,15 @@ def test_file_edited_since_install_is_kept(root, dest):
 
 
 def test_force_overwrites_and_reports_it(root, dest):
-    edf.install(root, dest, environ={})
+    edfinstall.install(root, dest, environ={})
     path = dest / "hpcagent-bench-vllm-mi200-latest.toml"
     path.write_text(path.read_text() + "# my note\n")
-    results = {r.path.name: r for r in edf.install(root, dest, force=True, environ={})}
+    results = {r.path.name: r for r in edfinstall.install(root, dest, force=True, environ={})}
     r = results[path.name]
     assert (r.status, r.reason) == ("overwritten", "edited since env_layers wrote it")
     assert "-# my note" in r.diff
     assert path.read_text() == edf.render_edf("vllm-mi200", "pipeline", root)
-    assert statuses(edf.install(root, dest, environ={})) == {name: "unchanged" for name in NAMES}
+    assert statuses(edfinstall.install(root, dest, environ={})) == {name: "unchanged" for name in NAMES}
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
@@ -138,7 +138,7 @@ def test_symlink_is_never_replaced(root, dest, tmp_path, force):
     elsewhere.write_text('image = "/x.sqsh"\n')
     link = dest / "hpcagent-bench-vllm-mi300-latest.toml"
     link.symlink_to(elsewhere)
-    r = {r.path.name: r for r in edf.install(root, dest, force=force, environ={})}[link.name]
+    r = {r.path.name: r for r in edfinstall.install(root, dest, force=force, environ={})}[link.name]
     assert (r.status, r.reason, r.force_replaces) == (
         "differs", f"a symbolic link to {elsewhere} (it may point into a shared folder): never replaced; "
         "remove the link, or install with --dest", False)
@@ -179,10 +179,10 @@ def test_cli_dangling_symlink_says_its_target_is_missing(root, dest, tmp_path):
 
 def test_unwritable_target_is_a_clear_error(root, dest):
     (dest / "hpcagent-bench-vllm-mi300-latest.toml").mkdir(parents=True)
-    kept = {r.path.name: r for r in edf.install(root, dest, environ={})}["hpcagent-bench-vllm-mi300-latest.toml"]
+    kept = {r.path.name: r for r in edfinstall.install(root, dest, environ={})}["hpcagent-bench-vllm-mi300-latest.toml"]
     assert (kept.status, kept.reason) == ("differs", "cannot be read (Is a directory)")
     with pytest.raises(edf.EdfError) as err:
-        edf.install(root, dest, force=True, environ={})
+        edfinstall.install(root, dest, force=True, environ={})
     assert str(err.value).startswith(f"{dest}: cannot write {dest}/hpcagent-bench-vllm-mi300-latest.toml: ")
 
 
@@ -190,7 +190,7 @@ def test_invalid_catalog_writes_nothing(root, dest):
     bad = root / "containers" / "edfs" / "vllm-mi200.yaml"
     bad.write_text(bad.read_text().replace("vllm/vllm-openai-rocm:v0.28.0", "vllm/vllm-openai-rocm:latest"))
     with pytest.raises(edf.EdfError, match="is tagged 'latest'"):
-        edf.install(root, dest, environ={})
+        edfinstall.install(root, dest, environ={})
     assert not dest.exists()
 
 
@@ -198,7 +198,7 @@ def test_missing_images_and_fetch_commands(root, dest, tmp_path):
     scratch = tmp_path / "scratch"
     (scratch / "ce-images").mkdir(parents=True)
     (scratch / "ce-images" / "vllm-openai-rocm_v0.28.0.sqsh").write_bytes(b"hsqs")
-    results = edf.install(root, dest, environ={"SCRATCH": str(scratch)}, cwd=root)
+    results = edfinstall.install(root, dest, environ={"SCRATCH": str(scratch)}, cwd=root)
     by_role = {r.role: r for r in results}
     assert by_role["vllm-mi300"].image_present is True and by_role["vllm-mi300"].fetch_command is None
     assert by_role["vllm-mi200"].image_present is True
@@ -215,7 +215,7 @@ def test_fetch_command_from_outside_the_checkout(root, tmp_path):
 
 
 def test_images_unchecked_without_scratch(root, dest):
-    results = edf.install(root, dest, environ={})
+    results = edfinstall.install(root, dest, environ={})
     assert {(r.image_path, r.image_present, r.fetch_command) for r in results} == {(None, None, None)}
 
 
@@ -227,7 +227,7 @@ def test_stale_temporary_file_of_a_dead_process_is_removed(root, dest):
     stale.write_text("partial")
     other_host = dest / ".envlayers-tmp-otherhost-1-x.toml.abc.tmp"
     other_host.write_text("partial")
-    edf.install(root, dest, environ={})
+    edfinstall.install(root, dest, environ={})
     assert not stale.exists()
     assert other_host.exists()  # another host's process may still be writing it
 
@@ -239,6 +239,7 @@ _SLOW_INSTALL = """
 import os, sys, time
 from pathlib import Path
 import envlayers.edf as e
+import envlayers.edfinstall as i
 import envlayers.fsutil as f
 
 def slow_write_all(fd, data):
@@ -255,7 +256,7 @@ def slow_replace(src, dst):
 f._write_all, f._replace = slow_write_all, slow_replace
 e.load_catalog(Path(sys.argv[1]))  # warm imports and parse before saying ready
 print("ready", flush=True)
-e.install(Path(sys.argv[1]), Path(sys.argv[2]), environ={})
+i.install(Path(sys.argv[1]), Path(sys.argv[2]), environ={})
 print("done", flush=True)
 """
 
@@ -264,7 +265,7 @@ def _prepare(tmp_path):
     old_root = make_root(tmp_path / "old", edit=("/.cache/huggingface", "/hf-old"))
     new_root = make_root(tmp_path / "new")
     pristine = tmp_path / "pristine"
-    edf.install(old_root, pristine, environ={})
+    edfinstall.install(old_root, pristine, environ={})
     absent = "hpcagent-bench-vllm-mi300-latest-intranode.toml"  # one EDF the install creates
     (pristine / absent).unlink()
     old = {p.name: p.read_text() for p in pristine.iterdir()}
@@ -338,7 +339,7 @@ def test_kill_9_during_install_leaves_old_or_new(tmp_path):
     assert len(seen_new_counts) >= 3, seen_new_counts
 
     # and a later install completes the job from whatever state a kill left
-    result = edf.install(new_root, dest, environ={})
+    result = edfinstall.install(new_root, dest, environ={})
     assert _check(dest, old, new) == len(new)
     assert {r.status for r in result} <= {"written", "unchanged"}
     assert [p.name for p in dest.iterdir() if not p.name.endswith(".toml")] == []

@@ -131,7 +131,7 @@ def test_a_local_model_path_is_not_checked(tmp_path):
 
 def test_the_container_engine_reads_the_edfs_hf_home(tmp_path):
     # CE: the EDF's [env] wins over the job's environment, so a layer's HF_HOME is not what the server reads
-    from envlayers.edf import install
+    from envlayers.edfinstall import install
 
     edf = tmp_path / "edf"
     mine = tmp_path / "mine.env"

@@ -61,10 +61,11 @@ def install_edfs(ctx: click.Context, dest: str | None, force: bool, as_json: boo
     was kept.
     """
     from .. import edf
+    from ..edfinstall import install
 
     root = Path(get_root(ctx))
     folder = Path(dest).expanduser() if dest is not None else edf.edf_search_dir(os.environ)
-    results = edf.install(root, folder, force=force, roles=None if every_role else _site_roles(root, site))
+    results = install(root, folder, force=force, roles=None if every_role else _site_roles(root, site))
     missing = _missing_images(results)
     kept = [r for r in results if r.status == "differs"]
     if as_json:

@@ -1,5 +1,5 @@
 """``images list|save|load``: the images a site's jobs run and the step that makes each; a pinned podman image
-to and from shared storage (runtimes/images.py)."""
+to and from shared storage (imagearchive.py)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def list_cmd(site: str | None, as_json: bool) -> None:
 @click.option("--to", "to_dir", required=True, type=click.Path(file_okay=False), help="The shared directory.")
 def save(spec: str, to_dir: str) -> None:
     """Save ROLE's pinned image (or IMAGE) into DIR with podman save (pulled first if missing here)."""
-    from ..runtimes import images as im
+    from .. import imagearchive as im
 
     image = im.resolve_image(spec, _root())
     path, pulled = im.save(image, Path(to_dir))
@@ -94,7 +94,7 @@ def save(spec: str, to_dir: str) -> None:
 @click.option("--from", "from_dir", required=True, type=click.Path(file_okay=False), help="The shared directory.")
 def load(spec: str, from_dir: str) -> None:
     """Load ROLE's pinned image (or IMAGE) from DIR with podman load."""
-    from ..runtimes import images as im
+    from .. import imagearchive as im
 
     image = im.resolve_image(spec, _root())
     path = im.load(image, Path(from_dir))

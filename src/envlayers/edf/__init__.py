@@ -5,21 +5,21 @@
 One module per job:
 
 - :mod:`.schema`: the sources' schema, validated with file:line (``load_catalog``, ``RoleSource``);
-- :mod:`.render`: a source and a topology -> the EDF's TOML (``render_edf``, ``edf_name``);
-- :mod:`.images`: the SquashFS images the EDFs name (``expand_vars``, ``image_info``, ``fetch_command``);
-- :mod:`.install`: writing the EDFs into ``EDF_PATH`` or ``~/.edf`` (``install``, ``edf_search_dir``).
+- :mod:`.render`: a source and a topology -> the EDF's TOML (``render_edf``, ``edf_name``), and the folder
+  the Container Engine reads it from (``edf_search_dir``);
+- :mod:`.images`: the SquashFS images the EDFs name (``expand_vars``, ``image_info``, ``fetch_command``).
 
 This package re-exports their public names, so ``from envlayers import edf; edf.render_edf(...)``
 keeps working. PyYAML and tomli-w are imported inside the functions that need them, so importing the
-package is cheap (the CLI imports it for ``TOPOLOGIES``).
+package is cheap (the CLI imports it for ``TOPOLOGIES``). Pure: writing the EDFs into ``EDF_PATH`` or
+``~/.edf`` is ``edfinstall.py`` (``env_layers install-edfs``).
 """
 
 from __future__ import annotations
 
 from ..errors import EdfError
 from .images import expand_vars, fetch_command, image_info
-from .install import InstallResult, edf_search_dir, install
-from .render import edf_dict, edf_name, render_edf, render_source, roles, variant_for, written_by_envlayers
+from .render import edf_dict, edf_name, edf_search_dir, render_edf, render_source, roles, variant_for, written_by_envlayers
 from .schema import (
     _ANNOTATIONS,
     FABRIC_HOOKS,
@@ -30,13 +30,12 @@ from .schema import (
     VARIANTS,
     RoleSource,
     load_catalog,
-    unpinned,
 )
 
 __all__ = [
-    "EdfError", "expand_vars", "fetch_command", "image_info", "InstallResult", "edf_search_dir", "install",
+    "EdfError", "expand_vars", "fetch_command", "image_info", "edf_search_dir",
     "edf_dict", "edf_name", "render_edf", "render_source", "roles", "variant_for", "written_by_envlayers",
     "FABRIC_HOOKS",
     "FETCH_SCRIPT", "INTRANODE_SUFFIX", "SOURCE_DIR", "TOPOLOGIES", "VARIANTS", "RoleSource", "load_catalog",
-    "unpinned", "_ANNOTATIONS",
+    "_ANNOTATIONS",
 ]

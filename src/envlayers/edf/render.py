@@ -1,4 +1,5 @@
-"""EDF rendering: a validated source and a topology -> the TOML the Container Engine reads.
+"""EDF rendering: a validated source and a topology -> the TOML the Container Engine reads, and the folder it
+reads it from (:func:`edf_search_dir`).
 
 Each source gives two EDFs (``VARIANTS``): the base name for a pipeline-parallel server (fabric
 hooks on, ``fabric_env`` set) and ``<name>-intranode`` for single-node and replica servers (cxi and
@@ -9,6 +10,7 @@ is how ``install`` recognises a file it wrote and that nobody edited since.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -50,6 +52,17 @@ def edf_dict(role: str, topology: str, root: Path, environ: Mapping[str, str] | 
     return _edf_data(source(role, root), variant_for(topology), environ)
 
 
+def edf_search_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the Container Engine looks up ``--environment=<name>``: the first folder of
+    ``EDF_PATH`` when it is set, else ``~/.edf``."""
+    env = os.environ if environ is None else environ
+    for folder in env.get("EDF_PATH", "").split(":"):
+        if folder:
+            return Path(folder).expanduser()
+    home = env.get("HOME")
+    return (Path(home) if home else Path.home()) / ".edf"
+
+
 def variant_for(topology: str) -> str:
     for variant, topologies in VARIANTS.items():
         if topology in topologies:
@@ -86,10 +99,51 @@ def _edf_data(src: RoleSource, variant: str, environ: Mapping[str, str] | None =
         out["annotations"] = _nest(annotations)
     if environ is not None:
         # a cache relocated by a symbolic link would dangle inside the container: bind its real path
-        from ..runtimes.binds import resolve_edf
-
         out = resolve_edf(out, environ)
     return out
+
+
+def resolve_edf(data: dict, environ: Mapping[str, str]) -> dict:
+    """The EDF ``data`` with its bind sources and cache variables resolved through ``environ`` (the
+    variables the Container Engine will expand; ``runtimes.binds``). A value that reads an unset variable,
+    or holds no link, is left as written."""
+    from ..runtimes.binds import is_cache_key, real
+    from .images import expand_vars
+
+    def expanded(text: str) -> str | None:
+        try:
+            return expand_vars(text, environ)
+        except EdfError:
+            return None
+
+    mounts = []
+    for spec in data.get("mounts") or []:
+        src, dst, flags = split_mount(spec)
+        to = real(expanded(src) or "")
+        mounts.append(spec if to is None else ":".join([to, dst] + ([flags] if flags is not None else [])))
+    env = dict(data.get("env") or {})
+    for key, value in sorted(env.items()):
+        to = real(expanded(value) or "") if is_cache_key(key) and value else None
+        if to is not None:
+            env[key] = to
+            bind = f"{to}:{to}"
+            if bind not in mounts:
+                mounts.append(bind)
+    out = dict(data)
+    if mounts:
+        out["mounts"] = mounts
+    if env:
+        out["env"] = env
+    return out
+
+
+def split_mount(spec: str) -> tuple[str, str, str | None]:
+    """A mount ``SRC[:DST[:FLAGS]]`` -> (src, dst, flags); a bare path mounts at the same place."""
+    parts = spec.split(":")
+    src = parts[0]
+    dst = parts[1] if len(parts) > 1 and parts[1] else src
+    flags = ":".join(parts[2:]) if len(parts) > 2 else None
+    return src, dst, flags
 
 
 def _hook(annotation: str) -> str | None:

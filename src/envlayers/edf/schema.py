@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdfError
+from ..runtimes.images import unpinned
 from ..topology_checks import MODES
 
 # the EDF variants are chosen per launch mode (a plan's edf_topology is one of these)
@@ -77,7 +78,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-_DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 _SQUASHFS_SUFFIXES = (".sqsh", ".squashfs", ".sqfs")
 
@@ -247,27 +247,6 @@ def _validated(doc, path: Path, rel: str) -> RoleSource:
                        hint="a key belongs either to every variant (edf.env) or to the pipeline EDF only (fabric_env)")
     return RoleSource(role=role, name=name, engine=engine, remote_image=remote,
                   fabric_env=fabric_env, edf=edf, file=rel, lines=doc.lines)
-
-
-def unpinned(ref: str) -> str | None:
-    """Why a remote reference ``[USER@][REGISTRY#]IMAGE[:TAG][@sha256:DIGEST]`` is not pinned,
-    or None when it is."""
-    if _DIGEST_RE.search(ref):
-        return None
-    if "@sha256:" in ref:
-        return "has a malformed digest (want @sha256: and 64 hex digits)"
-    image = ref.rsplit("#", 1)[-1]
-    if "#" not in ref and "@" in image:
-        image = image.split("@", 1)[1]  # USER@IMAGE
-    last = image.rsplit("/", 1)[-1]
-    if ":" not in last:
-        return "has no tag"
-    tag = last.rsplit(":", 1)[1]
-    if not tag:
-        return "has an empty tag"
-    if tag.lower() == "latest":
-        return "is tagged 'latest', which moves"
-    return None
 
 
 def _check_edf(check: _Checker, edf: dict) -> dict:

@@ -69,7 +69,7 @@ def settings(env: Mapping[str, str], role_image: str | None = None, role_gpu: st
     (``CONTAINER_GPU_DEVICES``: comma-separated ``--device`` values or ``none``; else by the role's
     GPU vendor: ``rocm`` -> /dev/kfd and /dev/dri, otherwise NVIDIA's CDI name). ``where(key)``
     names a key's assignment (file:line) in errors."""
-    from ..edf.schema import unpinned
+    from .images import unpinned
 
     image = (env.get(IMAGE_KEY) or role_image or "").strip()
     if not image:

@@ -1,4 +1,5 @@
-"""Installing the rendered EDFs into the Container Engine's folder (``EDF_PATH`` or ``~/.edf``).
+"""Installing the rendered EDFs into the Container Engine's folder (``EDF_PATH`` or ``~/.edf``,
+``edf.edf_search_dir``): ``env_layers install-edfs``. Acts: writes the files.
 
 Per file: classify what is there (missing, ours and unchanged, ours but older, edited, not ours, a
 symbolic link), write atomically through a temporary file, and clean the temporary files an
@@ -12,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
-from ..errors import EdfError
-from .images import _image_state, fetch_command
-from .render import _document, written_by_envlayers
-from .schema import VARIANTS, load_catalog
+from .edf.images import _image_state, fetch_command
+from .edf.render import _document, written_by_envlayers
+from .edf.schema import VARIANTS, load_catalog
+from .errors import EdfError
 
 _TMP_PREFIX = ".envlayers-tmp-"
 
@@ -55,17 +56,6 @@ class InstallResult(NamedTuple):
             "fetch_command": self.fetch_command,
             "force_replaces": self.force_replaces,
         }
-
-
-def edf_search_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the Container Engine looks up ``--environment=<name>``: the first folder of
-    ``EDF_PATH`` when it is set, else ``~/.edf``."""
-    env = os.environ if environ is None else environ
-    for folder in env.get("EDF_PATH", "").split(":"):
-        if folder:
-            return Path(folder).expanduser()
-    home = env.get("HOME")
-    return (Path(home) if home else Path.home()) / ".edf"
 
 
 def install(
@@ -110,7 +100,7 @@ def install(
         if status in ("written", "overwritten"):
             import socket
 
-            from ..fsutil import atomic_write  # here: a dry run does not import tempfile
+            from .fsutil import atomic_write  # here: a dry run does not import tempfile
 
             try:
                 atomic_write(path, text, mode=0o644,
@@ -199,7 +189,7 @@ def _remove_stale_temps(dest: Path, *, max_age_s: float = 86400.0) -> None:
     .toml), this only keeps the folder tidy."""
     import socket
 
-    from ..fsutil import pid_alive
+    from .fsutil import pid_alive
 
     host = socket.gethostname()
     now = time.time()
