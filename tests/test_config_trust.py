@@ -1,6 +1,6 @@
 """A file that says what a job runs (a layer, SERVE_ENV_FILE, SERVE_BASE_ENV, setups.yaml, an EDF's YAML) is
 refused when another user could change it or the folder holding it: the rule OpenSSH applies to
-authorized_keys (fsutil.untrusted_config), on the one read of such a file (yamlpos.read_regular)."""
+authorized_keys (filetrust.untrusted_config), on the one read of such a file (yamlpos.read_regular)."""
 
 from __future__ import annotations
 

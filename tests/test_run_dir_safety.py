@@ -163,7 +163,7 @@ def _root_cases(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_the_login_nodes_check_is_the_job_scripts_rule(tmp_path):
-    from envlayers.fsutil import unsafe_folder
+    from envlayers.filetrust import unsafe_folder
 
     verdicts = {}
     for name, root in _root_cases(tmp_path / "cases").items():

@@ -49,7 +49,7 @@ def read_key(path: "str | os.PathLike[str]", where: str | None = None, *, named_
     - ``owner``: the uid that must own the file, or ``None`` for no such check. The clients pass their own
       uid (a key is printed or used only from a file of one's own). A server's key (``serving``) comes only
       from a file no other user could write, nor put in its place: the user's or root's, not writable by group
-      or others, in a folder they cannot write (:func:`envlayers.fsutil.untrusted_config`, the rule OpenSSH
+      or others, in a folder they cannot write (:func:`envlayers.filetrust.untrusted_config`, the rule OpenSSH
       applies to authorized_keys), or another user would choose the key the server accepts; a file others
       may read is a warning (:func:`mode_warning`);
     - ``where`` leads the error (the layer's ``file:line`` naming the file), ``named_by`` says what named
@@ -66,12 +66,12 @@ def read_key(path: "str | os.PathLike[str]", where: str | None = None, *, named_
         raise EnvLayersError(f"cannot read the key file: {err.strerror or err}", where=where,
                              hint="make it a file you can read (chmod 600)") from None
     if owner is not None and st.st_uid != owner:
-        from .fsutil import user_name  # a client's copy only: the dry run never checks an owner
+        from .filetrust import user_name  # a client's copy only: the dry run never checks an owner
 
         raise EnvLayersError(f"the key file belongs to {user_name(st.st_uid)}, not to you ({user_name(owner)})",
                              where=where, hint="only the key file's owner may print or use the key")
     if serving:
-        from .fsutil import untrusted_config
+        from .filetrust import untrusted_config
 
         found = untrusted_config(p, st, os.getuid(), harm="choose the key this server accepts")
         if found is not None:

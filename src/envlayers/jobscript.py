@@ -301,7 +301,7 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     # the engine's own choices (engines/choices.py), against the release the image pins
     _engine_choices(env, text, commands, blockers, warnings, _pinned_image(text, role_src))
     blockers += _role_engine(env, text, role_src)
-    _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (fsutil.unsafe_folder)
+    _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (filetrust.unsafe_folder)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .exposure import KEY as HOST_KEY, loopback_unreachable, public_keyless
 
@@ -432,7 +432,7 @@ def _refuse_huge_values(env: Env) -> None:
 
 def _run_root(env: Env, environ: Mapping[str, str], blockers: list[str]) -> None:
     """RUN_ROOT as the job will read it, held to the rule the job script applies to it before writing."""
-    from .fsutil import unsafe_folder
+    from .filetrust import unsafe_folder
     from .layers import expand
 
     b = env.bindings.get("RUN_ROOT")

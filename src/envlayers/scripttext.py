@@ -126,13 +126,13 @@ def _bytecode_cache() -> "jinja2.BytecodeCache | None":
     """Jinja's own cache of compiled templates, in its default folder (``$TMPDIR/_jinja2-cache-<uid>``, which it
     makes 0700 and refuses when another user owns it or can write it): a template is compiled once per
     source, not at every start (a fifth of a dry run). None when that folder cannot be trusted (the rule of
-    the run folders, fsutil.unsafe_folder: also no folder above it that everyone can write without the
+    the run folders, filetrust.unsafe_folder: also no folder above it that everyone can write without the
     sticky bit, where another user could swap it for theirs): then templates compile every time."""
     import tempfile
 
     from jinja2.bccache import FileSystemBytecodeCache
 
-    from .fsutil import unsafe_folder
+    from .filetrust import unsafe_folder
 
     uid = os.getuid()
     if unsafe_folder(os.path.join(tempfile.gettempdir(), f"_jinja2-cache-{uid}"), uid) is not None:

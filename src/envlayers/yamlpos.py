@@ -368,7 +368,7 @@ def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES, *, config: boo
     whether its size says so or the read finds more. A directory is ``IsADirectoryError``; the rest of
     what ``open`` raises (``FileNotFoundError``, ``PermissionError``, ...) comes through as it is.
     ``config``: the file says what a job runs (a layer, a YAML file of the catalog), so one another user could
-    change is :class:`NotRegularFile` too, with its ``hint`` (:func:`envlayers.fsutil.untrusted_config`)."""
+    change is :class:`NotRegularFile` too, with its ``hint`` (:func:`envlayers.filetrust.untrusted_config`)."""
     import errno
     import stat
 
@@ -382,7 +382,7 @@ def read_regular(path: str | os.PathLike, limit: int = MAX_BYTES, *, config: boo
         if st.st_size > limit:
             raise NotRegularFile(f"is {st.st_size} bytes, more than the {limit} this reader takes", True)
         if config:
-            from .fsutil import untrusted_config
+            from .filetrust import untrusted_config
 
             found = untrusted_config(path, st, os.getuid())
             if found is not None:

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from .. import ops, rundir
 from ..errors import EnvLayersError
-from ..fsutil import user_name
+from ..filetrust import user_name
 from .tunnelrecord import settle
 
 
