@@ -501,13 +501,14 @@ def test_the_successor_keeps_what_slurm_runs_the_job_with(fields, options):
 
 
 def test_a_per_job_key_passes_down_the_chain(tmp_path):
-    from envlayers.apikey import write_generated
-    from envlayers.rundir import API_KEY as GENERATED_NAME
+    from envlayers.apikey import generate_key
+    from envlayers.rundir import API_KEY as GENERATED_NAME, write_api_key
     from envlayers.launch.successor import Chain, inherited_key
 
     first, second = tmp_path / "41", tmp_path / "57"
     first.mkdir(), second.mkdir()
-    _, key = write_generated(first)
+    key = generate_key()
+    write_api_key(first, key)
     envs = []
     chain = Chain("41", first, 1, 30, say=lambda line: None, environ={"ENVLAYERS_CHAIN_KEY_FILE": "/stale"},
                   run=lambda argv, env: envs.append(env) or subprocess.CompletedProcess(argv, 0, "57\n", ""),

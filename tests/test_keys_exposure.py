@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envlayers.apikey import KEY_CHARS, read_key, wants_generated, write_generated
+from envlayers.apikey import KEY_CHARS, generate_key, read_key, wants_generated
+from envlayers.rundir import write_api_key
 from envlayers.exposure import public_keyless
 from envlayers.jobscript import prepare
 
@@ -200,17 +201,23 @@ def test_wants_generated(value, wanted):
     assert wants_generated(value) is wanted
 
 
+def _generated(run_dir):
+    """What the launcher does for SERVER_API_KEY_FILE=generate: a fresh key, written to the run directory."""
+    key = generate_key()
+    return write_api_key(run_dir, key), key
+
+
 def test_generated_key_file_is_0600_whatever_the_umask_and_reads_back(tmp_path):
     old = os.umask(0)
     try:
-        path, key = write_generated(tmp_path)
+        path, key = _generated(tmp_path)
     finally:
         os.umask(old)
     assert path == tmp_path / "api-key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert read_key(path) == key and len(key) >= 40
     assert re.fullmatch(f"[{KEY_CHARS}]+", key)
-    again, key2 = write_generated(tmp_path)  # a requeued run replaces it
+    again, key2 = _generated(tmp_path)  # a requeued run replaces it
     assert again == path and key2 != key and read_key(path) == key2
 
 
@@ -218,7 +225,7 @@ def test_generated_key_does_not_follow_a_planted_link(tmp_path):
     target = tmp_path / "elsewhere"
     target.write_text("x")
     (tmp_path / "api-key").symlink_to(target)
-    path, key = write_generated(tmp_path)  # the link is removed, not written through
+    path, key = _generated(tmp_path)  # the link is removed, not written through
     assert not path.is_symlink() and target.read_text() == "x" and read_key(path) == key
 
 

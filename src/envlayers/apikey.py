@@ -12,9 +12,9 @@ these characters every form a log can show is the key itself, so masking it in t
 (mode wider than 0600) is a warning, as ssh gives one; a missing or empty file is refused.
 
 ``SERVER_API_KEY_FILE=generate`` asks for a per-job key instead: the launcher generates it inside the
-job (:func:`write_generated`, ``secrets.token_urlsafe``: within the safe set), writes it to
-``$RUN_DIR/api-key`` created with mode 0600, and records that path in endpoint.json
-(``api_key_file``). The key itself never enters a layer, a render, the job script or the job output
+job (:func:`generate_key`, ``secrets.token_urlsafe``: within the safe set), writes it to
+``$RUN_DIR/api-key`` created with mode 0600 (``rundir.write_api_key``), and records that path in
+endpoint.json (``api_key_file``). This module writes nothing. The key itself never enters a layer, a render, the job script or the job output
 (docs/keys.md).
 """
 
@@ -148,28 +148,3 @@ def generate_key() -> str:
         key = secrets.token_urlsafe(32)
         if not key.startswith("-"):
             return key
-
-
-def write_generated(run_dir: "str | os.PathLike[str]") -> tuple[Path, str]:
-    """Generate a key and write it to ``run_dir/api-key`` (:func:`write_key`). Returns (path, key)."""
-    key = generate_key()
-    return write_key(run_dir, key), key
-
-
-def write_key(run_dir: "str | os.PathLike[str]", key: str) -> Path:
-    """Write ``key`` to ``run_dir/api-key``, created with mode 0600 (never wider, whatever the umask; an
-    earlier file there is replaced). Returns the path."""
-    from .rundir import API_KEY  # inside the job only: checking a key file on the login node needs no run directory
-
-    path = Path(run_dir) / API_KEY
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (key + "\n").encode())
-    finally:
-        os.close(fd)
-    return path

@@ -72,7 +72,7 @@ TUNNEL = "tunnel.json"  # TunnelRecord: the login node's tunnel to the endpoint 
 TUNNEL_LOG = "tunnel.log"  # the tunnel step's output, and each handover's lines (access.tunnel, access.handover)
 ACCOUNTING = "accounting.json"  # AccountingRecord: the GPU-hour timeline (launch.timeline, envlayers.accounting)
 SERVE_ENV = "serve.env"  # the job's merged keys, ``export KEY='value'`` lines
-API_KEY = "api-key"  # a per-job generated API key, 0600 (apikey)
+API_KEY = "api-key"  # a per-job generated API key, 0600 (write_api_key; apikey reads it)
 RAY_TOKEN = "ray-token"  # the job's Ray authentication token, 0600 (launch.raycluster)
 RAY_CLUSTER = "ray-cluster.json"  # RayCluster: the Ray cluster node 0 saw form (written by launch/raynode.py)
 GATEWAY_STATE = "gateway-state.json"  # the gateway's replicas healthy and last events (written by gateway_app.py)
@@ -135,6 +135,24 @@ def rank_signal_name(rank: int) -> str:
 def ray_pids_name(rank: int) -> str:
     """``ray-pids-<rank>.txt``: every process launch/raynode.py started on that rank's node."""
     return RAY_PIDS.name(rank)
+
+
+def write_api_key(run_dir: "str | os.PathLike[str]", key: str) -> Path:
+    """Write ``key`` to ``run_dir/api-key`` (:data:`API_KEY`), created with mode 0600 (never wider, whatever the
+    umask; an earlier file there, or a link planted in its place, is removed first, never written through).
+    Returns the path."""
+    path = Path(run_dir) / API_KEY
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (key + "\n").encode())
+    finally:
+        os.close(fd)
+    return path
 
 
 # the names the job's scripts write (templates/, through ``scripttext``): passed in as ``files``, so that the

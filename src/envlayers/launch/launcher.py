@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from ..errors import KeyValueError, StepSignalled
 from ..fsutil import atomic_write
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
-                      RecordWriter, server_log_name, unrecorded_end_line, write_json)
+                      RecordWriter, server_log_name, unrecorded_end_line, write_api_key, write_json)
 from .ports import ports_in_use
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
@@ -264,14 +264,18 @@ class Launcher:
     def api_key(self) -> tuple[str | None, str | None]:
         """(key file, key): SERVER_API_KEY_FILE read, or with ``generate`` a per-job key written 0600 to
         $RUN_DIR/api-key, whose path then stands in SERVER_API_KEY_FILE for the plan and endpoint.json."""
-        from ..apikey import wants_generated, write_generated
+        from ..apikey import generate_key, wants_generated
 
         key_file = self.keys.get("SERVER_API_KEY_FILE")
         if wants_generated(key_file):
             from .successor import inherited_key
 
             inherited = inherited_key(self.run_dir, self.environ, say)  # a successor keeps the chain's key
-            path, key = inherited or write_generated(self.run_dir)
+            if inherited:
+                path, key = inherited
+            else:
+                key = generate_key()
+                path = write_api_key(self.run_dir, key)
             self.keys["SERVER_API_KEY_FILE"] = str(path)
             if not inherited:
                 say(f"ENVLAYERS-STAGE: generated a per-job API key in {path} (mode 0600; `env_layers connect "

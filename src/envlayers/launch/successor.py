@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
-from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, read_endpoint, write_json
+from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, read_endpoint, write_api_key, write_json
 
 QUEUE_MARGIN_S = 120
 
@@ -69,7 +69,7 @@ def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str]
     from ..errors import EnvLayersError
 
     try:
-        from ..apikey import read_key, write_key
+        from ..apikey import read_key
 
         # the predecessor wrote it 0600 in its own run directory: a file of someone else's, or one others can
         # read or write, is not the chain's key (another user could know it)
@@ -81,7 +81,7 @@ def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str]
         say(f"ENVLAYERS-WARN: cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
             f"clients of job {environ.get('ENVLAYERS_PREDECESSOR') or '?'} must take it from `env_layers connect`")
         return None
-    path = write_key(run_dir, key)
+    path = write_api_key(run_dir, key)
     say(f"ENVLAYERS-STAGE: the chain's API key (job {environ.get('ENVLAYERS_PREDECESSOR') or '?'}'s, {src}) "
         f"copied to {path} (mode 0600): clients keep their key")
     return str(path), key
