@@ -577,7 +577,8 @@ def test_what_the_engine_and_its_libraries_read_is_passed_on_without_a_word(tmp_
 
 
 def test_an_installed_edf_edited_since_its_render_and_a_missing_image_are_refused(tmp_path):
-    from envlayers.edf import fetch_command, install
+    from envlayers.edf import fetch_command
+    from envlayers.edfinstall import install
 
     edf = tmp_path / "edf"
     environ = {"HOME": str(tmp_path), "EDF_PATH": str(edf), "SCRATCH": str(tmp_path / "s"), "CHECK_WEIGHTS": "0"}
@@ -610,7 +611,7 @@ def test_a_serve_base_env_job_is_labelled_with_its_file_not_the_default_target(t
 
 def test_an_edf_bind_whose_source_is_not_there_is_refused_with_the_mkdir(tmp_path):
     # a cache relocated by a symbolic link whose target is gone: install-edfs binds the link's target
-    from envlayers.edf import install
+    from envlayers.edfinstall import install
 
     scratch = tmp_path / "s"
     (scratch / "ce-images").mkdir(parents=True)

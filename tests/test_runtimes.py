@@ -15,6 +15,7 @@ import pytest
 from envlayers import engines, topology
 from envlayers.errors import EnvLayersError
 from envlayers.launch.prepare import Allocation, Node, prepare
+from envlayers.access.release import stop_containers
 from envlayers.runtimes import podman, runtime_name
 
 SINGLE_VLLM = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "Qwen/Qwen3-8B", "VLLM_SERVED_MODEL": "q",
@@ -195,7 +196,7 @@ def test_stop_containers(running, codes, status):
         seen.append(argv)
         return SimpleNamespace(returncode=codes[len(seen) - 1], stderr="Error: boom\n")
 
-    got, detail = podman.stop_containers("9", ["envlayers-9-0"], ["n1"], running, run=fake)
+    got, detail = stop_containers("9", ["envlayers-9-0"], ["n1"], running, run=fake)
     assert got == status
     if running:
         assert seen == [["srun", "--overlap", "--jobid=9", "--nodes=1", "--ntasks=1", "--nodelist=n1", "podman",

@@ -158,13 +158,14 @@ def _days(seconds: int) -> str:
     return f"{seconds / 86400:,.0f} days" if seconds >= 86400 else f"{seconds // 3600} h"
 
 
-def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=None) -> None:
+def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run) -> None:
     """Refuse, before submitting, a time limit longer than the MaxTime Slurm says the job's partition has
     (``scontrol show partition -o``): Slurm would otherwise refuse the job or take it and leave it pending
     for ever (``PartitionTimeLimit``), as the site's EnforcePartLimits says. The partition is ``--partition`` of the job, else the
     submitting shell's SBATCH_PARTITION, else Slurm's default one. With a list of partitions the longest
     MaxTime bounds it (the job may run in that one). Nothing is checked when Slurm cannot be asked or says
-    no MaxTime (``UNLIMITED``): sbatch then has the last word."""
+    no MaxTime (``UNLIMITED``): sbatch then has the last word. ``run``: the caller's Slurm runner (``slurm.run``
+    on the login node): this module asks Slurm nothing itself."""
     from . import slurm
     from .durations import format_duration, parse_duration
 
@@ -174,7 +175,7 @@ def check_partition_time(job: JobSubmission, environ: Mapping[str, str], run=Non
         return
     wanted = args.get("partition") or environ.get("SBATCH_PARTITION") or ""
     try:
-        limits = slurm.partition_max_times([p for p in wanted.split(",") if p], run=run or slurm.run)
+        limits = slurm.partition_max_times([p for p in wanted.split(",") if p], run=run)
     except slurm.SlurmError:
         return  # Slurm cannot be asked: sbatch answers for itself
     if not limits or any(limit is None for limit in limits.values()):

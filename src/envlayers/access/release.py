@@ -87,8 +87,6 @@ def release(acc: JobAccess, *, stop_timeout_s: float = 60.0, port_wait_s: float 
     # -- podman, docker (runtimes/): each rank's container stopped by its stable name, while the job runs
     containers = acc.launch.containers if acc.launch is not None else []
     if containers:
-        from ..runtimes.podman import stop_containers
-
         info = acc.job.info
         steps.append(Step("containers", *stop_containers(acc.job_id, list(containers),
                                                          list(acc.launch.nodes),
@@ -168,3 +166,29 @@ def _release_successors(acc: JobAccess, stop_timeout_s: float) -> Step | None:
         said.append(f"job {jid}: tunnel {how}; {ended}" + ("" if stopped.ok else " (NOT ended or still answers)"))
     status = "failed" if failed else ("done" if any("->" in s for s in said) else "already")
     return Step("successors", status, f"{len(links)} later job(s) of the chain", said)
+
+
+def stop_containers(job_id: str, containers: list, nodes: list, running: bool, run=None,
+                    program: str = "podman") -> tuple[str, str]:
+    """(status, detail) for release: ``podman stop`` (or ``docker stop``) each container launch.json names,
+    on its node, while the job runs (after it ended, ranks.sh's ``run --rm`` took its container with it);
+    ``runtimes.podman.stop_argv`` says how, this runs it."""
+    from .. import slurm
+    from ..runtimes.podman import stop_argv
+
+    if not running:
+        return "already", f"the job is not running; its containers ({program} run --rm) ended with it"
+    run = run or (lambda argv: slurm.run(argv, timeout_s=90))
+    done, failed = [], []
+    for rank, name in enumerate(containers):
+        node = nodes[rank] if rank < len(nodes) else (nodes[0] if nodes else "")
+        try:
+            proc = run(stop_argv(job_id, node, name, program=program))
+            ok = proc.returncode == 0
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        except (OSError, slurm.SlurmError) as err:
+            ok, why = False, str(err)
+        (done if ok else failed).append(name if ok else f"{name} on {node}: {why}")
+    if failed:
+        return "failed", f"{program} stop failed: " + "; ".join(failed)
+    return "done", f"{program} stop " + " ".join(done)

@@ -77,7 +77,7 @@ def serve(ctx, model, experiment, time_, base_env, env_file, site, dry_run, wait
     from .. import slurm
     from ..jobscript import check_partition_time
 
-    check_partition_time(job, os.environ)  # the partition's MaxTime, which only Slurm knows
+    check_partition_time(job, os.environ, run=slurm.run)  # the partition's MaxTime, which only Slurm knows
     for w in job.warnings:
         click.echo(f"warning: {w}", err=True)
     job_id = slurm.submit(job.sbatch_args, job.script)

@@ -21,9 +21,9 @@ container: every interface when it is absent, ``127.0.0.1`` for an endpoint reac
 through ``env_layers tunnel``. A plan across nodes runs each node's container on the node's network
 (``--network=host``, no publish): the ranks meet at the first node's address (NCCL, the engine's
 rendezvous) as they would without a container, and the engine binds SERVER_HOST itself. Each rank's
-container has its own name on its own node; release stops each on its node (:func:`stop_containers`).
+container has its own name on its own node; release stops each on its node (:func:`stop_argv`).
 Values reach the container by name (``--env NAME``: podman reads them from its own environment), so
-the API key is never on podman's command line. Pure, but for nothing: no process, no file.
+the API key is never on podman's command line. Pure: no process, no file.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
     return out, lines
 
 
-# -- release: stop each rank's container by its stable name ------------------------------------
+# -- release: the argv that stops a rank's container by its stable name (access/release.py runs it) ------
 
 
 def stop_argv(job_id: str, node: str, name: str, grace_s: int = 10, program: str = "podman") -> list[str]:
@@ -205,27 +205,3 @@ def stop_argv(job_id: str, node: str, name: str, grace_s: int = 10, program: str
     if program == "docker":
         return slurm.overlap_step_argv(job_id, node, ["docker", "stop", "-t", str(grace_s), name])
     return slurm.overlap_step_argv(job_id, node, ["podman", "stop", "--ignore", "-t", str(grace_s), name])
-
-
-def stop_containers(job_id: str, containers: list, nodes: list, running: bool, run=None,
-                    program: str = "podman") -> tuple[str, str]:
-    """(status, detail) for release: ``podman stop`` (or ``docker stop``) each container launch.json names,
-    on its node, while the job runs (after it ended, ranks.sh's ``run --rm`` took its container with it)."""
-    from .. import slurm
-
-    if not running:
-        return "already", f"the job is not running; its containers ({program} run --rm) ended with it"
-    run = run or (lambda argv: slurm.run(argv, timeout_s=90))
-    done, failed = [], []
-    for rank, name in enumerate(containers):
-        node = nodes[rank] if rank < len(nodes) else (nodes[0] if nodes else "")
-        try:
-            proc = run(stop_argv(job_id, node, name, program=program))
-            ok = proc.returncode == 0
-            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        except (OSError, slurm.SlurmError) as err:
-            ok, why = False, str(err)
-        (done if ok else failed).append(name if ok else f"{name} on {node}: {why}")
-    if failed:
-        return "failed", f"{program} stop failed: " + "; ".join(failed)
-    return "done", f"{program} stop " + " ".join(done)
