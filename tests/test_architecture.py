@@ -181,3 +181,221 @@ def test_every_test_asserts_something():
                 if not _asserting(ast.unparse(node)) and not calls & helpers:
                     silent.append(f"{path.relative_to(SRC.parents[1])}:{node.lineno} {node.name}")
     assert silent == []
+
+
+# --- no two top-level packages or modules import each other, through any chain of imports -----------------
+
+# Package cycles that exist today and are being removed, each the set of top-level names that import one
+# another. access <-> ops: access/job.py and access/release.py call ops (the job lookup, stop) while
+# ops/status.py calls access/chain.py; one job handle both use replaces those imports, and this list is then
+# emptied. An entry that no longer forms a cycle fails the test, so it cannot outlive what it excuses.
+ALLOWED_PACKAGE_CYCLES = [frozenset({"access", "ops"})]
+
+
+def _package_cycles(edges) -> list[frozenset[str]]:
+    """The groups of more than one top-level package or module that reach each other through imports (the
+    strongly connected components of the graph of ``edges`` between top-level names, Tarjan's algorithm)."""
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges:
+        a, b = _top(src), _top(dst)
+        graph.setdefault(a, set())
+        graph.setdefault(b, set())
+        if a != b:
+            graph[a].add(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(frozenset(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def _cycle_imports(group: frozenset[str], edges) -> str:
+    return "; ".join(sorted({f"{s} imports {d}" for s, d in edges if _top(s) in group and _top(d) in group
+                             and _top(s) != _top(d)}))
+
+
+def test_no_package_imports_itself_through_another():
+    edges = _edges()
+    cycles = _package_cycles(edges)
+    new = [c for c in cycles if c not in ALLOWED_PACKAGE_CYCLES]
+    assert not new, "packages that import each other: " + " | ".join(
+        f"{' <-> '.join(sorted(c))}: {_cycle_imports(c, edges)}" for c in new)
+    gone = [" <-> ".join(sorted(c)) for c in ALLOWED_PACKAGE_CYCLES if c not in cycles]
+    assert not gone, f"no longer a cycle, remove it from ALLOWED_PACKAGE_CYCLES: {', '.join(gone)}"
+
+
+@pytest.mark.parametrize("edges, cycles", [
+    pytest.param([("envlayers.a.x", "envlayers.b"), ("envlayers.b", "envlayers.a.y")], [{"a", "b"}], id="two"),
+    pytest.param([("envlayers.a", "envlayers.b.x"), ("envlayers.b.y", "envlayers.c"), ("envlayers.c", "envlayers.a")],
+                 [{"a", "b", "c"}], id="three"),
+    pytest.param([("envlayers.a.x", "envlayers.a.y"), ("envlayers.a.y", "envlayers.a.x"), ("envlayers.a", "envlayers.b")],
+                 [], id="inside-one-package-only"),
+    pytest.param([("envlayers.a", "envlayers.b"), ("envlayers.b", "envlayers.c")], [], id="one-way"),
+])
+def test_the_package_cycle_finder(edges, cycles):
+    """The check can fail: a cycle through two or three packages is found; imports inside one package (the
+    module check's business) or one way only are not a package cycle."""
+    assert sorted(map(sorted, _package_cycles(edges))) == sorted(map(sorted, cycles))
+
+
+# --- the pure layers (the base, the core) act on nothing: no process, no written file, no Slurm -----------
+
+PURE = ("base", "core")
+# Modules of a pure layer allowed to act, each with why; none today: what acts lives at the edges
+# (fsutil.py, rundir.py, slurm.py, edfinstall.py, imagearchive.py), in launch/, or in the operator packages.
+PURE_ALLOWED: dict[str, str] = {}
+
+_OS_ACTS = {"system", "popen", "replace", "rename", "renames", "remove", "unlink", "rmdir", "removedirs", "mkdir",
+            "makedirs", "symlink", "link", "truncate", "write", "chmod", "fchmod", "chown", "mkfifo", "fork",
+            "posix_spawn", "posix_spawnp", "startfile"}
+_OS_ACT_PREFIXES = ("exec", "spawn")
+_SHUTIL_ACTS = {"copy", "copy2", "copyfile", "copytree", "copymode", "copystat", "copyfileobj", "move", "rmtree",
+                "chown", "make_archive", "unpack_archive"}
+_PATH_ACTS = {"write_text", "write_bytes", "mkdir", "unlink", "touch", "rmdir", "symlink_to", "hardlink_to", "chmod",
+              "lchmod"}
+_WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
+_FSUTIL_WRITERS = {"atomic_write", "write_output"}
+_PROCESS_MODULES = {"subprocess", "multiprocessing", "pty"}
+_TEMPFILE_WRITERS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile",
+                     "TemporaryDirectory"}
+
+
+def _slurm_runners() -> set[str]:
+    """slurm.py's functions that run a Slurm command through their ``run`` parameter (its default: slurm.run)."""
+    tree = ast.parse((SRC / "slurm.py").read_text())
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+            and any(a.arg == "run" for a in n.args.args + n.args.kwonlyargs)}
+
+
+def _write_mode(node: ast.Call) -> bool:
+    """Whether ``open(file, mode)`` or ``path.open(mode)`` opens for writing."""
+    at = 0 if isinstance(node.func, ast.Attribute) else 1
+    mode = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(set(mode.value) & set("wax+"))
+
+
+def _acts(source: str, filename: str = "<source>") -> list[str]:
+    """Where ``source`` acts, as ``line: what``: imports subprocess (or another way to start processes), writes,
+    moves or removes a file or folder (os, shutil, pathlib, ``open`` for writing, ``os.open`` with a writing flag,
+    tempfile, fsutil's writers), or runs Slurm (slurm.run, or one of slurm's runners without a ``run=`` given)."""
+    found = []
+    runners = _slurm_runners()
+    from_slurm: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            found += [f"{line}: imports {a.name}" for a in node.names if a.name.split(".")[0] in _PROCESS_MODULES]
+        elif isinstance(node, ast.ImportFrom):
+            module = (node.module or "").split(".")
+            names = {a.name for a in node.names}
+            if module[0] in _PROCESS_MODULES and not node.level:
+                found.append(f"{line}: imports {node.module}")
+            elif module[-1] == "fsutil" and names & _FSUTIL_WRITERS:
+                found.append(f"{line}: imports fsutil's {', '.join(sorted(names & _FSUTIL_WRITERS))}")
+            elif module[-1] == "slurm":
+                from_slurm |= names & runners
+                if "run" in names:
+                    found.append(f"{line}: imports slurm.run")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "slurm" \
+                and node.attr == "run":
+            found.append(f"{line}: uses slurm.run")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            given_run = any(k.arg == "run" for k in node.keywords)
+            if owner == "os" and (name in _OS_ACTS or name.startswith(_OS_ACT_PREFIXES)):
+                found.append(f"{line}: os.{name}")
+            elif owner == "os" and name == "open" and _WRITE_FLAGS & {n.attr for n in ast.walk(node)
+                                                                        if isinstance(n, ast.Attribute)}:
+                found.append(f"{line}: os.open for writing")
+            elif owner == "shutil" and name in _SHUTIL_ACTS:
+                found.append(f"{line}: shutil.{name}")
+            elif owner == "tempfile" and name in _TEMPFILE_WRITERS:
+                found.append(f"{line}: tempfile.{name}")
+            elif owner == "fsutil" and name in _FSUTIL_WRITERS:
+                found.append(f"{line}: fsutil.{name}")
+            elif owner == "slurm" and name in runners and not given_run:
+                found.append(f"{line}: slurm.{name} with slurm's own runner")
+            elif isinstance(func, ast.Name) and name in from_slurm and not given_run:
+                found.append(f"{line}: slurm's {name} with slurm's own runner")
+            elif isinstance(func, ast.Attribute) and owner not in ("os", "shutil") and name in _PATH_ACTS:
+                found.append(f"{line}: .{name}()")
+            elif name == "open" and owner != "os" and _write_mode(node):
+                found.append(f"{line}: open for writing")
+    return found
+
+
+def test_the_pure_layers_act_on_nothing():
+    """docs/architecture.md: the base and the core are data in, data out. A module there that starts a
+    process, writes a file or runs Slurm belongs at the edges (or hands the effect to its caller)."""
+    acting = []
+    for path in _modules():
+        name = _name(path)
+        if _layer(name) in PURE and name not in PURE_ALLOWED:
+            acting += [f"{path.relative_to(SRC)}:{where}" for where in _acts(path.read_text(), str(path))]
+    assert not acting, f"a pure layer acts (move it to an edge, or let its caller act): {'; '.join(acting)}"
+
+
+def test_the_pure_allowances_name_pure_modules_that_act():
+    stale = [name for name in PURE_ALLOWED
+             if not (SRC.parent / name.replace(".", "/")).with_suffix(".py").exists()
+             or not _acts((SRC.parent / name.replace(".", "/")).with_suffix(".py").read_text())]
+    assert not stale, f"PURE_ALLOWED names a module that is gone or acts no more: {stale}"
+
+
+@pytest.mark.parametrize("source, acts", [
+    pytest.param("import subprocess", True, id="subprocess"),
+    pytest.param("from subprocess import run", True, id="from-subprocess"),
+    pytest.param("def f():\n    import subprocess\n    subprocess.run(['x'])", True, id="inside-a-function"),
+    pytest.param("import os\nos.system('x')", True, id="os-system"),
+    pytest.param("import os\nos.replace(a, b)", True, id="os-replace"),
+    pytest.param("import os\nos.open(p, os.O_WRONLY | os.O_CREAT, 0o600)", True, id="os-open-write"),
+    pytest.param("import shutil\nshutil.rmtree(p)", True, id="shutil-rmtree"),
+    pytest.param("Path(p).write_text('x')", True, id="write-text"),
+    pytest.param("p.write_bytes(b'x')", True, id="write-bytes"),
+    pytest.param("p.mkdir(parents=True)", True, id="mkdir"),
+    pytest.param("open(p, 'w')", True, id="open-w"),
+    pytest.param("open(p, mode='a')", True, id="open-a"),
+    pytest.param("p.open('x')", True, id="path-open-x"),
+    pytest.param("from .fsutil import atomic_write", True, id="fsutil-writer"),
+    pytest.param("from . import fsutil\nfsutil.write_output(p, t)", True, id="fsutil-attribute"),
+    pytest.param("from . import slurm\nslurm.partition_max_times(['p'])", True, id="slurm-own-runner"),
+    pytest.param("from . import slurm\nx = run or slurm.run", True, id="slurm-run"),
+    pytest.param("open(p, 'rb')", False, id="open-read"),
+    pytest.param("open(p)", False, id="open-default"),
+    pytest.param("import os\nos.open(p, os.O_RDONLY)", False, id="os-open-read"),
+    pytest.param("text.replace('a', 'b')", False, id="str-replace"),
+    pytest.param("import shutil\nshutil.which('podman')", False, id="shutil-which"),
+    pytest.param("import tempfile\ntempfile.gettempdir()", False, id="tempdir-name"),
+    pytest.param("import tempfile\ntempfile.mkstemp()", True, id="mkstemp"),
+    pytest.param("from . import slurm\nslurm.partition_max_times(['p'], run=run)", False, id="slurm-runner-given"),
+    pytest.param("from .slurm import sbatch_argv\nsbatch_argv([])", False, id="slurm-argv"),
+    pytest.param("from .filetrust import unsafe_folder", False, id="reads-stat"),
+])
+def test_what_counts_as_acting(source, acts):
+    """The check can fail, and reading is not acting."""
+    assert bool(_acts(source)) is acts, _acts(source)
