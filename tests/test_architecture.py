@@ -192,12 +192,13 @@ def test_every_test_asserts_something():
 ALLOWED_PACKAGE_CYCLES = [frozenset({"access", "ops"})]
 
 
-def _package_cycles(edges) -> list[frozenset[str]]:
-    """The groups of more than one top-level package or module that reach each other through imports (the
-    strongly connected components of the graph of ``edges`` between top-level names, Tarjan's algorithm)."""
+def _package_cycles(edges, key=_top) -> list[frozenset[str]]:
+    """The groups of more than one top-level package or module (``key``: of a module, the node it belongs
+    to) that reach each other through imports: the strongly connected components of the graph of ``edges``
+    between those nodes (Tarjan's algorithm)."""
     graph: dict[str, set[str]] = {}
     for src, dst in edges:
-        a, b = _top(src), _top(dst)
+        a, b = key(src), key(dst)
         graph.setdefault(a, set())
         graph.setdefault(b, set())
         if a != b:
@@ -247,6 +248,12 @@ def test_no_package_imports_itself_through_another():
     assert not gone, f"no longer a cycle, remove it from ALLOWED_PACKAGE_CYCLES: {', '.join(gone)}"
 
 
+def test_no_module_imports_itself_through_another():
+    """The same finder, one node per module: no cycle at all, inside a package or across packages."""
+    cycles = _package_cycles(_edges(), key=lambda module: module)
+    assert not cycles, "modules that import each other: " + " | ".join(" <-> ".join(sorted(c)) for c in cycles)
+
+
 @pytest.mark.parametrize("edges, cycles", [
     pytest.param([("envlayers.a.x", "envlayers.b"), ("envlayers.b", "envlayers.a.y")], [{"a", "b"}], id="two"),
     pytest.param([("envlayers.a", "envlayers.b.x"), ("envlayers.b.y", "envlayers.c"), ("envlayers.c", "envlayers.a")],
@@ -259,6 +266,11 @@ def test_the_package_cycle_finder(edges, cycles):
     """The check can fail: a cycle through two or three packages is found; imports inside one package (the
     module check's business) or one way only are not a package cycle."""
     assert sorted(map(sorted, _package_cycles(edges))) == sorted(map(sorted, cycles))
+
+
+def test_the_module_cycle_finder():
+    edges = [("envlayers.a.x", "envlayers.a.y"), ("envlayers.a.y", "envlayers.a.x"), ("envlayers.a", "envlayers.b")]
+    assert _package_cycles(edges, key=lambda module: module) == [frozenset({"envlayers.a.x", "envlayers.a.y"})]
 
 
 # --- the pure layers (the base, the core) act on nothing: no process, no written file, no Slurm -----------
