@@ -12,7 +12,8 @@
 - ``pyxis``: like ``ce``, the ranks' srun step runs in the container (``--container-image=...``,
   :mod:`envlayers.runtimes.pyxis`); the command itself is not wrapped.
 
-Pure: :func:`wrapper` returns the words that go before the engine's argv, or None.
+Pure: :func:`rank_wrappers` gives, per rank, the words that go before the engine's argv (None for a runtime
+that wraps nothing), and :func:`image_step` where a job's image is and the command that puts it there.
 """
 
 from __future__ import annotations
