@@ -11,10 +11,10 @@ these characters every form a log can show is the key itself, so masking it in t
 8 characters at least, so masking never blanks ordinary words of a log. A file others can read
 (mode wider than 0600) is a warning, as ssh gives one; a missing or empty file is refused.
 
-``SERVER_API_KEY_FILE=generate`` asks for a per-job key instead: the launcher generates it inside the
-job (:func:`generate_key`, ``secrets.token_urlsafe``: within the safe set), writes it to
-``$RUN_DIR/api-key`` created with mode 0600 (``rundir.write_api_key``), and records that path in
-endpoint.json (``api_key_file``). This module writes nothing. The key itself never enters a layer, a render, the job script or the job output
+``SERVER_API_KEY_FILE=generate`` asks for a per-job key instead: the launcher generates it inside the job
+(:func:`generate_key`, ``secrets.token_urlsafe``: within the safe set), writes it to ``$RUN_DIR/api-key``
+created with mode 0600 (``rundir.write_api_key``), and records that path in endpoint.json (``api_key_file``).
+This module writes nothing. The key itself never enters a layer, a render, the job script or the job output
 (docs/keys.md).
 """
 

@@ -302,7 +302,8 @@ def prepare(root: Path, model: str, experiment: str = DEFAULT_EXPERIMENT, *, tim
     # the engine's own choices (engines/choices.py), against the release the image pins
     _engine_choices(env, text, commands, blockers, warnings, _pinned_image(text, role_src))
     blockers += _role_engine(env, text, role_src)
-    _run_root(env, environ, blockers)  # the job would refuse it: a link, another user's folder (filetrust.unsafe_folder)
+    # the job would refuse it: a link, another user's folder (filetrust.unsafe_folder)
+    _run_root(env, environ, blockers)
     # -- the public-bind refusal (exposure.py): keyless on every interface needs an acknowledgement
     from .exposure import KEY as HOST_KEY, loopback_unreachable, public_keyless
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ..errors import EdfError
 from .images import expand_vars, fetch_command, image_info
-from .render import edf_dict, edf_name, edf_search_dir, render_edf, render_source, roles, variant_for, written_by_envlayers
+from .render import (edf_dict, edf_name, edf_search_dir, render_edf, render_source, roles, variant_for,
+                     written_by_envlayers)
 from .schema import (
     _ANNOTATIONS,
     FABRIC_HOOKS,
