@@ -13,11 +13,11 @@ from envlayers.engines import (
     RankCommand,
     build_commands,
     build_rank_command,
-    quote,
     redact,
     shell_line,
 )
 from envlayers.errors import TopologyError
+from envlayers.shell import word_with_refs
 from envlayers.topology import plan
 
 MASTER = "${ENVLAYERS_MASTER_ADDR}"
@@ -455,7 +455,7 @@ def test_shell_line_shows_vllms_key_as_a_masked_variable():
     ],
 )
 def test_quote_keeps_only_name_references_expandable(word, quoted):
-    assert quote(word) == quoted
+    assert word_with_refs(word) == quoted
 
 
 def test_shell_line_runs_in_bash_with_the_reference_filled_in():

@@ -12,8 +12,9 @@ ENVIRONMENT VARIABLES"), and the verdict is computed from it and the plan.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
+
+from . import shell
 
 WRAPPER = "cluster/serve-only.sbatch"
 # the variables that say which catalog target and options the operator chose (passed on in the hint)
@@ -97,5 +98,5 @@ def wrong_way_line(target: str, alloc: Allocation, problems: list[str], nodes: i
 
 def right_command(environ: dict[str, str]) -> str:
     """``MODEL=glm53 cluster/serve-only.sbatch``: the operator's choices, then the wrapper, no sbatch."""
-    choices = [f"{k}={shlex.quote(environ[k])}" for k in _CHOICE_VARS if environ.get(k)]
+    choices = [f"{k}={shell.word(environ[k])}" for k in _CHOICE_VARS if environ.get(k)]
     return " ".join(choices + [WRAPPER])

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
+from . import shell
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
 from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, render as _render, shown as _shown
@@ -62,7 +62,7 @@ class JobSubmission:
     container: list[str] = field(default_factory=list)  # CONTAINER_RUNTIME=pyxis: the ranks' step's options
 
     def submit_command(self) -> str:
-        return shlex.join(self.sbatch_argv())
+        return shell.words(self.sbatch_argv())
 
     def sbatch_argv(self) -> list[str]:
         """The sbatch line that submits :attr:`script` (on stdin)."""
@@ -466,7 +466,7 @@ def shell_overridden_warnings(env: Env, environ: Mapping[str, str]) -> list[str]
     from .shell import value_text
 
     return [f"{b.key} from the submitting shell is ignored: {b.origin} sets {b.key}="
-            f"{shlex.quote(value_text(b.value))}, and the layers are sourced after the command line; to set it "
+            f"{shell.word(value_text(b.value))}, and the layers are sourced after the command line; to set it "
             f"for a run, put {b.key}=<value> in a SERVE_ENV_FILE layer (sourced last, docs/keys.md)"
             for b in shell_overridden(env, environ)]
 
@@ -548,7 +548,7 @@ def _unbound_check(u: Unbound) -> _Code:
     message = (f"{u.key} ({u.origin}) references ${u.name}, which is not set in the job; fix: export "
                f"{u.name} before submitting (sbatch passes your environment on), assign it in a layer, or "
                f"write ${{{u.name}-default}}")
-    return _Code(" || ".join(tests) + " || envlayers_unset_ref " + shlex.quote(message))
+    return _Code(" || ".join(tests) + " || envlayers_unset_ref " + shell.word(message))
 
 
 def _key_file_warnings(env: Env, environ: Mapping[str, str]) -> list[str]:
@@ -626,7 +626,7 @@ def _wrapped(env: Env, text: Mapping[str, str], plan: Plan, environ: Mapping[str
             blockers.append(f"{where('CONTAINER_RUNTIME')}: the image {s.image} has no {', '.join(lacking)}, which "
                             "ch-run binds there and cannot create in a read-only image: create "
                             f"{'them' if len(lacking) > 1 else 'it'} in the image once (a folder with mkdir -p, "
-                            f"an /etc file with touch), e.g. mkdir -p {shlex.quote(s.image + lacking[0])} "
+                            f"an /etc file with touch), e.g. mkdir -p {shell.word(s.image + lacking[0])} "
                             "(docs/sites.md)")
         return _Wrapped(runtime, s, s.image, "")
     from .runtimes import apptainer
@@ -782,7 +782,7 @@ def _ray_head_line(plan: Plan, env: Mapping[str, str], server: str) -> str:
     the Ray Serve gateway whose replicas each run it."""
     from .engines.vllm import ray_head_command
 
-    head = shlex.join(ray_head_command(plan, env))
+    head = shell.words(ray_head_command(plan, env))
     then = f"{head} (the Ray head, kept running); once all {plan.nodes} node(s) joined: "
     if plan.shape == "gateway":
         then += (f"the Ray Serve gateway on port {plan.api_port} with {plan.replicas} replica(s), each running this "
@@ -809,11 +809,12 @@ def _wrapped_lines(w: _Wrapped, text: Mapping[str, str], plan: Plan, commands) -
             words = charliecloud.run_argv(w.settings, text)
         else:
             words = apptainer.run_argv(w.settings, text)
-        assigned = " ".join(f"{k}={engines.quote(v)}" for k, v in sorted(cmd.env.items()))
+        assigned = " ".join(f"{k}={shell.word_with_refs(v)}" for k, v in sorted(cmd.env.items()))
         if cmd.key_env:
             assigned += f" {cmd.key_env}='***'"
         engine_only = engines.shell_line(cmd._replace(env={}, key_env=None))
-        out.append(" ".join(x for x in (assigned.strip(), " ".join(engines.quote(x) for x in words), engine_only) if x))
+        wrapper = " ".join(shell.word_with_refs(x) for x in words)
+        out.append(" ".join(x for x in (assigned.strip(), wrapper, engine_only) if x))
     return out
 
 
@@ -862,7 +863,7 @@ def _edf(root: Path, text: dict[str, str], plan: Plan, blockers: list[str],
             real = os.path.realpath(source)
             where_to = "" if real == source else f" (a link to {real}: a bind is made from where the link points)"
             blockers.append(f"EDF {name} binds {source}, which does not exist{where_to}; the Container Engine would "
-                            f"stop at the first srun: mkdir -p {shlex.quote(real)}")
+                            f"stop at the first srun: mkdir -p {shell.word(real)}")
     try:
         image = Path(edf.expand_vars(src.edf["image"], environ))
     except EnvLayersError:
@@ -913,8 +914,7 @@ def _installed_edf_differs(installed: Path, src, topology: str, environ: Mapping
 def srun_dry_line(nodes: int, edf: str | None, container: "list[str] | tuple[str, ...]" = ()) -> str:
     """The srun step that starts the ranks (:func:`envlayers.slurm.ranks_step_argv`) as the dry run prints it:
     the CPU count and the run directory are what the job fills in (``${SLURM_CPUS_ON_NODE}``, ``${RUN_DIR}``)."""
-    from .engines import quote
     from .slurm import ranks_step_argv
 
-    return " ".join(quote(w) for w in ranks_step_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh",
-                                                      container))
+    argv = ranks_step_argv(nodes, "${SLURM_CPUS_ON_NODE}", edf, "${RUN_DIR}/ranks.sh", container)
+    return " ".join(shell.word_with_refs(w) for w in argv)

@@ -10,13 +10,13 @@ back (live means both). Failure is the launcher's call, made from the server ste
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .defaults import BANNER
 from .rundir import EndpointRecord
 from .urls import server_root
+from . import shell
 
 if TYPE_CHECKING:
     from .httpclient import Response
@@ -129,13 +129,13 @@ def curl(ep: EndpointRecord, base_url: str | None = None) -> str:
         "model": ep.served_model_name, "max_tokens": 128,
         "messages": [{"role": "user", "content": "Say hi."}],
     })
-    parts = [f"curl -s {shlex.quote((base_url or ep.base_url) + '/chat/completions')}",
+    parts = [f"curl -s {shell.word((base_url or ep.base_url) + '/chat/completions')}",
              "-H 'Content-Type: application/json'"]
     if ep.api_key_required:
         # reads the key where the operator keeps it: works as pasted, and never prints the key
-        source = shlex.quote(ep.key_file) if ep.key_file else '"$SERVER_API_KEY_FILE"'
+        source = shell.word(ep.key_file) if ep.key_file else '"$SERVER_API_KEY_FILE"'
         parts.append(f'-H "Authorization: Bearer $(cat {source})"')
-    parts.append(f"-d {shlex.quote(body)}")
+    parts.append(f"-d {shell.word(body)}")
     return " ".join(parts)
 
 

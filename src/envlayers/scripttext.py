@@ -3,10 +3,10 @@ jinja2 templates in ``templates/``, rendered by the one environment here, safe b
 
 Every ``{{ ... }}`` in a template must end in one of these filters, which makes the value fit for its spot:
 
-- ``sh``: one shell word, single-quoted (a NUL byte is refused);
+- ``sh``: one shell word, quoted by :func:`envlayers.shell.word` (a NUL byte is refused);
 - ``words``: a list of shell words, each quoted as ``sh`` does, joined by spaces;
 - ``dq``: text inside a double-quoted string (``"$run_dir/{{ name|dq }}"``): ``\\``, ``$``, backquote and ``"``
-  escaped with a backslash, so it stays text (a NUL byte is refused);
+  escaped with a backslash by :func:`envlayers.shell.dq_escape`, so it stays text (a NUL byte is refused);
 - ``comment``: the rest of a ``#`` line (a control character, which would end the comment, is refused);
 - ``num``: an ``int`` and nothing else;
 - ``ident``: a shell variable name and nothing else;
@@ -19,24 +19,24 @@ render with :class:`ScriptTextError`, as do an unknown filter and a name that wa
 (``StrictUndefined``). A value is printed once, never read as template text, so a value holding
 ``{{ ... }}`` is text like any other. Nothing a user typed can run as code where a script runs.
 
-A module of its own, a leaf beside :mod:`envlayers.shell`: the launcher (ranks.sh) and ``tunnel`` render
-through it without importing what decides the job (:mod:`envlayers.jobscript`).
+The quoting itself is :mod:`envlayers.shell`'s; this module decides what may go where. A module of its own
+beside it: the launcher (ranks.sh) and ``tunnel`` render through it without importing what decides the
+job (:mod:`envlayers.jobscript`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 from pathlib import Path
 
 import jinja2
 
 from .errors import EnvLayersError
+from .shell import dq_escape, word
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_DQ_SPECIAL = re.compile(r'[\\$`"]')  # what bash still reads inside double quotes
 
 
 class ScriptTextError(EnvLayersError):
@@ -62,14 +62,14 @@ def sh(value) -> Quoted:
     text = str(value)
     if "\0" in text:
         raise ScriptTextError(f"a NUL byte cannot be written into a script: {shown(text)}")
-    return Quoted(shlex.quote(text))
+    return Quoted(word(text))
 
 
 def dq(value) -> Quoted:
     text = str(value)
     if "\0" in text:
         raise ScriptTextError(f"a NUL byte cannot be written into a script: {shown(text)}")
-    return Quoted(_DQ_SPECIAL.sub(lambda m: "\\" + m.group(0), text))
+    return Quoted(dq_escape(text))
 
 
 def words(values) -> Quoted:

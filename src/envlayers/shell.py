@@ -1,4 +1,15 @@
-"""Renderings of a merged Env: bash (sh), dotenv (env) and JSON.
+"""All bash quoting, and the renderings of a merged Env: bash (sh), dotenv (env) and JSON.
+
+The quoting forms, each written once here and used everywhere a word is put into bash text (the
+script templates' filters in :mod:`envlayers.scripttext`, a rank's printed line, the commands a message
+suggests):
+
+- :func:`word`: one word, left as it is when bash reads it so (``abc``, ``/a/b``), else single-quoted
+  with a ``'`` inside as ``'"'"'`` (``shlex.quote``); :func:`words` joins an argv of them;
+- :func:`single_quote`: always single-quoted, a ``'`` inside as ``'\\''`` (the ``sh`` and ``env``
+  renderings: every value reads alike, quoted);
+- :func:`dq_escape`: text for the inside of double quotes;
+- :func:`word_with_refs`: one word whose ``${NAME}`` references the job's shell still expands.
 
 ``sh`` and ``env`` are both sourceable by bash; sourcing either under ``set -a`` gives exactly
 the variables that sourcing the layer files in stack order gives.
@@ -7,19 +18,47 @@ the variables that sourcing the layer files in stack order gives.
 from __future__ import annotations
 
 import re
+import shlex
+from typing import Iterable
 
 from .envfile import Value, value_text
 
 _DQ_SPECIAL = re.compile(r'([\\$"`])')
+_REF_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def word(text: str) -> str:
+    """``text`` as one bash word: as it is when it holds only characters bash reads literally, else
+    single-quoted (a ``'`` inside as ``'"'"'``); ``''`` for the empty text."""
+    return shlex.quote(text)
+
+
+def words(argv: Iterable[str]) -> str:
+    """An argv as one bash line: every element a :func:`word`, separated by spaces."""
+    return shlex.join(argv)
 
 
 def single_quote(text: str) -> str:
+    """``text`` always in single quotes, a ``'`` inside as ``'\\''``."""
     return "'" + text.replace("'", "'\\''") + "'"
 
 
 def dq_escape(text: str) -> str:
     """``text`` for the inside of bash double quotes: backslash, '$', '"' and backquote escaped."""
     return _DQ_SPECIAL.sub(r"\\\1", text)
+
+
+def word_with_refs(text: str) -> str:
+    """``text`` as one bash word whose ``${NAME}`` references the shell still expands (e.g. the job's
+    ``${ENVLAYERS_MASTER_ADDR}:29500``): in double quotes, everything but the references literal. A
+    text without one is a plain :func:`word`."""
+    parts = _REF_RE.split(text)
+    if len(parts) == 1:
+        return word(text)
+    body = dq_escape(parts[0])
+    for ref, literal in zip(_REF_RE.findall(text), parts[1:]):
+        body += ref + dq_escape(literal)
+    return f'"{body}"'
 
 
 def _dq_body(value: Value, in_default: bool = False) -> str:

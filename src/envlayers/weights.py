@@ -27,13 +27,13 @@ kilobytes per file, never the tensors), nothing else.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from . import keys
 from .errors import EnvLayersError
 from .layers import Env
+from . import shell
 
 if TYPE_CHECKING:
     from .topology import Plan
@@ -159,13 +159,13 @@ def locate(root: Path, env: Env, text: Mapping[str, str], environ: Mapping[str, 
         return Located([f"INFERENCE_MODEL ({model_b.origin}): cannot look for the weights of {model} in "
                         f"{key}={path} ({where}): {err.strerror or err}; fix the permissions, or set {KEY}=0 when "
                         "the job reads them another way"], [])
-    download = f"{key}={shlex.quote(str(path))} hf download {shlex.quote(model)}"
+    download = f"{key}={shell.word(str(path))} hf download {shell.word(model)}"
     return Located([], [
         f"INFERENCE_MODEL ({model_b.origin}): the weights of {model} are not in the cache the job reads, "
         f"{key}={path} ({where}): no weight file (*.safetensors, *.bin, *.index.json) under "
         f"{repo_folder(hub, model)}/snapshots/; a download inside the job would keep every allocated GPU "
-        f"idle. Download them first: `{download}` (older clients: `{key}={shlex.quote(str(path))} "
-        f"huggingface-cli download {shlex.quote(model)}`), or set {KEY}=0 when they come another way"])
+        f"idle. Download them first: `{download}` (older clients: `{key}={shell.word(str(path))} "
+        f"huggingface-cli download {shell.word(model)}`), or set {KEY}=0 when they come another way"])
 
 
 def _unset_names(env: Env, key: str, edf_value: str | None, environ: Mapping[str, str]) -> list[str]:

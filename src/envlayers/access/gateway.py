@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
 import socket
 import subprocess
 from dataclasses import dataclass
 
 from ..errors import EnvLayersError
 from ..urls import host_port_base
+from .. import shell
 
 # ssh options the tunnel always sets; a user's -o cannot weaken them (ssh keeps the first value given)
 FORCED_OPTIONS = ("ExitOnForwardFailure=yes", "BatchMode=yes")
@@ -317,7 +317,7 @@ def check_gateway_port(gateway: Gateway, bind: str, port: int, timeout_s: float 
     gateway is this host."""
     target = f"{bind.strip('[]')}:{port}" if ":" not in bind.strip("[]") else f"[{bind.strip('[]')}]:{port}"
     argv = gateway.ssh_argv("-o", "LogLevel=VERBOSE", "-W", target, gateway.destination)
-    how = shlex.join(argv)
+    how = shell.words(argv)
     request = f"GET /v1/models HTTP/1.0\r\nHost: {bind.strip('[]')}:{port}\r\n\r\n"
     try:
         proc = subprocess.run(argv, input=request.encode(), capture_output=True, timeout=timeout_s)

@@ -4,7 +4,7 @@ from the records ``envlayers.access`` returns (``connect_info``'s dict, ``PingRe
 
 from __future__ import annotations
 
-import shlex
+from .. import shell
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def format_connect(data: dict) -> str:
                      f"({shut['closed_why']}); that route leads nowhere now")
     laptop = data.get("laptop")
     if laptop:
-        lines.append(f"laptop:      {shlex.join(laptop['ssh'])}  (leave it running), then base URL "
+        lines.append(f"laptop:      {shell.words(laptop['ssh'])}  (leave it running), then base URL "
                      f"{laptop['base_url']}" + (" with the same key" if data["api_key_required"] else ""))
     lines.append(f"check:       env_layers ping {jid}")
     lines.append(f"stop:        env_layers stop {jid}")

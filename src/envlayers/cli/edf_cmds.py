@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 import click
@@ -17,6 +16,7 @@ from . import get_root, site_option
 
 from ..topology_checks import MODES as _TOPOLOGY_CHOICES  # == envlayers.edf.TOPOLOGIES
 from ..errors import EnvLayersError
+from .. import shell
 
 
 def _site_roles(root: Path, site: str | None) -> "set[str] | None":
@@ -228,7 +228,7 @@ def image_cmd(ctx: click.Context, role: str, fmt: str | None) -> None:
         click.echo(json.dumps(info, indent=2))
     elif fmt == "shell":
         for key in ("role", "remote_image", "enroot_uri", "squashfs", "root"):
-            click.echo(f"{key}={shlex.quote(str(info[key]))}")
-        click.echo(f"roles_sharing={shlex.quote(' '.join(info['roles_sharing']))}")
+            click.echo(f"{key}={shell.word(str(info[key]))}")
+        click.echo(f"roles_sharing={shell.word(' '.join(info['roles_sharing']))}")
     else:
         click.echo(f"{info['remote_image']} -> {info['squashfs']}")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import EdfError
 from .schema import FETCH_SCRIPT, RoleSource, load_catalog, source
+from .. import shell
 
 _VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -51,7 +51,7 @@ def fetch_command(role: str, root: Path, cwd: Path | None = None) -> str:
         shown = script.relative_to(here).as_posix()
     except ValueError:
         shown = str(script)
-    return f"sbatch {shlex.quote(shown)} pull {shlex.quote(role)}"
+    return f"sbatch {shell.word(shown)} pull {shell.word(role)}"
 
 
 def image_info(role: str, root: Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

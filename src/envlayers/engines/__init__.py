@@ -20,7 +20,6 @@ from .command import (  # noqa: F401  (the package's public names: the command a
     EngineError,
     RankCommand,
     extra_args,
-    quote,
     redact,
     shell_line,
 )

@@ -8,13 +8,12 @@ has one), empty -> the flag is omitted, a value -> the flag with that value.
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Iterable, Mapping, NamedTuple
 
 from .. import keys
 from ..errors import EnvLayersError
-from ..shell import dq_escape
+from ..shell import word_with_refs
 
 DEFAULT_SERVER_HOST = "0.0.0.0"
 REDACTED = "***"
@@ -166,26 +165,6 @@ def redact(argv: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-_REF_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
-
-
-def quote(word: str) -> str:
-    """Quote one word for bash.
-
-    ``shlex.quote`` for a plain word. A word containing ``${NAME}`` references (e.g. the
-    job's ``${ENVLAYERS_MASTER_ADDR}``, or ``${ENVLAYERS_MASTER_ADDR}:29500``) goes in
-    double quotes so the references still expand; everything else in it stays literal.
-    """
-    parts = _REF_RE.split(word)
-    if len(parts) == 1:
-        return shlex.quote(word)
-    refs = _REF_RE.findall(word)
-    body = dq_escape(parts[0])
-    for ref, literal in zip(refs, parts[1:]):
-        body += ref + dq_escape(literal)
-    return f'"{body}"'
-
-
 def shell_line(cmd: RankCommand, redact: bool = True) -> str:
     """The bash line a rank runs: ``NAME=value ... argv...``, assignments sorted by name.
 
@@ -198,10 +177,10 @@ def shell_line(cmd: RankCommand, redact: bool = True) -> str:
     env = dict(cmd.env)
     if cmd.key_env:
         env[cmd.key_env] = REDACTED
-    words = [f"{name}={quote(value)}" for name, value in sorted(env.items())]
-    words.extend(quote(arg) for arg in argv)
+    words = [f"{name}={word_with_refs(value)}" for name, value in sorted(env.items())]
+    words.extend(word_with_refs(arg) for arg in argv)
     if cmd.key_flag:
-        words += [cmd.key_flag, quote(REDACTED)]
+        words += [cmd.key_flag, word_with_refs(REDACTED)]
     return " ".join(words)
 
 

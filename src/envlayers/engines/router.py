@@ -61,9 +61,9 @@ class RouterPlan:
     api_key: bool
 
     def line(self) -> str:
-        import shlex
+        from .. import shell
 
-        return shlex.join(self.argv) + (f"  # --api-key from SERVER_API_KEY_FILE, in ${KEY_ENV}" if self.api_key else "")
+        return shell.words(self.argv) + (f"  # --api-key from SERVER_API_KEY_FILE, in ${KEY_ENV}" if self.api_key else "")
 
 
 def router_choice(keys: Mapping[str, str]) -> str | None:

@@ -25,7 +25,7 @@ role's, or ``CONTAINER_IMAGE``) as ``CONTAINER_IMAGE_DIR/<name>.sif``; pulling i
 
 from __future__ import annotations
 
-import shlex
+from .. import shell
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -59,7 +59,7 @@ def sif_name(image: str) -> str:
 
 def pull_command(s: Settings) -> str:
     """The operator's step that makes the SIF from the pinned image (run where the registry is reachable)."""
-    return f"{s.program} pull {shlex.quote(s.sif)} docker://{s.image}"
+    return f"{s.program} pull {shell.word(s.sif)} docker://{s.image}"
 
 
 def settings(env: Mapping[str, str], program: str, role_image: str | None = None,
@@ -100,7 +100,7 @@ def prelude(s: Settings, names: Iterable[str], rank: int) -> str:
     """Shell for ranks.sh, before the wrapped command: stop the rank in one line when the node cannot read
     the SIF, then hand each variable in by name (``APPTAINERENV_NAME="$NAME"``: the value never appears
     on a command line; an unset one stays unset)."""
-    q = shlex.quote
+    q = shell.word
     fail = f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2'
     msg = q(f"ENVLAYERS-ERROR: rank {rank}: cannot read {s.sif} on this node; "
             + (f"`{pull_command(s)}` makes it" if s.image else "`env_layers images` says how to make it"))
@@ -133,5 +133,5 @@ def rank_wrappers(keys: Mapping[str, str], plan, commands) -> tuple[list[tuple[s
     for rank, cmd in enumerate(commands):
         words = run_argv(s, keys)
         out.append((prelude(s, passed_names(keys, cmd.env, cmd.key_env), rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in {s.program}: {shlex.join(words)} <the command above>")
+        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in {s.program}: {shell.words(words)} <the command above>")
     return out, lines

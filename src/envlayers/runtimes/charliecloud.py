@@ -26,12 +26,12 @@ pinned image (the role's, or ``CONTAINER_IMAGE``) as ``CONTAINER_IMAGE_DIR/<name
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import EnvLayersError
 from ..rundir import rank_exit_name
+from .. import shell
 
 PROGRAM = "ch-run"
 SQUASH_SUFFIXES = (".sqfs", ".squash", ".squashfs")
@@ -59,7 +59,7 @@ def image_name(image: str) -> str:
 
 def convert_command(s: Settings) -> str:
     """The operator's step that makes the image directory from the pinned image (pulled with podman or docker)."""
-    return f"ch-convert -i podman {s.source} {shlex.quote(s.image)}"
+    return f"ch-convert -i podman {s.source} {shell.word(s.image)}"
 
 
 def settings(env: Mapping[str, str], role_image: str | None = None, where=lambda key: key) -> Settings:
@@ -96,7 +96,7 @@ def run_argv(s: Settings, env: Mapping[str, str]) -> list[str]:
 
 def prelude(s: Settings, rank: int) -> str:
     """Shell for ranks.sh: stop the rank in one line when the node cannot see the image; USER set for ch-run."""
-    q = shlex.quote
+    q = shell.word
     fail = f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2'
     how = f"`{convert_command(s)}` makes it" if s.source else "CONTAINER_IMAGE names it"
     msg = q(f"ENVLAYERS-ERROR: rank {rank}: the image {s.image} is not on this node; {how}")
@@ -124,5 +124,5 @@ def rank_wrappers(keys: Mapping[str, str], plan, commands) -> tuple[list[tuple[s
     for rank, _ in enumerate(commands):
         words = run_argv(s, keys)
         out.append((prelude(s, rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in charliecloud: {shlex.join(words)} <the command above>")
+        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in charliecloud: {shell.words(words)} <the command above>")
     return out, lines

@@ -20,7 +20,7 @@ Pure, but for nothing: no process, no file.
 
 from __future__ import annotations
 
-import shlex
+from .. import shell
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -73,7 +73,7 @@ def load_line(s: Settings, image_dir: str | None, job_id: str, rank: int) -> str
     its archive when the node's daemon lacks it, else stop the rank with an error naming both."""
     from .podman import archive_name, container_name
 
-    q = shlex.quote
+    q = shell.word
     fail = f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2'
     clear = f"docker rm -f {q(container_name(job_id, rank))} >/dev/null 2>&1; "
     have = f"docker image inspect {q(s.image)} >/dev/null 2>&1"
@@ -97,5 +97,5 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
     for rank, cmd in enumerate(commands):
         words = run_argv(s, job_id, rank, passed_names(keys, cmd.env, cmd.key_env), keys)
         out.append((load_line(s, keys.get(IMAGE_DIR_KEY) or None, job_id, rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in docker: {shlex.join(words)} <the command above>")
+        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in docker: {shell.words(words)} <the command above>")
     return out, lines

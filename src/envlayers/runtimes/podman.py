@@ -29,12 +29,12 @@ the API key is never on podman's command line. Pure: no process, no file.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..errors import EnvLayersError
 from ..rundir import rank_exit_name
+from .. import shell
 
 NVIDIA_DEVICES = ("nvidia.com/gpu=all",)  # podman's CDI name for every NVIDIA GPU of the node
 AMD_DEVICES = ("/dev/kfd", "/dev/dri")  # the ROCm devices, as AMD's container docs pass them
@@ -147,7 +147,7 @@ def run_argv(s: Settings, job_id: str, rank: int, port: int, env_names: Iterable
 def load_line(s: Settings, image_dir: str | None, rank: int) -> str:
     """Shell for ranks.sh: load the image from its archive when the node lacks it, else stop the rank
     with an error naming both."""
-    q = shlex.quote
+    q = shell.word
     archive = f"{image_dir.rstrip('/')}/{archive_name(s.image)}" if image_dir else None
     fail = (f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2')
     if archive is None:
@@ -190,7 +190,7 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
         port = ports.get(rank) or plan.api_port
         words = run_argv(s, job_id, rank, port, passed_names(keys, cmd.env, cmd.key_env), keys, plan.nodes)
         out.append((load_line(s, keys.get(IMAGE_DIR_KEY) or None, rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in podman: {shlex.join(words)} <the command above>")
+        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in podman: {shell.words(words)} <the command above>")
     return out, lines
 
 

@@ -23,7 +23,7 @@ option table (:mod:`envlayers.runtimes.definitions`). Pure: no process, no file.
 
 from __future__ import annotations
 
-import shlex
+from .. import shell
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -48,7 +48,7 @@ def sqsh_name(image: str) -> str:
 
 def import_command(s: Settings) -> str:
     """The operator's step that makes the SquashFS file from the pinned image."""
-    return f"enroot import -o {shlex.quote(s.image)} docker://{s.source}"
+    return f"enroot import -o {shell.word(s.image)} docker://{s.source}"
 
 
 def settings(env: Mapping[str, str], role_image: str | None = None, where=lambda key: key) -> Settings:

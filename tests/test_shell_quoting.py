@@ -1,0 +1,81 @@
+"""shell.py's quoting forms, each read back by a real bash: what bash reads is the text that went in.
+
+Run through one bash per test (every example a line of one script), so a few hundred examples cost one
+process start."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+from hypothesis import given, settings, strategies as st
+
+from envlayers import scripttext, shell
+from envlayers.engines.command import RankCommand, shell_line
+
+# bash text holds no NUL byte; anything else may come in a value (newlines, quotes, '$(...)', UTF-8)
+TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=40)
+
+
+def bash_reads(lines: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """Each bash word (or word list) in ``lines`` as bash reads it, one ``printf '%s\\0'`` per line."""
+    script = "".join(f"printf '%s\\0' {line}; printf '\\1\\0'\n" for line in lines)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True, env=env or {"PATH": "/usr/bin:/bin"})
+    groups, cur = [], []
+    for part in out.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1]:
+        if part == "\1":
+            groups.append(cur)
+            cur = []
+        else:
+            cur.append(part)
+    return groups
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(TEXT, min_size=1, max_size=20))
+def test_every_form_reads_back_as_the_text(texts):
+    lines = []
+    for t in texts:
+        lines += [shell.word(t), shell.single_quote(t), f'"{shell.dq_escape(t)}"', shell.word_with_refs(t)]
+    got = bash_reads(lines)
+    want = [[t] for t in texts for _form in range(4)]
+    assert got == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(TEXT, max_size=5), min_size=1, max_size=10))
+def test_words_reads_back_as_the_argv(argvs):
+    # printf with no argument still prints its format once: an empty argv reads as one empty word
+    assert bash_reads([shell.words(argv) for argv in argvs]) == [list(a) if a else [""] for a in argvs]
+
+
+def test_words_of_an_empty_argv_is_empty_text():
+    assert shell.words([]) == ""
+
+
+def test_word_leaves_a_safe_word_bare_and_quotes_the_rest():
+    assert shell.word("/a/b-c_d.e:f@g%h+i=j,k") == "/a/b-c_d.e:f@g%h+i=j,k"
+    assert shell.word("") == "''"
+    assert shell.word("it's") == "'it'\"'\"'s'"  # shlex.quote's form: the scripts' bytes
+    assert shell.single_quote("it's") == "'it'\\''s'"  # the render's form: its bytes
+    assert shell.single_quote("abc") == "'abc'"
+
+
+def test_word_with_refs_leaves_the_references_to_the_shell():
+    line = shell.word_with_refs("${ENVLAYERS_MASTER_ADDR}:29500 $HOME `x` \"y\" \\")
+    assert line == '"${ENVLAYERS_MASTER_ADDR}:29500 \\$HOME \\`x\\` \\"y\\" \\\\"'
+    env = {"PATH": "/usr/bin:/bin", "ENVLAYERS_MASTER_ADDR": "nid001", "HOME": "/h"}
+    assert bash_reads([line], env) == [["nid001:29500 $HOME `x` \"y\" \\"]]
+
+
+def test_the_script_filters_are_shell_quoting():
+    for text in ("plain", "it's", "a b", "$(id)", "", "x\ny"):
+        assert scripttext.sh(text) == shell.word(text)
+        assert scripttext.dq(text) == shell.dq_escape(text)
+    assert scripttext.words(["a b", "c"]) == shell.words(["a b", "c"])
+
+
+def test_a_rank_line_quotes_each_word_once():
+    cmd = RankCommand(argv=("vllm", "serve", "--host", "${ENVLAYERS_MASTER_ADDR}", "a b"), env={"X": "it's"})
+    assert shell_line(cmd) == "X='it'\"'\"'s' vllm serve --host \"${ENVLAYERS_MASTER_ADDR}\" 'a b'"
+    assert shlex.split(shell_line(cmd))[0] == "X=it's"
