@@ -290,8 +290,10 @@ def test_progress_text(state, report_lines, with_phase, expect):
     assert fmt.progress_text(ops.WaitEvent("state", job, report, phase)) == expect
 
 
-def test_fmt_duration():
-    assert [fmt.fmt_duration(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
+def test_compact_duration():
+    from envlayers.durations import compact
+
+    assert [compact(s) for s in (None, 0, 59.6, 75, 3725)] == ["-", "0s", "1m00s", "1m15s", "1h02m05s"]
 
 
 # ------------------------------------------------------------------------------------------ wait

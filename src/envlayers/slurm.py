@@ -30,7 +30,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from .durations import parse_duration  # Slurm's duration format; slurm's API
+from .durations import format_time_limit, parse_duration, parse_time  # Slurm's durations and times; slurm's API
 from .errors import SlurmError, SlurmUnreachable
 
 if TYPE_CHECKING:
@@ -336,23 +336,12 @@ class SacctJob:
     gpus: int | None  # gres/gpu in AllocTRES; None when the allocation names no GPU
 
 
-def _ts(value: str) -> float | None:
-    from datetime import datetime
-
-    if not value or value in ("Unknown", "None"):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
 def window_argv(name: str, since: float, user: str | None) -> list[str]:
     """``sacct`` for the jobs named ``name`` that ran since ``since`` (epoch seconds; local time, as sacct
     reads it), of ``user`` or (``None``) of every user."""
-    from datetime import datetime
+    from .durations import format_time
 
-    start = datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+    start = format_time(since)
     argv = ["sacct", "-X", "-P", "-n", f"--name={name}", f"--starttime={start}", "--endtime=now",
             f"--format={','.join(WINDOW_FIELDS)}"]
     return argv + ([f"--user={user}"] if user else ["--allusers"])
@@ -367,7 +356,7 @@ def parse_window(text: str) -> list[SacctJob]:
             continue
         jid, user, state, start, end, elapsed, nnodes, tres = parts[:len(WINDOW_FIELDS)]
         gpu = re.search(r"gres/gpu=(\d+)", tres)
-        jobs.append(SacctJob(jid.strip(), user, state.split()[0] if state else "", _ts(start), _ts(end),
+        jobs.append(SacctJob(jid.strip(), user, state.split()[0] if state else "", parse_time(start), parse_time(end),
                              int(elapsed) if elapsed.isdigit() else 0, int(nnodes) if nnodes.isdigit() else 0,
                              int(gpu.group(1)) if gpu else None))
     return jobs
@@ -625,12 +614,6 @@ def _sbatch_hint(message: str) -> str:
 def sbatch_argv(options: Sequence[str], script: str | os.PathLike | None = None) -> list[str]:
     """``sbatch --parsable OPTIONS [SCRIPT]`` (without ``script`` sbatch reads the job script on stdin)."""
     return ["sbatch", "--parsable", *[str(a) for a in options], *([str(script)] if script is not None else [])]
-
-
-def format_time_limit(seconds: int) -> str:
-    """Seconds -> sbatch's ``--time`` as ``H:MM:SS`` (hours past 24 as they are: ``26:00:00``)."""
-    h, rem = divmod(int(seconds), 3600)
-    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
 
 # scontrol's field -> the sbatch option that asks for it again

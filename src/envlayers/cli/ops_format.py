@@ -8,9 +8,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
+from ..durations import compact, parse_time
 from ..rundir import EndpointRecord
 from .serving_format import gpu_hours_lines, replica_lines
-from .textfmt import fmt_duration, table
+from .textfmt import table
 from .textfmt import label as _label
 
 if TYPE_CHECKING:
@@ -34,18 +35,13 @@ def pending_text(info, now: float | None = None, countdown: bool = True) -> str:
         text += f" ({info.reason})"
     ahead = _seconds_until(info.start_time, now)
     if ahead is not None:
-        text += f", expected start {info.start_time}" + (f" (in {fmt_duration(ahead)})" if countdown else "")
+        text += f", expected start {info.start_time}" + (f" (in {compact(ahead)})" if countdown else "")
     return text
 
 
 def _seconds_until(iso: str | None, now: float | None = None) -> float | None:
-    if not iso:
-        return None
-    from datetime import datetime
-
-    try:
-        then = datetime.fromisoformat(iso).timestamp()
-    except ValueError:
+    then = parse_time(iso)
+    if then is None:
         return None
     ahead = then - (time.time() if now is None else now)
     return ahead if ahead > 0 else None
@@ -128,7 +124,7 @@ class Progress:
     def update(self, text: str, elapsed_s: float | None = None, key: str | None = None) -> None:
         """Show ``text`` (+ elapsed). In plain mode a line is printed only when ``key`` (default: the
         text) differs from the previous one."""
-        shown = f"{text} [{fmt_duration(elapsed_s)}]" if elapsed_s is not None else text
+        shown = f"{text} [{compact(elapsed_s)}]" if elapsed_s is not None else text
         key = text if key is None else key
         if self.mode == "tty":
             if shown != self._last or not self._drawn:
@@ -252,7 +248,7 @@ def describe_timeout(result: "WaitResult", timeout_s: float) -> list[str]:
         state = pending_text(info)
     if job.requeued:
         state += ", " + REQUEUED.format(n=job.restart)
-    line = f"job {job.job_id} not live after {fmt_duration(timeout_s)}: {state}"
+    line = f"job {job.job_id} not live after {compact(timeout_s)}: {state}"
     if result.phase is not None:
         line += f", phase: {result.phase.text()}"
     if result.rank_exits:
@@ -270,7 +266,7 @@ def format_table(rows: list[dict]) -> str:
         urls = r.get("urls") or []
         url = " ".join(urls) if urls else "-"  # every replica's, as a loop takes them
         body.append((r["job_id"], r["state"], str(r["nodes"]),
-                     fmt_duration(r["time_left_s"]) if r["time_left_s"] is not None else "-",
+                     compact(r["time_left_s"]) if r["time_left_s"] is not None else "-",
                      r.get("target") or "-", r.get("model_id") or "-", r.get("served_name") or "-",
                      r.get("phase") or "-", url))
     return "\n".join(table([head, *body])) + "\n"
@@ -311,8 +307,8 @@ def format_record(rec: dict) -> str:
     if s:
         nodes = f"{s['nodes']} ({s['nodelist']})" if s.get("nodelist") else str(s.get("nodes", "-"))
         lines.append(_label("nodes") + f"{nodes}")
-        left = fmt_duration(s["time_left_s"]) if s.get("time_left_s") is not None else "-"
-        limit = fmt_duration(s["time_limit_s"]) if s.get("time_limit_s") is not None else "unlimited"
+        left = compact(s["time_left_s"]) if s.get("time_left_s") is not None else "-"
+        limit = compact(s["time_limit_s"]) if s.get("time_limit_s") is not None else "unlimited"
         lines.append(_label("time") + f"{left} left of {limit}; start {s.get('start_time') or '-'}, "
                      f"end {s.get('end_time') or '-'}")
     if rec.get("target") or rec.get("model_id") or rec.get("served_name"):
@@ -410,13 +406,13 @@ def describe_stop(result: "StopResult") -> list[tuple[str, bool]]:
         out.append((f"job {jid}: already ended ({result.state_before or 'forgotten by Slurm'}); nothing to cancel",
                     False))
     if not result.ended:
-        out.append((f"job {jid}: still {result.state_after} after {fmt_duration(result.waited_s)}", True))
+        out.append((f"job {jid}: still {result.state_after} after {compact(result.waited_s)}", True))
         out.append((f"  Slurm has not ended it yet; check `squeue -j {jid}` and run `env_layers stop {jid}` again",
                     True))
         return out
     if result.cancelled:
         out.append((f"job {jid}: ended ({result.state_after or 'gone from Slurm'}) after "
-                    f"{fmt_duration(result.waited_s)}", False))
+                    f"{compact(result.waited_s)}", False))
     for p in result.probes:
         word = "STILL ANSWERS" if p["answers"] else "no longer answers"
         out.append((f"endpoint {p['url']}: {word} ({p['detail']})", p["answers"]))

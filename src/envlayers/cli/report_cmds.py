@@ -64,7 +64,7 @@ def report(since: str, user: str | None, as_json: bool, run_roots: tuple[str, ..
 
 def format_report(rep) -> str:
     from ..accounting import fmt_h
-    from .textfmt import fmt_duration
+    from ..durations import compact
 
     t = terminal_text  # model names, run directories and reasons come from other users' files too
     since = time_text(rep.since)
@@ -74,7 +74,7 @@ def format_report(rep) -> str:
             lost = sum(m["gpu_hours"] or 0 for m in rep.missing)
             lines.append(f"  Slurm accounting: {len(rep.missing)} more job(s) ran ({fmt_h(lost)} GPU-hours) with no "
                          "accounting record (launcher killed, or run directory gone): "
-                         + ", ".join(f"{t(m['job_id'])} ({t(m['state'])}, {fmt_duration(m['elapsed_s'])})"
+                         + ", ".join(f"{t(m['job_id'])} ({t(m['state'])}, {compact(m['elapsed_s'])})"
                                      for m in rep.missing[:8]))
         else:
             lines.append("  Slurm accounting: every endpoint job it lists has an accounting record here")

@@ -5,7 +5,7 @@ Terminal text only, from the records ``envlayers.ops`` returns (``accounting`` a
 from __future__ import annotations
 
 from ..rundir import EndpointRecord
-from .textfmt import fmt_duration
+from ..durations import compact
 from .textfmt import label as _label
 
 
@@ -18,14 +18,14 @@ def gpu_hours_lines(acct: dict | None) -> list[str]:
     sp = acct["split"]
     so_far = " so far" if sp.get("running") else ""
     lines = [_label("GPU-hours") + f"{fmt_h(sp['allocated_gpu_hours'])} allocated{so_far} ({sp['gpus']} GPUs x "
-             f"{fmt_duration(sp['allocated_s'])})"]
+             f"{compact(sp['allocated_s'])})"]
     if acct.get("end_from") == "slurm":
         lines.append("    (the launcher's final record is missing: counted up to Slurm's end time)")
     for seg, hours in sp["gpu_hours"].items():
         if sp["seconds"][seg] > 0:
             share = hours / sp["allocated_gpu_hours"] * 100 if sp["allocated_gpu_hours"] else 0.0
             lines.append(f"    {LABELS[seg] + ':':<30}{fmt_h(hours):>8} ({share:.0f}%, "
-                         f"{fmt_duration(sp['seconds'][seg])})")
+                         f"{compact(sp['seconds'][seg])})")
     return lines
 
 

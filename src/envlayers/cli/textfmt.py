@@ -1,24 +1,10 @@
-"""The small words every terminal record shares: durations (``1h02m05s``), padded labels, and the one
-column-aligned table.
+"""The small words every terminal record shares: padded labels and the one column-aligned table.
 
 ``status``'s formatters (``ops_format``, ``serving_format``), ``report`` and ``bench`` use them, so they live
-here, below all of them."""
+here, below all of them. A duration in a record (``1h02m05s``) is ``durations.compact``: the job script's
+messages say durations too, and one module writes them all."""
 
 from __future__ import annotations
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """``75`` -> ``1m15s``, ``3725`` -> ``1h02m05s``; ``None`` -> ``-``."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(round(seconds)))
-    h, rem = divmod(s, 3600)
-    m, s = divmod(rem, 60)
-    if h:
-        return f"{h}h{m:02d}m{s:02d}s"
-    if m:
-        return f"{m}m{s:02d}s"
-    return f"{s}s"
 
 
 def label(name: str) -> str:

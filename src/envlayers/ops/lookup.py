@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
 from .. import rundir, slurm
+from ..durations import parse_time
 from ..errors import SlurmUnreachable
 from ..jobid import not_found, parse_job_id
 
@@ -136,11 +137,8 @@ def find_job(job_id: str, *, run_dir: str | None = None, environ: Mapping[str, s
 
 def since(iso: str | None, now: datetime | None = None) -> float | None:
     """Seconds since a Slurm timestamp (local time, ``2026-12-02T09:52:00``), ``None`` if unknown or future."""
-    if not iso:
+    then = parse_time(iso)
+    if then is None:
         return None
-    try:
-        then = datetime.fromisoformat(iso)
-    except ValueError:
-        return None
-    delta = ((now or datetime.now()) - then).total_seconds()
+    delta = (now or datetime.now()).timestamp() - then
     return delta if delta >= 0 else None

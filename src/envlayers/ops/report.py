@@ -11,32 +11,29 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from .. import slurm
 from ..accounting import largest_waste, split, summarize
+from ..durations import SPAN_GRAMMAR, parse_span, parse_time
 from ..defaults import JOB_NAME
 from ..errors import EnvLayersError
 from ..rundir import ACCOUNTING, LAUNCH, POOL, AccountingRecord, LaunchRecord, PoolRecord, read_record
 
-_SINCE_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def parse_since(text: str, now: float) -> float:
-    """``7d``, ``12h``, ``30m``, ``2w`` or a date (``2026-11-25``, ``2026-11-25T08:00``) -> epoch seconds."""
-    m = _SINCE_RE.match(text.strip())
-    if m:
-        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
+    """``--since``: a span back from ``now`` (``durations.SPAN_GRAMMAR``: ``7d``, ``12h``, ``30m``, ``2w``) or a
+    date (``2026-11-25``, ``2026-11-25T08:00``, read as ``durations.parse_time`` reads Slurm's) -> epoch
+    seconds."""
+    span = parse_span(text)
+    if span is not None:
+        return now - span
+    when = parse_time(text)
+    if when is None:
         raise EnvLayersError(f"{text!r} is not a duration or a date", where="--since",
-                             hint="e.g. --since 7d, --since 12h, --since 2026-11-25") from None
+                             hint="e.g. --since 7d, --since 12h, --since 2026-11-25")
+    return when
 
 
 def sacct_jobs(since: float, user: str | None, run=None) -> tuple[list[slurm.SacctJob] | None, str]:

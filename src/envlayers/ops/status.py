@@ -41,14 +41,11 @@ def job_accounting(files: rundir.JobFiles, running: bool, now: float | None = No
 
 def slurm_end_time(info) -> float | None:
     """Slurm's EndTime of an ended job as epoch seconds (``None`` when it does not say)."""
-    from datetime import datetime
+    from ..durations import parse_time
 
-    if info is None or not info.finished or not info.end_time:
+    if info is None or not info.finished:
         return None
-    try:
-        return datetime.fromisoformat(info.end_time).timestamp()
-    except ValueError:
-        return None
+    return parse_time(info.end_time)
 
 
 def identity(files: rundir.JobFiles) -> dict:
