@@ -7,7 +7,7 @@ import pytest
 
 from envlayers.engines.logsigns import CORE_DIED, core_died
 from envlayers.launch.prepare import LaunchFailure, prepare
-from envlayers.launch.supervise import CORE_DEATH_SETTLE_S, POLL_S, LogTail, Supervisor
+from envlayers.launch.supervise import CORE_DEATH_SETTLE_S, POLL_S, Supervisor
 from envlayers.readiness import Probe
 from test_endure import replicas_loop, stop
 from test_ray_launch import GATEWAY, RAY
@@ -25,18 +25,6 @@ def test_the_vllm_line_is_recognised_and_nothing_else():
     assert not core_died("sglang", DIED)  # SGLang kills its process tree at once: its exit is the sign
     assert not core_died("other", DIED)
     assert set(CORE_DIED) == {"vllm", "sglang"}
-
-
-def test_the_log_tail_returns_each_complete_line_once_and_keeps_a_cut_line(tmp_path):
-    log = tmp_path / "server-0.log"
-    tail = LogTail(log)
-    assert tail.new_lines() == []  # no file yet
-    log.write_bytes(b"one\ntw")
-    assert tail.new_lines() == ["one"]
-    with open(log, "ab") as fh:
-        fh.write(b"o\nthree\n")
-    assert tail.new_lines() == ["two", "three"]
-    assert tail.new_lines() == []
 
 
 def single(tmp_path, clock, step, said, live=None, **keys):

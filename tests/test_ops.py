@@ -223,26 +223,6 @@ def test_job_files_read_tolerantly(tmp_path):
     assert rundir.JobFiles("58", None, None).endpoint() is None
 
 
-def test_tail_reads_only_what_was_added_and_survives_truncation(tmp_path):
-    path = tmp_path / "log"
-    tail = rundir.FileTail(path)
-    assert tail.read() == ""
-    path.write_text("one\ntw")
-    assert tail.read() == "one\ntw"
-    with path.open("a") as fh:
-        fh.write("o\n")
-    assert tail.read() == "o\n"
-    path.write_text("x\n")
-    assert tail.read() == "x\n"
-
-
-def test_tail_lines(tmp_path):
-    path = tmp_path / "log"
-    path.write_text("".join(f"line {i}\n" for i in range(1000)))
-    assert rundir.tail_lines(path, 3, chunk=16) == ["line 997", "line 998", "line 999"]
-    assert rundir.tail_lines(path, 0) == []
-
-
 # ------------------------------------------------------------------------------------------ progress
 
 def test_progress_plain_prints_a_timestamped_line_per_change():

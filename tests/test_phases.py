@@ -187,14 +187,3 @@ def test_engine_given_explicitly_filters_rules():
 def test_unknown_engine_is_refused():
     with pytest.raises(ValueError, match="unknown engine 'ollama'"):
         PhaseTracker("ollama")
-
-
-def test_feed_bytes_copes_with_a_utf8_sequence_split_between_reads():
-    data = ("[2026-11-30 14:00:13 TP0] Load weight begin. avail mem=106.52 GB \u2713\n"
-            "Capturing batches (bs=1 avail_mem=38.07 GB): 100%|\u2588\u2588\u2588| 52/52\n"
-            "[x] The server is fired up and ready to roll!\n").encode()
-    tracker = PhaseTracker()
-    for i in range(0, len(data), 7):  # 7-byte reads cut the multi-byte characters
-        tracker.feed_bytes(data[i:i + 7])
-    assert [p.name for p in tracker.phases] == ["loading", "ready"]
-    assert tracker.phases[0].details == {"avail_mem_gb": 106.52}

@@ -21,20 +21,18 @@ One-shot use::
     report = parse_phases(path.read_text().splitlines())
     report.last.name, report.last.details
 
-Incremental use, as a log grows::
+Incremental use, as a log grows (read by ``envlayers.tail.Tail``)::
 
-    tracker = PhaseTracker()
+    tracker, log = PhaseTracker(), Tail(path)
     while job_running:
-        chunk = fh.read()                # bytes appended since the last read, any chunking
-        for phase in tracker.feed_bytes(chunk):   # or feed(str); partial lines wait for their newline
+        for phase in tracker.feed_lines(log.lines()):   # the whole lines appended since the last read
             print(phase.summary())
-    tracker.flush()                      # end of file: a last line without newline counts too
+    tracker.feed_lines([log.rest()])     # end of file: a last line without newline counts too
     tracker.last
 """
 
 from __future__ import annotations
 
-import codecs
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -243,7 +241,6 @@ class PhaseTracker:
         self.phases: list[Phase] = []
         self._by_name: dict[str, Phase] = {}
         self._partial = ""
-        self._decoder = None
         self.lines_seen = 0
 
     @property
@@ -254,12 +251,6 @@ class PhaseTracker:
     def report(self) -> PhaseReport:
         return PhaseReport(engine=self.engine, phases=list(self.phases))
 
-    def feed_bytes(self, data: bytes) -> list[Phase]:
-        """Like :meth:`feed`, for raw bytes read from a growing file (a UTF-8 sequence may be split)."""
-        if self._decoder is None:
-            self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return self.feed(self._decoder.decode(data))
-
     def feed(self, text: str) -> list[Phase]:
         data = self._partial + text
         lines = data.split("\n")
@@ -268,8 +259,6 @@ class PhaseTracker:
 
     def flush(self) -> list[Phase]:
         """Treat a pending partial last line as complete (end of file)."""
-        if self._decoder is not None:
-            self._partial += self._decoder.decode(b"", final=True)
         rest, self._partial = self._partial, ""
         return self.feed_lines([rest]) if rest else []
 

@@ -33,7 +33,6 @@ scripts the job copies into the run directory and runs with the standard library
 ``launch/raynode.py``) repeat the names of the files they write; a test keeps them equal to the ones here.
 
 Parsing here is pure (text in, records out); ``locate`` and ``JobFiles`` only read files.
-``FileTail`` is the one reader of a growing file (and ``tail_lines`` of a file's last lines).
 Unknown fields in the JSON files are ignored, missing or mistyped ones are ``None`` (or empty lists).
 """
 
@@ -300,53 +299,6 @@ def parse_job_output(text: str) -> LauncherReport:
     report = LauncherReport()
     report.feed_lines(text.splitlines())
     return report
-
-
-class FileTail:
-    """THE reader of a growing file: what it gained since the last call (bytes decoded as UTF-8, tolerant).
-
-    ``read()`` returns ``""`` while the file does not exist; a file that shrank is read again from 0.
-    """
-
-    def __init__(self, path: Path | None, max_first_read: int | None = None):
-        self.path = path
-        self.offset = 0
-        self._max_first = max_first_read
-
-    def read(self) -> str:
-        if self.path is None:
-            return ""
-        try:
-            with open(self.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size < self.offset:
-                    self.offset = 0
-                if self.offset == 0 and self._max_first and size > self._max_first:
-                    self.offset = size - self._max_first
-                fh.seek(self.offset)
-                data = fh.read()
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            return ""
-        self.offset += len(data)
-        return data.decode("utf-8", errors="replace")
-
-
-def tail_lines(path: Path, n: int, chunk: int = 65536) -> list[str]:
-    """The last ``n`` lines of a file without reading it all."""
-    if n <= 0:
-        return []
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        end = fh.tell()
-        data = b""
-        pos = end
-        while pos > 0 and data.count(b"\n") <= n:
-            step = min(chunk, pos)
-            pos -= step
-            fh.seek(pos)
-            data = fh.read(step) + data
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    return lines[-n:]
 
 
 def top_is_previous(recorded_restart: int | None, slurm_restarts: int | None, pending: bool) -> bool:

@@ -6,32 +6,23 @@ file instead (``rundir.read_gateway_state``), not from these lines.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
+
+from ..tail import Tail
 
 GATEWAY_LINES = tuple(f"ENVLAYERS-{kind}: gateway: " for kind in ("ERROR", "WARN", "STAGE"))
 
 
 class GatewayRelay:
-    """Says the gateway's lines of ``log`` from byte ``start`` on (where the phase reader stopped: the lines
-    before it were rank 0's startup and are not said again; a line it stopped inside is said whole)."""
+    """Says the gateway's lines of rank 0's log as they come, reading on from ``tail``: the reader the phase
+    reader used (``Timeline.log``), so the lines before were rank 0's startup and are not said again, and a
+    line it stopped inside is said whole."""
 
-    def __init__(self, log: Path, start: int, say: Callable[[str], None]):
-        self.log, self.pos, self.say = log, start, say
-        self._partial: bytes | None = None  # an unfinished last line; None until the first read
+    def __init__(self, tail: Tail, say: Callable[[str], None]):
+        self.tail, self.say = tail, say
 
     def relay(self) -> None:
-        try:
-            with open(self.log, "rb") as fh:
-                if self._partial is None:  # the start of a line the phase reader stopped inside
-                    self._partial = fh.read(self.pos).rpartition(b"\n")[2]
-                fh.seek(self.pos)
-                chunk = fh.read(1 << 20)
-        except FileNotFoundError:
-            return
-        self.pos += len(chunk)
-        *lines, self._partial = (self._partial + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip()
+        for line in self.tail.lines():
+            line = line.rstrip()
             if line.startswith(GATEWAY_LINES):
                 self.say(line)

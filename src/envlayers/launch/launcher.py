@@ -37,11 +37,11 @@ def say(line: str) -> None:
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
-    """The last lines of a rank's log, read by the one tail reader (rundir.tail_lines)."""
-    from ..rundir import tail_lines
+    """The last lines of a rank's log, read by the one tail reader (tail.last_lines)."""
+    from ..tail import last_lines
 
     try:
-        return tail_lines(path, n)
+        return last_lines(path, n)
     except FileNotFoundError:
         return ["(no log)"]
 

@@ -15,7 +15,7 @@ import time
 from typing import Callable, Mapping
 
 from .. import keys as keytable
-from ..rundir import IDLE_STOP_REASON, RecordWriter, server_log_name
+from ..rundir import IDLE_STOP_REASON, RecordWriter
 from .counters import RequestCounters, fetch_metrics, metrics_urls
 from .gatewaylog import GatewayRelay
 from .idle import Counters, IdleTracker
@@ -76,7 +76,7 @@ class Meter:
             self.tracker = IdleTracker(now, self.stop_after_s, self.warn_after_s)
             self.next_sample = now
             if self.lp.plan.shape == "gateway":  # from where the phase reader stopped
-                self.relay = GatewayRelay(self.lp.run_dir / server_log_name(0), self.timeline.log_pos, self.say)
+                self.relay = GatewayRelay(self.timeline.log, self.say)
             self._first_sample(now)
             return
         if self.relay is not None:

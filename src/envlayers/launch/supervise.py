@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 
 from ..engines.logsigns import core_died
 from ..errors import StepSignalled
+from ..tail import Tail
 from ..rundir import rank_exit_name, rank_signal_name, server_log_name
 from .prepare import LaunchFailure, LaunchPlan
 
@@ -46,26 +47,6 @@ STALL_TAIL_LINES = 400  # refusals that mean "busy, ask again", not "cannot gene
 CORE_DEATH_SETTLE_S = 0.5
 TAIL_READ_BYTES = 4 << 20  # at most this much of a rank's log is read per tick (the rest on the next ones)
 TAIL_LINE_BYTES = 64 << 10  # an unfinished line longer than this is cut to its end
-
-
-class LogTail:
-    """The complete lines a growing file gained since the last call (bytes; a line cut by the read is kept
-    for the next call)."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.rest = path, 0, b""
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read(TAIL_READ_BYTES)
-        except OSError:
-            return []
-        self.offset += len(data)
-        lines = (self.rest + data).split(b"\n")
-        self.rest = lines.pop()[-TAIL_LINE_BYTES:]
-        return [line.decode("utf-8", "replace") for line in lines]
 
 
 def by_signal(code: str) -> bool:
@@ -140,7 +121,7 @@ class Supervisor:
         # engines.logsigns: each rank's log read as it grows; the ranks whose engine core died (when, what it said).
         # Not in the gateway shape: there rank 0's log carries every Serve replica's output, and a replica's
         # engine dying is the gateway's to handle (gateway_app.py replaces it)
-        self.tails: dict[int, LogTail] = {}
+        self.tails: dict[int, Tail] = {}
         self.core_deaths: dict[int, tuple[float, str]] = {}
         self.watch_cores = lp.plan.shape != "gateway"
 
@@ -214,8 +195,11 @@ class Supervisor:
         for rank in sorted(self.started):
             if rank in self.core_deaths or rank in dropped:
                 continue
-            tail = self.tails.setdefault(rank, LogTail(self.run_dir / server_log_name(rank)))
-            said = next((line for line in tail.new_lines() if core_died(self.lp.engine, line)), None)
+            tail = self.tails.get(rank)
+            if tail is None:
+                tail = self.tails[rank] = Tail(self.run_dir / server_log_name(rank), chunk=TAIL_READ_BYTES,
+                                               max_line=TAIL_LINE_BYTES)
+            said = next((line for line in tail.lines() if core_died(self.lp.engine, line)), None)
             if said is None:
                 continue
             said = said.strip()
@@ -329,10 +313,10 @@ class Supervisor:
     def rank_state(self, rank: int) -> str:
         """``rank R (phase): last line`` from the rank's log."""
         from ..phases import parse_phases, strip_ansi
-        from ..rundir import tail_lines
+        from ..tail import last_lines
 
         try:
-            lines = tail_lines(self.run_dir / server_log_name(rank), STALL_TAIL_LINES)
+            lines = last_lines(self.run_dir / server_log_name(rank), STALL_TAIL_LINES)
         except OSError:
             return f"rank {rank}: no log"
         last_phase = parse_phases(lines).last

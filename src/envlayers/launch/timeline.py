@@ -11,6 +11,7 @@ import time
 from typing import Callable, Mapping
 
 from ..rundir import ACCOUNTING, AccountingRecord, RecordWriter, server_log_name
+from ..tail import Tail
 from .prepare import LaunchPlan
 
 
@@ -23,7 +24,7 @@ class Timeline:
         self.ranks_up_at: float | None = None
         self.phases: dict[str, float] = {}
         self.live_at: float | None = None
-        self.log_pos = 0  # how far rank 0's log was read for its phases
+        self._log: Tail | None = None
         self._phase_tracker = None
 
     @property
@@ -47,15 +48,15 @@ class Timeline:
 
         if self._phase_tracker is None:
             self._phase_tracker = PhaseTracker()
-        try:
-            with open(self.lp.run_dir / server_log_name(0), "rb") as fh:
-                fh.seek(self.log_pos)
-                chunk = fh.read(1 << 20)
-        except FileNotFoundError:
-            return
-        self.log_pos += len(chunk)
-        for phase in self._phase_tracker.feed_bytes(chunk):
+        for phase in self._phase_tracker.feed_lines(self.log.lines()):
             self.phases.setdefault(phase.name, self.wall_of(now))
+
+    @property
+    def log(self) -> Tail:
+        """The reader of rank 0's log: its phases until live, then the gateway's lines (``GatewayRelay``)."""
+        if self._log is None:
+            self._log = Tail(self.lp.run_dir / server_log_name(0), chunk=1 << 20)
+        return self._log
 
     def record(self, tracker, stop_after_s: float | None, end_wall: float | None = None,
                died_wall: float | None = None) -> AccountingRecord:

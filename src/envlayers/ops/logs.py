@@ -9,6 +9,7 @@ from typing import Iterator, Mapping
 
 from .. import rundir
 from ..errors import EnvLayersError
+from ..tail import Tail
 from .lookup import TrackedJob
 from .watch import Clock, JobWatcher
 
@@ -70,17 +71,12 @@ class LogLines:
 
     path: Path
     lines: list[str]
-    reader: rundir.FileTail
+    reader: Tail
 
 
 def read_log(path: Path, tail_n: int | None) -> LogLines:
-    if tail_n is not None:
-        first = rundir.tail_lines(path, tail_n)
-        reader = rundir.FileTail(path)
-        reader.offset = path.stat().st_size
-    else:
-        reader = rundir.FileTail(path)
-        first = reader.read().splitlines()
+    reader = Tail(path)
+    first = reader.last(tail_n) if tail_n is not None else reader.read().splitlines()
     return LogLines(path, first, reader)
 
 
@@ -104,13 +100,8 @@ def follow(job: TrackedJob, log: LogLines, *, clock: Clock | None = None,
     """The lines ``log`` gains until Slurm says the job ended (then what is left, to the last line)."""
     watcher = JobWatcher(job, poll_s=FOLLOW_POLL_S, step_s=step_s, clock=clock or Clock())
     watcher.ask_soon()
-    partial = ""
     for _tick in watcher.ticks():
-        text = partial + log.reader.read()
-        lines = text.split("\n")
-        partial = lines.pop()
-        yield from lines
-        if watcher.ended:
-            rest = partial + log.reader.read()
-            yield from (ln for ln in rest.split("\n") if ln)
+        yield from log.reader.lines()
+        if watcher.ended:  # the rest, an unfinished last line too (blank lines of this last read left out)
+            yield from (ln for ln in [*log.reader.lines(), log.reader.rest()] if ln)
             return

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .. import rundir
 from ..phases import PHASE_ORDER, Phase, PhaseTracker
+from ..tail import Tail
 
 LOG_FIRST_READ = 8 << 20  # a huge log: phases come from its last 8 MiB
 
@@ -51,7 +52,7 @@ class RunPhases:
 
     def __init__(self, files: rundir.JobFiles | None = None):
         self.files = files
-        self.tails: dict[int, rundir.FileTail] = {}
+        self.tails: dict[int, Tail] = {}
         self.trackers: dict[int, PhaseTracker] = {}
         self._shown: tuple[int, int, int] | None = None  # (phase index, ranks at, total) last given by steps()
 
@@ -68,10 +69,9 @@ class RunPhases:
         moved = False
         for rank, path in logs.items():
             if rank not in self.tails:
-                self.tails[rank] = rundir.FileTail(path, max_first_read=LOG_FIRST_READ)
+                self.tails[rank] = Tail(path, max_first_read=LOG_FIRST_READ)
                 self.trackers[rank] = PhaseTracker()
-            chunk = self.tails[rank].read()
-            if chunk and self.trackers[rank].feed(chunk):
+            if self.trackers[rank].feed_lines(self.tails[rank].lines()):
                 moved = True
         return moved
 
@@ -81,8 +81,10 @@ class RunPhases:
         return self._shown is not None
 
     def finish(self) -> None:
-        for tracker in self.trackers.values():
-            tracker.flush()
+        for rank, tracker in self.trackers.items():  # a last line without its newline counts too
+            rest = self.tails[rank].rest()
+            if rest:
+                tracker.feed_lines([rest])
 
     def reached(self) -> dict[int, int]:
         """rank -> index in PHASE_ORDER of the furthest phase it reached (ranks with none left out)."""

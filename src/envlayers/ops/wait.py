@@ -13,6 +13,7 @@ from typing import Callable, Mapping
 
 from .. import rundir
 from ..errors import EnvLayersError
+from ..tail import Tail
 from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, SLURM_OUTAGE_S, TrackedJob, find_job, since
 from .progress import RankProgress, RunPhases, run_total, serving_ranks
 from .watch import Clock, JobWatcher
@@ -82,8 +83,7 @@ class _RunReader:
     def __init__(self, job: TrackedJob, cwd: Path | None):
         self.job, self.cwd = job, cwd
         self.report = rundir.LauncherReport()
-        self.out = rundir.FileTail(job.files.job_out)
-        self.partial = ""
+        self.out = Tail(job.files.job_out)
         self.held: list[str] = []  # launcher lines that may be an earlier run's, until the run is known
         self._run: int | None = None
         self._reset_log()
@@ -102,9 +102,7 @@ class _RunReader:
         job, info = self.job, self.job.info
         if self.out.path is None or (not self.out.path.exists() and info is not None):
             self.out.path = rundir.job_output_path(job.job_id, info, self.cwd or Path.cwd())
-        text = self.partial + self.out.read()
-        lines = text.split("\n")
-        self.partial = lines.pop()  # an unfinished last line waits for its newline
+        lines = self.out.lines()  # an unfinished last line waits for its newline
         started = False
         for kind, line in self.report.feed_lines(lines):
             if kind == "STAGE" and line.startswith("run_dir="):
@@ -157,9 +155,9 @@ class _RunReader:
         return phase_steps
 
     def finish(self) -> None:
-        if self.partial:
-            self.report.feed_lines([self.partial])
-            self.partial = ""
+        rest = self.out.rest()
+        if rest:
+            self.report.feed_lines([rest])
         self.phases.finish()
 
 
