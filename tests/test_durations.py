@@ -3,12 +3,14 @@ themselves are tested with slurm.py's parsers, tests/test_slurm.py)."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import pytest
 from hypothesis import given, strategies as st
 
 from envlayers import durations, slurm
+from srcscan import lines_matching
 
 
 @pytest.mark.parametrize("text, want", [
@@ -58,3 +60,18 @@ def test_slurm_uses_the_one_writer_and_reader():
     assert "--starttime=2026-12-02T09:52:00" in argv
     jobs = slurm.parse_window("7|alice|COMPLETED|2026-12-02T09:52:00|Unknown|00:10:00|1|billing=1,gres/gpu=4\n")
     assert jobs[0].start == datetime(2026, 12, 2, 9, 52).timestamp() and jobs[0].end is None
+
+
+# Slurm's timestamps are read and written here only; the tunnel's modules (being rewritten) keep their own stamp
+_BY_HAND = re.compile(r"fromisoformat\(|%Y-%m-%dT|_SINCE_RE|\[smhdw\]")
+_ALLOWED = {"durations.py", "access/handover.py"}
+
+
+def test_no_module_reads_slurm_times_by_hand():
+    assert lines_matching(_BY_HAND, _ALLOWED, ()) == []
+
+
+@pytest.mark.parametrize("line", ["then = datetime.fromisoformat(iso)", 'strftime("%Y-%m-%dT%H:%M:%S")',
+                                  'SINCE = re.compile(r"^(\\d+)([smhdw])$")'])
+def test_the_time_check_sees_a_time_read_by_hand(line):
+    assert _BY_HAND.search(line)

@@ -5,13 +5,16 @@ process start."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from envlayers import scripttext, shell
 from envlayers.engines.command import RankCommand, shell_line
+from srcscan import lines_matching
 
 # bash text holds no NUL byte; anything else may come in a value (newlines, quotes, '$(...)', UTF-8)
 TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=40)
@@ -79,3 +82,18 @@ def test_a_rank_line_quotes_each_word_once():
     cmd = RankCommand(argv=("vllm", "serve", "--host", "${ENVLAYERS_MASTER_ADDR}", "a b"), env={"X": "it's"})
     assert shell_line(cmd) == "X='it'\"'\"'s' vllm serve --host \"${ENVLAYERS_MASTER_ADDR}\" 'a b'"
     assert shlex.split(shell_line(cmd))[0] == "X=it's"
+
+
+# every other module quotes through shell.py; the tunnel's own module and the standalone scripts beside the
+# package (run with the standard library only) are the exceptions
+_BY_HAND = re.compile(r"shlex\.(quote|join)\(|'\\\\''")
+_ALLOWED = {"shell.py", "access/tunnel.py", "launch/raynode.py", "gateway_app.py"}
+
+
+def test_no_module_quotes_for_bash_by_hand():
+    assert lines_matching(_BY_HAND, _ALLOWED, ()) == []
+
+
+@pytest.mark.parametrize("line", ["return shlex.quote(x)", "f'{shlex.join(argv)}'", "t.replace(\"'\", \"'\\\\''\")"])
+def test_the_quoting_check_sees_quoting_by_hand(line):
+    assert _BY_HAND.search(line)

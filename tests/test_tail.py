@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from envlayers.phases import PhaseTracker
 from envlayers.tail import Tail, last_lines
+from srcscan import lines_matching
 
 
 def test_read_gives_only_what_was_added_and_survives_truncation(tmp_path):
@@ -111,3 +114,17 @@ def test_last_lines_and_last(tmp_path):
         fh.write("line 1000\n")
     assert tail.lines() == ["line 1000"]  # on from where last() stopped
     assert Tail(tmp_path / "absent").last(3) == []
+
+
+# a growing file is read through tail.py only; the tunnel's modules (being rewritten) keep their own reads
+_BY_HAND = re.compile(r"\.seek\(|\.tell\(\)|SEEK_END")
+_ALLOWED = {"tail.py", "access/tunnel.py", "access/tunnelrecord.py"}
+
+
+def test_no_module_follows_a_file_by_hand():
+    assert lines_matching(_BY_HAND, _ALLOWED, ()) == []
+
+
+@pytest.mark.parametrize("line", ["fh.seek(self.offset)", "offset = fh.tell()", "fh.seek(0, os.SEEK_END)"])
+def test_the_tail_check_sees_a_file_followed_by_hand(line):
+    assert _BY_HAND.search(line)

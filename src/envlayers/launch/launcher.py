@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from .. import shell
 from ..errors import KeyValueError, StepSignalled
 from ..fsutil import atomic_write
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
@@ -284,7 +284,7 @@ class Launcher:
         return key_file, (read_api_key(key_file) if key_file else None)
 
     def start(self, lp: LaunchPlan, api_key: str | None) -> None:
-        say(f"ENVLAYERS-STAGE: starting {lp.ranks} rank(s): {shlex.join(lp.srun)}")
+        say(f"ENVLAYERS-STAGE: starting {lp.ranks} rank(s): {shell.words(lp.srun)}")
         child_env = dict(self.environ)
         child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
         # ranks.sh takes ENVLAYERS_RANK before SLURM_PROCID: only this launcher sets it (one step per replica,

@@ -27,13 +27,12 @@ end) and every decision; ``env_layers report`` adds the replica jobs' GPU-hours 
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import keys as keytable
-from .. import slurm
+from .. import shell, slurm
 from ..rundir import (API_KEY, ENDPOINT, JOB_SH, POOL, EndpointRecord, PoolDecision, PoolJob, PoolRecord, end_recorded,
                       read_endpoint, write_json)
 from ..urls import server_root
@@ -214,7 +213,7 @@ class Pool:
         self.jobs[job] = PoolJob(job, submitted_at=round(self.wall(), 3))
         self.next_state = now + STATE_EVERY_S
         self._write()
-        self.say(f"ENVLAYERS-POOL: grow: {why}: submitted replica job {job} ({shlex.join(argv)}"
+        self.say(f"ENVLAYERS-POOL: grow: {why}: submitted replica job {job} ({shell.words(argv)}"
                  + ("; it keeps this job's API key)" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ")"))
 
     def _pending(self, now: float) -> None:

@@ -20,12 +20,11 @@ port is ``RDZV_PORT`` (the plan's rendezvous port, scanned upward for a free one
 
 from __future__ import annotations
 
-import shlex
 from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .. import keys
+from .. import keys, shell
 from ..engines.ray import head_argv
 from ..rundir import GATEWAY_APP, RAY_CLUSTER, RAY_NODE, RAY_TOKEN, RayCluster, ray_pids_name, read_record
 
@@ -87,7 +86,7 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
     lines = [f"ENVLAYERS-TOPOLOGY: ray_head={address} ray_nodes={plan.nodes} join_timeout={timeout}s "
              f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> pids={ray_pids_name('<rank>')} "
              f"auth=token ({RAY_TOKEN}, 0600)",
-             f"ENVLAYERS-STAGE: rank 0 starts the Ray head: {shlex.join(head_argv(env, plan, head_ip))}"]
+             f"ENVLAYERS-STAGE: rank 0 starts the Ray head: {shell.words(head_argv(env, plan, head_ip))}"]
     if plan.shape == "gateway":
         lines.append(f"ENVLAYERS-TOPOLOGY: gateway port={plan.api_port} replicas={plan.replicas} "
                      f"max_replicas_per_node={gateway_cap(plan)} (Ray Serve; each replica runs rank 0's vllm serve "

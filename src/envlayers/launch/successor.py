@@ -139,9 +139,9 @@ class Chain:
         self._write()
         self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
                  f"started, {self.left - 1} more after it); this job ends once it is live")
-        import shlex
+        from .. import shell
 
-        self.say(f"ENVLAYERS-STAGE: successor job {succ}: {shlex.join(argv)}"
+        self.say(f"ENVLAYERS-STAGE: successor job {succ}: {shell.words(argv)}"
                  + ("; it keeps this job's API key" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ""))
 
     def tick(self) -> None:
