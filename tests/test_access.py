@@ -543,7 +543,7 @@ def _info(states: dict[str, str]):
 
 
 def test_the_chain_is_followed_to_the_newest_link_that_serves(tmp_path):
-    from envlayers.access.chain import newest_live
+    from envlayers.job import newest_live
     from envlayers.cli.access_format import moved_line
     from envlayers.rundir import chain_links
 

@@ -241,22 +241,18 @@ def test_the_launcher_generates_the_key_and_endpoint_json_names_its_file(tmp_pat
     assert f"generated a per-job API key in {key_file}" in out and key not in out
 
 
-def test_access_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
-    from envlayers.access.job import JobAccess
-    from envlayers.rundir import EndpointRecord
+def test_a_job_finds_a_generated_key_before_endpoint_json_exists(tmp_path):
+    from envlayers.job import Job
+    from envlayers.rundir import ENDPOINT, SERVE_ENV, JobFiles, write_json
 
-    class Files:
-        run_dir = tmp_path
-
-    class FakeJob:
-        job_id = "42"
-        files = Files()
-
-    acc = JobAccess(FakeJob(), None, None, {"SERVER_API_KEY_FILE": "generate"})
-    assert acc.key_file == str(tmp_path / "api-key") and acc.key_required
-    acc = JobAccess(FakeJob(), EndpointRecord.from_dict({"api_key_required": True, "api_key_file": "/x/api-key"}),
-                    None, {"SERVER_API_KEY_FILE": "generate"})
-    assert acc.key_file == "/x/api-key"  # endpoint.json's field is what connect reads
+    (tmp_path / SERVE_ENV).write_text("export SERVER_API_KEY_FILE='generate'\n")
+    job = Job("42", None, JobFiles("42", None, tmp_path))
+    assert job.key_file == str(tmp_path / "api-key") and job.key_required
+    assert job.key_source().named_by == "SERVER_API_KEY_FILE"
+    write_json(tmp_path / ENDPOINT, {"api_key_required": True, "api_key_file": "/x/api-key"})
+    job.update(None)  # the records are read again
+    assert job.key_file == "/x/api-key"  # endpoint.json's field is what connect (and verify) read
+    assert job.key_source().record == f"{tmp_path}/{ENDPOINT}"
 
 
 @pytest.mark.parametrize("host, local", [

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from envlayers import ops, readiness, rundir, slurm
+from envlayers.job import Job, endpoint_urls, find_job, replica_urls
 from envlayers.ops import watch
 from envlayers.cli import cli
 from envlayers.cli import ops_format as fmt
@@ -104,8 +105,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fc = FakeClock()
-    for module in ("wait", "logs", "stop", "lookup"):
-        monkeypatch.setattr(importlib.import_module(f"envlayers.ops.{module}"), "Clock", fc.clock)
+    for module in ("ops.wait", "ops.logs", "ops.stop", "job"):
+        monkeypatch.setattr(importlib.import_module(f"envlayers.{module}"), "Clock", fc.clock)
     return fc
 
 
@@ -266,7 +267,7 @@ def test_progress_text(state, report_lines, with_phase, expect):
         from envlayers.phases import parse_phases
         from envlayers.ops.progress import RankProgress
         phase = RankProgress(parse_phases(VLLM_LOG[2:3]).last, 1, 1)
-    job = ops.TrackedJob("9", info, rundir.JobFiles("9", None, None))
+    job = Job("9", info, rundir.JobFiles("9", None, None))
     assert fmt.progress_text(ops.WaitEvent("state", job, report, phase)) == expect
 
 
@@ -657,35 +658,35 @@ def _fast_stop(real):
 
 def test_endpoint_urls_use_addresses_when_given():
     ep = rundir.EndpointRecord.from_dict
-    assert ops.endpoint_urls(ep({"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"],
+    assert endpoint_urls(ep({"base_urls": ["http://n1:8000/v1", "http://n2:8000/v1"],
                                  "addresses": ["10.0.0.1", "10.0.0.2"]})) == [
         "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
-    assert ops.endpoint_urls(ep({"base_urls": ["http://n1:8000/v1"], "addresses": ["http://10.0.0.1:8000/v1"]})) == [
+    assert endpoint_urls(ep({"base_urls": ["http://n1:8000/v1"], "addresses": ["http://10.0.0.1:8000/v1"]})) == [
         "http://10.0.0.1:8000/v1"]  # the launcher writes whole URLs
-    assert ops.endpoint_urls(ep({"base_url": "http://n1:8000/v1"})) == ["http://n1:8000/v1"]
-    assert ops.endpoint_urls(None) == []
+    assert endpoint_urls(ep({"base_url": "http://n1:8000/v1"})) == ["http://n1:8000/v1"]
+    assert endpoint_urls(None) == []
 
 
 def test_replica_urls_are_the_replicas_own_behind_a_router_and_the_base_urls_without_one():
     routed = rundir.EndpointRecord.from_dict({
         "base_urls": ["http://n1:30000/v1"], "addresses": ["10.0.0.1", "10.0.0.2"],
         "replica_urls": ["http://n1:8000/v1", "http://n2:8000/v1"], "replica_addresses": ["10.0.0.1", "10.0.0.2"]})
-    assert ops.endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
-    assert ops.replica_urls(routed) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    assert endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
+    assert replica_urls(routed) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
     # replica 0 gone: the router's URL stays on node 0, the one replica left keeps its own address
     routed.replica_urls, routed.replica_addresses = ["http://n2:8000/v1"], ["10.0.0.2"]
-    assert ops.replica_urls(routed) == ["http://10.0.0.2:8000/v1"]
-    assert ops.endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
+    assert replica_urls(routed) == ["http://10.0.0.2:8000/v1"]
+    assert endpoint_urls(routed) == ["http://10.0.0.1:30000/v1"]
     plain = rundir.EndpointRecord(base_urls=["http://n1:8000/v1", "http://n2:8000/v1"], addresses=["10.0.0.1", "10.0.0.2"])
-    assert ops.replica_urls(plain) == ops.endpoint_urls(plain) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
-    assert ops.replica_urls(None) == []
+    assert replica_urls(plain) == endpoint_urls(plain) == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    assert replica_urls(None) == []
 
 
 def test_cli_commands_are_registered_and_cheap_to_import():
     import subprocess as sp
     import sys
     code = ("import sys; from envlayers.cli import cli; import envlayers.cli.ops_cmds; "
-            "print(sorted(m for m in ('envlayers.ops','envlayers.slurm','urllib.request') if m in sys.modules))")
+            "print(sorted(m for m in ('envlayers.ops','envlayers.job','envlayers.slurm','urllib.request') if m in sys.modules))")
     out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -695,7 +696,7 @@ def test_cli_commands_are_registered_and_cheap_to_import():
 def test_watcher_asks_slurm_every_poll_and_looks_at_files_every_step(fake, tmp_path, clock):
     make_job(tmp_path, "700")
     fake.states["700"] = ["RUNNING"]
-    job = ops.find_job("700")
+    job = find_job("700")
     w = watch.JobWatcher(job, poll_s=1.0, step_s=0.25, clock=clock.clock())
     asked = [tick.asked_slurm for _, tick in zip(range(9), w.ticks())]
     # turns at t0, +0.25, ... +2.0: Slurm at +1.0 and +2.0 only
@@ -706,7 +707,7 @@ def test_watcher_asks_slurm_every_poll_and_looks_at_files_every_step(fake, tmp_p
 def test_watcher_rides_out_slurm_silence_then_gives_up(fake, tmp_path, clock, monkeypatch):
     make_job(tmp_path, "701")
     fake.states["701"] = ["RUNNING"]
-    job = ops.find_job("701")
+    job = find_job("701")
     monkeypatch.setattr(slurm, "run", lambda argv, **kw: subprocess.CompletedProcess(
         argv, 1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\n"))
     w = watch.JobWatcher(job, poll_s=10.0, step_s=10.0, clock=clock.clock(), outage_s=60.0)
@@ -789,13 +790,13 @@ def test_wait_gives_up_after_the_outage_window_with_exit_75_not_bad_input(fake, 
 
 def test_wait_outage_window_comes_from_the_environment(fake, tmp_path, clock, monkeypatch):
     from envlayers.cli import ops_cmds
-    from envlayers.ops import lookup
+    from envlayers import job
 
-    assert ops_cmds.OUTAGE_ENV == lookup.OUTAGE_ENV
+    assert ops_cmds.OUTAGE_ENV == job.OUTAGE_ENV
     make_job(tmp_path, "722")
     fake.states["722"] = ["RUNNING"]
     fake.down_until = clock.now + 10_000.0
-    monkeypatch.setenv(lookup.OUTAGE_ENV, "30")
+    monkeypatch.setenv(job.OUTAGE_ENV, "30")
     t0 = clock.now
     res = invoke("wait", "722", "--progress", "none")
     assert res.exit_code == 75, res.output

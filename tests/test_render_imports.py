@@ -21,7 +21,7 @@ NOT_FOR_A_RENDER = ("jinja2", "tomli_w", "envlayers.jobscript", "envlayers.scrip
                     "pathlib", "urllib", "json", "importlib.util", "importlib.metadata")
 # (the run-directory module is imported: the job script takes the names of the run directory's files from it)
 NOT_FOR_A_DRY_RUN = ("tomli_w", "envlayers.launch", "envlayers.engines.router",
-                     "envlayers.ops", "envlayers.access", "envlayers.httpclient", "importlib.metadata")
+                     "envlayers.ops", "envlayers.access", "envlayers.job", "envlayers.httpclient", "importlib.metadata")
 # The probe prints the names of the modules the command added to those the interpreter started with,
 # importing nothing itself. It runs without the site module (-S), the site-packages on its path instead: a
 # .pth start-up hook there may import pathlib or json before any command, which would hide a command's own.

@@ -208,11 +208,12 @@ def test_stop_containers(running, codes, status):
     pytest.param({"base_urls": ["http://127.0.0.1:8000/v1"], "nodes": ["n1"]}, ("n1", 8000), id="podman-loopback"),
     pytest.param({"base_urls": ["http://n2:8001/v1"], "nodes": ["n2"]}, ("n2", 8001), id="node-name"),
 ])
-def test_the_tunnel_starts_on_the_node_behind_a_loopback_url(endpoint, target):
+def test_the_tunnel_starts_on_the_node_behind_a_loopback_url(endpoint, target, tmp_path):
     from envlayers.access.job import JobAccess
     from envlayers.access.tunnel import api_target
-    from envlayers.rundir import EndpointRecord
+    from envlayers.job import Job
+    from envlayers.rundir import ENDPOINT, JobFiles, write_json
 
-    acc = JobAccess(SimpleNamespace(job_id="9", files=SimpleNamespace(run_dir=None)), EndpointRecord.from_dict(endpoint),
-                    None, {})
+    write_json(tmp_path / ENDPOINT, endpoint)
+    acc = JobAccess(Job("9", None, JobFiles("9", None, tmp_path)))
     assert api_target(acc) == target

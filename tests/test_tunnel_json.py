@@ -26,6 +26,7 @@ from envlayers import ops, rundir
 from envlayers.access import handover, release as release_mod
 from envlayers.access.gateway import Gateway, PortCheck
 from envlayers.access.job import JobAccess
+from envlayers.job import Job
 from envlayers.access.tunnel import TunnelFailed, TunnelSpec, open_tunnel
 from envlayers.slurm import parse_scontrol_job
 
@@ -70,8 +71,9 @@ def _info(job: str, state: str, extra: str = ""):
 
 
 def _access(run: Path, job: str, info) -> JobAccess:
-    tracked = SimpleNamespace(job_id=job, info=info, files=SimpleNamespace(run_dir=run))
-    return JobAccess(tracked, rundir.EndpointRecord.from_dict({"served_model_name": "tiny"}), None, {})
+    if not (run / rundir.ENDPOINT).exists():
+        rundir.write_json(run / rundir.ENDPOINT, {"served_model_name": "tiny"})
+    return JobAccess(Job(job, info, rundir.JobFiles(job, None, run)))
 
 
 def _text(run: Path) -> str:

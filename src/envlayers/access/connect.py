@@ -2,21 +2,20 @@
 
 A dict built from :class:`envlayers.access.job.JobAccess` (cli.access_format prints it); the key itself
 appears only when the caller asks for it and owns the key file. A job of a chain (``SUCCESSORS``) whose successor serves is
-followed to the newest live link (access.chain): its details are given, with a ``moved:`` line.
+followed to the newest live link (``job.newest_live``): its details are given, with a ``moved:`` line.
 """
 
 from __future__ import annotations
 
 from ..apikey import mode_warning
 from ..urls import host_port_base
-from .chain import newest_live
 from .gateway import route_url
 from .job import JobAccess
 
 
 def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = None, follow: bool = True) -> dict:
     info = acc.job.info
-    moved = newest_live(acc.job_id, acc.run_dir) if follow else None
+    moved = acc.job.newest_live() if follow else None
     if moved:  # a successor serves now: what a client needs is the successor's
         from .job import open_job
 
@@ -38,7 +37,7 @@ def connect_info(acc: JobAccess, *, show_key: bool = False, uid: int | None = No
         "state": info.state if info else None,
         "live": acc.live,
         "base_urls": acc.base_urls,
-        "reachable_urls": acc.probe_urls,
+        "reachable_urls": acc.reachable_urls,
         "served_model_name": acc.served,
         "api_key_required": acc.key_required,
         "api_key_file": acc.key_file if acc.key_required else None,
@@ -80,7 +79,7 @@ def laptop_route(acc: JobAccess, gateway: dict | None, login: str | None = None,
         port = parts.port
         ssh = ["ssh", "-N", "-L", f"{port}:{parts.hostname}:{port}", gateway["destination"]]
         return {"ssh": ssh, "base_url": host_port_base("127.0.0.1", port), "through": gateway["destination"]}
-    urls = acc.probe_urls
+    urls = acc.reachable_urls
     if not urls:
         return None
     parts = urlsplit(urls[0])

@@ -59,8 +59,8 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
     TARGET is a job id (its endpoint, every replica; for a job of a chain of successors, the job of the
     chain that serves now) or a base URL (e.g. http://127.0.0.1:8001/v1).
     Exit 0 when both answer, 1 when they do not, 2 when the check could not run."""
-    from ..access.job import open_serving
     from ..apikey import read_key
+    from ..job import serving_job
     from ..access.ping import EXIT_FAILED, EXIT_OK, normalize_base_url, ping as do_ping
     from .access_format import format_ping, moved_line
 
@@ -69,11 +69,11 @@ def ping(ctx: click.Context, target: str, as_json: bool, api_key_file: str | Non
 
     moved = None
     if looks_like_job_id(target):
-        acc, moved = open_serving(target, run_dir=run_dir)  # a chain's successor serves now: ping that one
-        acc.require_live("ping")
+        job, moved = serving_job(target, run_dir=run_dir)  # a chain's successor serves now: ping that one
+        job.require_live("ping")
         if key is None:
-            key = acc.client_key()
-        urls, served = acc.probe_urls, model or acc.served
+            key = job.client_key()
+        urls, served = job.reachable_urls, model or job.served
     else:
         urls, served = [normalize_base_url(target)], model
     results = [do_ping(url, served, key, timeout_s) for url in urls]

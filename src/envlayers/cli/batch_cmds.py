@@ -22,12 +22,12 @@ from .params import Seconds
 def job_resolver(job_id: str, run_dir: str | None, key: str | None):
     """``resolve()`` for a job: its newest live successor's URLs and key when it handed over, else its own
     (the live replicas, or the router in front of them); an error when nothing of the chain serves."""
-    from ..access.job import open_serving
+    from ..job import serving_job
 
     def resolve() -> tuple[list[str], str | None]:
-        acc, _moved = open_serving(job_id, run_dir=run_dir)
-        acc.require_live("run a batch against")
-        return acc.probe_urls, key if key is not None else acc.client_key()
+        job, _moved = serving_job(job_id, run_dir=run_dir)
+        job.require_live("run a batch against")
+        return job.reachable_urls, key if key is not None else job.client_key()
 
     return resolve
 
@@ -172,9 +172,9 @@ def batch(target: str, input_file: str, output: str, errors: str | None, concurr
     endpoint = Endpoint(resolve)
     served, folder = model, None
     if job_id is not None:
-        from ..access.job import open_job
+        from ..job import owned_job
 
-        job = open_job(job_id, run_dir=run_dir)  # the job named: its served name and its GPUs
+        job = owned_job(job_id, run_dir=run_dir)  # the job named: its served name and its GPUs
         served, folder = served or job.served, job.run_dir
     requests = read_input(Path(input_file), served)
     out = Output(out_path, err_path)

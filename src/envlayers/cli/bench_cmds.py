@@ -58,27 +58,25 @@ def resolve_target(target: str, *, model: str | None, api_key_file: str | None, 
 
     Without ``replica`` the job's first base URL (the router's, when the job has one); with it, that
     replica's own URL (behind a router too, to measure what the router adds)."""
-    from ..access.job import open_job
     from ..apikey import read_key
+    from ..job import owned_job
     from ..access.ping import normalize_base_url
     from ..jobid import looks_like_job_id
 
     key = read_key(api_key_file, named_by="--api-key-file", serving=False, owner=os.getuid()) if api_key_file else None
     if not looks_like_job_id(target):  # 1234, a step (1234.0, 1234.batch), 0 and arrays: the job-id parser says
         return normalize_base_url(target), model, key, "url"
-    acc = open_job(target.strip(), run_dir=run_dir)
-    acc.require_live("bench")
-    from ..ops import replica_urls
-
-    urls = acc.probe_urls if replica is None else replica_urls(acc.endpoint)
+    job = owned_job(target.strip(), run_dir=run_dir)
+    job.require_live("bench")
+    urls = job.reachable_urls if replica is None else job.replica_urls
     if replica is None:
         replica = 0
     elif replica >= len(urls):
-        raise EnvLayersError(f"--replica {replica}: job {acc.job_id} has {len(urls)} replica URL(s)",
+        raise EnvLayersError(f"--replica {replica}: job {job.job_id} has {len(urls)} replica URL(s)",
                              hint=f"give --replica 0..{len(urls) - 1}")
     if key is None:
-        key = acc.client_key()
-    return urls[replica], model or acc.served, key, f"job {acc.job_id}"
+        key = job.client_key()
+    return urls[replica], model or job.served, key, f"job {job.job_id}"
 
 
 @click.command()

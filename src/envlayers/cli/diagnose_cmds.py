@@ -19,16 +19,6 @@ EVIDENCE_LABELS = {"signature": "evidence:", "requires": "with:", "with": "with:
 POSSIBLE = "POSSIBLE"  # the marker of a possible finding in text (in --json: "certainty": "possible")
 
 
-def _slurm_record(job_id: str):
-    """Slurm's record of the job, or None when Slurm is not reachable from here or forgot the job."""
-    from .. import slurm
-
-    try:
-        return slurm.job_info(job_id)
-    except EnvLayersError:
-        return None
-
-
 def _dir_logs(folder: Path) -> list[Path]:
     """The current run's logs: the top level of a run directory (earlier runs of a requeued job sit in
     run-<n>/ folders and are not read)."""
@@ -68,14 +58,13 @@ def resolve(targets: tuple[str, ...], submit_dir: Path) -> Inputs:
         elif p.is_file():
             paths.append(p)
         elif not p.exists() and looks_like_job_id(target):
-            from ..rundir import locate
+            from ..job import locate_job, slurm_record
 
             target = parse_job_id(target)
 
             # where Slurm says the job's output is (any directory), its run_dir= line, else the run roots
-            info = _slurm_record(target)
-            files = locate(target, info, cwd=submit_dir)
-            out, run_dir = files.job_out, files.run_dir
+            job = locate_job(target, slurm_record(target), cwd=submit_dir)
+            info, out, run_dir = job.info, job.files.job_out, job.files.run_dir
             has_dir = run_dir is not None and run_dir.is_dir()
             found = (_dir_logs(run_dir) if has_dir else []) + ([out] if out.is_file() else [])
             inputs.jobs.append((target, run_dir if has_dir else None, info))

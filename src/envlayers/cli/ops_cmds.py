@@ -20,7 +20,7 @@ MAX_POLL_S = 600.0
 
 
 _TIMEOUT_HINT = "leave --timeout-s out to wait as long as the job lives"
-OUTAGE_ENV = "ENVLAYERS_SLURM_OUTAGE_S"  # = envlayers.ops.lookup.OUTAGE_ENV (a test holds them equal)
+OUTAGE_ENV = "ENVLAYERS_SLURM_OUTAGE_S"  # = envlayers.job.OUTAGE_ENV (a test holds them equal)
 _OUTAGE_HELP = ("How long Slurm may go without answering (slurmctld stopped or restarting) before giving up "
                 "with exit 75; 0: not at all. Default 300.")
 
@@ -30,7 +30,7 @@ def _outage_default() -> str:
     when another command invokes this one (``serve --wait``), where click reads no environment variable."""
     import os
 
-    from ..ops.lookup import SLURM_OUTAGE_S
+    from ..job import SLURM_OUTAGE_S
 
     return os.environ.get(OUTAGE_ENV) or f"{SLURM_OUTAGE_S:g}"
 
@@ -106,6 +106,7 @@ def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, r
     JOBID: 1234, or a step of it (1234.0, 1234.batch). Exit 0 with the list or the record; 2 when there is
     no such job; 75 when Slurm did not answer for --slurm-outage seconds."""
     from .. import ops
+    from ..job import find_job
     from . import ops_format as fmt
 
     patience = {"outage_s": outage_s,
@@ -121,7 +122,7 @@ def status(job_id: str | None, all_users: bool, as_json: bool, no_probe: bool, r
         else:
             click.echo("no endpoint jobs (job name serve-only) in the queue" + ("" if all_users else " for you"))
         return
-    job = ops.find_job(job_id, run_dir=run_dir, **patience)
+    job = find_job(job_id, run_dir=run_dir, **patience)
     record = ops.job_record(job, probe_endpoint=not no_probe)
     if as_json:
         _dump(record)
@@ -156,11 +157,11 @@ def logs(job_id: str, rank_text: str, follow: bool, tail_n: int | None, as_json:
     """Print a job's server log (rank 0 of the current run by default) or its job output.
 
     Exit 0 with the log; 2 when there is no such job or no such log (bad input)."""
-    from .. import ops
+    from ..job import find_job
     from ..ops import logs as oplogs
 
     rank = _rank_choice(rank_text)
-    job = ops.find_job(job_id, run_dir=run_dir)
+    job = find_job(job_id, run_dir=run_dir)
     path = oplogs.log_path(job, rank)
     if path is None or not path.is_file():
         if not follow:

@@ -9,22 +9,22 @@ from typing import Iterator, Mapping
 
 from .. import rundir
 from ..errors import EnvLayersError
+from ..job import Job
 from ..tail import Tail
-from .lookup import TrackedJob
 from .watch import Clock, JobWatcher
 
 FOLLOW_POLL_S = 2.0  # --follow asks Slurm this often whether the job still runs
 WAIT_FOR_LOG_POLL_S = 1.0  # --follow on a log not written yet: look for it this often
 
 
-def log_path(job: TrackedJob, rank: int | str) -> Path | None:
+def log_path(job: Job, rank: int | str) -> Path | None:
     """``rank`` ``"job"``: the job output; a number: that rank's server log of the current run."""
     if rank == "job":
         return job.files.job_out
     return job.files.server_log(int(rank))
 
 
-def no_log_error(job: TrackedJob, rank: int | str, path: Path | None) -> EnvLayersError:
+def no_log_error(job: Job, rank: int | str, path: Path | None) -> EnvLayersError:
     """The one-line error for a log that is not there, saying when it will be (and where earlier runs' are)."""
     info = job.info
     earlier = _earlier_logs(job, rank)
@@ -49,7 +49,7 @@ def no_log_error(job: TrackedJob, rank: int | str, path: Path | None) -> EnvLaye
     return EnvLayersError(what, hint=hint)
 
 
-def _earlier_logs(job: TrackedJob, rank: int | str) -> str | None:
+def _earlier_logs(job: Job, rank: int | str) -> str | None:
     """Where the previous run's log of ``rank`` is: in the top folder while it has not been moved yet
     (it goes to ``run-<k>/`` when the job starts again), else the last ``run-<k>/``."""
     if rank == "job" or job.files.run_dir is None:
@@ -80,7 +80,7 @@ def read_log(path: Path, tail_n: int | None) -> LogLines:
     return LogLines(path, first, reader)
 
 
-def wait_for_log(job: TrackedJob, rank: int | str, *, environ: Mapping[str, str] | None = None,
+def wait_for_log(job: Job, rank: int | str, *, environ: Mapping[str, str] | None = None,
                  run_dir: str | None = None, clock: Clock | None = None) -> Path:
     """Wait while the job lives until ``rank``'s log exists; its path, or the ``no_log_error``."""
     watcher = JobWatcher(job, poll_s=WAIT_FOR_LOG_POLL_S, step_s=WAIT_FOR_LOG_POLL_S, clock=clock or Clock(),
@@ -95,7 +95,7 @@ def wait_for_log(job: TrackedJob, rank: int | str, *, environ: Mapping[str, str]
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def follow(job: TrackedJob, log: LogLines, *, clock: Clock | None = None,
+def follow(job: Job, log: LogLines, *, clock: Clock | None = None,
            step_s: float = 0.25) -> Iterator[str]:
     """The lines ``log`` gains until Slurm says the job ended (then what is left, to the last line)."""
     watcher = JobWatcher(job, poll_s=FOLLOW_POLL_S, step_s=step_s, clock=clock or Clock())

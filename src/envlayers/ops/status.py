@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import rundir, slurm
-from .lookup import Clock, TrackedJob, current_files, patiently
+from ..job import Clock, Job, locate_job, newest_live, patiently
 from .probe import probe_all
 from .progress import RankProgress, read_run, run_total, serving_ranks
 
@@ -99,12 +99,12 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
               on_silent: Callable[[str], None] | None = None) -> list[dict]:
     """One row per endpoint job Slurm lists, in the shared words: job id, state, nodes, time left, target,
     model id, served name, phase, url (``urls``: every replica's). A controller that does not answer is
-    asked again for ``outage_s`` seconds (``lookup.patiently``)."""
+    asked again for ``outage_s`` seconds (``job.patiently``)."""
     rows = []
     listed = patiently(lambda: slurm.list_jobs(user=user, run=slurm.run), outage_s=outage_s, clock=clock,
                        on_silent=on_silent)
     for info in listed:
-        files = current_files(rundir.locate(info.job_id, info, environ=environ, cwd=cwd), info)
+        files = locate_job(info.job_id, info, environ=environ, cwd=cwd).files
         ep = files.endpoint() if info.running else None
         state = info.state or "?"
         if info.pending and info.reason and info.reason != "None":
@@ -122,7 +122,7 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
     return rows
 
 
-def launcher_end(job: TrackedJob) -> dict:
+def launcher_end(job: Job) -> dict:
     """How the current run's launcher ended: ``{"launcher": ..., ...}`` with ``launcher`` and what the launcher
     said as ``rundir.JobFiles.launcher_ended`` reads them (``running`` until Slurm says the job ended).
 
@@ -133,7 +133,7 @@ def launcher_end(job: TrackedJob) -> dict:
             "slurm_exit": info.exit_code if info else None, "restart": job.restart, **said}
 
 
-def earlier_run_records(job: TrackedJob) -> list[dict]:
+def earlier_run_records(job: Job) -> list[dict]:
     """The runs before the current one: ``run-<n>/`` folders, and the top-level files while they are
     still a previous run's (a requeued job not started again)."""
     runs = []
@@ -154,9 +154,9 @@ def _run_summary(files: rundir.JobFiles, where: str, folder: int | None) -> dict
             "live": files.endpoint() is not None, "launcher": how, "reason": said.get("reason")}
 
 
-def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
+def job_record(job: Job, *, probe_endpoint: bool = True) -> dict:
     """Everything ``status JOBID`` shows, as data."""
-    job.files = current_files(job.files, job.info)
+    job.update(job.info)
     info, files = job.info, job.files
     report = files.read_job_output()
     progress = run_progress(files, report, info.nodes if info is not None else None)
@@ -190,10 +190,8 @@ def job_record(job: TrackedJob, *, probe_endpoint: bool = True) -> dict:
 
 def _chain(job_id: str, run_dir) -> dict | None:
     """chain.json (launch.successor) and, under ``moved``, the newest successor that serves now
-    (access.chain: ``from``, ``to``, ``links``, ``state``, ``base_urls``; ``None`` while none does)."""
+    (job.newest_live: ``from``, ``to``, ``links``, ``state``, ``base_urls``; ``None`` while none does)."""
     chain = rundir.chain_of(run_dir)
     if chain is None:
         return None
-    from ..access.chain import newest_live
-
     return {**chain.to_dict(), "moved": newest_live(job_id, run_dir)}

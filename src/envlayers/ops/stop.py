@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .. import rundir, slurm
-from .lookup import find_job
+from ..job import find_job, locate_job
 from .probe import probe_all
 from .watch import Clock
 
@@ -78,7 +78,7 @@ def stop_job(job_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.25, prob
     ended = info is None or info.finished
     files = job.files
     if files.run_dir is None:
-        files = rundir.locate(job.job_id, info or job.info, environ=environ, cwd=cwd, run_dir=run_dir)
+        files = locate_job(job.job_id, info or job.info, environ=environ, cwd=cwd, run_dir=run_dir).files
     top = rundir.JobFiles(job.job_id, files.job_out, files.run_dir)  # whichever run wrote it
     ep = top.endpoint()
     served = ep.served_model_name if ep is not None and ep.served_model_name is not None else ""

@@ -8,17 +8,31 @@ terminal lines is ``cli.ops_format``'s job. Live means: the job runs, the curren
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Mapping
 
 from .. import rundir
+from ..durations import parse_time
 from ..errors import EnvLayersError
+from ..job import SLURM_OUTAGE_S, Job, find_job, locate_job
 from ..tail import Tail
-from .lookup import EXIT_ENDED, EXIT_LIVE, EXIT_TIMEOUT, SLURM_OUTAGE_S, TrackedJob, find_job, since
 from .progress import RankProgress, RunPhases, run_total, serving_ranks
 from .watch import Clock, JobWatcher
 
 FILE_STEP_S = 0.25  # files are looked at at least this often
+EXIT_LIVE = 0
+EXIT_ENDED = 1  # the job ended (or was never going to be live)
+EXIT_TIMEOUT = 3  # the wait budget ran out; the job goes on
+
+
+def since(iso: str | None, now: datetime | None = None) -> float | None:
+    """Seconds since a Slurm timestamp (local time, ``2026-12-02T09:52:00``), ``None`` if unknown or future."""
+    then = parse_time(iso)
+    if then is None:
+        return None
+    delta = (now or datetime.now()).timestamp() - then
+    return delta if delta >= 0 else None
 
 
 @dataclass
@@ -29,7 +43,7 @@ class WaitEvent:
     ``None`` when Slurm was silent at the first look, before there was a job record)."""
 
     kind: str
-    job: TrackedJob | None
+    job: Job | None
     report: rundir.LauncherReport
     phase: RankProgress | None = None
     rank_exits: dict[int, int | None] = field(default_factory=dict)
@@ -40,7 +54,7 @@ class WaitEvent:
 @dataclass
 class WaitResult:
     outcome: str  # "live" | "ended" | "timeout"
-    job: TrackedJob
+    job: Job
     report: rundir.LauncherReport
     phase: RankProgress | None
     endpoint: rundir.EndpointRecord | None
@@ -80,7 +94,7 @@ class WaitResult:
 class _RunReader:
     """What the job output and the current run's server logs (every rank's) gained since the last look."""
 
-    def __init__(self, job: TrackedJob, cwd: Path | None):
+    def __init__(self, job: Job, cwd: Path | None):
         self.job, self.cwd = job, cwd
         self.report = rundir.LauncherReport()
         self.out = Tail(job.files.job_out)
@@ -114,8 +128,8 @@ class _RunReader:
             if self.report.run_dir:
                 job.update(info, rundir.JobFiles(job.job_id, job.files.job_out, Path(self.report.run_dir)))
             else:
-                job.update(info, rundir.locate(job.job_id, info, environ=environ, cwd=self.cwd,
-                                               run_dir=run_dir_override))
+                job.update(info, locate_job(job.job_id, info, environ=environ, cwd=self.cwd,
+                                            run_dir=run_dir_override).files)
         shown: list[str] = []
         if not job.files.previous_at_top:
             shown, self.held = self.held, []
@@ -232,7 +246,7 @@ def _ending(exits: dict, endpoint: rundir.EndpointRecord) -> bool:
     return bool(set(exits) - endpoint.dead_ranks)
 
 
-def diagnose_job(job: TrackedJob) -> list:
+def diagnose_job(job: Job) -> list:
     """Findings of the knowledge base on the job's logs; ``[]`` when the diagnosis itself cannot run."""
     try:
         from ..diagnose import diagnose, input_order, read_log

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .. import rundir, slurm
+from .. import slurm
 from ..errors import SlurmError, SlurmUnreachable
-from .lookup import SLURM_OUTAGE_S, Clock, TrackedJob, outage_error
+from ..job import SLURM_OUTAGE_S, Clock, Job, locate_job, outage_error
 
 __all__ = ["SLURM_OUTAGE_S", "Clock", "JobWatcher", "Tick"]
 
@@ -32,7 +32,7 @@ class JobWatcher:
     """Follows ``job``: every ``ticks()`` turn asks Slurm when due (updating ``job.info`` and which run is
     current), then yields so the caller reads files; sleeps ``step_s`` between turns."""
 
-    job: TrackedJob
+    job: Job
     poll_s: float = 1.0
     step_s: float = 0.25
     clock: Clock = field(default_factory=Clock)
@@ -77,6 +77,6 @@ class JobWatcher:
                 tick.asked_slurm = True
                 files = self.job.files
                 if files.run_dir is None or not files.run_dir.is_dir():
-                    files = rundir.locate(self.job.job_id, info, **self.locate_kw)
+                    files = locate_job(self.job.job_id, info, **self.locate_kw).files
                 self.job.update(info, files)
         return tick

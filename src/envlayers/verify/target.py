@@ -1,11 +1,11 @@
 """What the gates run against: JOBID or URL -> a :class:`Target` (base URLs, served name, key, and
 what the model's catalog entry expects).
 
-A job id is looked up as ``env_layers status``/``wait`` do (``ops.find_job``); its run directory gives
-``endpoint.json`` (written once live, so ``verify`` works right after ``env_layers wait``),
-``launch.json`` (the target, hence the catalog model) and ``serve.env`` (what ran: the key file, the
-parsers, the fabric keys). A URL is asked ``/v1/models`` for the served name and the model behind it.
-The key is read from ``--api-key-file`` or the job's ``SERVER_API_KEY_FILE``; it is never printed.
+A job id is looked up by the one handle (``job.find_job``, as ``env_layers status``/``wait`` do); its run
+directory gives ``endpoint.json`` (written once live, so ``verify`` works right after ``env_layers wait``),
+``launch.json`` (the target, hence the catalog model) and ``serve.env`` (what ran: the parsers, the fabric
+keys). A URL is asked ``/v1/models`` for the served name and the model behind it. The key is read from
+``--api-key-file`` or the job's key file (``Job.key_source``, as every client finds it); it is never printed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from ..apikey import read_key
 from ..defaults import DEFAULT_EXPERIMENT
 from ..errors import EnvLayersError
-from .. import rundir
 from ..jobid import looks_like_job_id
 from ..urls import api_base
 from ..readiness import models
@@ -99,11 +98,11 @@ def catalog_entry(root_opt: str | None, catalog_model: str | None, model: str | 
 
 
 def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> tuple[Target, dict[str, str]]:
-    from .. import ops
+    from ..job import find_job
 
-    job = ops.find_job(job_id, run_dir=run_dir)
+    job = find_job(job_id, run_dir=run_dir)
     files = job.files
-    ep = files.endpoint()
+    ep = job.endpoint
     state = job.info.state if job.info else "forgotten by Slurm"
     if ep is None:
         raise CannotVerify(f"job {job.job_id} has no endpoint.json yet ({state}; run dir: {files.run_dir})",
@@ -111,10 +110,10 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
     if job.info is not None and job.info.finished:
         raise CannotVerify(f"job {job.job_id} has ended ({state}): its endpoint is gone",
                            hint="verify a running job (`env_layers status` lists them)")
-    env = rundir.read_serve_env(files.run_dir)
-    launch = files.launch()
+    env = job.serve_env
+    launch = job.launch
     target_name = launch.target if launch is not None and launch.target is not None else ""
-    urls = ops.endpoint_urls(ep)
+    urls = job.reachable_urls
     t = Target(label=f"job {job.job_id}", base_urls=urls,
                served=ep.served_model_name if ep.served_model_name is not None else "",
                engine=ep.engine, model=ep.model or env.get("INFERENCE_MODEL"),
@@ -131,14 +130,11 @@ def from_job(job_id: str, *, run_dir: str | None, api_key_file: str | None) -> t
                 t.metrics_off = env["SGLANG_ENABLE_METRICS"]
         except EnvLayersError:
             pass
-    recorded = ep.api_key_file if ep.api_key_required else None  # a per-job key's file
-    key_file = api_key_file or recorded or env.get("SERVER_API_KEY_FILE") or None
-    if key_file:
-        t.api_key = read_key(key_file, None if api_key_file else
-                             f"{files.run_dir}/{rundir.ENDPOINT}" if recorded else f"{files.run_dir}/{rundir.SERVE_ENV}",
-                             named_by="--api-key-file" if api_key_file else
-                             "api_key_file" if recorded else "SERVER_API_KEY_FILE",
-                             serving=False, owner=os.getuid())
+    source = job.key_source()
+    if api_key_file:
+        t.api_key = read_key(api_key_file, named_by="--api-key-file", serving=False, owner=os.getuid())
+    elif source.path:
+        t.api_key = read_key(source.path, source.record, named_by=source.named_by, serving=False, owner=os.getuid())
     elif ep.api_key_required:
         raise CannotVerify(f"job {job.job_id}'s endpoint needs an API key and its serve.env names no key file",
                            hint="pass --api-key-file FILE")
