@@ -394,6 +394,19 @@ def test_connect_is_for_the_owner_only(tmp_path, no_slurm):
     assert f"job 77 is not yours: its run directory {run} belongs to nobody, you are root" in proc.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_verify_reads_a_jobs_key_only_from_a_file_of_ones_own(tmp_path, no_slurm):
+    key_file = tmp_path / "key"
+    key_file.write_text("k\n")
+    key_file.chmod(0o600)
+    run = _run_dir(tmp_path, key_file)
+    os.chown(key_file, 65534, 65534)
+    proc = cli("verify", "77", "--run-dir", str(run), env=no_slurm)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert (f"{run}/serve.env: SERVER_API_KEY_FILE {key_file}: the key file belongs to nobody, not to you (root)"
+            in proc.stderr), proc.stderr
+
+
 def test_ping_gives_up_on_a_server_that_trickles_its_answer():
     import threading
 
@@ -497,7 +510,9 @@ def test_connect_refuses_a_job_slurm_runs_as_someone_else(tmp_path, no_slurm):
               f"NodeList=n1 WorkDir={tmp_path} StdOut={tmp_path}/serve-only-77.out")
     scontrol = Path(no_slurm["PATH"].split(":")[0]) / "scontrol"
     scontrol.write_text(f"#!/bin/sh\necho '{record}'\n")
-    for command in (["connect", "77"], ["ping", "77"], ["release", "77"]):
+    for command in (["connect", "77"], ["ping", "77"], ["release", "77"],
+                    ["tunnel", "77", "--to", "me@gw", "--remote-port", "8001"], ["bench", "77"],
+                    ["batch", "77", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")]):
         proc = cli(*command, "--run-dir", str(run), env=no_slurm)
         assert proc.returncode == 2 and "job 77 is not yours: Slurm runs it as nobody, you are" in proc.stderr, \
             proc.stderr
