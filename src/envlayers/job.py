@@ -6,8 +6,8 @@ asked again for ``outage_s``); the owner check (:func:`check_owner`, :func:`owne
 client reads and the key from it (:meth:`Job.key_source`, :meth:`Job.read_key`); the URLs that reach the
 endpoint from here (:meth:`Job.reachable_urls`); and the newest live link of a chain of successors
 (:func:`newest_live`, :func:`serving_job`). ``ops``, ``access``, ``verify``, ``bench``, ``batch`` and
-``diagnose`` all look a job up here. How the launcher ended is derived from this handle by
-``ops.status.launcher_end``.
+``diagnose`` all look a job up here; and how the launcher ended (:meth:`Job.launcher_end`, from the run
+directory's one reading of it, ``rundir.JobFiles.launcher_ended``, and Slurm's record).
 
 A requeued job's run directory may still hold the previous run's files at its top (until the new run
 starts and moves them into ``run-<n>/``); :func:`current_files` hides them, so no operation shows an old
@@ -281,6 +281,15 @@ class Job:
             raise EnvLayersError(f"job {jid} is {info.state} but its endpoint is not live yet (no endpoint.json "
                                  f"in {self.run_dir or 'its run directory'})",
                                  hint=f"`env_layers wait {jid}` returns once it is")
+
+    def launcher_end(self) -> dict:
+        """How the current run's launcher ended: ``{"launcher": ..., ...}`` with ``launcher`` and what the
+        launcher said as ``rundir.JobFiles.launcher_ended`` reads them (``running`` until Slurm says the job
+        ended). ``slurm_state`` / ``slurm_exit`` are what Slurm reports (``None`` once it forgot the job)."""
+        info = self.info
+        how, said = self.files.launcher_ended(job_ended=info is None or info.finished)
+        return {"launcher": how, "slurm_state": info.state if info else None,
+                "slurm_exit": info.exit_code if info else None, "restart": self.restart, **said}
 
     def newest_live(self) -> dict | None:
         """The newest successor of the job's chain that serves now (:func:`newest_live`)."""

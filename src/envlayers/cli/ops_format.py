@@ -202,8 +202,6 @@ def launcher_line(end: dict) -> str | None:
 
 def describe_end(result: "WaitResult") -> list[str]:
     """The lines ``wait`` prints when the job ended before its endpoint was live."""
-    from ..ops import launcher_end
-
     job, info = result.job, result.job.info
     jid = job.job_id
     if job.requeued:
@@ -222,7 +220,7 @@ def describe_end(result: "WaitResult") -> list[str]:
     lines = [head]
     if result.report.last_error:
         lines.append(f"  ENVLAYERS-ERROR: {result.report.last_error}")
-    said = launcher_line(launcher_end(job)) if info is not None else None
+    said = launcher_line(job.launcher_end()) if info is not None else None
     if said and not job.requeued:
         lines.append(f"  {said}")
     if result.phase is not None:

@@ -122,17 +122,6 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
     return rows
 
 
-def launcher_end(job: Job) -> dict:
-    """How the current run's launcher ended: ``{"launcher": ..., ...}`` with ``launcher`` and what the launcher
-    said as ``rundir.JobFiles.launcher_ended`` reads them (``running`` until Slurm says the job ended).
-
-    ``slurm_state`` / ``slurm_exit`` are what Slurm reports (``None`` once it forgot the job)."""
-    info = job.info
-    how, said = job.files.launcher_ended(job_ended=info is None or info.finished)
-    return {"launcher": how, "slurm_state": info.state if info else None,
-            "slurm_exit": info.exit_code if info else None, "restart": job.restart, **said}
-
-
 def earlier_run_records(job: Job) -> list[dict]:
     """The runs before the current one: ``run-<n>/`` folders, and the top-level files while they are
     still a previous run's (a requeued job not started again)."""
@@ -176,7 +165,7 @@ def job_record(job: Job, *, probe_endpoint: bool = True) -> dict:
         "run_dir": str(files.run_dir) if files.run_dir else None,
         **names,
         "launcher": report.to_dict(),
-        "launcher_end": launcher_end(job),
+        "launcher_end": job.launcher_end(),
         "phase": progress.to_dict() if progress else None,
         "url": urls[0] if urls else None, "urls": urls,
         "rank_exits": {str(k): v for k, v in files.rank_exits().items()},

@@ -67,7 +67,7 @@ class WaitResult:
         return {"live": EXIT_LIVE, "ended": EXIT_ENDED, "timeout": EXIT_TIMEOUT}[self.outcome]
 
     def to_dict(self) -> dict:
-        from .status import identity, launcher_end
+        from .status import identity
 
         info = self.job.info
         urls = self.endpoint.base_urls if self.endpoint is not None else []
@@ -82,7 +82,7 @@ class WaitResult:
             "phase": self.phase.to_dict() if self.phase else None,
             "rank_exits": {str(k): v for k, v in self.rank_exits.items()},
             "last_error": self.report.last_error, "warnings": self.report.warnings,
-            "launcher": launcher_end(self.job) if self.outcome == "ended" else None,
+            "launcher": self.job.launcher_end() if self.outcome == "ended" else None,
             "run_dir": str(self.job.files.run_dir) if self.job.files.run_dir else None,
             "job_output": str(self.job.files.job_out) if self.job.files.job_out else None,
             "waited_s": round(self.waited_s, 2),
