@@ -185,11 +185,10 @@ def test_every_test_asserts_something():
 
 # --- no two top-level packages or modules import each other, through any chain of imports -----------------
 
-# Package cycles that exist today and are being removed, each the set of top-level names that import one
-# another. access <-> ops: access/job.py and access/release.py call ops (the job lookup, stop) while
-# ops/status.py calls access/chain.py; one job handle both use replaces those imports, and this list is then
-# emptied. An entry that no longer forms a cycle fails the test, so it cannot outlive what it excuses.
-ALLOWED_PACKAGE_CYCLES = [frozenset({"access", "ops"})]
+# Package cycles that exist and are being removed, each the set of top-level names that import one another
+# (none now: access <-> ops went when both took a job from the one handle, envlayers/job.py). An entry that
+# no longer forms a cycle fails the test, so it cannot outlive what it excuses.
+ALLOWED_PACKAGE_CYCLES: list[frozenset[str]] = []
 
 
 def _package_cycles(edges, key=_top) -> list[frozenset[str]]:
