@@ -198,14 +198,14 @@ class Launcher:
             self.survivors = Survivors(lp, self.proc, self.min_replicas, say=say, tail=_tail,
                                        release=lambda keep: release_node(lp.job_id, keep, self.run_dir),
                                        write=self.records.write_json)
-        from .successor import Chain, chain_left, drain_s
+        from .successor import PREDECESSOR, Chain, chain_left, drain_s
 
         left = chain_left(self.keys, self.environ)
         if self.pool_of is not None:  # a replica job ends with the pool's job (launch/pool.py)
             from .pool import Member
 
             self.chain = Member(self.pool_of, self.run_dir, say)
-        elif left or self.environ.get("ENVLAYERS_PREDECESSOR"):
+        elif left or self.environ.get(PREDECESSOR):
             self.chain = Chain(lp.job_id, self.run_dir, left, drain_s(self.keys), say=say, environ=self.environ)
         self.supervisor = Supervisor(lp, self.proc, probe=probe, on_live=lambda s: self.on_live(lp, s), say=say,
                                      api_key=api_key, t0=self.t0, meter=self.meter, survivors=self.survivors,

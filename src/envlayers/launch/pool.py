@@ -37,7 +37,7 @@ from ..rundir import (API_KEY, ENDPOINT, JOB_SH, POOL, EndpointRecord, PoolDecis
                       read_endpoint, write_json)
 from ..urls import server_root
 from .poolpolicy import Bounds, PoolPolicy, QueueWait, read_queue
-from .successor import HandedOver
+from .successor import CHAIN_KEY_FILE, CHAIN_VARIABLES, HandedOver
 
 POOL_OF_ENV = "ENVLAYERS_POOL_OF"  # set in a replica job's environment: the job whose pool it joins
 SAMPLE_EVERY_S = 5.0
@@ -194,11 +194,11 @@ class Pool:
         left = self.time_left(now)
         limit = None if left is None else max(60, int(left))
         env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-        for name in ("ENVLAYERS_CHAIN_LEFT", "ENVLAYERS_PREDECESSOR", "ENVLAYERS_CHAIN_KEY_FILE"):
+        for name in CHAIN_VARIABLES:
             env.pop(name, None)
         env[POOL_OF_ENV] = self.job_id
         if (self.run_dir / API_KEY).is_file():  # a per-job key: the replica serves with the same one
-            env["ENVLAYERS_CHAIN_KEY_FILE"] = str(self.run_dir / API_KEY)
+            env[CHAIN_KEY_FILE] = str(self.run_dir / API_KEY)
         argv = slurm.pool_sbatch_argv(self.run_dir / JOB_SH, limit, slurm.resubmit_options(self.fields(self.job_id)))
         try:
             proc = self.run(argv, env)
@@ -214,7 +214,7 @@ class Pool:
         self.next_state = now + STATE_EVERY_S
         self._write()
         self.say(f"ENVLAYERS-POOL: grow: {why}: submitted replica job {job} ({shell.words(argv)}"
-                 + ("; it keeps this job's API key)" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ")"))
+                 + ("; it keeps this job's API key)" if CHAIN_KEY_FILE in env else ")"))
 
     def _pending(self, now: float) -> None:
         job = self.policy.pending

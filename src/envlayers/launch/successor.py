@@ -33,6 +33,13 @@ from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, read_endpoin
 
 QUEUE_MARGIN_S = 120
 
+# The chain's variables: set by a job in its successor's (and its pool replicas') sbatch environment, never by a
+# layer; each name is spelled here only.
+CHAIN_LEFT = "ENVLAYERS_CHAIN_LEFT"  # successors still to submit after the job that reads it
+PREDECESSOR = "ENVLAYERS_PREDECESSOR"  # the job id of the link before
+CHAIN_KEY_FILE = "ENVLAYERS_CHAIN_KEY_FILE"  # the predecessor's per-job key file, copied by the successor
+CHAIN_VARIABLES = (CHAIN_LEFT, PREDECESSOR, CHAIN_KEY_FILE)
+
 
 class HandedOver(Exception):
     """The successor is live and this job drained: the orderly end of a link in the chain."""
@@ -48,7 +55,7 @@ def chain_left(keys: Mapping[str, str], environ: Mapping[str, str]) -> int:
     more than ``SUCCESSORS``: every job of a chain runs the same job.sh, so a count above it did not come from a
     predecessor (a layer may not set it; an export in the submitting shell might) and cannot lengthen the chain."""
     n = keytable.value(keys, "SUCCESSORS")
-    left = environ.get("ENVLAYERS_CHAIN_LEFT", "").strip()  # set by the predecessor's sbatch, never by a layer
+    left = environ.get(CHAIN_LEFT, "").strip()  # set by the predecessor's sbatch, never by a layer
     return min(int(left), n) if left.isdigit() else n
 
 
@@ -63,7 +70,7 @@ def dependency(job_id: str, time_limit_s: int, startup_s: float) -> tuple[str, i
 def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str], None]) -> tuple[str, str] | None:
     """A successor's per-job key: the predecessor's (``ENVLAYERS_CHAIN_KEY_FILE``), copied 0600 to
     ``run_dir/api-key``. ``None`` (with a warning when the file was named) when there is none to take."""
-    src = (environ.get("ENVLAYERS_CHAIN_KEY_FILE") or "").strip()
+    src = (environ.get(CHAIN_KEY_FILE) or "").strip()
     if not src:
         return None
     from ..errors import EnvLayersError
@@ -73,16 +80,16 @@ def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str]
 
         # the predecessor wrote it 0600 in its own run directory: a file of someone else's, or one others can
         # read or write, is not the chain's key (another user could know it)
-        key = read_key(src, named_by="ENVLAYERS_CHAIN_KEY_FILE", owner=os.getuid())
+        key = read_key(src, named_by=CHAIN_KEY_FILE, owner=os.getuid())
         mode = os.stat(src).st_mode & 0o777
         if mode & 0o077:
             raise EnvLayersError(f"others may read or write it (mode {mode:04o})", where=src)
     except EnvLayersError as err:
         say(f"ENVLAYERS-WARN: cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
-            f"clients of job {environ.get('ENVLAYERS_PREDECESSOR') or '?'} must take it from `env_layers connect`")
+            f"clients of job {environ.get(PREDECESSOR) or '?'} must take it from `env_layers connect`")
         return None
     path = write_api_key(run_dir, key)
-    say(f"ENVLAYERS-STAGE: the chain's API key (job {environ.get('ENVLAYERS_PREDECESSOR') or '?'}'s, {src}) "
+    say(f"ENVLAYERS-STAGE: the chain's API key (job {environ.get(PREDECESSOR) or '?'}'s, {src}) "
         f"copied to {path} (mode 0600): clients keep their key")
     return str(path), key
 
@@ -97,7 +104,7 @@ class Chain:
         self.environ, self.clock = dict(environ), clock
         self.run = run or (lambda argv, env: slurm.run(argv, env=env, timeout_s=60))
         self.job_fields = job_fields or slurm.job_fields_or_none
-        self.record = ChainRecord(predecessor=self.environ.get("ENVLAYERS_PREDECESSOR") or None, left=left)
+        self.record = ChainRecord(predecessor=self.environ.get(PREDECESSOR) or None, left=left)
         self.drain_from: float | None = None
         self._write()
 
@@ -120,10 +127,10 @@ class Chain:
             return
         dep, minutes = dependency(self.job_id, limit, startup_s)
         env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-        env.update(ENVLAYERS_CHAIN_LEFT=str(self.left - 1), ENVLAYERS_PREDECESSOR=self.job_id)
-        env.pop("ENVLAYERS_CHAIN_KEY_FILE", None)
+        env.update({CHAIN_LEFT: str(self.left - 1), PREDECESSOR: self.job_id})
+        env.pop(CHAIN_KEY_FILE, None)
         if (self.run_dir / API_KEY).is_file():  # a per-job key: the successor serves with the same one
-            env["ENVLAYERS_CHAIN_KEY_FILE"] = str(self.run_dir / API_KEY)
+            env[CHAIN_KEY_FILE] = str(self.run_dir / API_KEY)
         argv = slurm.dependent_sbatch_argv(self.run_dir / JOB_SH, dep, limit, slurm.resubmit_options(fields))
         try:
             proc = self.run(argv, env)
@@ -142,7 +149,7 @@ class Chain:
         from .. import shell
 
         self.say(f"ENVLAYERS-STAGE: successor job {succ}: {shell.words(argv)}"
-                 + ("; it keeps this job's API key" if "ENVLAYERS_CHAIN_KEY_FILE" in env else ""))
+                 + ("; it keeps this job's API key" if CHAIN_KEY_FILE in env else ""))
 
     def tick(self) -> None:
         """Raise HandedOver once the successor's endpoint is live and the drain time passed."""
