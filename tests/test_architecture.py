@@ -21,7 +21,7 @@ LAYERS = {
     "core": {"envfile", "layers", "catalog", "sites", "shell", "keys", "topology", "topology_checks", "engines",
              "runtimes", "edf", "jobscript", "scripttext", "weights", "exposure", "apikey", "allocation",
              "phases", "rootcause", "accounting"},
-    "edge": {"slurm", "rundir", "http", "httpclient", "readiness", "fsutil", "edfinstall", "imagearchive", "job"},
+    "edge": {"slurm", "rundir", "http", "httpclient", "readiness", "fsutil", "edfinstall", "imagearchive", "job", "procgroup"},
     "injob": {"launch", "gateway_app", "fabric", "cores"},
     "operator": {"ops", "access", "diagnose", "verify", "bench", "batch"},
     "cli": {"cli"},

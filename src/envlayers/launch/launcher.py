@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Sequence
 from .. import shell
 from ..errors import KeyValueError, StepSignalled
 from ..fsutil import atomic_write
+from ..procgroup import stop_group
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
                       RecordWriter, server_log_name, unrecorded_end_line, write_api_key, write_json)
 from .ports import ports_in_use
@@ -345,17 +346,8 @@ class Launcher:
         if self.proc is not None and not isinstance(self.proc, subprocess.Popen):  # replicas: one step each
             self.proc.stop(sig, grace_s)
             return
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        if self.proc is not None:
+            stop_group(self.proc, sig, grace_s)
 
 
 def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable[[], float] = time.time) -> None:

@@ -20,7 +20,6 @@ need their own step layout and the gateway told to stop routing to the dead rank
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
@@ -30,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 from .. import slurm
 from ..errors import LaunchFailure
+from ..procgroup import stop_group, stop_groups
 from ..rundir import ENDPOINT, EndpointRecord, ReplicaRow, server_log_name, write_json
 from .prepare import LaunchPlan
 
@@ -68,35 +68,7 @@ class ReplicaSteps:
         return stop_group(self.procs[rank], signal.SIGTERM, grace_s)
 
     def stop(self, sig=signal.SIGTERM, grace_s: float = 8.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            stop_group(proc, signal.SIGKILL, max(0.1, deadline - time.monotonic()), already_sent=True)
-
-
-def stop_group(proc, sig, grace_s: float, already_sent: bool = False) -> int | None:
-    """Stop a process started in its own session: ``sig`` to its group (unless ``already_sent``), SIGKILL
-    after ``grace_s``; its exit code."""
-    if proc.poll() is not None:
-        return proc.returncode
-    try:
-        if not already_sent:
-            os.killpg(proc.pid, sig)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(5)
-    except ProcessLookupError:
-        pass
-    return proc.returncode
+        stop_groups(self.procs.values(), sig, grace_s)
 
 
 def release_node(job_id: str, keep: Sequence[str], run_dir: Path, run: Callable | None = None,

@@ -28,10 +28,10 @@ from typing import Callable, Mapping, Sequence
 
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
+from ..procgroup import stop_group
 from ..rundir import ROUTER_LOG, ROUTER_STATE, RecordWriter, RouterState
 from .idle import Counters, parse_prometheus
 from .ports import port_free
-from .replicas import stop_group
 from ..urls import host_port_base
 
 READY_TIMEOUT_S = 60.0
