@@ -17,7 +17,7 @@ MAP = REPO / "docs" / "architecture.md"
 # that does not exist (yet) is harmless; a module that exists and is missing here fails
 # test_every_top_level_module_has_a_layer, so a new module must be placed on the map.
 LAYERS = {
-    "base": {"errors", "defaults", "paths", "filetrust", "durations", "yamlpos", "jobid", "urls", "tail"},
+    "base": {"errors", "defaults", "paths", "filetrust", "durations", "yamlpos", "jobid", "urls", "tail", "joblines"},
     "core": {"envfile", "layers", "catalog", "sites", "shell", "keys", "topology", "topology_checks", "engines",
              "runtimes", "edf", "jobscript", "scripttext", "weights", "exposure", "apikey", "allocation",
              "phases", "rootcause", "accounting"},

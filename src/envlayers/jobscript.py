@@ -24,7 +24,8 @@ from typing import Mapping, NamedTuple
 from . import shell
 from .defaults import DEFAULT_EXPERIMENT, DEFAULT_READY_TIMEOUT_S, DEFAULT_TIME, JOB_NAME
 from .errors import EnvLayersError
-from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, render as _render, shown as _shown
+from .joblines import RUN_DIR as _RUN_DIR_LINE, RUN_DIR_UNWRITABLE as _UNWRITABLE_LINE, TOPOLOGY
+from .scripttext import CONTROL_RE as _CONTROL_RE, Code as _Code, ScriptTextError, dq as _dq, render as _render, shown as _shown
 from .layers import Env, Unbound
 from .rundir import SCRIPT_NAMES
 from .topology import Plan
@@ -76,7 +77,7 @@ class JobSubmission:
         out = [
             "# envlayers dry run: nothing was submitted. Run the lines below to submit this exact job.",
             f"# target {c(self.target)}{' on site ' + c(self.site) if self.site else ''}: "
-            f"{', '.join(c(t.removeprefix('ENVLAYERS-TOPOLOGY: ')) for t in self.topology[:1])}",
+            f"{', '.join(c(t.removeprefix(TOPOLOGY.prefix)) for t in self.topology[:1])}",
             *(f"# {c(line)}" for line in self.reasons),
             *(f"# warning: {c(w)}" for w in self.warnings),
             *(f"# would refuse to submit: {c(b)}" for b in self.blockers),
@@ -115,7 +116,14 @@ def job_script(*, job_name: str, target: str, nodes: int, partition: str, gpus_p
                    gpus_per_node=gpus_per_node, shape=shape, sources=list(sources), delimiter=delimiter,
                    env_text=env_text, edf=edf, unbound=unbound, ready_timeout_s=ready_timeout_s, python=python,
                    keys=keys, image=image, devices=devices, group_read=group_read, files=SCRIPT_NAMES, site=site,
-                   runtime=runtime)
+                   runtime=runtime, lines=_SCRIPT_LINES)
+
+
+# the job output's lines the job script prints itself (joblines.py declares them; the shell fills the fields)
+_SCRIPT_LINES = {
+    "run_dir": _Code(_RUN_DIR_LINE.shell({"path": "$RUN_DIR"}, _dq)),
+    "unwritable": _Code(_UNWRITABLE_LINE.shell({"path": "$RUN_DIR", "error": "${said##*: }", "doing": "$1"}, _dq)),
+}
 
 
 def comment_text(text: str) -> str:

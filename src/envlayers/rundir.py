@@ -3,7 +3,7 @@
 The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
 
 - the job output ``serve-only-<jobid>.out`` sits in the submit directory (Slurm's ``StdOut`` says where)
-  and carries greppable lines: ``ENVLAYERS-STAGE: run_dir=<abs path>`` early, ``ENVLAYERS-TOPOLOGY: ...``,
+  and carries greppable lines (their texts: :mod:`envlayers.joblines`): ``ENVLAYERS-STAGE: run_dir=<abs path>`` early, ``ENVLAYERS-TOPOLOGY: ...``,
   ``ENVLAYERS-STAGE: rank R up on <host>``, ``ENVLAYERS-STAGE: all N ranks started``,
   ``ENVLAYERS-WARN: ...``, ``ENVLAYERS-ERROR: ...``, and once live ``ENVLAYERS-STAGE: endpoint live after
   <s>s`` followed by the endpoint block that starts with ``defaults.BANNER``;
@@ -13,7 +13,7 @@ The launcher's contract (cluster/serve-only.sbatch and ``env_layers launch``):
   ``ended_at``), ``serve.env``, ``job.sh``, ``ranks.sh``;
 - a record the launcher cannot write once ranks run (a full or read-only file system) is said in the job
   output instead (:class:`RecordWriter`): ``ENVLAYERS-WARN: cannot write <path>: <what the OS said>; ...``
-  once per file, and for ``launch-end.json`` the end itself (:func:`unrecorded_end_line`), so ``status``
+  once per file, and for ``launch-end.json`` the end itself (``joblines.UNRECORDED_END``), so ``status``
   tells a launcher that could not write from one that was killed;
 - a requeued job keeps the current run's files at the top of that folder: when it starts again, every
   top-level entry except the ``run-<n>/`` folders moves into ``run-<n>/`` (``n`` the first free number
@@ -51,15 +51,10 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     from .slurm import JobInfo
 
+from . import joblines
 from .defaults import BANNER
 from .fsutil import atomic_write
 
-_STAGE_RE = re.compile(r"^ENVLAYERS-(STAGE|TOPOLOGY|WARN|ERROR|DIAG):\s?(.*)$")
-_RUN_DIR_RE = re.compile(r"^run_dir=(.+)$")
-_RANK_UP_RE = re.compile(r"^rank (\d+) up on (\S+)")
-_ALL_STARTED_RE = re.compile(r"^all (\d+) ranks? (?:started|launched)")
-_LIVE_RE = re.compile(r"^endpoint live after ([\d.]+)\s*s")
-TAIL_HEADER_RE = re.compile(r"^last \d+ lines of .*:$")
 
 # --- every file of a run directory, by name ---
 ENDPOINT = "endpoint.json"  # EndpointRecord: written once live (launch.launcher), rewritten by replicas and pool
@@ -161,10 +156,6 @@ SCRIPT_NAMES = {"serve_env": SERVE_ENV, "job_sh": JOB_SH, "run_folder": RUN_FOLD
 _RUN_SUBDIR_RE = re.compile(f"^{re.escape(RUN_FOLDER)}(\\d+)$")
 # the job script's (and the launcher's) line for a run directory it cannot write before any rank starts
 _JOB_ID_RE = re.compile(r"[0-9]+")
-_UNWRITABLE_RE = re.compile(r"^cannot write the run directory (.+): ([^:]+?) \(([^()]*)\); "
-                            r"the job ends before any rank")
-_UNRECORDED_END_RE = re.compile(r"^the launcher ended with code (-?\d+) but could not record it in (.+) "
-                                r"\(([^()]*)\): (.*)$")
 
 
 @dataclass
@@ -197,7 +188,7 @@ class LauncherReport:
     @property
     def last_error(self) -> str | None:
         """The last ``ENVLAYERS-ERROR`` that says something (not a ``last 20 lines of <log>:`` header)."""
-        said = [e for e in self.errors if not TAIL_HEADER_RE.match(e)]
+        said = [e for e in self.errors if not joblines.TAIL_HEADER.match(e)]
         return said[-1] if said else (self.errors[-1] if self.errors else None)
 
     def feed_lines(self, lines) -> list[tuple[str, str]]:
@@ -205,8 +196,8 @@ class LauncherReport:
         new = []
         for raw in lines:
             line = raw.rstrip("\r\n")
-            m = _STAGE_RE.match(line)
-            if m is None:
+            parsed = joblines.parse(line)
+            if parsed is None:
                 if self._in_block:
                     if line.strip():
                         self.endpoint_block = (self.endpoint_block or "") + line + "\n"
@@ -217,7 +208,7 @@ class LauncherReport:
                     self._in_block = True
                 continue
             self._in_block = False
-            kind, text = m.group(1), m.group(2).strip()
+            kind, text = parsed
             new.append((kind, text))
             if kind == "TOPOLOGY":
                 self.topology.append(text)
@@ -225,25 +216,25 @@ class LauncherReport:
                 self.warnings.append(text)
             elif kind == "ERROR":
                 self.errors.append(text)
-                if mm := _UNWRITABLE_RE.match(text):
-                    self.run_dir_error = {"path": mm.group(1), "error": mm.group(2), "doing": mm.group(3)}
-                if mm := _UNRECORDED_END_RE.match(text):
-                    self.unrecorded_end = {"code": int(mm.group(1)), "path": mm.group(2),
-                                           "write_error": mm.group(3), "reason": mm.group(4)}
+                if mm := joblines.RUN_DIR_UNWRITABLE.match(text):
+                    self.run_dir_error = {"path": mm["path"], "error": mm["error"], "doing": mm["doing"]}
+                if mm := joblines.UNRECORDED_END.match(text):
+                    self.unrecorded_end = {"code": int(mm["code"]), "path": mm["path"],
+                                           "write_error": mm["why"], "reason": mm["reason"]}
             elif kind == "STAGE":
                 self.stages.append(text)
-                if mm := _RUN_DIR_RE.match(text):
+                if mm := joblines.RUN_DIR.match(text):
                     if self.runs_seen:
                         self._new_run()
                         self.stages.append(text)
                     self.runs_seen += 1
-                    self.run_dir = mm.group(1).strip()
-                elif mm := _RANK_UP_RE.match(text):
-                    self.ranks_up[int(mm.group(1))] = mm.group(2)
-                elif mm := _ALL_STARTED_RE.match(text):
-                    self.ranks_started = int(mm.group(1))
-                elif mm := _LIVE_RE.match(text):
-                    self.live_after_s = float(mm.group(1))
+                    self.run_dir = mm["path"].strip()
+                elif mm := joblines.RANK_UP.match(text):
+                    self.ranks_up[int(mm["rank"])] = mm["host"]
+                elif mm := joblines.ALL_STARTED.match(text):
+                    self.ranks_started = int(mm["n"])
+                elif mm := joblines.LIVE.match(text):
+                    self.live_after_s = float(mm["seconds"])
         return new
 
     def _new_run(self) -> None:
@@ -258,12 +249,6 @@ class LauncherReport:
                 "ranks_up": {str(k): v for k, v in sorted(self.ranks_up.items())},
                 "ranks_started": self.ranks_started, "live_after_s": self.live_after_s, "live": self.live,
                 "unrecorded_end": self.unrecorded_end, "run_dir_error": self.run_dir_error}
-
-
-def unrecorded_end_line(code: int, path: Path, why: str, reason: str) -> str:
-    """The job output's line for an end the launcher could not write to ``launch-end.json`` (``why``: what
-    the OS said); :class:`LauncherReport` reads it back as ``unrecorded_end``."""
-    return f"ENVLAYERS-ERROR: the launcher ended with code {code} but could not record it in {path} ({why}): {reason}"
 
 
 class RecordWriter:
@@ -500,10 +485,9 @@ def _run_dir_line(path: Path, max_bytes: int = 1 << 20) -> str | None:
     except OSError:
         return None
     for line in head.splitlines():
-        if line.startswith("ENVLAYERS-STAGE:"):
-            m = _RUN_DIR_RE.match(line.split(":", 1)[1].strip())
-            if m:
-                return m.group(1).strip()
+        parsed = joblines.parse(line)
+        if parsed is not None and parsed[0] == joblines.STAGE.name and (m := joblines.RUN_DIR.match(parsed[1])):
+            return m["path"].strip()
     return None
 
 

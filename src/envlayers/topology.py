@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping, NamedTuple
 
 from envlayers.errors import KeyValueError, TopologyError
+from envlayers.joblines import TOPOLOGY
 from envlayers import keys
 from envlayers import topology_checks as chk
 from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner's public names)
@@ -52,7 +53,6 @@ from envlayers.topology_checks import (  # noqa: F401  (re-exported: the planner
 
 Shape = Literal["single", "pipeline", "replicas", "data-parallel", "ray", "gateway"]
 
-TOPOLOGY_PREFIX = "ENVLAYERS-TOPOLOGY:"
 
 class RankPlan(NamedTuple):
     """One srun task (one per node).
@@ -421,7 +421,7 @@ def topology_lines(p: Plan) -> list[str]:
     ``ENVLAYERS-TOPOLOGY: shape=pipeline nodes=4 gpus_per_node=4 tp=4 pp=4 world=16 api_rank=0 port=8000``;
     then where the ranks meet (multi-node shapes), one line per rank, and any notes.
     """
-    head = f"{TOPOLOGY_PREFIX} shape={p.shape} nodes={p.nodes} gpus_per_node={p.gpus_per_node} tp={p.tp} pp={p.pp} world={p.world}"
+    head = TOPOLOGY.prefix + f"shape={p.shape} nodes={p.nodes} gpus_per_node={p.gpus_per_node} tp={p.tp} pp={p.pp} world={p.world}"
     if p.shape == "replicas":
         api = ",".join(str(r.rank) for r in p.readiness_ranks())
         head += f" replicas={p.replicas} api_ranks={api} port={p.api_port}"
@@ -435,14 +435,14 @@ def topology_lines(p: Plan) -> list[str]:
         head += f" api_rank=0 port={p.api_port}"
     lines = [head]
     if p.shape == "pipeline":
-        lines.append(f"{TOPOLOGY_PREFIX} rendezvous=rank0 rdzv_port={p.rdzv_port}")
+        lines.append(TOPOLOGY.line(f"rendezvous=rank0 rdzv_port={p.rdzv_port}"))
     elif p.shape in ("ray", "gateway"):
-        lines.append(f"{TOPOLOGY_PREFIX} rendezvous=rank0 backend=ray ray_port={p.rdzv_port}")
+        lines.append(TOPOLOGY.line(f"rendezvous=rank0 backend=ray ray_port={p.rdzv_port}"))
     elif p.shape == "data-parallel" and p.nodes > 1:
-        lines.append(f"{TOPOLOGY_PREFIX} rendezvous=rank0 dp_rpc_port={p.dp_rpc_port}")
+        lines.append(TOPOLOGY.line(f"rendezvous=rank0 dp_rpc_port={p.dp_rpc_port}"))
     for r in p.ranks:
         lines.append(_rank_line(p, r))
-    lines.extend(f"{TOPOLOGY_PREFIX} note: {n}" for n in p.notes)
+    lines.extend(TOPOLOGY.line(f"note: {n}") for n in p.notes)
     return lines
 
 
@@ -455,7 +455,7 @@ def _rank_line(p: Plan, r: RankPlan) -> str:
         role = "headless"
     else:
         role = "api" if r.serves_api else "worker"
-    text = f"{TOPOLOGY_PREFIX} rank={r.rank} node_index={r.node_index} role={role}"
+    text = TOPOLOGY.prefix + f"rank={r.rank} node_index={r.node_index} role={role}"
     if p.shape == "data-parallel":
         text += f" dp_start_rank={p.dp_start_rank(r)} dp_local={p.instances_per_node}"
     if r.port is not None:

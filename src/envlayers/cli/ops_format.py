@@ -279,7 +279,7 @@ def phase_text(ph: dict) -> str:
 
 
 def format_record(rec: dict) -> str:
-    from ..rundir import TAIL_HEADER_RE
+    from ..joblines import TAIL_HEADER
     from ..slurm import TERMINAL_STATES
 
     s = rec["slurm"] or {}
@@ -349,7 +349,7 @@ def format_record(rec: dict) -> str:
     for w in la["warnings"]:
         lines.append(_label("warning") + f"{w}")
     for e in la["errors"]:
-        if not TAIL_HEADER_RE.match(e):  # "last 20 lines of ...:" introduces the tail, it says nothing
+        if not TAIL_HEADER.match(e):  # "last 20 lines of ...:" introduces the tail, it says nothing
             lines.append(_label("error") + f"{e}")
     chain = rec.get("chain")
     if chain:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..joblines import GATEWAY_LINES
 from ..tail import Tail
-
-GATEWAY_LINES = tuple(f"ENVLAYERS-{kind}: gateway: " for kind in ("ERROR", "WARN", "STAGE"))
 
 
 class GatewayRelay:

@@ -22,10 +22,11 @@ from typing import Callable, Mapping, Sequence
 
 from .. import shell
 from ..errors import KeyValueError, StepSignalled
+from .. import joblines
 from ..fsutil import atomic_write
 from ..procgroup import stop_group
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
-                      RecordWriter, server_log_name, unrecorded_end_line, write_api_key, write_json)
+                      RecordWriter, server_log_name, write_api_key, write_json)
 from .ports import ports_in_use
 from .prepare import Allocation, LaunchFailure, LaunchPlan, Node, launch_keys, prepare
 from .successor import HandedOver
@@ -326,7 +327,7 @@ class Launcher:
             from .raycluster import joined_line
 
             say(joined_line(self.run_dir) or "ENVLAYERS-WARN: no ray-cluster.json from node 0")
-        say(f"ENVLAYERS-STAGE: endpoint live after {elapsed:.1f}s")
+        say(joblines.LIVE.line(seconds=elapsed))
         sys.stdout.write(block(ep))
         sys.stdout.flush()
         if self.survivors is not None:
@@ -355,7 +356,8 @@ def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable
     try:
         write_json(run_dir / LAUNCH_END, LaunchEnd(restart, code, reason, round(now(), 3)).to_dict())
     except OSError as err:  # a full or read-only file system: the end goes to the job output, for status
-        say(unrecorded_end_line(code, run_dir / LAUNCH_END, err.strerror or str(err), reason))
+        say(joblines.UNRECORDED_END.line(code=code, path=run_dir / LAUNCH_END, why=err.strerror or str(err),
+                                         reason=reason))
 
 
 def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
@@ -397,7 +399,7 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
             say(f"ENVLAYERS-ERROR: rank {rank} engine said: {cause}")
         if err.rank is not None:
             log = run_dir / server_log_name(err.rank)
-            say(f"ENVLAYERS-ERROR: last {TAIL_LINES} lines of {log}:")
+            say(joblines.TAIL_HEADER.line(n=TAIL_LINES, log=log))
             for line in _tail(log):
                 say(f"  | {line}")
         say(f"ENVLAYERS-STAGE: ending job {launch.job_id}; run `env_layers diagnose {launch.job_id}` for causes")

@@ -13,7 +13,8 @@ from typing import Iterable, Sequence
 
 from ..engines import RankCommand
 from ..rundir import SCRIPT_NAMES
-from ..scripttext import Code, render
+from ..joblines import RANK_UP
+from ..scripttext import Code, dq, render
 
 
 def rank_script(commands: Iterable[RankCommand], run_dir: Path,
@@ -26,4 +27,8 @@ def rank_script(commands: Iterable[RankCommand], run_dir: Path,
              "key_flag": cmd.key_flag, "prelude": Code(wrappers[rank][0]) if wrappers else None,
              "wrap": list(wrappers[rank][1]) if wrappers else []}
             for rank, cmd in enumerate(commands)]
-    return render("ranks.sh.j2", arms=arms, run_dir=str(run_dir), files=SCRIPT_NAMES)
+    return render("ranks.sh.j2", arms=arms, run_dir=str(run_dir), files=SCRIPT_NAMES, rank_up=RANK_UP_ECHO)
+
+
+# a rank's first line, which the launcher waits for (joblines.RANK_UP); the shell fills rank and host
+RANK_UP_ECHO = Code(RANK_UP.shell({"rank": "${rank}", "host": "${SLURMD_NODENAME:-$(hostname)}"}, dq))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .. import slurm
+from .. import joblines, slurm
 from ..errors import LaunchFailure
 from ..procgroup import stop_group, stop_groups
 from ..rundir import ENDPOINT, EndpointRecord, ReplicaRow, server_log_name, write_json
@@ -134,7 +134,7 @@ class Survivors:
         self.dead[rank] = why
         self.say(f"ENVLAYERS-ERROR: replica rank {rank} on {node} {why}")
         log = self.lp.run_dir / server_log_name(rank)
-        self.say(f"ENVLAYERS-ERROR: last {len(self.tail(log))} lines of {log}:")
+        self.say(joblines.TAIL_HEADER.line(n=len(self.tail(log)), log=log))
         for line in self.tail(log):
             self.say(f"  | {line}")
         left = self.alive

@@ -16,8 +16,9 @@ from typing import Callable, Sequence
 
 from .. import slurm
 from ..errors import SlurmError
+from ..joblines import DIAG
 
-PREFIX = "ENVLAYERS-DIAG: "
+PREFIX = DIAG.prefix
 QUERY_TIMEOUT_S = 10.0
 
 

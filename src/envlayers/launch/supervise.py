@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
+from .. import joblines
 from ..engines.logsigns import core_died
 from ..errors import StepSignalled
 from ..tail import Tail
 from ..rundir import rank_exit_name, rank_signal_name, server_log_name
 from .prepare import LaunchFailure, LaunchPlan
 
-RANK_UP = "ENVLAYERS-STAGE: rank {rank} up on "
 POLL_S = 0.25
 PROBE_EVERY_S = 0.5
 EXIT_SETTLE_S = 1.5
@@ -142,13 +142,14 @@ class Supervisor:
                     first = fh.readline()
             except FileNotFoundError:
                 continue
-            if first.startswith(RANK_UP.format(rank=rank)):
+            up = joblines.RANK_UP.match_line(first)
+            if up is not None and int(up["rank"]) == rank:
                 self.started.add(rank)
-                self.rank_nodes[rank] = first[len(RANK_UP.format(rank=rank)):].strip()
+                self.rank_nodes[rank] = up["host"]
                 self.say(first.strip())
                 if len(self.started) == n:
                     self.check_span()
-                    self.say(f"ENVLAYERS-STAGE: all {n} ranks started")
+                    self.say(joblines.ALL_STARTED.line(n=n))
         exits = []
         for rank in range(n):
             exit_file = self.run_dir / rank_exit_name(rank)

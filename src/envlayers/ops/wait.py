@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .. import rundir
+from .. import joblines, rundir
 from ..durations import parse_time
 from ..errors import EnvLayersError
 from ..job import SLURM_OUTAGE_S, Job, find_job, locate_job
@@ -119,11 +119,11 @@ class _RunReader:
         lines = self.out.lines()  # an unfinished last line waits for its newline
         started = False
         for kind, line in self.report.feed_lines(lines):
-            if kind == "STAGE" and line.startswith("run_dir="):
+            if kind == joblines.STAGE.name and joblines.RUN_DIR.match(line):
                 started = True
                 self.held = []  # what came before is an earlier run's
-            elif kind in ("WARN", "ERROR"):
-                self.held.append(f"ENVLAYERS-{kind}: {line}")
+            elif kind in (joblines.WARN.name, joblines.ERROR.name):
+                self.held.append(joblines.line(kind, line))
         if job.files.run_dir is None:
             if self.report.run_dir:
                 job.update(info, rundir.JobFiles(job.job_id, job.files.job_out, Path(self.report.run_dir)))
