@@ -289,3 +289,51 @@ def test_no_hint_asks_to_delete_a_key():
     """A layer can set a key (empty too) but never unset one a lower layer sets."""
     hints = [k.hint for k in keys.KEYS if k.hint] + [keys._hint(k, None) for k in keys.KEYS]
     assert [h for h in hints if any(w in h.lower() for w in ("delete", "unset", "remove"))] == []
+
+
+# --- allowed values: declared in the table, accepted by the key's reader, shown in the docs --------------
+
+def _readers():
+    from envlayers.engines import engine_name
+    from envlayers.engines.router import router_choice, router_policy
+    from envlayers.runtimes import runtime_name
+    from envlayers.topology_checks import backend, mode
+
+    return {
+        "CONTAINER_RUNTIME": runtime_name,
+        "INFERENCE_ENGINE": engine_name,
+        "INFERENCE_MODE": mode,
+        "DISTRIBUTED_BACKEND": backend,
+        "ROUTER": lambda env: router_choice(env) or "none",  # none: no router
+        "ROUTER_POLICY": router_policy,
+    }
+
+
+def test_every_key_with_allowed_values_has_its_reader_checked_here():
+    assert {k.name for k in keys.KEYS if k.allowed} == set(_readers())
+
+
+@pytest.mark.parametrize("name", sorted(_readers()))
+def test_a_keys_reader_accepts_exactly_its_allowed_values(name):
+    read = _readers()[name]
+    for word in keys.allowed(name):
+        assert read({name: word}) == word
+    for word in ("nope", keys.allowed(name)[0].upper() + "x"):
+        with pytest.raises(EnvLayersError):
+            read(at_line(name, word))
+
+
+@pytest.mark.parametrize("name", sorted(_readers()))
+def test_the_docs_show_a_keys_allowed_values(name):
+    row = next(r for r in (REPO / "docs" / "keys.md").read_text().splitlines() if r.startswith(f"| `{name}` |"))
+    assert row.split(" | ")[1] == "one of " + ", ".join(f"`{w}`" for w in keys.allowed(name))
+
+
+def test_an_empty_container_runtime_is_an_error_naming_its_line_as_the_table_says():
+    from envlayers.runtimes import runtime_name
+
+    assert keys.BY_NAME["CONTAINER_RUNTIME"].empty == "error" and runtime_name({}) == "ce"
+    with pytest.raises(KeyValueError) as err:
+        runtime_name(at_line("CONTAINER_RUNTIME", " "))
+    assert str(err.value).startswith(f"{LINE}: CONTAINER_RUNTIME: is empty; it must be one of ce, none, podman, ")
+    assert "hint: set CONTAINER_RUNTIME=ce" in str(err.value) and "\n" not in str(err.value)

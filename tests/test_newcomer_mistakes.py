@@ -42,6 +42,7 @@ CASES = [
     ("engine-switched-without-image", "qwen38", "INFERENCE_ENGINE=vllm\n", {}, None, "B", [f"INFERENCE_ENGINE=vllm ({MINE}:1), but CONTAINER_ROLE=sglang-mi300", "set CONTAINER_ROLE=vllm-mi300"]),
     ("unknown-engine", "qwen38", "INFERENCE_ENGINE=tgi\n", {}, None, "E", [f"{MINE}:1: INFERENCE_ENGINE: unknown engine 'tgi'"]),
     ("unknown-runtime", "qwen38", "CONTAINER_RUNTIME=rkt\n", {}, None, "E", [f"{MINE}:1: CONTAINER_RUNTIME: unknown container runtime 'rkt'"]),
+    ("empty-runtime", "qwen38", "CONTAINER_RUNTIME=\n", {}, None, "E", [f"{MINE}:1: CONTAINER_RUNTIME: is empty; it must be one of ce, none, podman,", "hint: set CONTAINER_RUNTIME=ce (its value when no layer assigns it), or one of none, podman,"]),
     ("unknown-role", "qwen38", "CONTAINER_ROLE=sglang-mi999\n", {}, None, "E", [f"{MINE}:1: CONTAINER_ROLE: unknown EDF role 'sglang-mi999'", "did you mean sglang-mi300?"]),
     ("nodes-empty", "qwen38", "INFERENCE_NODES=\n", {}, None, "E", [f"{MINE}:1: INFERENCE_NODES: is empty"]),
     ("nodes-a-word", "qwen38", "INFERENCE_NODES=two\n", {}, None, "E", [f"{MINE}:1: INFERENCE_NODES: must be a positive integer, got 'two'"]),

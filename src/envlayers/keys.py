@@ -1,4 +1,5 @@
-"""Every launch key: its name, type, default, what absent and empty mean, a line of doc; and the typed readers.
+"""Every launch key: its name, type, default, allowed values, what absent and empty mean, a line of doc; and the
+typed readers.
 
 A launch key is a key the merged environment assigns and the planner (on the login node) or the launcher
 (inside the job) reads. :data:`KEYS` is the one table; docs/keys.md is generated from it
@@ -9,6 +10,9 @@ environment): an error names the key. On the login node it is :func:`located` of
 also knows the ``file:line`` of each assignment: an error names that line too. A key missing from the
 mapping is *absent*, a value that is blank after stripping is *empty*; what each means is in the table.
 Every bad value raises :class:`~envlayers.errors.KeyValueError` with a hint.
+
+A key with a closed set of words (``CONTAINER_RUNTIME``, ``INFERENCE_ENGINE``, ...) declares them in the table
+(:attr:`Key.allowed`); its reader takes them from there (:func:`allowed`) and docs/keys.md shows them.
 
 One rule for every boolean key: ``true``/``1``/``yes``/``on`` and ``false``/``0``/``no``/``off``, in any
 case; anything else is an error listing those spellings.
@@ -106,7 +110,8 @@ LIST = Type("list", "a list", "list", "", _text, checked=False)
 class Key:
     """One launch key. ``default``: the value when absent (``None``: nothing, or derived by its reader);
     ``if_empty``: the value when empty, :data:`AS_ABSENT` or :data:`ERROR`; ``absent``/``empty``: what the
-    docs say they mean; ``hint``: how to fix a bad value (else one is made from the default)."""
+    docs say they mean; ``hint``: how to fix a bad value (else one is made from the default); ``allowed``: the
+    only words the key takes (empty: not a closed set), read by the key's reader and shown in docs/keys.md."""
 
     name: str
     type: Type
@@ -117,11 +122,17 @@ class Key:
     absent: str = ""
     empty: str = ""
     hint: str | None = None
+    allowed: tuple[str, ...] = ()
+
+    @property
+    def what(self) -> str:
+        """What a value must be: one of the allowed words, or the type's ``what``."""
+        return f"one of {', '.join(self.allowed)}" if self.allowed else self.type.what
 
 
 KEYS: tuple[Key, ...] = (
-    Key('INFERENCE_ENGINE', WORD, section='main',
-        doc='`sglang` or `vllm`',
+    Key('INFERENCE_ENGINE', WORD, section='main', allowed=('sglang', 'vllm'),
+        doc='the engine that serves the model',
         absent='error', empty='error'),
     Key('INFERENCE_MODEL', STR, section='main',
         doc='model path or Hugging Face id (`--model-path` / positional for `vllm serve`)',
@@ -141,8 +152,8 @@ KEYS: tuple[Key, ...] = (
     Key('PIPELINE_PARALLEL_SIZE', COUNT, if_empty=ERROR, section='main',
         doc='pipeline parallel size (across nodes); derived over the layers\' value when a higher layer sets `INFERENCE_NODES` for one instance (docs/topology.md, "Parallelism from the allocation")',
         absent='derived: the nodes one instance spans (docs/topology.md)', empty='error'),
-    Key('INFERENCE_MODE', WORD, section='main',
-        doc='`single`, `pipeline` or `replicas`',
+    Key('INFERENCE_MODE', WORD, section='main', allowed=('single', 'pipeline', 'replicas'),
+        doc='the shape of the ranks (docs/topology.md)',
         absent='derived from nodes and tp x pp', empty='derived'),
     Key('SLURM_PARTITION', STR, section='main',
         doc='`--partition` of the job: letters, digits, `.`, `_`, `-`, several separated by commas (anything else is refused with its `file:line`)',
@@ -162,9 +173,11 @@ KEYS: tuple[Key, ...] = (
     Key('GPU_NAME', WORD, section='main',
         doc="the site's GPU, as the catalog's container roles name it (`mi300`, `h100`): a catalog model's role is `CONTAINER_ROLE=<engine>-${GPU_NAME}`, the image for those GPUs (containers/edfs/)",
         absent='nothing (a role that reads it is refused)', empty='as absent'),
-    Key('CONTAINER_RUNTIME', WORD, section='main',
-        doc="`ce` (`srun --environment=<EDF>`), `pyxis` (`srun --container-image=...`), `none` (engine from the host's PATH), or the engine in a container per node: `podman`, `docker` (docs/podman.md), `apptainer`/`singularity` (a SIF file), `charliecloud` (`ch-run` of an image directory) (docs/sites.md)",
-        absent='`ce`', empty='error'),
+    Key('CONTAINER_RUNTIME', WORD, default='ce', if_empty=ERROR, section='main',
+        allowed=('ce', 'none', 'podman', 'docker', 'apptainer', 'singularity', 'charliecloud', 'pyxis'),
+        doc="how a rank's engine starts: `ce` by `srun --environment=<EDF>`, `pyxis` by `srun --container-image=...`, `none` from the host's PATH; the others run the engine in a container per node: `podman`, `docker` (docs/podman.md), `apptainer`/`singularity` (a SIF file), `charliecloud` (`ch-run` of an image directory) (docs/sites.md)",
+        absent='`ce`', empty='error',
+        hint="ce runs the registered EDF; none runs the engine from the host's PATH; podman or docker runs it in a pinned image (docs/podman.md); apptainer (or singularity) in a SIF file, charliecloud in an image directory, pyxis as the srun step's container (docs/sites.md)"),
     Key('CONTAINER_IMAGE', STR, section='main',
         doc="the image, pinned by tag or digest (`latest` refused), for podman and docker; for apptainer, charliecloud and pyxis also a `.sif`, image directory or `.sqsh` path",
         absent="the `CONTAINER_ROLE`'s image", empty='error'),
@@ -267,7 +280,7 @@ KEYS: tuple[Key, ...] = (
     Key('DATA_PARALLEL_RPC_PORT', PORT, default=13345, if_empty=ERROR, section='shape',
         doc="the port node 0 coordinates vLLM's data-parallel ranks on (`--data-parallel-rpc-port`); change it only if the port is taken",
         absent='13345', empty='error'),
-    Key('DISTRIBUTED_BACKEND', WORD, section='shape',
+    Key('DISTRIBUTED_BACKEND', WORD, section='shape', allowed=('native', 'ray'),
         doc="how the ranks of one instance across nodes meet: `native` (the engine's own rendezvous: the `pipeline` shape) or `ray` (vLLM's Ray executor: the `ray` shape). Only for one instance across nodes; `ray` elsewhere is refused, and SGLang has no Ray executor",
         absent="the rule: `ray` when tensor parallelism is larger than one node's GPUs, else `native`", empty='the rule'),
     Key('VLLM_ALLREDUCE_USE_SYMM_MEM', STR, section='shape',
@@ -297,14 +310,15 @@ KEYS: tuple[Key, ...] = (
     Key('GATEWAY_REPLACE_TIMEOUT_S', SECONDS, if_empty=ERROR, section='lasting',
         doc='gateway shape: seconds the job keeps serving with fewer than `MIN_REPLICAS` healthy replicas while Ray Serve replaces the dead ones; then it ends',
         absent='the readiness budget (`ENVLAYERS_READY_TIMEOUT_S`, clamped to the allocation)', empty='error'),
-    Key('ROUTER', WORD, section='lasting',
+    Key('ROUTER', WORD, section='lasting', allowed=('smg', 'none'),
         doc='replicas shape: `smg` starts one router on node 0 in front of every replica, and the endpoint is its one URL (docs/topology.md, "One URL in front of the replicas"); `none`: no router; anything else, or a shape other than replicas, is refused before submission naming the line',
         absent='no router: an URL per replica', empty='no router'),
     Key('ROUTER_PORT', PORT_PAIR, default=30000, if_empty=ERROR, section='lasting',
         doc="the router's port on node 0 (the port above it serves its Prometheus metrics, bound where the router is); the first free pair from it up is taken; equal to `SERVER_PORT` or the port below it is refused",
         absent='30000', empty='error', hint='e.g. ROUTER_PORT=30000 (the metrics take the port above it)'),
-    Key('ROUTER_POLICY', WORD, section='lasting',
-        doc="the router's policy: `cache_aware`, `round_robin`, `power_of_two`, `least_load`, `prefix_hash`, `consistent_hashing`, `random`",
+    Key('ROUTER_POLICY', WORD, default='cache_aware', section='lasting',
+        allowed=('cache_aware', 'round_robin', 'power_of_two', 'least_load', 'prefix_hash', 'consistent_hashing', 'random'),
+        doc="the router's policy (smg's `--policy`)",
         absent='`cache_aware`', empty='`cache_aware`'),
     Key('MAX_REPLICAS', COUNT, if_empty=AS_ABSENT, section='lasting',
         doc='replicas shape with `ROUTER=smg`: the router\'s pool grows up to this many replicas by submitting one-node replica jobs while requests wait longer than `SCALE_UP_WAIT_S` for `SCALE_UP_WINDOW_S`, and releases an added replica idle for `IDLE_STOP_AFTER_S` (docs/topology.md, "The elastic pool"); fewer than the replicas the job starts with, or without the router, is refused before submission naming the line',
@@ -412,13 +426,18 @@ def value(env: Mapping[str, str], name: str, default: object = _UNSET, *, shown:
             return fallback
         if key.if_empty is not ERROR:
             return key.if_empty
-        raise error(env, name, f"is empty; it must be {key.type.what}", _hint(key, suggest))
+        raise error(env, name, f"is empty; it must be {key.what}", _hint(key, suggest))
     if not key.type.checked:
         return raw
     parsed = key.type.parse(text)
     if parsed is None:
         raise error(env, name, f"must be {key.type.what}, got {raw!r}", key.hint or _hint(key, suggest))
     return parsed
+
+
+def allowed(name: str) -> tuple[str, ...]:
+    """The words key ``name`` takes (:attr:`Key.allowed`): what its reader accepts."""
+    return BY_NAME[name].allowed
 
 
 def text(env: Mapping[str, str], name: str) -> str | None:
@@ -433,7 +452,8 @@ def _word(v: object) -> str:
 
 def _hint(key: Key, suggest: str | None) -> str:
     if suggest is not None:
-        return f"set {key.name}={suggest} (its value when no layer assigns it), or another {key.type.noun}"
+        other = f"one of {', '.join(w for w in key.allowed if w != suggest)}" if key.allowed else f"another {key.type.noun}"
+        return f"set {key.name}={suggest} (its value when no layer assigns it), or {other}"
     return f"set {key.name} to {key.type.what}, e.g. {key.name}={key.type.example}"
 
 
@@ -457,12 +477,17 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _type_cell(k: Key) -> str:
+    """The docs' type column: the type, or the allowed words of a key that has them (:attr:`Key.allowed`)."""
+    return "one of " + ", ".join(f"`{w}`" for w in k.allowed) if k.allowed else k.type.name
+
+
 def markdown_table(section: str) -> str:
     """The keys of one section as a Markdown table: key, type, what it does, absent, empty."""
     out = ["| key | type | what it does | absent | empty |", "|---|---|---|---|---|"]
     for k in KEYS:
         if k.section == section:
-            out.append(f"| `{k.name}` | {k.type.name} | {_cell(k.doc)} | {_cell(k.absent)} | {_cell(k.empty)} |")
+            out.append(f"| `{k.name}` | {_cell(_type_cell(k))} | {_cell(k.doc)} | {_cell(k.absent)} | {_cell(k.empty)} |")
     return "\n".join(out)
 
 

@@ -15,10 +15,10 @@ from typing import Mapping, NamedTuple
 from envlayers import keys
 from envlayers.errors import TopologyError
 
-MODES: tuple[str, ...] = ("single", "pipeline", "replicas")
-"""Valid values of ``INFERENCE_MODE``."""
-BACKENDS: tuple[str, ...] = ("native", "ray")
-"""Valid values of ``DISTRIBUTED_BACKEND``."""
+MODES: tuple[str, ...] = keys.allowed("INFERENCE_MODE")
+"""Valid values of ``INFERENCE_MODE`` (the keys table declares them)."""
+BACKENDS: tuple[str, ...] = keys.allowed("DISTRIBUTED_BACKEND")
+"""Valid values of ``DISTRIBUTED_BACKEND`` (the keys table declares them)."""
 
 # the defaults the planner names in its messages: the table's (envlayers.keys)
 DEFAULT_NODES = keys.BY_NAME["INFERENCE_NODES"].default

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from .. import keys
 from ..topology import Plan, RankPlan
 from . import sglang, vllm
 from .command import (  # noqa: F401  (the package's public names: the command and its printed line)
@@ -24,8 +25,8 @@ from .command import (  # noqa: F401  (the package's public names: the command a
     shell_line,
 )
 
-ENGINES: tuple[str, ...] = ("sglang", "vllm")
-"""Valid values of ``INFERENCE_ENGINE``."""
+ENGINES: tuple[str, ...] = keys.allowed("INFERENCE_ENGINE")
+"""Valid values of ``INFERENCE_ENGINE`` (the keys table declares them)."""
 
 
 def rank_plan(plan: Plan, rank: int) -> RankPlan:

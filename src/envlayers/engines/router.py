@@ -30,11 +30,10 @@ from ..urls import server_root
 
 PACKAGE, VERSION = "smg", "1.13.0"
 PIN = f"{PACKAGE}=={VERSION}"  # the `router` extra of pyproject.toml says the same (tests/test_router.py)
-ROUTERS = ("smg", "none")
+ROUTERS = launch_keys.allowed("ROUTER")  # the keys table declares the choices
 DEFAULT_PORT = 30000
-POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "prefix_hash", "consistent_hashing",
-            "random")
-DEFAULT_POLICY = "cache_aware"
+POLICIES = launch_keys.allowed("ROUTER_POLICY")
+DEFAULT_POLICY = launch_keys.BY_NAME["ROUTER_POLICY"].default
 # smg's defaults probe every 60 s and mark a worker down after 3 failures (3 minutes); its retries and
 # circuit breaker cover the gap, but a dead replica should leave the rotation within ~10 s
 HEALTH_INTERVAL_S = 5

@@ -21,7 +21,7 @@ from ..rundir import LAUNCH, RANKS_SH, LaunchRecord, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
 from ..urls import host_port_base
 from . import raycluster
-from ..runtimes import rank_wrappers as runtime_wrappers
+from ..runtimes import rank_wrappers as runtime_wrappers, runtime_name
 
 CLAMP = 0.9
 # what the job script itself exports besides the merged environment
@@ -192,7 +192,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
     # -- the container runtime's wrapper (runtimes/): podman run, apptainer exec, ch-run before each command
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
-    runtime = keytable.text(keys, "CONTAINER_RUNTIME") or "ce"
+    runtime = runtime_name(keys)
     wrapped = runtime_wrappers(runtime, keys, plan, alloc.job_id, commands)
     if wrapped is not None:
         wrappers, runtime_lines, containers = wrapped

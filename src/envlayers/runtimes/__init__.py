@@ -21,26 +21,24 @@ from __future__ import annotations
 from typing import Mapping
 
 
+from .. import keys as keytable
 from ..errors import EnvLayersError
 
-RUNTIMES = ("ce", "none", "podman", "docker", "apptainer", "singularity", "charliecloud", "pyxis")
+RUNTIMES = keytable.allowed("CONTAINER_RUNTIME")  # the keys table declares them
 WRAPPED = ("podman", "docker", "apptainer", "singularity", "charliecloud")  # srun starts ranks.sh; a wrapper the engine
 PROGRAMS = {"podman": "podman", "docker": "docker", "apptainer": "apptainer", "singularity": "singularity",
             "charliecloud": "ch-run"}
-DEFAULT_RUNTIME = "ce"
+DEFAULT_RUNTIME = keytable.BY_NAME["CONTAINER_RUNTIME"].default
 
 
 def runtime_name(env: Mapping[str, str]) -> str:
-    """``CONTAINER_RUNTIME`` (absent or empty: ce), checked."""
-    value = (env.get("CONTAINER_RUNTIME") or DEFAULT_RUNTIME).strip()
+    """``CONTAINER_RUNTIME`` as the keys table says: absent -> ce, empty -> an error, else one of its words."""
+    value = keytable.value(env, "CONTAINER_RUNTIME").strip()
     if value not in RUNTIMES:
         origin = getattr(env, "origins", {}).get("CONTAINER_RUNTIME")  # keys.Located: the line that set it
         raise EnvLayersError(f"unknown container runtime {value!r} (valid: {', '.join(RUNTIMES)})",
                              where=f"{origin}: CONTAINER_RUNTIME" if origin else "CONTAINER_RUNTIME",
-                             hint="ce runs the registered EDF; none runs the engine from the host's PATH; "
-                                  "podman or docker runs it in a pinned image (docs/podman.md); apptainer (or singularity) "
-                                  "in a SIF file, charliecloud in an image directory, pyxis as the srun step's "
-                                  "container (docs/sites.md)")
+                             hint=keytable.BY_NAME["CONTAINER_RUNTIME"].hint)
     return value
 
 
