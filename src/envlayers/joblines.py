@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 MARK = "ENVLAYERS-"  # every line of the job's own starts with it: `grep ENVLAYERS- job.out`
 
 
-@dataclass(frozen=True)
 class Kind:
     """One kind of line: ``ENVLAYERS-<name>: ``."""
 
-    name: str
+    __slots__ = ("name", "prefix")
 
-    @property
-    def prefix(self) -> str:
-        return f"{MARK}{self.name}: "
+    def __init__(self, name: str):
+        self.name = name
+        self.prefix = f"{MARK}{name}: "
+
+    def __repr__(self) -> str:
+        return f"Kind({self.name!r})"
 
     def line(self, text: str) -> str:
         return self.prefix + text
@@ -45,12 +46,12 @@ KINDS: tuple[Kind, ...] = (STAGE, TOPOLOGY, WARN, ERROR, DIAG, POOL, TUNNEL)
 BY_NAME: Mapping[str, Kind] = {k.name: k for k in KINDS}
 REPORTED: tuple[Kind, ...] = (STAGE, TOPOLOGY, WARN, ERROR, DIAG)  # the kinds the launcher's report reads
 
-_LINE_RE = re.compile(rf"^{MARK}({'|'.join(k.name for k in REPORTED)}):\s?(.*)$")
+_LINE_RE = rf"^{MARK}({'|'.join(k.name for k in REPORTED)}):\s?(.*)$"
 
 
 def parse(line: str) -> tuple[str, str] | None:
     """``(kind name, text)`` of a line of a :data:`REPORTED` kind (the text stripped), else None."""
-    m = _LINE_RE.match(line)
+    m = re.match(_LINE_RE, line)  # re's own cache keeps it compiled
     return (m.group(1), m.group(2).strip()) if m else None
 
 
@@ -59,30 +60,35 @@ def line(kind: str, text: str) -> str:
     return BY_NAME[kind].line(text)
 
 
-@dataclass(frozen=True)
 class Form:
     """One line of ``kind`` a reader takes apart. ``text``: a ``str.format`` text with named fields;
     ``fields``: each field's pattern for the reader; ``whole``: the pattern must reach the line's end
     (else the text only has to start the line); ``older``: a pattern for what earlier launchers printed,
-    read as well (its named groups are the fields)."""
+    read as well (its named groups are the fields with ``_`` added: a pattern names a group once)."""
 
-    kind: Kind
-    text: str
-    fields: Mapping[str, str]
-    whole: bool = False
-    older: str | None = None
-    pattern: re.Pattern = field(init=False, repr=False, compare=False)
+    def __init__(self, kind: Kind, text: str, fields: Mapping[str, str], *, whole: bool = False,
+                 older: str | None = None):
+        self.kind, self.text, self.fields, self.whole, self.older = kind, text, fields, whole, older
+        self._pattern: re.Pattern | None = None
 
-    def __post_init__(self):
-        parts = []
-        for literal, name, _spec, _conv in string.Formatter().parse(self.text):
-            parts.append(re.escape(literal))
-            if name is not None:
-                parts.append(f"(?P<{name}>{self.fields[name]})")
-        body = "".join(parts) + ("$" if self.whole else "")
-        if self.older:
-            body = f"(?:{body}|{self.older})"
-        object.__setattr__(self, "pattern", re.compile("^" + body))
+    def __repr__(self) -> str:
+        return f"Form({self.kind.name}, {self.text!r})"
+
+    @property
+    def pattern(self) -> re.Pattern:
+        """The reader's pattern, built from :attr:`text` (once, when first needed: the job script's
+        render imports this module and reads nothing)."""
+        if self._pattern is None:
+            parts = []
+            for literal, name, _spec, _conv in string.Formatter().parse(self.text):
+                parts.append(re.escape(literal))
+                if name is not None:
+                    parts.append(f"(?P<{name}>{self.fields[name]})")
+            body = "".join(parts) + ("$" if self.whole else "")
+            if self.older:
+                body = f"(?:{body}|{self.older})"
+            self._pattern = re.compile("^" + body)
+        return self._pattern
 
     def text_of(self, **values) -> str:
         """The text after the prefix, ``values`` filled in."""
