@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from envlayers import rundir
+from envlayers.joblines import UNRECORDED_END
 from envlayers.launch.pool import Pool
 
 DATA = Path(__file__).resolve().parent / "data" / "records"
@@ -281,8 +282,8 @@ def _ended(tmp_path: Path, *, launch=True, end=None, said=None) -> rundir.JobFil
                  {"code": 1, "reason": "r", "ended_at": 2.5}, id="reported"),
     pytest.param({"end": {"code": 0, "reason": "idle stop: no request for 60s"}}, "idle stop",
                  {"code": 0, "reason": "idle stop: no request for 60s", "ended_at": None}, id="idle-stop"),
-    pytest.param({"said": rundir.unrecorded_end_line(143, Path("/r/launch-end.json"), "No space left on device",
-                                                     "live then signal 15") + "\n"}, "unrecorded",
+    pytest.param({"said": UNRECORDED_END.line(code=143, path=Path("/r/launch-end.json"), why="No space left on device",
+                                              reason="live then signal 15") + "\n"}, "unrecorded",
                  {"code": 143, "path": "/r/launch-end.json", "write_error": "No space left on device",
                   "reason": "live then signal 15"}, id="unrecorded"),
     pytest.param({}, "died", {}, id="died"),
