@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .joblines import TOPOLOGY, WARN
+
 DEFAULT_PREFIX = "hsn"
 
 
@@ -51,18 +53,18 @@ def choose(ifaces: dict[str, str | None], asked: str | None, layers_ifname: str 
     ENVLAYERS_HSN_IFACE) matches nothing."""
     prefix = asked or DEFAULT_PREFIX
     found = matching(ifaces, prefix)
-    lines = [f"ENVLAYERS-TOPOLOGY: iface {name} {addr}" for name, addr in found]
+    lines = [TOPOLOGY.line(f"iface {name} {addr}") for name, addr in found]
     if not found:
         have = ", ".join(sorted(n for n, a in ifaces.items() if a and n != "lo")) or "none"
         if asked:
             return FabricChoice((), None, f"no routable fabric IPv4 address on the head node: no interface "
                                           f"{prefix}<N> with an IPv4 address (have: {have}); check ENVLAYERS_HSN_IFACE")
-        return FabricChoice((f"ENVLAYERS-WARN: no {prefix}<N> interface with an IPv4 address on the head node "
-                             f"(have: {have}); NCCL picks its interface itself (set ENVLAYERS_HSN_IFACE to require "
-                             "one)",), None, None)
+        return FabricChoice((WARN.line(f"no {prefix}<N> interface with an IPv4 address on the head node "
+                                       f"(have: {have}); NCCL picks its interface itself (set ENVLAYERS_HSN_IFACE to "
+                                       "require one)"),), None, None)
     if layers_ifname:
-        return FabricChoice((*lines, f"ENVLAYERS-TOPOLOGY: nccl_socket_ifname={layers_ifname} (from the layers)"),
+        return FabricChoice((*lines, TOPOLOGY.line(f"nccl_socket_ifname={layers_ifname} (from the layers)")),
                             None, None)
     # one leading "=" makes the whole list exact names (NCCL), so hsn0.561 stays out
     derived = "=" + ",".join(name for name, _ in found)
-    return FabricChoice((*lines, f"ENVLAYERS-TOPOLOGY: nccl_socket_ifname={derived} (derived)"), derived, None)
+    return FabricChoice((*lines, TOPOLOGY.line(f"nccl_socket_ifname={derived} (derived)")), derived, None)

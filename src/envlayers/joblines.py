@@ -6,8 +6,10 @@ A :class:`Kind` is the prefix (``STAGE.line("...")`` makes a line, :func:`parse`
 :class:`Form` is one line of a kind that a reader takes apart (``rank 3 up on nid001``): a
 ``str.format`` text whose fields the producer fills (:meth:`Form.line`, or :meth:`Form.shell` for a job
 script that fills them at run time) and the reader gets back (:meth:`Form.match`), the pattern built from
-that same text. The standalone scripts (``gateway_app.py``, ``launch/raynode.py``) cannot import this
-module and spell their lines themselves; what is read of them (:data:`GATEWAY_LINES`) is declared here.
+that same text. The package makes its lines with these (``STAGE.line(f"...")``); the standalone scripts
+(``gateway_app.py``, ``launch/raynode.py``) cannot import this module and spell their lines themselves
+(what is read of the gateway's, :data:`GATEWAY_LINES`, is declared here), and so do the job scripts'
+templates for the lines no reader takes apart.
 """
 
 from __future__ import annotations

@@ -271,8 +271,9 @@ class RecordWriter:
         except OSError as err:
             why = err.strerror or str(err)
             if self.failing.get(str(path)) != why:
-                self.say(f"ENVLAYERS-WARN: cannot write {path}: {why}; the job goes on without this record "
-                         "(free space there, or point SCRATCH or RUN_ROOT at a writable file system next time)")
+                self.say(joblines.WARN.line(f"cannot write {path}: {why}; the job goes on without this "
+                                            "record (free space there, or point SCRATCH or RUN_ROOT at a writable "
+                                            "file system next time)"))
             self.failing[str(path)] = why
             return False
         self.failing.pop(str(path), None)

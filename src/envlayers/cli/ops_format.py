@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from ..durations import compact, parse_time
+from ..joblines import ERROR, TAIL_HEADER
 from ..rundir import EndpointRecord
 from .serving_format import gpu_hours_lines, replica_lines
 from .textfmt import table
@@ -219,7 +220,7 @@ def describe_end(result: "WaitResult") -> list[str]:
         head = f"job {jid} ended {when}: {', '.join(bits)}"
     lines = [head]
     if result.report.last_error:
-        lines.append(f"  ENVLAYERS-ERROR: {result.report.last_error}")
+        lines.append("  " + ERROR.line(result.report.last_error))  # the job output's line, as it was
     said = launcher_line(job.launcher_end()) if info is not None else None
     if said and not job.requeued:
         lines.append(f"  {said}")
@@ -279,7 +280,6 @@ def phase_text(ph: dict) -> str:
 
 
 def format_record(rec: dict) -> str:
-    from ..joblines import TAIL_HEADER
     from ..slurm import TERMINAL_STATES
 
     s = rec["slurm"] or {}

@@ -22,8 +22,8 @@ from typing import Callable, Mapping, Sequence
 
 from .. import shell
 from ..errors import KeyValueError, StepSignalled
-from .. import joblines
 from ..fsutil import atomic_write
+from ..joblines import ERROR, LIVE, STAGE, TAIL_HEADER, UNRECORDED_END, WARN
 from ..procgroup import stop_group
 from ..rundir import (API_KEY, ENDPOINT, LAUNCH_END, RANK_EXIT_GLOB, RAY_TOKEN, EndpointRecord, LaunchEnd,
                       RecordWriter, server_log_name, write_api_key, write_json)
@@ -280,13 +280,13 @@ class Launcher:
                 path = write_api_key(self.run_dir, key)
             self.keys["SERVER_API_KEY_FILE"] = str(path)
             if not inherited:
-                say(f"ENVLAYERS-STAGE: generated a per-job API key in {path} (mode 0600; `env_layers connect "
-                    f"{self.job_id}` names it)")
+                say(STAGE.line(f"generated a per-job API key in {path} (mode 0600; `env_layers connect "
+                               f"{self.job_id}` names it)"))
             return str(path), key
         return key_file, (read_api_key(key_file) if key_file else None)
 
     def start(self, lp: LaunchPlan, api_key: str | None) -> None:
-        say(f"ENVLAYERS-STAGE: starting {lp.ranks} rank(s): {shell.words(lp.srun)}")
+        say(STAGE.line(f"starting {lp.ranks} rank(s): {shell.words(lp.srun)}"))
         child_env = dict(self.environ)
         child_env.pop("SERVER_API_KEY", None)  # only SERVER_API_KEY_FILE sets a key
         # ranks.sh takes ENVLAYERS_RANK before SLURM_PROCID: only this launcher sets it (one step per replica,
@@ -326,8 +326,8 @@ class Launcher:
         if lp.plan.shape in ("ray", "gateway"):  # the Ray cluster node 0 saw form (launch/raycluster.py)
             from .raycluster import joined_line
 
-            say(joined_line(self.run_dir) or "ENVLAYERS-WARN: no ray-cluster.json from node 0")
-        say(joblines.LIVE.line(seconds=elapsed))
+            say(joined_line(self.run_dir) or WARN.line("no ray-cluster.json from node 0"))
+        say(LIVE.line(seconds=elapsed))
         sys.stdout.write(block(ep))
         sys.stdout.flush()
         if self.survivors is not None:
@@ -356,7 +356,7 @@ def write_end(run_dir: Path, restart: int, code: int, reason: str, now: Callable
     try:
         write_json(run_dir / LAUNCH_END, LaunchEnd(restart, code, reason, round(now(), 3)).to_dict())
     except OSError as err:  # a full or read-only file system: the end goes to the job output, for status
-        say(joblines.UNRECORDED_END.line(code=code, path=run_dir / LAUNCH_END, why=err.strerror or str(err),
+        say(UNRECORDED_END.line(code=code, path=run_dir / LAUNCH_END, why=err.strerror or str(err),
                                          reason=reason))
 
 
@@ -379,33 +379,33 @@ def main(run_dir: Path, environ: Mapping[str, str] | None = None) -> int:
     except IdleStop as stop:  # no request for IDLE_STOP_AFTER_S: a clean end, not a failure
         reason = str(stop)
     except _Terminated as term:  # scancel or the time limit: the normal end of a serving job
-        say(f"ENVLAYERS-STAGE: received signal {term.signum}; stopping the ranks")
+        say(STAGE.line(f"received signal {term.signum}; stopping the ranks"))
         code = 128 + term.signum
         reason = (f"live then signal {term.signum}" if launch.live
                   else f"signal {term.signum} before the endpoint was live")
     except StepSignalled as sig:  # scancel --signal=TERM JOB: the steps were told to end, the batch script was not
-        say(f"ENVLAYERS-STAGE: {sig}; ending job {launch.job_id}")
+        say(STAGE.line(f"{sig}; ending job {launch.job_id}"))
         code = 128 + sig.signum
         reason = (f"live then signal {sig.signum} to the server step" if sig.live
                   else f"signal {sig.signum} to the server step before the endpoint was live")
     except HandedOver as done:  # SUCCESSORS: the successor is live, this link of the chain ends
-        say(f"ENVLAYERS-STAGE: {done}; ending job {launch.job_id}")
+        say(STAGE.line(f"{done}; ending job {launch.job_id}"))
         code, reason = 0, str(done)
     except (LaunchFailure, KeyValueError) as err:  # a bad launch key ends the launch like a failure
         for line in err.lines:
             say(line)
-        say(f"ENVLAYERS-ERROR: {err}")
+        say(ERROR.line(str(err)))
         for rank, cause in root_causes(run_dir, launch.ranks(), err.rank):
-            say(f"ENVLAYERS-ERROR: rank {rank} engine said: {cause}")
+            say(ERROR.line(f"rank {rank} engine said: {cause}"))
         if err.rank is not None:
             log = run_dir / server_log_name(err.rank)
-            say(joblines.TAIL_HEADER.line(n=TAIL_LINES, log=log))
+            say(TAIL_HEADER.line(n=TAIL_LINES, log=log))
             for line in _tail(log):
                 say(f"  | {line}")
-        say(f"ENVLAYERS-STAGE: ending job {launch.job_id}; run `env_layers diagnose {launch.job_id}` for causes")
+        say(STAGE.line(f"ending job {launch.job_id}; run `env_layers diagnose {launch.job_id}` for causes"))
         code, reason, died = 1, str(err), True
     except Exception as err:  # an EnvLayersError from planning, or a bug: say it, end the job
-        say(f"ENVLAYERS-ERROR: launcher failed: {err}")
+        say(ERROR.line(f"launcher failed: {err}"))
         code, reason = 1, f"launcher failed: {err}"
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the clean-up short
@@ -468,10 +468,10 @@ def core_guard(run_dir: Path, workdir: Path) -> bool:
         if workdir.resolve() != run_dir.resolve():
             cores += find_core_files(workdir)
         for c in cores:
-            say(f"ENVLAYERS-WARN: core file left: {c.path} ({c.size_bytes} bytes)")
+            say(WARN.line(f"core file left: {c.path} ({c.size_bytes} bytes)"))
         for lim in report.bad_limits:
-            say(f"ENVLAYERS-ERROR: rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})")
+            say(ERROR.line(f"rank {lim.rank} ran with core limit {lim.value}, not 0 ({lim.where})"))
             ok = False
     except Exception as err:  # the guard must not turn a clean end into a crash
-        say(f"ENVLAYERS-WARN: core check failed: {err}")
+        say(WARN.line(f"core check failed: {err}"))
     return ok

@@ -15,6 +15,7 @@ import time
 from typing import Callable, Mapping
 
 from .. import keys as keytable
+from ..joblines import STAGE, WARN
 from ..rundir import IDLE_STOP_REASON, RecordWriter
 from .counters import RequestCounters, fetch_metrics, metrics_urls
 from .gatewaylog import GatewayRelay
@@ -94,11 +95,11 @@ class Meter:
             if decision == "warn":
                 left = (f"; the job ends in {self.stop_after_s - idle:.0f}s (IDLE_STOP_AFTER_S="
                         f"{self.stop_after_s:g})" if self.stop_after_s else "")
-                self.say(f"ENVLAYERS-WARN: no request served for {idle:.0f}s (IDLE_WARN_AFTER_S="
-                         f"{self.warn_after_s:g}){left}")
+                self.say(WARN.line(f"no request served for {idle:.0f}s (IDLE_WARN_AFTER_S="
+                                   f"{self.warn_after_s:g}){left}"))
             elif decision == "stop":
-                self.say(f"ENVLAYERS-STAGE: idle stop: no request served for {idle:.0f}s "
-                         f"(IDLE_STOP_AFTER_S={self.stop_after_s:g}); ending the job cleanly")
+                self.say(STAGE.line(f"idle stop: no request served for {idle:.0f}s "
+                                    f"(IDLE_STOP_AFTER_S={self.stop_after_s:g}); ending the job cleanly"))
                 raise IdleStop(f"{IDLE_STOP_REASON}: no request for {idle:.0f}s (IDLE_STOP_AFTER_S="
                                f"{self.stop_after_s:g})")
 
@@ -109,12 +110,12 @@ class Meter:
             why = ("SGLang runs without --enable-metrics (SGLANG_ENABLE_METRICS is off)" if not self.lp.metrics
                    else f"no request counters at {', '.join(self._counter_urls())}")
             what = "idle release is off" if self.stop_after_s or self.warn_after_s else "serving and idle time unknown"
-            self.say(f"ENVLAYERS-WARN: cannot read the engine's request counters ({why}): {what}")
+            self.say(WARN.line(f"cannot read the engine's request counters ({why}): {what}"))
         elif self.stop_after_s or self.warn_after_s:
             bits = [f"stop after {self.stop_after_s:g}s" if self.stop_after_s else None,
                     f"warn after {self.warn_after_s:g}s" if self.warn_after_s else None]
-            self.say(f"ENVLAYERS-STAGE: idle release: {', '.join(b for b in bits if b)} without a request "
-                     f"(request counters from {', '.join(self._counter_urls())})")
+            self.say(STAGE.line(f"idle release: {', '.join(b for b in bits if b)} without a request "
+                                f"(request counters from {', '.join(self._counter_urls())})"))
 
     def _counter_urls(self) -> list[str]:
         if self.router is not None:

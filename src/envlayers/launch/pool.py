@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from .. import joblines
 from .. import keys as keytable
 from .. import shell, slurm
 from ..rundir import (API_KEY, ENDPOINT, JOB_SH, POOL, EndpointRecord, PoolDecision, PoolJob, PoolRecord, end_recorded,
@@ -69,8 +70,8 @@ class Member:
         self.next_ask = clock() + STATE_EVERY_S
 
     def went_live(self, startup_s: float) -> None:
-        self.say(f"ENVLAYERS-POOL: replica job of job {self.parent}'s pool, live after {startup_s:.1f}s; job "
-                 f"{self.parent}'s router adds it")
+        self.say(joblines.POOL.line(f"replica job of job {self.parent}'s pool, live after {startup_s:.1f}s; job "
+                                    f"{self.parent}'s router adds it"))
 
     def tick(self) -> None:
         if end_recorded(self.run_dir.parent / self.parent):
@@ -130,10 +131,11 @@ class Pool:
         self.endpoint_seen: dict[str, float] = {}  # replica job -> when its endpoint.json was seen (clock)
         self.endpoint: EndpointRecord | None = None
         self._written: tuple | None = None
-        self.say(f"ENVLAYERS-POOL: elastic pool: {started} replica(s), up to MAX_REPLICAS={max_replicas} while "
-                 f"requests wait over SCALE_UP_WAIT_S={b.wait_s:g}s for SCALE_UP_WINDOW_S={b.window_s:g}s; "
-                 + (f"an added replica idle for IDLE_STOP_AFTER_S={b.idle_s:g}s is released" if b.idle_s
-                    else "added replicas stay (IDLE_STOP_AFTER_S is not set)"))
+        self.say(joblines.POOL.line(
+            f"elastic pool: {started} replica(s), up to MAX_REPLICAS={max_replicas} while "
+            f"requests wait over SCALE_UP_WAIT_S={b.wait_s:g}s for SCALE_UP_WINDOW_S={b.window_s:g}s; "
+            + (f"an added replica idle for IDLE_STOP_AFTER_S={b.idle_s:g}s is released" if b.idle_s
+               else "added replicas stay (IDLE_STOP_AFTER_S is not set)")))
         self._write()
 
     # ------------------------------------------------------------------ the loop
@@ -207,14 +209,14 @@ class Pool:
         except (OSError, slurm.SlurmError) as err:
             job, said = None, str(err)
         if job is None:
-            self.say(f"ENVLAYERS-POOL: grow refused: could not submit a replica job ({said}); {why}")
+            self.say(joblines.POOL.line(f"grow refused: could not submit a replica job ({said}); {why}"))
             return
         self.policy.submitted(job)
         self.jobs[job] = PoolJob(job, submitted_at=round(self.wall(), 3))
         self.next_state = now + STATE_EVERY_S
         self._write()
-        self.say(f"ENVLAYERS-POOL: grow: {why}: submitted replica job {job} ({shell.words(argv)}"
-                 + ("; it keeps this job's API key)" if CHAIN_KEY_FILE in env else ")"))
+        self.say(joblines.POOL.line(f"grow: {why}: submitted replica job {job} ({shell.words(argv)}"
+                                    + ("; it keeps this job's API key)" if CHAIN_KEY_FILE in env else ")")))
 
     def _pending(self, now: float) -> None:
         job = self.policy.pending
@@ -228,8 +230,8 @@ class Pool:
                 said = self.router.add_worker(urls[0])
                 if said is not None:
                     return self._failed(job, f"smg did not take it: {said}")
-                self.say(f"ENVLAYERS-POOL: replica job {job} is live at {urls[0]} on {rec.node}; added to the "
-                         "router (POST /workers)")
+                self.say(joblines.POOL.line(f"replica job {job} is live at {urls[0]} on {rec.node}; added to the "
+                                            "router (POST /workers)"))
                 return
             if now >= self.next_state:
                 self.next_state = now + STATE_EVERY_S
@@ -245,14 +247,14 @@ class Pool:
             self.policy.joined(job, startup)
             self.last_request[job] = now
             self._write()  # endpoint.json lists it before the line says so
-            self.say(f"ENVLAYERS-POOL: replica job {job} joined the router after {startup:.0f}s: "
-                     f"{self.policy.size} replicas serve (MAX_REPLICAS={self.policy.bounds.max_replicas})")
+            self.say(joblines.POOL.line(f"replica job {job} joined the router after {startup:.0f}s: {self.policy.size} "
+                                        f"replicas serve (MAX_REPLICAS={self.policy.bounds.max_replicas})"))
         elif now - self.endpoint_seen[job] > JOIN_TIMEOUT_S:
             self._failed(job, f"smg did not call it healthy within {JOIN_TIMEOUT_S:.0f}s")
 
     def _failed(self, job: str, why: str) -> None:
         self.policy.failed(job)
-        self.say(f"ENVLAYERS-POOL: replica job {job} did not join: {why}; cancelling it")
+        self.say(joblines.POOL.line(f"replica job {job} did not join: {why}; cancelling it"))
         self._end(job, f"did not join: {why}")
 
     # ------------------------------------------------------------------ shrink and the end
@@ -261,14 +263,14 @@ class Pool:
         rec = self.jobs[job]
         said = self.router.remove_worker(rec.url)
         if said is not None:
-            self.say(f"ENVLAYERS-POOL: shrink of replica job {job} put off: the router did not let it go ({said})")
+            self.say(joblines.POOL.line(f"shrink of replica job {job} put off: the router did not let it go ({said})"))
             return
         self.policy.released(job)
         rec.released_at = round(self.wall(), 3)
         self._end(job, f"released: {why}")
         self._write()
-        self.say(f"ENVLAYERS-POOL: shrink: replica job {job} ({rec.url}) {why}: removed from the router, job "
-                 f"cancelled; {self.policy.size} replicas serve")
+        self.say(joblines.POOL.line(f"shrink: replica job {job} ({rec.url}) {why}: removed from the router, job "
+                                    f"cancelled; {self.policy.size} replicas serve"))
 
     def _end(self, job: str, how: str) -> None:
         rec = self.jobs[job]
@@ -277,7 +279,7 @@ class Pool:
         try:
             self.cancel(job)
         except (OSError, slurm.SlurmError) as err:
-            self.say(f"ENVLAYERS-WARN: could not cancel replica job {job}: {err}")
+            self.say(joblines.WARN.line(f"could not cancel replica job {job}: {err}"))
 
     def stop(self) -> None:
         """This job ends: cancel every replica job still running (the router already stopped)."""
@@ -285,7 +287,7 @@ class Pool:
         for job in left:
             self._end(job, "the pool's job ended")
         if left:
-            self.say(f"ENVLAYERS-POOL: job {self.job_id} ends: cancelled its replica job(s) {', '.join(left)}")
+            self.say(joblines.POOL.line(f"job {self.job_id} ends: cancelled its replica job(s) {', '.join(left)}"))
         self._write()
 
     # ------------------------------------------------------------------ records

@@ -19,6 +19,7 @@ from ..engines import RankCommand
 from ..errors import LaunchFailure
 from ..rundir import LAUNCH, RANKS_SH, LaunchRecord, json_text
 from ..engines.sglang import metrics_enabled as sglang_metrics_enabled
+from ..joblines import STAGE, TOPOLOGY, WARN
 from ..urls import host_port_base
 from . import raycluster
 from ..runtimes import rank_wrappers as runtime_wrappers, runtime_name
@@ -139,8 +140,8 @@ def choose_rdzv_port(plan: topology.Plan, busy: frozenset[int],
         if port not in taken:
             if port == start:
                 return plan, []
-            line = (f"ENVLAYERS-TOPOLOGY: rdzv_port={port} (RDZV_PORT={start} is in use on the head node; the first "
-                    f"free port above it)")
+            line = (TOPOLOGY.line(f"rdzv_port={port} (RDZV_PORT={start} is in use on the head node; the first "
+                                  f"free port above it)"))
             return replace(plan, rdzv_port=port), [line]
     last = min(start + span, 65536) - 1
     raise LaunchFailure(f"no free rendezvous port on the head node in {start}-{last} (RDZV_PORT and the {span - 1} "
@@ -175,21 +176,21 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
     commands = engines.build_commands(plan, build_env, nodes[0].url_host, [n.address for n in nodes])
     engine = engines.engine_name(keys)
     for rank, cmd in enumerate(commands):
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} on {nodes[rank].name}: {engines.shell_line(cmd)}")
+        lines.append(STAGE.line(f"rank {rank} on {nodes[rank].name}: {engines.shell_line(cmd)}"))
     if alloc.api_key and any(c.key_flag for c in commands):
-        lines.append("ENVLAYERS-WARN: SGLang takes the API key only on its command line (--api-key): other users "
-                     "of the node can read it in /proc/<pid>/cmdline while the server runs (a known limit, "
-                     "docs/keys.md)")
+        lines.append(WARN.line("SGLang takes the API key only on its command line (--api-key): other users "
+                               "of the node can read it in /proc/<pid>/cmdline while the server runs (a known limit, "
+                               "docs/keys.md)"))
     budget = keytable.value(keys, "ENVLAYERS_READY_TIMEOUT_S")
     left = alloc.time_left_s
     if left is not None and budget > CLAMP * left:
         clamped = int(CLAMP * left)
-        lines.append(f"ENVLAYERS-WARN: readiness budget {budget}s exceeds the allocation; clamping to {clamped}s "
-                     f"(90% of the {left}s left)")
+        lines.append(WARN.line(f"readiness budget {budget}s exceeds the allocation; clamping to {clamped}s "
+                               f"(90% of the {left}s left)"))
         budget = clamped
     rank_start_s = keytable.value(keys, "ENVLAYERS_RANK_START_TIMEOUT")
     stall_s = startup_stall_s(keys)
-    lines.append(f"ENVLAYERS-TOPOLOGY: readiness_budget={budget}s rank_start_budget={rank_start_s}s")
+    lines.append(TOPOLOGY.line(f"readiness_budget={budget}s rank_start_budget={rank_start_s}s"))
     # -- the container runtime's wrapper (runtimes/): podman run, apptainer exec, ch-run before each command
     wrappers, containers = None, []  # containers: their names, which launch.json records for release
     runtime = runtime_name(keys)
@@ -226,7 +227,7 @@ def prepare(keys: Mapping[str, str], alloc: Allocation) -> LaunchPlan:
 
         container = pyxis.step_args(pyxis.Settings(keys.get("ENVLAYERS_IMAGE") or ""), keys, str(alloc.run_dir),
                                     pyxis.passed(keys, commands))
-        lines.append(f"ENVLAYERS-STAGE: the ranks run in pyxis: {' '.join(container)}")
+        lines.append(STAGE.line(f"the ranks run in pyxis: {' '.join(container)}"))
     srun = slurm.ranks_step_argv(plan.nodes, alloc.cpus_on_node, keys.get("ENVLAYERS_EDF") or None,
                      str(alloc.run_dir / RANKS_SH), container)
     served = keys.get("VLLM_SERVED_MODEL", "")

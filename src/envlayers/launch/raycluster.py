@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 from .. import keys, shell
 from ..engines.ray import head_argv
+from ..joblines import STAGE, TOPOLOGY
 from ..rundir import GATEWAY_APP, RAY_CLUSTER, RAY_NODE, RAY_TOKEN, RayCluster, ray_pids_name, read_record
 
 RAY_SHAPES = ("ray", "gateway")
@@ -83,17 +84,17 @@ def wrappers(env: Mapping[str, str], plan, run_dir: Path, job_id: str, node_addr
         else:
             words.append("--")
         out.append(("# a Ray node (raynode.py): Ray first, then the command after its last --", words))
-    lines = [f"ENVLAYERS-TOPOLOGY: ray_head={address} ray_nodes={plan.nodes} join_timeout={timeout}s "
-             f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> pids={ray_pids_name('<rank>')} "
-             f"auth=token ({RAY_TOKEN}, 0600)",
-             f"ENVLAYERS-STAGE: rank 0 starts the Ray head: {shell.words(head_argv(env, plan, head_ip))}"]
+    lines = [TOPOLOGY.line(f"ray_head={address} ray_nodes={plan.nodes} join_timeout={timeout}s "
+                           f"temp_dir={TEMP_ROOT}/envlayers-ray-{job_id}-<rank>-<run dir crc32> "
+                           f"pids={ray_pids_name('<rank>')} auth=token ({RAY_TOKEN}, 0600)"),
+             STAGE.line(f"rank 0 starts the Ray head: {shell.words(head_argv(env, plan, head_ip))}")]
     if plan.shape == "gateway":
-        lines.append(f"ENVLAYERS-TOPOLOGY: gateway port={plan.api_port} replicas={plan.replicas} "
-                     f"max_replicas_per_node={gateway_cap(plan)} (Ray Serve; each replica runs rank 0's vllm serve "
-                     "on a free loopback port and proxies to it)")
-        lines.append(f"ENVLAYERS-TOPOLOGY: gateway survival: min_replicas={minimum} replace_timeout={grace}s "
-                     "(a replica whose server dies is replaced by Serve; the job ends after replace_timeout with "
-                     "fewer than min_replicas healthy)")
+        lines.append(TOPOLOGY.line(f"gateway port={plan.api_port} replicas={plan.replicas} "
+                                   f"max_replicas_per_node={gateway_cap(plan)} (Ray Serve; each replica runs rank "
+                                   "0's vllm serve on a free loopback port and proxies to it)"))
+        lines.append(TOPOLOGY.line(f"gateway survival: min_replicas={minimum} replace_timeout={grace}s "
+                                   "(a replica whose server dies is replaced by Serve; the job ends after "
+                                   "replace_timeout with fewer than min_replicas healthy)"))
     return out, lines
 
 
@@ -124,5 +125,5 @@ def joined_line(run_dir: Path) -> str | None:
     seen = read_record(run_dir / RAY_CLUSTER, RayCluster)
     if seen is None or None in (seen.address, seen.nodes, seen.joined_after_s):
         return None
-    return (f"ENVLAYERS-STAGE: ray cluster at {seen.address}: {seen.nodes} of {seen.nodes} node(s) "
-            f"joined after {seen.joined_after_s}s")
+    return STAGE.line(f"ray cluster at {seen.address}: {seen.nodes} of {seen.nodes} node(s) "
+                      f"joined after {seen.joined_after_s}s")

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .. import joblines, slurm
+from .. import slurm
 from ..errors import LaunchFailure
+from ..joblines import ERROR, STAGE, TAIL_HEADER, WARN
 from ..procgroup import stop_group, stop_groups
 from ..rundir import ENDPOINT, EndpointRecord, ReplicaRow, server_log_name, write_json
 from .prepare import LaunchPlan
@@ -121,8 +122,8 @@ class Survivors:
         self.endpoint = endpoint
         if getattr(self.steps, "survive", None) is not None:
             self.steps.survive = True
-        self.say(f"ENVLAYERS-STAGE: replicas survive a peer: {len(self.alive)} alive, the job ends below "
-                 f"MIN_REPLICAS={self.minimum}")
+        self.say(STAGE.line(f"replicas survive a peer: {len(self.alive)} alive, the job ends below "
+                            f"MIN_REPLICAS={self.minimum}"))
         self._write()
 
     def lost(self, rank: int, why: str) -> None:
@@ -132,9 +133,9 @@ class Survivors:
             return
         node = self.lp.nodes[rank].name
         self.dead[rank] = why
-        self.say(f"ENVLAYERS-ERROR: replica rank {rank} on {node} {why}")
+        self.say(ERROR.line(f"replica rank {rank} on {node} {why}"))
         log = self.lp.run_dir / server_log_name(rank)
-        self.say(joblines.TAIL_HEADER.line(n=len(self.tail(log)), log=log))
+        self.say(TAIL_HEADER.line(n=len(self.tail(log)), log=log))
         for line in self.tail(log):
             self.say(f"  | {line}")
         left = self.alive
@@ -147,13 +148,13 @@ class Survivors:
             end(rank)
         self._give_back(rank)
         self._write()
-        self.say(f"ENVLAYERS-STAGE: {len(left)} of {self.lp.ranks} replicas alive, serving on: "
-                 + ", ".join(f"rank {r} on {self.lp.nodes[r].name}" for r in left))
+        self.say(STAGE.line(f"{len(left)} of {self.lp.ranks} replicas alive, serving on: "
+                            + ", ".join(f"rank {r} on {self.lp.nodes[r].name}" for r in left)))
 
     def _give_back(self, rank: int) -> None:
         node = self.lp.nodes[rank].name
         if rank == 0:
-            self.say(f"ENVLAYERS-STAGE: node {node} stays in the job: the launcher runs there")
+            self.say(STAGE.line(f"node {node} stays in the job: the launcher runs there"))
             return
         self.background(lambda: self._release(node))
 
@@ -162,11 +163,11 @@ class Survivors:
             keep = [self.lp.nodes[0].name] + [self.lp.nodes[r].name for r in self.alive if r != 0]
             said = self.release(keep)
         if said is None:
-            self.say(f"ENVLAYERS-STAGE: node {node} released back to Slurm (the job now holds "
-                     f"{', '.join(keep)}; no longer billed for {node})")
+            self.say(STAGE.line(f"node {node} released back to Slurm (the job now holds "
+                                f"{', '.join(keep)}; no longer billed for {node})"))
         else:
-            self.say(f"ENVLAYERS-WARN: could not release node {node} back to Slurm ({said}); it stays allocated "
-                     "until the job ends")
+            self.say(WARN.line(f"could not release node {node} back to Slurm ({said}); it stays allocated "
+                               "until the job ends"))
 
     def _write(self) -> None:
         if self.endpoint is None:

@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..engines.router import ENTRY, KEY_ENV, RouterPlan, plan_router, worker_root
 from ..errors import EnvLayersError, LaunchFailure
+from ..joblines import STAGE, TOPOLOGY, WARN
 from ..procgroup import stop_group
 from ..rundir import ROUTER_LOG, ROUTER_STATE, RecordWriter, RouterState
 from .idle import Counters, parse_prometheus
@@ -160,9 +161,9 @@ class Router:
         self.plan = plan_router(self.keys, self.shape, self.api_port, self.workers, self.api_key is not None,
                                 port=port)
         if port != wanted.port:
-            self.say(f"ENVLAYERS-TOPOLOGY: router_port={port} (ROUTER_PORT={wanted.port} or the port above it is in "
-                     "use on node 0; the first free pair above it)")
-        self.say(f"ENVLAYERS-STAGE: starting the router on node 0: {self.plan.line()}")
+            self.say(TOPOLOGY.line(f"router_port={port} (ROUTER_PORT={wanted.port} or the port above it is in "
+                                   "use on node 0; the first free pair above it)"))
+        self.say(STAGE.line(f"starting the router on node 0: {self.plan.line()}"))
         env = {k: v for k, v in os.environ.items() if k != "SERVER_API_KEY"}
         env["NO_COLOR"] = "1"
         if self.api_key is not None:
@@ -193,16 +194,17 @@ class Router:
                     break
             if self.clock() >= deadline:
                 if status == 200 and any(healthy.values()):
-                    self.say(f"ENVLAYERS-WARN: the router routes to {sum(healthy.values())} of {len(self.workers)} "
-                             f"replicas after {timeout_s:.0f}s; it adds the others once their /health answers")
+                    self.say(WARN.line(f"the router routes to {sum(healthy.values())} of {len(self.workers)} "
+                                       f"replicas after {timeout_s:.0f}s; it adds the others once their "
+                                       "/health answers"))
                     break
                 self.stop()
                 raise LaunchFailure(f"the router did not route to any replica within {timeout_s:.0f}s (last "
                                     f"answer on /v1/models: {status}); see {self.run_dir / ROUTER_LOG}")
             self.sleep(0.5)
-        self.say(f"ENVLAYERS-STAGE: router live at {self.url} in front of {len(self.workers)} replica(s) "
-                 f"(policy {self.plan.policy}; metrics at http://127.0.0.1:{self.plan.metrics_port}/metrics on "
-                 "node 0)")
+        self.say(STAGE.line(f"router live at {self.url} in front of {len(self.workers)} replica(s) "
+                            f"(policy {self.plan.policy}; metrics at "
+                            f"http://127.0.0.1:{self.plan.metrics_port}/metrics on node 0)"))
 
     def record(self) -> dict:
         """The ``router`` entry of endpoint.json."""
@@ -236,8 +238,9 @@ class Router:
         before = self.health or {}
         for url, ok in health.items():
             if before.get(url, True) != ok:
-                self.say(f"ENVLAYERS-{'STAGE' if ok else 'WARN'}: router: {url} {'healthy again' if ok else 'marked down'}"
-                         f" by its health checks ({sum(health.values())} of {len(health)} replica(s) healthy)")
+                self.say((STAGE if ok else WARN).line(
+                    f"router: {url} {'healthy again' if ok else 'marked down'} by its health checks "
+                    f"({sum(health.values())} of {len(health)} replica(s) healthy)"))
         self.health = dict(health)
         self.write(self.run_dir / ROUTER_STATE, RouterState(dict(health), round(self.wall(), 3)).to_dict())
 

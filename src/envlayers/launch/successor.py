@@ -29,6 +29,7 @@ from typing import Callable, Mapping
 
 from .. import keys as keytable
 from .. import slurm
+from ..joblines import STAGE, WARN
 from ..rundir import API_KEY, CHAIN, ENDPOINT, JOB_SH, ChainRecord, read_endpoint, write_api_key, write_json
 
 QUEUE_MARGIN_S = 120
@@ -85,12 +86,12 @@ def inherited_key(run_dir: Path, environ: Mapping[str, str], say: Callable[[str]
         if mode & 0o077:
             raise EnvLayersError(f"others may read or write it (mode {mode:04o})", where=src)
     except EnvLayersError as err:
-        say(f"ENVLAYERS-WARN: cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
-            f"clients of job {environ.get(PREDECESSOR) or '?'} must take it from `env_layers connect`")
+        say(WARN.line(f"cannot take the chain's API key from {src} ({err.message}): a new key is generated; "
+                      f"clients of job {environ.get(PREDECESSOR) or '?'} must take it from `env_layers connect`"))
         return None
     path = write_api_key(run_dir, key)
-    say(f"ENVLAYERS-STAGE: the chain's API key (job {environ.get(PREDECESSOR) or '?'}'s, {src}) "
-        f"copied to {path} (mode 0600): clients keep their key")
+    say(STAGE.line(f"the chain's API key (job {environ.get(PREDECESSOR) or '?'}'s, {src}) "
+                   f"copied to {path} (mode 0600): clients keep their key"))
     return str(path), key
 
 
@@ -117,13 +118,13 @@ class Chain:
     def went_live(self, startup_s: float) -> None:
         if self.left <= 0:
             if self.record.predecessor:
-                self.say(f"ENVLAYERS-STAGE: last job of the chain (after job {self.record.predecessor}): "
-                         "no successor")
+                self.say(STAGE.line(f"last job of the chain (after job {self.record.predecessor}): "
+                                    "no successor"))
             return
         fields = self.job_fields(self.job_id)
         limit = _limit_s(fields.get("TimeLimit"))
         if not limit:
-            self.say("ENVLAYERS-WARN: SUCCESSORS is set but the job has no time limit Slurm reports: no successor")
+            self.say(WARN.line("SUCCESSORS is set but the job has no time limit Slurm reports: no successor"))
             return
         dep, minutes = dependency(self.job_id, limit, startup_s)
         env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
@@ -135,21 +136,21 @@ class Chain:
         try:
             proc = self.run(argv, env)
         except (OSError, slurm.SlurmError) as err:
-            self.say(f"ENVLAYERS-WARN: could not submit the successor: {err}")
+            self.say(WARN.line(f"could not submit the successor: {err}"))
             return
         succ = slurm.parse_parsable(proc.stdout) if proc.returncode == 0 else None
         if succ is None:
             said = (proc.stderr or "").strip().splitlines()
-            self.say(f"ENVLAYERS-WARN: could not submit the successor: {said[-1] if said else proc.returncode}")
+            self.say(WARN.line(f"could not submit the successor: {said[-1] if said else proc.returncode}"))
             return
         self.record.successor, self.record.dependency = succ, dep
         self._write()
-        self.say(f"ENVLAYERS-STAGE: successor job {succ} submitted ({dep}: starts {minutes} min after this job "
-                 f"started, {self.left - 1} more after it); this job ends once it is live")
+        self.say(STAGE.line(f"successor job {succ} submitted ({dep}: starts {minutes} min after this job "
+                            f"started, {self.left - 1} more after it); this job ends once it is live"))
         from .. import shell
 
-        self.say(f"ENVLAYERS-STAGE: successor job {succ}: {shell.words(argv)}"
-                 + ("; it keeps this job's API key" if CHAIN_KEY_FILE in env else ""))
+        self.say(STAGE.line(f"successor job {succ}: {shell.words(argv)}"
+                            + ("; it keeps this job's API key" if CHAIN_KEY_FILE in env else "")))
 
     def tick(self) -> None:
         """Raise HandedOver once the successor's endpoint is live and the drain time passed."""
@@ -162,8 +163,8 @@ class Chain:
             self.drain_from = self.clock()
             ep = read_endpoint(self.run_dir.parent / succ)
             urls = "?" if ep is None else " ".join(ep.base_urls)
-            self.say(f"ENVLAYERS-STAGE: successor job {succ} is live at {urls}; this job drains for {self.drain_s}s "
-                     "and ends")
+            self.say(STAGE.line(f"successor job {succ} is live at {urls}; this job drains for {self.drain_s}s "
+                                "and ends"))
         elif self.clock() - self.drain_from >= self.drain_s:
             raise HandedOver(f"handed over to successor job {succ}")
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .. import joblines
 from ..engines.logsigns import core_died
 from ..errors import StepSignalled
+from ..joblines import ALL_STARTED, DIAG, RANK_UP
 from ..tail import Tail
 from ..rundir import rank_exit_name, rank_signal_name, server_log_name
 from .prepare import LaunchFailure, LaunchPlan
@@ -142,14 +142,14 @@ class Supervisor:
                     first = fh.readline()
             except FileNotFoundError:
                 continue
-            up = joblines.RANK_UP.match_line(first)
+            up = RANK_UP.match_line(first)
             if up is not None and int(up["rank"]) == rank:
                 self.started.add(rank)
                 self.rank_nodes[rank] = up["host"]
                 self.say(first.strip())
                 if len(self.started) == n:
                     self.check_span()
-                    self.say(joblines.ALL_STARTED.line(n=n))
+                    self.say(ALL_STARTED.line(n=n))
         exits = []
         for rank in range(n):
             exit_file = self.run_dir / rank_exit_name(rank)
@@ -250,7 +250,7 @@ class Supervisor:
         try:
             return tuple(self.diag(missing))
         except Exception as err:  # the diagnosis must never hide the failure it explains
-            return (f"ENVLAYERS-DIAG: asking Slurm failed: {type(err).__name__}: {err}",)
+            return (DIAG.line(f"asking Slurm failed: {type(err).__name__}: {err}"),)
 
     def step_ended(self, code: int) -> None:
         deadline = self.clock() + EXIT_SETTLE_S + 0.5
