@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from nettools import free_port
 from realengine.tiny_model import DTYPE  # the dtype the tiny model is served in, and why
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,12 +130,6 @@ def model_dir() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nettools import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -52,12 +54,6 @@ def ensure_openssh() -> str | None:
         if created:
             guard.unlink(missing_ok=True)
     return None if Path(SSHD).exists() else "sshd still missing after apt-get install"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _children(pid: int) -> list[int]:

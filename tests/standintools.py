@@ -1,22 +1,17 @@
-"""A stand-in vLLM (tests/standin) serving on 127.0.0.1 for a test, and a free port: shared by the tests that
-talk to one over real HTTP (tests/test_bench.py, tests/test_batch.py)."""
+"""A stand-in vLLM (tests/standin) serving on 127.0.0.1 for a test, on a port from nettools.free_port: shared by
+the tests that talk to one over real HTTP (tests/test_bench.py, tests/test_batch.py)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+from nettools import free_port
+
 STANDIN = Path(__file__).resolve().parent / "standin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Engine:

@@ -4,8 +4,6 @@ is printed and reaches every rank's command; none free ends the launch before sr
 from __future__ import annotations
 
 import socket
-import time
-from pathlib import Path
 
 import pytest
 
@@ -13,6 +11,7 @@ from envlayers import engines
 from envlayers.launch.ports import ports_in_use
 from envlayers.launch.prepare import LaunchFailure, choose_rdzv_port
 from envlayers.topology import plan
+from nettools import time_wait_port
 
 PIPELINE = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "m", "VLLM_SERVED_MODEL": "s", "INFERENCE_NODES": "2"}
 RAY = {**PIPELINE, "TENSOR_PARALLEL_SIZE": "8"}
@@ -72,32 +71,3 @@ def test_a_port_whose_last_connection_lingers_in_time_wait_is_free():
     port = time_wait_port()
     assert port not in ports_in_use(port, 1)
 
-
-def time_wait_port() -> int:
-    """A port whose only socket is a SO_REUSEADDR listener's connection in TIME_WAIT (the server closed first)."""
-    with socket.socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        client = socket.create_connection(("127.0.0.1", port))
-        server_side, _ = listener.accept()
-        server_side.close()  # the active close: TIME_WAIT on the server's port
-        client.recv(1)
-        client.close()
-        assert port in ports_in_use(port, 1)  # held while the listener lives
-    deadline = time.monotonic() + 30
-    while tcp_states(port) != {"06"} and time.monotonic() < deadline:  # the server's socket reaches TIME_WAIT
-        time.sleep(0.01)
-    assert tcp_states(port) == {"06"}
-    return port
-
-
-def tcp_states(port: int) -> set[str]:
-    """The states (/proc/net/tcp's hex codes; 06 is TIME_WAIT) of the sockets bound locally to ``port``."""
-    states = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        if int(local.split(":")[1], 16) == port:
-            states.add(state)
-    return states

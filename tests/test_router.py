@@ -366,7 +366,7 @@ def test_a_router_port_left_in_time_wait_by_the_previous_router_is_free():
     # the previous job's router (a Rust listener: SO_REUSEADDR) closed its connections first: TIME_WAIT on its
     # port for a minute; the next job's router binds it fine, so the check must not move the port for it
     from envlayers.launch.ports import port_free
-    from test_launch_rdzv import time_wait_port
+    from nettools import time_wait_port
 
     assert port_free(time_wait_port())
 

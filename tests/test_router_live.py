@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from nettools import free_port
 
 pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
 
@@ -23,12 +23,6 @@ from envlayers.launch.router import Router  # noqa: E402
 
 STANDIN = Path(__file__).resolve().parent / "standin"
 KEY = "test-key-" + "x" * 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def served(port: int) -> float:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from nettools import free_port
 import yaml
 
 # tests/realvllm.py: the real engine's virtual environment and the tiny model (skips, or fails where required,
@@ -47,12 +47,6 @@ pytestmark = pytest.mark.real_vllm
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "tests" / "data" / "logs"
 STANDIN_VLLM = REPO / "tests" / "standin" / "bin" / "vllm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

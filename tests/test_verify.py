@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from nettools import free_port
 from click.testing import CliRunner
 
 from envlayers.cli import cli
@@ -28,12 +29,6 @@ STANDIN = REPO / "tests" / "standin"
 SERVED = "hpcagent-bench-vllm"
 QWEN38 = ["--model-path", "Qwen/Qwen3.8-27B-FP8"]
 OSS120B = ["openai/gpt-oss-120b"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class StandIn:

@@ -3,10 +3,9 @@ argument, before any request is sent (nothing listens on the URL these cases giv
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from nettools import free_port
 from malformed_tools import assert_clean_error, run_cli
 
 GOOD = """version: 1
@@ -17,9 +16,7 @@ models:
 
 
 def nobody() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 @pytest.mark.parametrize("text, needles", [

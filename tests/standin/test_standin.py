@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from nettools import free_port
 from timing import LATE_S  # how late a busy machine may run an event
 
 STANDIN = Path(__file__).resolve().parent
@@ -48,12 +49,6 @@ VLLM_ORDER = [
     "Starting vLLM API server 0 on http://127.0.0.1:",
     "Application startup complete.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Engine:
