@@ -9,10 +9,9 @@ from envlayers.engines.logsigns import CORE_DIED, core_died
 from envlayers.launch.prepare import LaunchFailure, prepare
 from envlayers.launch.supervise import CORE_DEATH_SETTLE_S, POLL_S, Supervisor
 from envlayers.readiness import Probe
-from test_endure import replicas_loop, stop
-from test_ray_launch import GATEWAY, RAY
-from test_ray_launch import alloc as ray_alloc
-from test_launch import PIPELINE, SINGLE_VLLM, Clock, Step, alloc, exited, grow, started, supervisor
+from clocktools import Clock
+from launchtools import (GATEWAY, RAY, SINGLE_VLLM, Step, alloc, exited, grow, ray_alloc, replicas_loop, started, stop,
+                         supervisor)
 
 # the line vLLM 0.32's API server prints when its engine core process dies (vllm/v1/engine/core_client.py)
 DIED = ("(APIServer pid=4242) WARNING 12-04 10:00:00 [core_client.py:818] [shutdown] MPClient: engine core "

@@ -14,16 +14,13 @@ import pytest
 from envlayers.launch.health import HealthSettings, HealthWatch, get_health, health_settings, health_url
 from envlayers.errors import KeyValueError
 from envlayers.launch.prepare import LaunchFailure, Node, min_replicas, prepare
-from envlayers.launch.replicas import ReplicaSteps, Survivors, release_node, survives
+from envlayers.launch.replicas import ReplicaSteps, release_node, survives
 from envlayers.rundir import EndpointRecord
 from envlayers.slurm import one_node_step_argv
 from envlayers.launch.supervise import Supervisor
 from envlayers.readiness import Probe
-from test_launch import PIPELINE, SINGLE_VLLM, Clock, Step, alloc, exited, started
-
-N3 = Node("n3", "10.0.0.3", True)
-REPLICAS = {**SINGLE_VLLM, "INFERENCE_NODES": "3", "INFERENCE_MODE": "replicas"}
-NODES3 = (Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True), N3)
+from clocktools import Clock
+from launchtools import NODES3, PIPELINE, REPLICAS, SINGLE_VLLM, Step, Stop, alloc, exited, replicas_loop, started, stop
 
 
 # --------------------------------------------------------------------------- keys and argv (pure)
@@ -107,50 +104,6 @@ def test_release_node_shrinks_the_job_and_says_why_not(tmp_path, answers, want, 
 
 
 # --------------------------------------------------------------------------- replicas on the loop
-
-
-class Steps(Step):
-    def __init__(self):
-        super().__init__()
-        self.ended: list[int] = []
-        self.survive = False
-
-    def end(self, rank):
-        self.ended.append(rank)
-
-
-def replicas_loop(tmp_path, clock, *, minimum=1, health=None, said=None):
-    keys = {**REPLICAS, "ENVLAYERS_READY_TIMEOUT_S": "100"}
-    lp = prepare(keys, alloc(tmp_path, nodes=NODES3))
-    said = [] if said is None else said
-    steps, released = Steps(), []
-
-    def release(keep):
-        released.append(list(keep))
-        return None
-
-    surv = Survivors(lp, steps, minimum, say=said.append, tail=lambda p: ["last words"], release=release,
-                     background=lambda fn: fn())
-
-    def probe(url, served, key, timeout_s):
-        return Probe(url, True, 200, "ok")
-
-    def on_live(elapsed):
-        surv.went_live(EndpointRecord(base_urls=[t.url for t in lp.targets], addresses=[t.address for t in lp.targets]))
-
-    sup = Supervisor(lp, steps, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep,
-                     survivors=surv, health=health)
-    for r in range(3):
-        started(tmp_path, r)
-    return sup, steps, released, said
-
-
-class Stop(BaseException):
-    pass
-
-
-def stop():
-    raise Stop
 
 
 def test_a_replica_that_exits_after_live_is_dropped_and_its_node_given_back(tmp_path):

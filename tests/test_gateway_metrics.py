@@ -149,7 +149,7 @@ def test_survival_counts_a_recovery_only_once_it_held():
 def test_once_live_the_meter_says_the_gateways_replica_lines_from_rank_zeros_log(tmp_path):
     from envlayers.launch.meter import Meter
     from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    from launchtools import GATEWAY, ray_alloc as alloc
 
     lp = prepare(GATEWAY, alloc(tmp_path))
     said = []
@@ -179,7 +179,7 @@ def test_a_gateway_line_split_where_the_meter_takes_over_from_the_phase_reader_i
 
     from envlayers.launch.meter import Meter
     from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    from launchtools import GATEWAY, ray_alloc as alloc
 
     lp = prepare(GATEWAY, alloc(tmp_path))
     said = []
@@ -287,7 +287,7 @@ def test_no_gateway_state_file_or_a_half_written_one_reads_as_none(tmp_path):
 def test_the_meter_reads_the_gateway_per_replica_so_its_total_never_goes_back(tmp_path):
     from envlayers.launch.meter import Meter
     from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    from launchtools import GATEWAY, ray_alloc as alloc
 
     def v(running, stop):  # finished = stop + 1 (one "length" request each)
         return VLLM % {"running": running, "stop": stop}
@@ -306,7 +306,7 @@ def test_the_meter_reads_the_gateway_per_replica_so_its_total_never_goes_back(tm
 def test_the_meter_reads_no_gateway_counters_from_a_text_without_them(tmp_path):
     from envlayers.launch.meter import Meter
     from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    from launchtools import GATEWAY, ray_alloc as alloc
 
     meter = Meter(prepare(GATEWAY, alloc(tmp_path)), {}, lambda line: None,
                   fetch=lambda *a, **k: '# replica="0" did not answer: no metrics\n')
@@ -357,7 +357,7 @@ def test_the_meter_waits_for_a_gateway_that_answers_after_its_slow_replica_read(
     from envlayers import gateway_app
     from envlayers.launch import counters as meter_mod
     from envlayers.launch.prepare import prepare
-    from test_ray_launch import GATEWAY, alloc
+    from launchtools import GATEWAY, ray_alloc as alloc
 
     assert meter_mod.GATEWAY_FETCH_TIMEOUT_S >= gateway_app.READ_TIMEOUT_S + 1.5
     body = merge_expositions([("0", VLLM % {"running": 0, "stop": 3}), ("1", None)]).encode()

@@ -15,7 +15,8 @@ from envlayers.errors import KeyValueError
 from envlayers.launch.prepare import LaunchFailure, prepare
 from envlayers.readiness import Probe
 from envlayers.launch.supervise import Supervisor
-from test_launch import N1, SINGLE_SGLANG, SINGLE_VLLM, Clock, Step, Stop, alloc, started
+from clocktools import Clock
+from launchtools import N1, SINGLE_SGLANG, SINGLE_VLLM, Step, Stop, alloc, started
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -18,26 +18,19 @@ import pytest
 from envlayers.errors import KeyValueError
 from envlayers import engines, rundir, topology
 from envlayers.launch.launcher import core_guard, read_api_key, resolve_nodes
-from envlayers.launch.prepare import Allocation, LaunchFailure, Node, launch_keys, prepare
+from envlayers.launch.prepare import LaunchFailure, Node, launch_keys, prepare
 from envlayers.jobscript import srun_dry_line
 from envlayers.slurm import ranks_step_argv
 from envlayers.launch.ranks import rank_script
-from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S, Supervisor
+from envlayers.launch.supervise import EXIT_SETTLE_S, POLL_S
 from envlayers.readiness import Probe, add_usage, block
 from envlayers.rundir import EndpointRecord
-
-PIPELINE = {"INFERENCE_ENGINE": "sglang", "INFERENCE_MODEL": "zai-org/GLM-5.3", "VLLM_SERVED_MODEL": "s",
-            "INFERENCE_NODES": "2", "PIPELINE_PARALLEL_SIZE": "2", "NCCL_NET_GDR_LEVEL": "LOC"}
-SINGLE_VLLM = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "Qwen/Qwen3-8B", "VLLM_SERVED_MODEL": "q"}
-SINGLE_SGLANG = {**SINGLE_VLLM, "INFERENCE_ENGINE": "sglang"}
-N1, N2 = Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True)
+from clocktools import Clock
+from launchtools import (N1, N2, PIPELINE, SINGLE_SGLANG, SINGLE_VLLM, Step, Stop, alloc, exited, grow, run_dir_block,
+                         started, supervisor)
 
 
-def alloc(tmp_path: Path, nodes=(N1, N2), **kw) -> Allocation:
-    return Allocation(job_id="42", run_dir=tmp_path, nodes=tuple(nodes), cpus_on_node="192", **kw)
-
-
-# --------------------------------------------------------------------------- the plan (pure)
+# ----------------------------------------------------------------------- the plan (pure)
 
 
 @pytest.mark.parametrize("edf, want", [
@@ -263,67 +256,6 @@ def test_a_rank_without_its_key_says_so_and_records_the_exit(tmp_path, key_env, 
 # --------------------------------------------------------------------------- the supervision loop
 
 
-class Clock:
-    """Fake monotonic time; ``sleep`` advances it and runs the events that fall due."""
-
-    def __init__(self):
-        self.t = 1000.0
-        self.events: list[tuple[float, object]] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def at(self, t: float, fn) -> None:
-        self.events.append((1000.0 + t, fn))
-
-    def sleep(self, s: float) -> None:
-        self.t += s
-        due = [e for e in self.events if e[0] <= self.t]
-        self.events = [e for e in self.events if e[0] > self.t]
-        for _, fn in sorted(due, key=lambda e: e[0]):
-            fn()
-
-
-class Step:
-    def __init__(self):
-        self.code = None
-
-    def poll(self):
-        return self.code
-
-
-class Stop(BaseException):
-    pass
-
-
-def started(run_dir: Path, rank: int) -> None:
-    (run_dir / f"server-{rank}.log").write_text(f"ENVLAYERS-STAGE: rank {rank} up on n{rank + 1}\n")
-
-
-def exited(run_dir: Path, rank: int, code: int, mtime_s: float) -> None:
-    path = run_dir / f"rank-{rank}.exit"
-    path.write_text(f"{code}\n")
-    os.utime(path, ns=(int(mtime_s * 1e9), int(mtime_s * 1e9)))
-
-
-def supervisor(tmp_path, clock, step, *, probe_ok=lambda url: False, budget=100, rank_start=30, said=None, live=None,
-               generate=None, diag=None, **keys):
-    keys = {**PIPELINE, "ENVLAYERS_READY_TIMEOUT_S": str(budget), "ENVLAYERS_RANK_START_TIMEOUT": str(rank_start),
-            **keys}
-    lp = prepare(keys, alloc(tmp_path, ifaces={"hsn0": "1.2.3.4"}))
-    said = [] if said is None else said
-
-    def probe(url, served, key, timeout_s):
-        ok = probe_ok(url)
-        return Probe(url, ok, 200 if ok else None, "ok" if ok else "no answer: [Errno 111] Connection refused")
-
-    def on_live(elapsed):
-        (live if live is not None else []).append(elapsed)
-
-    return Supervisor(lp, step, probe=probe, on_live=on_live, say=said.append, clock=clock, sleep=clock.sleep,
-                      generate=generate, background=False, diag=diag)
-
-
 @pytest.mark.parametrize("exits, blamed, code", [
     pytest.param([(1, 3, 10.0), (0, 143, 11.0)], 1, "3", id="first-failure-not-the-rank-srun-stopped"),
     pytest.param([(0, 143, 10.0), (1, 137, 11.0)], 1, "137", id="sigkill-is-a-real-failure"),
@@ -495,11 +427,6 @@ def test_a_completion_that_never_answers_ends_at_the_readiness_budget_saying_so(
     assert str(err.value).startswith("endpoint not live after 6s (readiness budget): 0 of 1 answered; last probe of "
                                      "rank 0: lists 's'; a one-token completion: no answer: timed out")
     assert all(t <= 6 for t in generate.calls)  # each completion is bounded by the budget left
-
-
-def grow(run_dir: Path, rank: int, line: str) -> None:
-    with open(run_dir / f"server-{rank}.log", "a") as fh:
-        fh.write(line + "\n")
 
 
 def test_a_startup_whose_logs_stop_growing_ends_at_the_stall_window_naming_each_ranks_phase(tmp_path):
@@ -763,20 +690,6 @@ def test_the_dry_run_prints_the_srun_line_the_job_runs(tmp_path):
 
 
 # --------------------------------------------------------------------------- a run folder the job cannot write
-
-
-def run_dir_block(tmp_path: Path) -> Path:
-    """The job script from RUN_DIR= to the run_dir= line, cut from a real rendered job, as a script file."""
-    from envlayers.jobscript import prepare as prepare_job
-
-    mine = tmp_path / "mine.env"
-    mine.write_text("CONTAINER_RUNTIME=none\n")
-    script = prepare_job(Path(__file__).resolve().parents[1], "qwen38", env_file=mine, python="python3").script
-    last = 'echo "ENVLAYERS-STAGE: run_dir=$RUN_DIR"\n'
-    block = tmp_path / "block.sh"
-    block.write_text("set -euo pipefail\ntrap '' XFSZ\n[ -z \"${LIMIT_KB:-}\" ] || ulimit -f \"$LIMIT_KB\"\n"
-                     + script[script.index('RUN_DIR="${RUN_ROOT'):script.index(last) + len(last)])
-    return block
 
 
 @pytest.mark.parametrize("root, limit_kb, said, doing", [

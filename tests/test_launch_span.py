@@ -15,7 +15,8 @@ import pytest
 from envlayers.launch.prepare import LaunchFailure, prepare
 from envlayers.launch.supervise import Supervisor
 from envlayers.readiness import Probe
-from test_launch import PIPELINE, Clock, Step, alloc
+from clocktools import Clock
+from launchtools import PIPELINE, Step, alloc
 
 
 def run_ranks_sh(tmp_path, lp, rank: int, env: dict[str, str]) -> str:
@@ -87,7 +88,8 @@ def test_the_check_waits_for_every_rank(tmp_path):
 
 
 def test_an_allocation_with_another_node_count_ends_the_launch_before_srun(tmp_path):
-    from test_launch import N1, N2, Node
+    from envlayers.launch.prepare import Node
+    from launchtools import N1, N2
 
     with pytest.raises(LaunchFailure) as err:
         prepare(PIPELINE, alloc(tmp_path, nodes=(N1, N2, Node("n3", "10.0.0.3", True))))

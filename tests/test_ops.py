@@ -1,8 +1,8 @@
-"""wait / status / logs / stop without a cluster: a fake Slurm (the runner) and a fake run directory."""
+"""wait / status / logs / stop without a cluster: the fake Slurm (``fake``, the runner) on the fake clock
+(``clock``, both from conftest.py) and run directories from rundirtools."""
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import os
@@ -10,147 +10,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 from envlayers import ops, readiness, rundir, slurm
 from envlayers.job import Job, endpoint_urls, find_job, replica_urls
 from envlayers.ops import watch
-from envlayers.cli import cli
 from envlayers.cli import ops_format as fmt
-
-VLLM_LOG = [
-    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:01 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...",
-    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:09 [gpu_model_runner.py:2634] Model loading took 15.27 GiB and 7.9 s",
-    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:12 [gpu_worker.py:298] Available KV cache memory: 24.0 GiB",
-    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:12 [kv_cache_utils.py:1087] GPU KV cache size: 344,669 tokens",
-    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:13 [gpu_model_runner.py:3480] Capturing CUDA graphs (mixed prefill-decode)",
-    "(APIServer pid=4100) INFO:     Application startup complete.",
-]
-
-
-def scontrol_line(job_id: str, state: str = "RUNNING", *, reason: str = "None", workdir: str = "/tmp",
-                  nodelist: str = "n1", exit_code: str = "0:0", limit: str = "04:00:00",
-                  run_time: str = "00:01:00", user: str = "alice", restarts: int = 0) -> str:
-    return (f"JobId={job_id} JobName=serve-only UserId={user}(1000) GroupId={user}(1000) JobState={state} "
-            f"Reason={reason} Dependency=(null) Requeue=1 Restarts={restarts} BatchFlag=1 Reboot=0 "
-            f"ExitCode={exit_code} RunTime={run_time} TimeLimit={limit} "
-            f"SubmitTime=2026-12-02T09:00:00 StartTime=2026-12-02T09:00:01 EndTime=2026-12-02T13:00:01 "
-            f"Partition=mi300 NodeList={nodelist if state != 'PENDING' else ''} NumNodes=1 NumCPUs=8 "
-            f"WorkDir={workdir} StdErr={workdir}/serve-only-{job_id}.out StdIn=/dev/null "
-            f"StdOut={workdir}/serve-only-{job_id}.out Power=\n")
-
-
-class FakeSlurm:
-    """A scriptable Slurm: ``states[job]`` is a list of states, one consumed per scontrol call (the last
-    one sticks); ``on_poll`` runs before each scontrol answer (to grow files as a job would)."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.states: dict[str, list[str]] = {}
-        self.extra: dict[str, dict] = {}
-        self.calls: list[list[str]] = []
-        self.on_poll = None
-        self.squeue_out = ""
-        self.cancelled: list[str] = []
-        self.after_cancel = "CANCELLED"
-        self.down_until: float | None = None  # the controller is stopped until the fake clock reads this
-        self.clock: FakeClock | None = None
-
-    def __call__(self, argv, *, input=None, timeout_s=30):
-        argv = [str(a) for a in argv]
-        self.calls.append(argv)
-        done = lambda out, rc=0, err="": subprocess.CompletedProcess(argv, rc, out, err)  # noqa: E731
-        if self.down_until is not None and self.clock.now < self.down_until:
-            self.clock.now += 18.0  # what a stopped slurmctld costs a client command before it gives up
-            return done("", 1, f"{argv[0]}: error: Unable to contact slurm controller (connect failure)\n")
-        if argv[:3] == ["scontrol", "show", "job"]:
-            job = argv[-1]
-            if self.on_poll:
-                self.on_poll(job, sum(1 for c in self.calls if c[:3] == ["scontrol", "show", "job"]))
-            if job not in self.states:
-                return done("", 1, "slurm_load_jobs error: Invalid job id specified\n")
-            seq = self.states[job]
-            state = seq.pop(0) if len(seq) > 1 else seq[0]
-            return done(scontrol_line(job, state, workdir=str(self.workdir), **self.extra.get(job, {})))
-        if argv[0] == "sacct":
-            return done("", 1, "Slurm accounting storage is disabled\n")
-        if argv[0] == "scancel":
-            self.cancelled.append(argv[-1])
-            if argv[-1] in self.states:
-                self.states[argv[-1]] = ["COMPLETING", self.after_cancel]
-            return done("")
-        if argv[0] == "squeue":
-            return done(self.squeue_out)
-        return done("", 1, f"{argv[0]}: error: not faked\n")
-
-
-class FakeClock:
-    """Time that passes only when slept: no unit test here sleeps for real."""
-
-    def __init__(self):
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-    def clock(self) -> watch.Clock:
-        return watch.Clock(monotonic=self.monotonic, sleep=self.sleep)
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    fc = FakeClock()
-    for module in ("ops.wait", "ops.logs", "ops.stop", "job"):
-        monkeypatch.setattr(importlib.import_module(f"envlayers.{module}"), "Clock", fc.clock)
-    return fc
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch, clock):
-    fs = FakeSlurm(tmp_path)
-    fs.clock = clock
-    monkeypatch.setattr(slurm, "run", fs)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("SCRATCH", raising=False)
-    monkeypatch.delenv("RUN_ROOT", raising=False)
-    monkeypatch.delenv("ENVLAYERS_RUN_ROOT", raising=False)
-    return fs
-
-
-def make_job(tmp_path: Path, job_id: str, *, out_lines=(), log_lines=None, endpoint: dict | None = None,
-             exits: dict | None = None, launch: dict | None = None) -> Path:
-    run_dir = tmp_path / "runs" / "inference-server" / job_id
-    run_dir.mkdir(parents=True)
-    (tmp_path / f"serve-only-{job_id}.out").write_text(
-        "\n".join([f"ENVLAYERS-STAGE: run_dir={run_dir}", *out_lines]) + "\n")
-    if log_lines is not None:
-        (run_dir / "server-0.log").write_text("\n".join(log_lines) + "\n")
-    if endpoint is not None:
-        (run_dir / "endpoint.json").write_text(json.dumps(endpoint))
-    for rank, code in (exits or {}).items():
-        (run_dir / f"rank-{rank}.exit").write_text(f"{code}\n")
-    if launch is not None:
-        (run_dir / "launch.json").write_text(json.dumps(launch))
-    return run_dir
-
-
-def endpoint_data(job_id: str, run_dir: Path, **extra) -> dict:
-    ep = rundir.EndpointRecord(job_id=job_id, served_model_name="hpcagent-bench-vllm", model="Qwen/Qwen3-8B",
-                               engine="vllm", shape="single", base_urls=["http://n1:8000/v1"],
-                               api_key_required=False, run_dir=str(run_dir), startup_s=12.0, nodes=["n1"])
-    data = readiness.add_usage(ep).to_dict()
-    data.update(addresses=["127.0.0.1"], some_future_field={"x": 1}, **extra)
-    return data
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
+from rundirtools import VLLM_LOG, endpoint_data, invoke, make_job
+from slurmtools import scontrol_line
 
 # ------------------------------------------------------------------------------------------ rundir
 
@@ -697,7 +562,7 @@ def test_watcher_asks_slurm_every_poll_and_looks_at_files_every_step(fake, tmp_p
     make_job(tmp_path, "700")
     fake.states["700"] = ["RUNNING"]
     job = find_job("700")
-    w = watch.JobWatcher(job, poll_s=1.0, step_s=0.25, clock=clock.clock())
+    w = watch.JobWatcher(job, poll_s=1.0, step_s=0.25, clock=clock.watch())
     asked = [tick.asked_slurm for _, tick in zip(range(9), w.ticks())]
     # turns at t0, +0.25, ... +2.0: Slurm at +1.0 and +2.0 only
     assert asked == [False, False, False, False, True, False, False, False, True]
@@ -710,7 +575,7 @@ def test_watcher_rides_out_slurm_silence_then_gives_up(fake, tmp_path, clock, mo
     job = find_job("701")
     monkeypatch.setattr(slurm, "run", lambda argv, **kw: subprocess.CompletedProcess(
         argv, 1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\n"))
-    w = watch.JobWatcher(job, poll_s=10.0, step_s=10.0, clock=clock.clock(), outage_s=60.0)
+    w = watch.JobWatcher(job, poll_s=10.0, step_s=10.0, clock=clock.watch(), outage_s=60.0)
     ticks = w.ticks()
     silent = []
     with pytest.raises(slurm.SlurmError, match="Socket timed out"):
@@ -871,7 +736,7 @@ def test_wait_with_a_fake_clock_never_reports_live_past_an_exit_file(fake, tmp_p
     (run_dir / "endpoint.json").write_text(json.dumps(endpoint_data("711", run_dir)))
     fake.states["711"] = ["RUNNING", "RUNNING", "RUNNING", "FAILED"]
     events = []
-    result = ops.wait_for("711", poll_s=1.0, on_event=events.append, clock=clock.clock())
+    result = ops.wait_for("711", poll_s=1.0, on_event=events.append, clock=clock.watch())
     assert result.outcome == "ended" and result.rank_exits == {1: 9}
     states = [e for e in events if e.kind == "state"]
     assert states and all(e.rank_exits == {1: 9} for e in states)
@@ -1151,7 +1016,7 @@ def test_the_launchers_record_writer_says_a_refused_write_once_and_goes_on(tmp_p
 
 def test_status_of_a_job_that_could_not_create_its_run_directory_names_it_and_why(fake, tmp_path):
     # the job output is what the real job script's block prints (real bash) for a run folder through a file
-    from test_launch import run_dir_block
+    from launchtools import run_dir_block
 
     (tmp_path / "file").write_text("")
     block = run_dir_block(tmp_path)

@@ -1,5 +1,6 @@
 """wait's progress never skips (every phase in order, every rank followed, the pending reason and Slurm's
-expected start), on the fake Slurm and the fake clock of test_ops; and the one job-id parser."""
+expected start), on the fake Slurm and the fake clock (``fake`` and ``clock`` from conftest.py); and the one
+job-id parser."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-import test_ops
+import slurmtools
 from envlayers import jobid
 from envlayers.ops.progress import RunPhases, serving_ranks
 from envlayers.rundir import JobFiles
-from test_ops import VLLM_LOG, endpoint_data, fake, clock, invoke, make_job  # noqa: F401  (fixtures)
+from rundirtools import VLLM_LOG, endpoint_data, invoke, make_job
 
 SGLANG_RANK = [  # what every rank of an SGLang pipeline prints; only rank 0 gets "fired up"
     "[2026-12-02 10:00:01 PP{r} TP0] Load weight begin. avail mem=116.20 GB",
@@ -110,12 +111,12 @@ def test_serving_ranks(shape, total, expect):
 
 
 def with_start(monkeypatch, start: str) -> None:
-    real = test_ops.scontrol_line
+    real = slurmtools.scontrol_line
 
     def line(*args, **kw):
         return real(*args, **kw).replace("StartTime=2026-12-02T09:00:01", f"StartTime={start}")
 
-    monkeypatch.setattr(test_ops, "scontrol_line", line)
+    monkeypatch.setattr(slurmtools, "scontrol_line", line)
 
 
 @pytest.mark.parametrize("start, shown", [

@@ -19,20 +19,12 @@ from envlayers.errors import EnvLayersError
 from envlayers.gateway_app import flag_value, with_host_port
 from envlayers.engines import ray
 from envlayers.launch import raycluster, raynode
-from envlayers.launch.prepare import Allocation, LaunchFailure, Node, prepare
+from envlayers.launch.prepare import LaunchFailure, prepare
+from launchtools import GATEWAY, RAY, RAY_BASE as BASE, RAY_NODES as NODES, ray_alloc as alloc
 
-BASE = {"INFERENCE_ENGINE": "vllm", "INFERENCE_MODEL": "org/m", "VLLM_SERVED_MODEL": "served"}
-RAY = {**BASE, "INFERENCE_NODES": "2", "GPUS_PER_NODE": "4", "TENSOR_PARALLEL_SIZE": "8"}
-GATEWAY = {**BASE, "INFERENCE_NODES": "2", "GPUS_PER_NODE": "4", "TENSOR_PARALLEL_SIZE": "4",
-           "NUMBER_OF_INSTANCES": "2", "USE_RAY_SERVE": "true"}
-NODES = (Node("n1", "10.9.0.1", True), Node("n2", "10.9.0.2", True))
 PORTS_28000 = ["--dashboard-agent-listen-port=28000", "--node-manager-port=28002", "--object-manager-port=28003",
                "--metrics-export-port=28004", "--dashboard-agent-grpc-port=28005", "--runtime-env-agent-port=28006",
                "--min-worker-port=28100", "--max-worker-port=28999"]
-
-
-def alloc(tmp_path: Path, nodes=NODES) -> Allocation:
-    return Allocation("77", tmp_path, nodes, ifaces={"hsn0": "10.9.0.1"})
 
 
 # --------------------------------------------------------------------------- keys and argv
