@@ -1,10 +1,13 @@
-"""A stand-in vLLM (tests/standin) serving on 127.0.0.1 for a test, on a port from nettools.free_port: shared by
-the tests that talk to one over real HTTP (tests/test_bench.py, tests/test_batch.py)."""
+"""Stand-in engines (tests/standin) serving on 127.0.0.1 for a test, each on a port from nettools.free_port:
+``Engine``, a vLLM with the given knobs (tests/test_bench.py, tests/test_batch.py), and ``standins``, vLLM or
+SGLang started through their real entry points (tests/test_verify.py, tests/test_metrics.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -45,3 +48,63 @@ class Engine:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+SERVED = "hpcagent-bench-vllm"
+QWEN38 = ["--model-path", "Qwen/Qwen3.8-27B-FP8"]
+OSS120B = ["openai/gpt-oss-120b"]
+
+
+class StandIn:
+    """One stand-in server (the real entry points), serving on 127.0.0.1:<free port>."""
+
+    def __init__(self, tmp_path: Path, kind: str, args: list[str], env: dict | None = None):
+        self.port = free_port()
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")}
+        full_env.update({"STANDIN_LOAD_SECONDS": "0.1", "PYTHONPATH": str(STANDIN / "pypath"), **(env or {})})
+        common = ["--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port)]
+        if kind == "vllm":
+            cmd = [str(STANDIN / "bin" / "vllm"), "serve", *args, *common]
+        else:
+            cmd = [sys.executable, "-m", "sglang.launch_server", *args, *common]
+        self.log = open(tmp_path / f"{kind}-{self.port}.log", "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, cwd=tmp_path)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # /health: 200 once ready, on both engines, key or not
+            assert self.proc.poll() is None, (tmp_path / f"{kind}-{self.port}.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"stand-in {cmd} did not serve within 15 s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+@contextlib.contextmanager
+def standins(tmp_path: Path):
+    """``start(kind, args, env)`` -> a serving StandIn; all are stopped on exit."""
+    started: list[StandIn] = []
+
+    def start(kind: str, args: list[str], env: dict | None = None) -> StandIn:
+        s = StandIn(tmp_path, kind, args, env)
+        started.append(s)
+        return s
+
+    try:
+        yield start
+    finally:
+        for s in started:
+            s.stop()

@@ -15,8 +15,7 @@ from envlayers.launch import launcher as launcher_mod
 from envlayers.launch.prepare import Allocation, Node, prepare
 from envlayers.launch.replicas import Survivors
 
-import test_pool
-from test_pool import FakeRouter, live_replica_job, ticks
+from pooltools import FakeRouter, live_replica_job, pool_world, ticks
 
 DATA = Path(__file__).resolve().parent / "data" / "endpoint"
 N1, N2 = Node("n1", "10.0.0.1", True), Node("n2", "10.0.0.2", True)
@@ -68,7 +67,7 @@ def replicas_router(tmp_path: Path) -> str:
 
 def pool(tmp_path: Path, monkeypatch) -> str:
     run_dir = tmp_path / "100"
-    world = test_pool.world.__wrapped__(tmp_path)  # the pool test's world: fake Slurm, router and clock
+    world = pool_world(tmp_path)  # the pool test's world: fake Slurm, router and clock
     the_pool, router = world[0], world[2]
     router.__class__ = Router
     router.run_dir = run_dir

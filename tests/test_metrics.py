@@ -12,7 +12,7 @@ from envlayers.engines import EngineError, build_rank_command
 from envlayers.readiness import block
 from envlayers.rundir import EndpointRecord
 from envlayers.topology import plan
-from test_verify import OSS120B, QWEN38, standins  # the stand-in helpers
+from standintools import OSS120B, QWEN38, standins
 
 BASE = {
     "INFERENCE_ENGINE": "sglang", "INFERENCE_MODEL": "Qwen/Qwen3.8-27B-FP8", "VLLM_SERVED_MODEL": "served",
