@@ -24,6 +24,7 @@ from envlayers.access.tunnel import TunnelSpec
 from envlayers.errors import EnvLayersError
 
 import sshdtools
+from slurmtools import NO_SUCH_JOB, slurm_bin
 from timing import LATE_S  # how late a busy machine may run an event
 
 REPO = Path(__file__).resolve().parents[1]
@@ -306,13 +307,7 @@ def test_gateway_port_check_says_unknown_when_it_cannot_reach_a_remote_gateway(t
 @pytest.fixture
 def no_slurm(tmp_path):
     """Slurm's clients answering "no such job", so a job is found by its run directory alone."""
-    bindir = tmp_path / "slurm-bin"
-    bindir.mkdir()
-    for name, body in (("scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"),
-                       ("sacct", "exit 0")):
-        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bindir / name).chmod(0o755)
-    return {"PATH": f"{bindir}:{os.environ['PATH']}"}
+    return slurm_bin(tmp_path / "slurm-bin", NO_SUCH_JOB)
 
 
 def _run_dir(tmp_path: Path, key_file: Path | None = None) -> Path:

@@ -14,6 +14,7 @@ import pytest
 
 from envlayers.ops.report import build_report, parse_since
 from envlayers.slurm import parse_window
+from slurmtools import answering as fake_sacct
 
 SACCT = (Path(__file__).parent / "data" / "report" / "sacct-accounting-lab.txt").read_text()
 NOW = datetime.fromisoformat("2026-12-02T19:00:00").timestamp()
@@ -32,17 +33,6 @@ def record(root: Path, job_id: str, start: float, *, model="glm53", gpus=8, end_
     return d
 
 
-def fake_sacct(text: str, rc: int = 0, err: str = ""):
-    calls = []
-
-    def run(argv, **kw):
-        calls.append(argv)
-        return subprocess.CompletedProcess(argv, rc, text, err)
-
-    run.calls = calls
-    return run
-
-
 def test_parse_sacct_recorded_output():
     jobs = {j.job_id: j for j in parse_window(SACCT)}
     assert (jobs["1001"].gpus, jobs["1001"].elapsed_s, jobs["1001"].state) == (4, 2, "COMPLETED")
@@ -55,8 +45,8 @@ def test_report_joins_run_dirs_and_sacct(tmp_path):
     record(tmp_path, "1001", start)
     run = fake_sacct(SACCT)
     rep = build_report([tmp_path], NOW - 86400, None, now=NOW, run=run, suggest_stop_s=600)
-    assert run.calls[0][:4] == ["sacct", "-X", "-P", "-n"] and "--name=serve-only" in run.calls[0]
-    assert "--allusers" in run.calls[0]
+    assert run.argvs[0][:4] == ["sacct", "-X", "-P", "-n"] and "--name=serve-only" in run.argvs[0]
+    assert "--allusers" in run.argvs[0]
     assert rep.slurm_accounting == "sacct"
     assert [(j["job_id"], j["slurm_state"], j["user"]) for j in rep.jobs] == [("1001", "COMPLETED", "root")]
     missing = {m["job_id"]: m for m in rep.missing}
@@ -76,7 +66,7 @@ def test_report_user_filter(tmp_path, user, want):
     run = fake_sacct(SACCT)
     rep = build_report([tmp_path], NOW - 86400, user, now=NOW, run=run)
     assert [j["job_id"] for j in rep.jobs] == want
-    assert f"--user={user}" in run.calls[0] and "--allusers" not in run.calls[0]
+    assert f"--user={user}" in run.argvs[0] and "--allusers" not in run.argvs[0]
 
 
 def test_report_without_slurm_accounting_says_why(tmp_path):

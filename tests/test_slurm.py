@@ -8,6 +8,7 @@ import pytest
 
 from envlayers import slurm
 from envlayers.errors import SlurmError
+from slurmtools import FakeRunner, answering as fake_run
 
 # Captured from the local lab (Slurm 22.05.8), trimmed of nothing.
 SCONTROL_RUNNING = (
@@ -64,26 +65,6 @@ SQUEUE_LIST = (
     "1006|serve-only|RUNNING|None|2|n[1-2]|4:00:00|3:59:12|2026-12-02T09:55:00|2026-12-02T13:55:00|alice|/scratch/a|b\n"
     "1007|serve-only|PENDING|Resources|4||UNLIMITED|UNLIMITED|N/A|N/A|alice|/scratch/a\n"
 )
-
-
-class FakeRunner:
-    """Answers by argv prefix; records every call."""
-
-    def __init__(self, answers: dict[tuple[str, ...], tuple[int, str, str]] | None = None):
-        self.answers = answers or {}
-        self.calls: list[tuple[list[str], str | None]] = []
-
-    def __call__(self, argv, *, input=None, timeout_s=30):
-        argv = list(argv)
-        self.calls.append((argv, input))
-        for prefix, (rc, out, err) in self.answers.items():
-            if tuple(argv[:len(prefix)]) == prefix:
-                return subprocess.CompletedProcess(argv, rc, out, err)
-        return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: error: unexpected call")
-
-    @property
-    def argvs(self) -> list[list[str]]:
-        return [argv for argv, _ in self.calls]
 
 
 # ----------------------------------------------------------------------------- parse_duration
@@ -406,17 +387,6 @@ def test_format_duration_is_what_parse_duration_reads(seconds, text):
 
 
 # ------------------------------------------------------------------ builders and calls other modules make
-
-
-def fake_run(stdout: str = "", rc: int = 0, stderr: str = ""):
-    calls = []
-
-    def run(argv, **kw):
-        calls.append((list(argv), kw))
-        return subprocess.CompletedProcess(argv, rc, stdout, stderr)
-
-    run.calls = calls
-    return run
 
 
 @pytest.mark.parametrize("seconds, text", [

@@ -29,6 +29,7 @@ from envlayers.access.job import JobAccess
 from envlayers.job import Job
 from envlayers.access.tunnel import TunnelFailed, TunnelSpec, open_tunnel
 from envlayers.slurm import parse_scontrol_job
+from slurmtools import NO_SUCH_JOB, slurm_bin
 
 HOST = socket.gethostname()
 GATEWAY = {"destination": "me@gw", "ssh_port": None, "identity": None, "options": []}
@@ -48,14 +49,7 @@ exec sleep 60
 
 @pytest.fixture
 def fake_slurm(tmp_path, monkeypatch):
-    bindir = tmp_path / "slurm-bin"
-    bindir.mkdir()
-    for name, body in (("srun", FAKE_SRUN),
-                       ("scontrol", "#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n"),
-                       ("sacct", "#!/bin/sh\nexit 0\n")):
-        (bindir / name).write_text(body)
-        (bindir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", slurm_bin(tmp_path / "slurm-bin", {"srun": FAKE_SRUN, **NO_SUCH_JOB})["PATH"])
     monkeypatch.delenv("FAKE_SRUN_FAIL", raising=False)
     pids: list[int] = []
     yield pids
