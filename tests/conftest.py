@@ -2,10 +2,11 @@
 fills the user's ~/.cache; ``clock``, the fake clock the operator commands (ops) read; ``fake``, the fake
 Slurm they ask (slurmtools.FakeSlurm), in tmp_path as the working directory with no run root set.
 
-The helpers the tests share live in modules beside this file, never in a test module: clocktools (the fake
-clock), slurmtools (the fake Slurm), rundirtools (run directories), nettools (ports), launchtools (the
-in-job launcher's plan and supervision loop), pooltools (the elastic pool), standintools (stand-in engines),
-podmantools, sshdtools, realvllm, hubcache, timing; tests/slurm/labtools and labruns for the lab."""
+The helpers the tests share live in modules beside this file, never in a test module (docs/testing.md):
+clocktools (the fake clock), slurmtools (the fake Slurm), rundirtools (run directories), nettools (ports),
+launchtools (the in-job launcher's plan and supervision loop), pooltools (the elastic pool), standintools
+(stand-in engines), extratools (skipping for an optional extra), podmantools, sshdtools, realvllm, hubcache,
+timing; tests/slurm/labtools and labruns for the lab."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """docs/architecture.md stays true: every module under src/envlayers is on the map, and the imports go
-the way the map says (every import, those inside functions included)."""
+the way the map says (every import, those inside functions included). And the tests hold to their own
+rules: each asserts something, and none imports another test module."""
 
 from __future__ import annotations
 
@@ -410,3 +411,46 @@ def test_the_pure_allowances_name_pure_modules_that_act():
 def test_what_counts_as_acting(source, acts):
     """The check can fail, and reading is not acting."""
     assert bool(_acts(source)) is acts, _acts(source)
+
+
+def _imported_test_modules(src: str) -> list[str]:
+    """The test modules (a name starting with test_, at any level of a dotted path) ``src`` imports, at its top
+    or inside a function, by an import statement or by name (importlib.import_module, pytest.importorskip)."""
+    found = []
+    for node in ast.walk(ast.parse(src)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("import_module", "importorskip") and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
+        found += [n for n in names if any(part.startswith("test_") for part in n.split("."))]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in helper modules (tests/*tools.py, tests/slurm/labtools.py, labruns.py) or in a
+    conftest fixture, never in a test module: importing one runs its tests' module code and ties two files'
+    meaning together."""
+    tests = SRC.parents[1] / "tests"
+    importing = [f"{path.relative_to(SRC.parents[1])}: {', '.join(names)}"
+                 for path in sorted(tests.rglob("*.py"))
+                 if (names := _imported_test_modules(path.read_text()))]
+    assert importing == []
+
+
+@pytest.mark.parametrize("src", [
+    "import test_launch", "from test_launch import Clock", "from .test_pool import world",
+    "from tests.test_ops import fake", "from tests import test_ops", "def f():\n    from test_verify import standins\n",
+    "import importlib\nimportlib.import_module('test_ops')",
+])
+def test_an_import_of_a_test_module_is_seen(src):
+    assert _imported_test_modules(src)
+
+
+def test_helper_modules_are_not_taken_for_test_modules():
+    assert _imported_test_modules("import launchtools\nfrom envlayers.launch import supervise\n"
+                                  "from slurmtools import FakeSlurm\nimport pytest\n") == []

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from extratools import needs_extra
 from click.testing import CliRunner
 
 from envlayers.bench import load, report
@@ -81,7 +82,7 @@ def test_measured_latency_and_throughput_match_the_configured_pace(engines, ttft
 
 
 def test_table_and_plot(engines, tmp_path):
-    pytest.importorskip("matplotlib")
+    needs_extra("matplotlib", "bench")
     e = engines({"STANDIN_TTFT_S": "0.05", "STANDIN_TOKENS_PER_S": "200"})
     png = tmp_path / "bench.png"
     result = CliRunner().invoke(cli, ["bench", e.url, "--concurrency", "1,2,4", "--requests", "4",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from extratools import needs_extra
 
 from envlayers.gateway_app import RECOVERED_AFTER_S, Survival, exit_words, merge_expositions
 from envlayers.launch.idle import parse_prometheus, read_counters
@@ -316,8 +317,8 @@ def test_the_meter_reads_no_gateway_counters_from_a_text_without_them(tmp_path):
 def test_a_request_whose_replica_server_is_gone_gets_503_with_retry_after():
     # the proxy half of a replica against a loopback port nothing listens on (its server died): the
     # client is told to retry, which the official clients do, and Serve routes the retry elsewhere
-    pytest.importorskip("aiohttp")
-    pytest.importorskip("starlette")
+    needs_extra("aiohttp", "ray")  # Ray Serve's
+    needs_extra("starlette", "ray")
     import asyncio
     import json
     import subprocess

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from extratools import needs_extra
 
 from envlayers.ops.report import build_report, parse_since
 from envlayers.slurm import parse_window
@@ -105,7 +106,7 @@ def test_cli_report_text_and_json(tmp_path):
 
 
 def test_cli_report_chart(tmp_path):
-    pytest.importorskip("matplotlib")  # the report extra, as bench --plot's test skips without it
+    needs_extra("matplotlib", "report")
     chart = tmp_path / "split.png"
     proc = _report(tmp_path, "--chart", str(chart))
     assert proc.returncode == 0, proc.stderr

@@ -15,9 +15,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from extratools import needs_extra
 from nettools import free_port
 
-pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
+needs_extra("smg", "router")
 
 from envlayers.launch.router import Router  # noqa: E402
 

@@ -142,3 +142,13 @@ def _wait_no_jobs_of(lab, user: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and lab.run(["squeue", "-h", "-u", user, "-o", "%i"], check=False).stdout.split():
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def meter():
+    """The real-vLLM jobs' times and the machine's peak memory (labruns.Meter), printed at the module's end."""
+    from labruns import Meter
+
+    m = Meter()
+    yield m
+    print("\n" + m.close(), flush=True)

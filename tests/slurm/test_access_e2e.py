@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from labtools import TERMINAL_STATES, lab_command, pid_alive
-from test_serve_e2e import BANNER, Run
+from labruns import BANNER, Run
 
 import sshdtools
 

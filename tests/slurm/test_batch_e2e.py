@@ -8,63 +8,11 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from test_endure_e2e import engine_pid
-from test_serve_e2e import BANNER, KEYLESS, Run
+from labruns import BANNER, KEYLESS, Run, engine_pid, finish, start_batch, wait_answered
 
 pytestmark = pytest.mark.slurm
-REPO = Path(__file__).resolve().parents[2]
-
-
-def write_input(path: Path, n: int) -> Path:
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
-                                "body": {"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 4}}) + "\n")
-    return path
-
-
-def start_batch(run: Run, n: int, *args: str) -> tuple[subprocess.Popen, Path]:
-    out = run.dir / "answers.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "envlayers", "batch", run.job_id,
-                             str(write_input(run.dir / "in.jsonl", n)), "-o", str(out), "--json", *args],
-                            cwd=run.dir, env=dict(run.env, PYTHONPATH=str(REPO / "src")), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    return proc, out
-
-
-def answered(out: Path) -> int:
-    return len(out.read_text().splitlines()) if out.exists() else 0
-
-
-def wait_answered(proc: subprocess.Popen, out: Path, n: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while answered(out) < n:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"{answered(out)} answers after {timeout_s}s"
-        time.sleep(0.2)
-
-
-def finish(proc: subprocess.Popen, out: Path, n: int, timeout_s: float = 600, echo: bool = True) -> dict:
-    """The batch's end: exit 0, every custom_id answered once (with ``echo``, by an answer that quotes its own
-    prompt, as the stand-in's do: no answer went to another line)."""
-    stdout, stderr = proc.communicate(timeout=timeout_s)
-    assert proc.returncode == 0, stdout + stderr
-    ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
-    assert sorted(ids) == sorted(f"q{i}" for i in range(n)) and len(ids) == n  # every one, once
-    for line in out.read_text().splitlines():
-        record = json.loads(line)
-        assert record["response"]["status_code"] == 200
-        assert not echo or f"You said: {record['custom_id']}\"" in json.dumps(record["response"]), record
-    summary = json.loads(stdout)
-    assert (summary["answered"], summary["failed"]) == (n, 0), summary
-    assert summary["gpus"] and summary["gpu_hours"] > 0, summary  # from the job's accounting record
-    return summary
 
 
 def test_a_batch_goes_on_through_a_replica_killed_mid_way(netns_lab, tmp_path):

@@ -6,21 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from test_serve_e2e import Run
+from labruns import Run, env_layers
 
 REPO = Path(__file__).resolve().parents[2]
 TTFT_S, TOKENS_PER_S, TOKENS = 0.2, 50.0, 16
-
-
-def env_layers(run: Run, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    env = dict(run.env, PYTHONPATH=str(REPO / "src"))
-    return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=run.dir, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
 
 
 def test_bench_a_job_by_its_id(slurm_lab, tmp_path):

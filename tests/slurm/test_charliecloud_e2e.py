@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_serve_e2e import BANNER, REPO, Run
+from labruns import BANNER, REPO, Run
 
 sys.path.insert(0, str(REPO / "tests"))
 import podmantools  # noqa: E402

@@ -16,11 +16,11 @@ import re
 import subprocess
 
 import pytest
+from extratools import needs_extra
 
-from test_ops_e2e import BANNER, Job
-from test_serve_e2e import KEYLESS
+from labruns import BANNER, KEYLESS, Job
 
-openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
+openai = needs_extra("openai", "test")
 
 pytestmark = pytest.mark.slurm
 

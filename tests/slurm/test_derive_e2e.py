@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from test_serve_e2e import BANNER, Run
+from labruns import BANNER, Run
 
 pytestmark = pytest.mark.slurm
 

@@ -16,20 +16,10 @@ import urllib.request
 
 import pytest
 from labtools import TERMINAL_STATES
-from test_serve_e2e import BANNER, KEYLESS, Run
+from labruns import BANNER, KEYLESS, Run, engine_pid
 from timing import LATE_S  # how late a busy machine may run an event
 
 pytestmark = pytest.mark.slurm
-
-
-def engine_pid(run: Run, node: str) -> int:
-    """The stand-in engine's PID on ``node`` (its STANDIN_RECORD line), alive."""
-    for line in (run.dir / "engines.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("env", {}).get("SLURMD_NODENAME") == node or rec.get("host") == node:
-            assert os.path.exists(f"/proc/{rec['pid']}"), rec
-            return rec["pid"]
-    raise AssertionError(f"no engine recorded on {node}: {(run.dir / 'engines.jsonl').read_text()}")
 
 
 def chat(address: str, timeout_s: float = 10) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from envlayers.shell import single_quote
-from test_serve_e2e import KEYLESS, REPO, STANDIN, Run
+from labruns import KEYLESS, REPO, STANDIN, Run
 
 pytestmark = pytest.mark.slurm
 # this checkout's envlayers, not whichever the console script was installed from

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_serve_e2e import BANNER, REPO, Run, curl
+from labruns import BANNER, REPO, Run, curl
 
 pytestmark = pytest.mark.slurm
 

@@ -25,7 +25,7 @@ from envlayers import catalog
 from envlayers.jobscript import prepare
 from envlayers.layers import load_env
 from labtools import gateway_ready
-from test_serve_e2e import BANNER, KEYLESS, STANDIN, Run
+from labruns import BANNER, KEYLESS, STANDIN, Run
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = sorted(catalog.load(REPO).models)

@@ -9,49 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from labtools import processes_mentioning
 
-REPO = Path(__file__).resolve().parents[2]
-SBATCH = REPO / "cluster" / "serve-only.sbatch"
-STANDIN = REPO / "tests" / "standin"
-BIN = Path(sys.executable).parent  # this interpreter's console scripts (env_layers), activated venv or not
-BANNER = "===== endpoint is live ====="
-
-from test_serve_e2e import lab_ack  # noqa: E402
+from labruns import BANNER, REPO, Job, launcher_pid
 
 pytestmark = pytest.mark.slurm
-
-
-class Job:
-    """One serve-only submission in ``tmp_path`` (the submit directory; SCRATCH under it)."""
-
-    def __init__(self, lab, tmp_path: Path, layer: str = "", **env: str):
-        self.lab, self.dir = lab, tmp_path
-        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer + lab_ack(layer))
-        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
-                    "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
-                    "STANDIN_LOAD_SECONDS": "1",
-                    "PATH": f"{STANDIN / 'bin'}:{BIN}:{lab.env.get('PATH', os.environ['PATH'])}",
-                    "PYTHON": sys.executable,
-                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), **env}
-        for key in ("ENVLAYERS_ROOT", "RUN_ROOT", "ENVLAYERS_RUN_ROOT"):
-            self.env.pop(key, None)
-        proc = subprocess.run([str(SBATCH), "--json"], cwd=self.dir, env=self.env, capture_output=True, text=True,
-                              timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        self.job_id = json.loads(proc.stdout)["job_id"]
-        lab._submitted.append(self.job_id)  # cancelled at teardown if a test fails midway
-
-    @property
-    def run_dir(self) -> Path:
-        return self.dir / "scratch" / "inference-server" / self.job_id
-
-    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=self.dir, env=self.env,
-                              capture_output=True, text=True, timeout=timeout_s)
 
 
 def record_target(job: Job) -> str | None:
@@ -166,21 +130,6 @@ def test_replicas_status_probes_every_endpoint_and_stop_silences_them_all(netns_
     while processes_mentioning(str(job.run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(job.run_dir)) == []
-
-
-def launcher_pid(run_dir: Path) -> int | None:
-    """The PID of the job's launcher: ``-m envlayers launch --run-dir <run_dir>``, a child of slurmstepd."""
-    needle = b"envlayers\0launch\0--run-dir\0" + str(run_dir).encode() + b"\0"
-    for pid in processes_mentioning(str(run_dir)):
-        try:
-            if needle not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-            if Path(f"/proc/{ppid}/comm").read_text().strip() == "slurmstepd":
-                return pid
-        except OSError:
-            continue
-    return None
 
 
 def test_a_killed_launcher_is_reported_by_wait_and_status(netns_lab, tmp_path):

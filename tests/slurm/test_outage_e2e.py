@@ -18,7 +18,7 @@ import threading
 import pytest
 from labtools import lab_command
 
-from test_ops_e2e import BANNER, Job  # noqa: E402
+from labruns import BANNER, Job
 
 pytestmark = pytest.mark.slurm
 

@@ -13,11 +13,11 @@ import urllib.request
 import uuid
 
 import pytest
+from extratools import needs_extra
 from labtools import processes_mentioning
-from test_router_e2e import reachable
-from test_serve_e2e import BANNER, Run
+from labruns import BANNER, reachable, Run
 
-pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
+needs_extra("smg", "router")
 
 pytestmark = pytest.mark.slurm
 SERVED = "hpcagent-bench-vllm"

@@ -19,13 +19,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from extratools import needs_extra
 
 from labtools import gateway_ready, processes_mentioning
-from test_serve_e2e import BANNER, KEYLESS, REPO, STANDIN, Run
+from labruns import BANNER, KEYLESS, REPO, STANDIN, Run
 
 if not os.environ.get("ENVLAYERS_REQUIRE_SLURM"):
-    pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]'); the test command installs it")
-openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
+    needs_extra("ray", "ray")  # the test command installs it
+openai = needs_extra("openai", "test")
 
 pytestmark = pytest.mark.slurm
 

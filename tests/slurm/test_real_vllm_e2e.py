@@ -16,252 +16,28 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from extratools import needs_extra
 
-from labtools import TERMINAL_STATES
-from test_serve_e2e import BANNER, KEYLESS, REPO, Run, curl
+from labruns import BANNER, LIVE_TIMEOUT_S, RealRun, answers_openai, curl
 
 # tests/realvllm.py: the real engine's virtual environment and the tiny model (skips, or fails where required,
 # when the engine is not installed here)
 realvllm = pytest.importorskip("realvllm")
 
-openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
+openai = needs_extra("openai", "test")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_vllm]
 
 SERVED = "hpcagent-bench-vllm"
-LIVE_TIMEOUT_S = 900  # the real engine on two shared cores: a minute alone, several when the machine is busy
-END_TIMEOUT_S = 240
-CORE_RE = re.compile(r"^\(EngineCore(?:_DP\d+)? pid=(\d+)\)", re.M)
-
-
-# --------------------------------------------------------------------------- timing and memory
-
-
-class Meter:
-    """Per-job times, and the machine's memory in use (MemTotal - MemAvailable) sampled every second."""
-
-    def __init__(self):
-        self.jobs: list[tuple[str, str, float]] = []
-        self.peak_mib = self.base_mib = used_mib()
-        self.t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True, name="memory-sampler")
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(1.0):
-            self.peak_mib = max(self.peak_mib, used_mib())
-
-    def job(self, name: str, job_id: str, seconds: float) -> None:
-        self.jobs.append((name, job_id, seconds))
-        print(f"\n[real-vllm] job {job_id} ({name}): {seconds:.0f}s from submission to its end", flush=True)
-
-    def close(self) -> str:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        lines = [f"[real-vllm] {name}: job {job_id}, {seconds:.0f}s" for name, job_id, seconds in self.jobs]
-        lines.append(f"[real-vllm] this file: {time.monotonic() - self.t0:.0f}s wall; memory in use peaked at "
-                     f"{self.peak_mib} MiB ({self.peak_mib - self.base_mib:+d} MiB over the {self.base_mib} MiB "
-                     f"at its start)")
-        return "\n".join(lines)
-
-
-def used_mib() -> int:
-    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) // 1024
-
-
-@pytest.fixture(scope="module")
-def meter():
-    m = Meter()
-    yield m
-    print("\n" + m.close(), flush=True)
-
-
-# --------------------------------------------------------------------------- one job with the real engine
-
-
-def real_layer(model_dir: Path, layer: str = "") -> str:
-    """The operator's layer that points a vLLM catalog model at the real engine on the lab's CPUs."""
-    return (f"INFERENCE_MODEL={model_dir}\n"
-            "GPUS_PER_NODE=1\nTENSOR_PARALLEL_SIZE=1\n"
-            "REASONING_PARSER=qwen3\nTOOL_CALL_PARSER=hermes\n"
-            # assigned empty: the flag is omitted (the CPU build takes --gpu-memory-utilization and ignores it:
-            # its KV cache is the next key's size)
-            "GPU_MEMORY_UTILIZATION=\n"
-            f"SERVER_EXTRA_ARGS='--enforce-eager --max-model-len 512 --dtype {realvllm.DTYPE}'\n"
-            # a layer value reaches the engine's environment: the job exports every launch key
-            "VLLM_CPU_KVCACHE_SPACE=1\n"
-            # keyless (acknowledged by lab_ack) unless the test names a key
-            + ("" if "SERVER_API_KEY_FILE" in layer else KEYLESS) + layer)
-
-
-class RealRun(Run):
-    """A serve-only job whose ranks run the real ``vllm`` (first on PATH), not the stand-in."""
-
-    def __init__(self, lab, tmp_path: Path, meter: Meter, name: str, *, model: str = "oss120b", layer: str = "",
-                 path_first: str | None = None, **env: str):
-        super().__init__(lab, tmp_path, model=model, layer=real_layer(realvllm.model_dir(), layer),
-                         SERVE_TIME="00:25:00", **env)
-        first = path_first or str(realvllm.bin_dir())
-        self.env["PATH"] = f"{first}:{lab.env.get('PATH', os.environ['PATH'])}"
-        self.env["PYTHONPATH"] = str(REPO / "src")
-        self.env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-        for key in [k for k in self.env if k.startswith("STANDIN_")]:
-            del self.env[key]
-        self.meter, self.name = meter, name
-        self.t_submit: float | None = None
-
-    def submit(self) -> str:
-        self.t_submit = time.monotonic()
-        return super().submit()
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace") if self.out.exists() else ""
-
-    def ended(self) -> bool:
-        info = self.lab.job_info(self.job_id)
-        return info is None or info.get("JobState") in TERMINAL_STATES
-
-    def wait_live(self, timeout_s: float = LIVE_TIMEOUT_S) -> str:
-        """The job output once the endpoint block is in it; fails at once, with the output, if the job ends
-        first."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            text = self.text()
-            if re.search("^" + re.escape(BANNER), text, re.M):
-                print(f"\n[real-vllm] job {self.job_id} ({self.name}): live after "
-                      f"{time.monotonic() - self.t_submit:.0f}s", flush=True)
-                return text
-            if self.ended():
-                self.finish()
-                raise AssertionError(f"job {self.job_id} ({self.name}) ended before it was live:\n{self.text()}")
-            time.sleep(0.5)
-        raise AssertionError(f"job {self.job_id} ({self.name}) not live after {timeout_s}s:\n{self.text()}")
-
-    def wait_end(self, timeout_s: float = END_TIMEOUT_S) -> str:
-        state = self.lab.wait_job(self.job_id, timeout_s=timeout_s, poll_interval_s=0.5)
-        self.finish()
-        return state
-
-    def finish(self) -> None:
-        if self.t_submit is not None:
-            self.meter.job(self.name, self.job_id, time.monotonic() - self.t_submit)
-            self.t_submit = None
-
-    def cancel(self) -> None:
-        self.lab.cancel(self.job_id)
-        assert self.wait_end() == "CANCELLED"
-
-    def log(self, rank: int = 0) -> str:
-        path = self.run_dir / f"server-{rank}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=self.dir, env=self.env,
-                              capture_output=True, text=True, timeout=timeout_s)
-
-    def block(self, text: str) -> tuple[list[str], str]:
-        """The endpoint block's base URLs, with node names as their addresses (the host cannot resolve lab
-        names), and its served name."""
-        bases = re.findall(r"^base URL: (\S+)$", text, re.M)
-        bases = [re.sub(r"http://(n\d+):", lambda m: f"http://{self.lab.nodes[m.group(1)]}:", b) for b in bases]
-        served = re.search(r"^served name: (\S+)", text, re.M).group(1)
-        return bases, served
-
-    # -- this job's own processes, never another's ---------------------------------------------------
-    def own(self, pid: int) -> bool:
-        """Whether ``pid`` is a process of this Slurm job: its environment, or its nearest ancestor's, says so.
-        (vLLM's EngineCore renames itself with setproctitle, which overwrites the process's own copy of
-        its environment: /proc/PID/environ then holds its title, so its parent, the rank's ``vllm serve``,
-        tells.)"""
-        for _ in range(4):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                return False
-            if any(e.startswith(b"SLURM_JOB_ID=") for e in environ):
-                return f"SLURM_JOB_ID={self.job_id}".encode() in environ
-            pid = int(re.search(r"^PPid:\s+(\d+)", status, re.M).group(1))
-            if pid <= 1:
-                return False
-        return False
-
-    def engine_core_pid(self, rank: int = 0) -> int:
-        """The rank's EngineCore, as its log names it, checked in /proc to be an engine core of this job."""
-        pids = [int(p) for p in CORE_RE.findall(self.log(rank))]
-        assert pids, f"server-{rank}.log names no EngineCore pid:\n{self.log(rank)[-3000:]}"
-        pid = pids[-1]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        assert cmdline.startswith(b"VLLM::EngineCore"), (pid, cmdline)
-        assert self.own(pid), f"pid {pid} is not a process of job {self.job_id}"
-        return pid
-
-    def rank_pid(self, rank: int, needle: bytes) -> int:
-        """The rank's own ``vllm serve`` process (the one ranks.sh started), found among this job's
-        processes by its command line."""
-        found = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-                environ = (proc / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if (b"/vllm\0serve\0" in cmdline and needle in cmdline
-                    and f"SLURM_JOB_ID={self.job_id}".encode() in environ
-                    and f"SLURM_PROCID={rank}".encode() in environ):
-                found.append(int(proc.name))
-        assert len(found) == 1, f"rank {rank}'s vllm serve of job {self.job_id}: {found}"
-        return found[0]
-
-    def kill_leftover(self, pid: int) -> None:
-        """A process this test stopped, if the job's end did not take it (checked to be this job's first)."""
-        if self.own(pid):
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    return
 
 
 # --------------------------------------------------------------------------- checks every live shape makes
-
-
-def chat_text(message) -> str:
-    """What a reply carried: the content, or the reasoning the qwen3 parser split off (a random model rarely
-    closes its think block, so the real parser puts everything there)."""
-    extra = getattr(message, "model_extra", None) or {}
-    return (message.content or "") + (getattr(message, "reasoning", None) or extra.get("reasoning") or "") + \
-        (extra.get("reasoning_content") or "")
-
-
-def answers_openai(base_url: str, served: str, api_key: str = "EMPTY") -> None:
-    """The official client at the printed base URL: the model list, a chat, and a streamed chat."""
-    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
-    assert [m.id for m in client.models.list()] == [served]
-    reply = client.chat.completions.create(model=served, max_tokens=16,
-                                           messages=[{"role": "user", "content": "Say hi."}])
-    assert reply.model == served and reply.usage.completion_tokens >= 1
-    assert reply.choices[0].finish_reason in ("stop", "length") and chat_text(reply.choices[0].message)
-    pieces, finish = [], None
-    with client.chat.completions.create(model=served, max_tokens=16, stream=True,
-                                        messages=[{"role": "user", "content": "Say hi."}]) as stream:
-        for chunk in stream:
-            for choice in chunk.choices:
-                pieces.append(chat_text(choice.delta))
-                finish = choice.finish_reason or finish
-    assert "".join(pieces) and finish in ("stop", "length"), (pieces, finish)
 
 
 def metrics_of(base_url: str) -> str:
@@ -484,7 +260,7 @@ def test_pipeline_across_two_nodes_both_ranks_load_and_meet(netns_lab, tmp_path,
 
 
 def test_ray_shape_with_the_real_vllm_ends_quoting_that_the_cpu_platform_has_no_ray(netns_lab, tmp_path, meter):
-    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]')")
+    ray = needs_extra("ray", "ray")
     import msgpack  # Ray's one dependency the engine's environment lacks
 
     # the real `vllm` alone ahead of this interpreter's bin (where Ray is), so `ray` and `python3` are Ray's

@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from test_ops_e2e import BANNER, Job
+from labruns import BANNER, Job
 
 pytestmark = pytest.mark.slurm
 

@@ -14,19 +14,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_bench_e2e import env_layers
-from test_endure_e2e import engine_pid
-from test_serve_e2e import BANNER, Run
+from extratools import needs_extra
+from labruns import BANNER, Run, engine_pid, env_layers, reachable
 
-openai = pytest.importorskip("openai", reason="the official openai client is a test dependency (pip install .[test])")
-pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
+openai = needs_extra("openai", "test")
+needs_extra("smg", "router")
 
 pytestmark = pytest.mark.slurm
 SERVED = "hpcagent-bench-vllm"
-
-
-def reachable(url: str, lab) -> str:
-    return re.sub(r"http://(n\d+):", lambda m: f"http://{lab.nodes[m.group(1)]}:", url)
 
 
 def served_by(run: Run) -> dict[str, int]:

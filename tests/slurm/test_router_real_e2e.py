@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from extratools import needs_extra
 
-from test_batch_e2e import finish, start_batch, wait_answered
-from test_real_vllm_e2e import RealRun, answers_openai, meter  # noqa: F401  (meter: the module's fixture)
+from labruns import answers_openai, finish, RealRun, start_batch, wait_answered
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("smg", reason="the router is the `router` extra (pip install .[router])")
+openai = needs_extra("openai", "test")
+needs_extra("smg", "router")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real_vllm]
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ops_e2e import Job, launcher_pid
+from labruns import Job
 
 pytestmark = pytest.mark.slurm
 

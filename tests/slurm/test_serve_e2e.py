@@ -16,99 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import processes_mentioning
 from timing import LATE_S  # how late a busy machine may run an event
-
-REPO = Path(__file__).resolve().parents[2]
-SBATCH = REPO / "cluster" / "serve-only.sbatch"
-STANDIN = REPO / "tests" / "standin"
-BANNER = "===== endpoint is live ====="
+from labruns import BANNER, KEYLESS, REPO, SBATCH, Run, curl
+from nettools import free_port
 
 pytestmark = pytest.mark.slurm
-
-
-KEYLESS = "SERVER_API_KEY_FILE=\n"  # empties the per-job key experiments/serve-only.env sets: a keyless server
-
-
-def lab_ack(layer: str) -> str:
-    """A test whose layer empties the key (KEYLESS) serves keyless on every interface of the lab's private
-    namespaces: acknowledged, as an operator must (docs/keys.md). Any other layer keeps a key: the
-    per-job one of experiments/serve-only.env unless the layer names its own file."""
-    return "ALLOW_PUBLIC_UNAUTHENTICATED=1\n" if re.search(r"^SERVER_API_KEY_FILE=$", layer, re.M) else ""
-
-
-class Run:
-    def __init__(self, lab, tmp_path: Path, model: str = "qwen38", layer: str = "", **env: str):
-        self.lab, self.dir = lab, tmp_path
-        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer + lab_ack(layer))
-        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
-                    "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "STANDIN_LOAD_SECONDS": "1",
-                    "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
-                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),
-                    **env}
-        self.env.pop("ENVLAYERS_ROOT", None)
-        self.job_id: str | None = None
-
-    def sbatch(self, *args: str, submit: bool = True) -> subprocess.CompletedProcess:
-        env = dict(self.env, SUBMIT="1" if submit else "0")
-        proc = subprocess.run([str(SBATCH), *args], cwd=self.dir, env=env, capture_output=True, text=True,
-                              timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        return proc
-
-    def submit(self) -> str:
-        self.job_id = json.loads(self.sbatch("--json").stdout)["job_id"]
-        self.lab._submitted.append(self.job_id)  # cancelled at teardown if a test fails midway
-        return self.job_id
-
-    @property
-    def out(self) -> Path:
-        return self.dir / f"serve-only-{self.job_id}.out"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.dir / "scratch" / "inference-server" / str(self.job_id)
-
-    def wait_for(self, pattern: str, timeout_s: float = 30) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            text = self.out.read_text(errors="replace") if self.out.exists() else ""
-            if re.search(pattern, text, re.M):
-                return text
-            time.sleep(0.1)
-        job = self.lab.job_info(self.job_id) if getattr(self, "job_id", None) else None
-        seen = {k: job.get(k) for k in ("JobState", "Reason", "Restarts", "NodeList")} if job else None
-        raise AssertionError(f"no /{pattern}/ in {self.out} after {timeout_s}s (Slurm: {seen}):\n{text}")
-
-    def endpoint(self) -> dict:
-        return json.loads((self.run_dir / "endpoint.json").read_text())
-
-    def state(self, timeout_s: float = 30) -> str:
-        return self.lab.wait_job(self.job_id, timeout_s=timeout_s)
-
-    def engine_pids(self) -> list[int]:
-        record = self.dir / "engines.jsonl"
-        lines = record.read_text().splitlines() if record.exists() else []
-        return [json.loads(line)["pid"] for line in lines]
-
-    def assert_nothing_left(self, timeout_s: float = 15) -> None:
-        """No launcher, rank wrapper or engine process of this job is alive."""
-        assert self.engine_pids(), "the stand-in recorded no engine start"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            alive = [p for p in self.engine_pids() if Path(f"/proc/{p}").exists()]
-            alive += processes_mentioning(str(self.run_dir))
-            if not alive:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"processes of job {self.job_id} still alive: {alive}")
-
-
-def curl(url: str, body: dict | None = None, timeout_s: float = 5) -> subprocess.CompletedProcess:
-    argv = ["curl", "-s", "-m", str(timeout_s), "-o", "-", "-w", "\n%{http_code}", url]
-    if body is not None:
-        argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 5)
 
 
 def test_single_node_endpoint_answers_the_printed_curl_and_scancel_leaves_nothing(netns_lab, tmp_path):
@@ -609,9 +521,7 @@ def test_node_names_that_do_not_resolve_are_reached_at_their_slurm_address(tmp_p
             unavailable(str(exc))
         with pytest.raises(OSError):
             socket.gethostbyname("n1")
-        with socket.socket() as sock:  # all nodes share the host's ports here: take a free one
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()  # all nodes share the host's ports here: take a free one
         run = Run(lab, tmp_path / "job", layer=KEYLESS + f"SERVER_PORT={port}\n") if (tmp_path / "job").mkdir() is None else None
         run.submit()
         text = run.wait_for("^" + re.escape(BANNER), timeout_s=90)

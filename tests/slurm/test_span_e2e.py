@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from labtools import processes_mentioning
-from test_serve_e2e import BANNER, KEYLESS, Run
+from labruns import BANNER, KEYLESS, Run
 
 pytestmark = pytest.mark.slurm
 TWO_NODES = KEYLESS + "INFERENCE_NODES=2\nPIPELINE_PARALLEL_SIZE=2\n"  # keyless, acknowledged (lab_ack)

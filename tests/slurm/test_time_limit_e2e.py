@@ -18,8 +18,7 @@ import sys
 import pytest
 from labtools import parse_scontrol_oneliner
 
-from test_ops_e2e import BIN, REPO, SBATCH, STANDIN  # noqa: E402
-from test_serve_e2e import lab_ack  # noqa: E402
+from labruns import BIN, REPO, SBATCH, STANDIN, lab_ack
 
 pytestmark = pytest.mark.slurm
 

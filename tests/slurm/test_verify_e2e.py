@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "cluster" / "serve-only.sbatch"
 STANDIN = REPO / "tests" / "standin"
 
-from test_serve_e2e import lab_ack  # noqa: E402
+from labruns import lab_ack
 
 pytestmark = pytest.mark.slurm
 

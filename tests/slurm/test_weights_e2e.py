@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from test_serve_e2e import BANNER, KEYLESS, SBATCH, Run
+from labruns import BANNER, KEYLESS, SBATCH, Run
 from hubcache import fake_snapshot  # tests/hubcache.py (tests/ is on sys.path under pytest)
 
 QWEN = "Qwen/Qwen3.8-27B-FP8"  # qwen38's INFERENCE_MODEL
