@@ -71,16 +71,20 @@ def test_an_unreadable_model_file_is_one_error(root):
     assert_clean_error(run_cli("--root", str(root), "render", "experiment:secret"), "model-secret.env")
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param("model-a\nb.env", id="newline"),
-    pytest.param("model-x:y.env", id="colon"),
-    pytest.param("model-.env", id="empty-name"),
+@pytest.mark.parametrize("name, note", [
+    pytest.param("model-a\nb.env", "note: 'experiments/layers/model-a\\nb.env' is not a model: 'a\\nb' cannot be",
+                 id="newline"),
+    pytest.param("model-x:y.env", "note: experiments/layers/model-x:y.env is not a model: 'x:y' cannot be", id="colon"),
+    pytest.param("model-.env", None, id="empty-name"),
 ])
-def test_a_file_name_that_cannot_be_a_target_is_not_a_model(root, name):
+def test_a_file_name_that_cannot_be_a_target_is_not_a_model(root, name, note):
+    before = run_cli("--root", str(root), "list").stdout.splitlines()
     (layers(root) / name).write_text("# nope\nA=1\n")
     listed = run_cli("--root", str(root), "list")
     assert listed.returncode == 0, listed.stderr
     assert "\nb.env" not in listed.stdout  # a control character is never printed raw
+    added = [line for line in listed.stdout.splitlines() if line not in before]
+    assert [line[:len(note)] for line in added] == ([note] if note else [])  # a note at most: no model came of it
     checked = run_cli("--root", str(root), "check", "--update")
     assert checked.returncode == 0, checked.stdout + checked.stderr
 

@@ -57,6 +57,9 @@ def test_loopback_a_key_or_an_acknowledgement_clears_it(tmp_path, host, extra):
     dry, _ = _wrapper(tmp_path, host, "0", extra)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "# would refuse to submit: the server binds" not in dry.stdout
+    real, submitted = _wrapper(tmp_path, host, "1", extra)
+    assert real.returncode == 0, real.stderr[-2000:]
+    assert submitted.exists() and real.stdout.startswith("submitted job 4242: experiment:qwen38, 1 node(s), single\n")
 
 
 @pytest.mark.parametrize("host, needle", [
