@@ -24,6 +24,7 @@ from envlayers.access.tunnel import TunnelSpec
 from envlayers.errors import EnvLayersError
 
 import sshdtools
+from rundirtools import write_run_dir
 from slurmtools import NO_SUCH_JOB, slurm_bin
 from timing import LATE_S  # how late a busy machine may run an event
 
@@ -311,15 +312,12 @@ def no_slurm(tmp_path):
 
 
 def _run_dir(tmp_path: Path, key_file: Path | None = None) -> Path:
-    run = tmp_path / "runs" / "77"
-    run.mkdir(parents=True)
-    (run / "launch.json").write_text(json.dumps({"served_model_name": "tiny", "nodes": ["n1"]}))
-    (run / "endpoint.json").write_text(json.dumps({
-        "job_id": "77", "served_model_name": "tiny", "base_urls": ["http://n1:8000/v1"],
-        "addresses": ["10.9.0.11"], "api_key_required": key_file is not None}))
-    (run / "serve.env").write_text("export VLLM_SERVED_MODEL='tiny'\n"
-                                   + (f"export SERVER_API_KEY_FILE='{key_file}'\n" if key_file else ""))
-    return run
+    return write_run_dir(tmp_path / "runs" / "77", {
+        "launch.json": {"served_model_name": "tiny", "nodes": ["n1"]},
+        "endpoint.json": {"job_id": "77", "served_model_name": "tiny", "base_urls": ["http://n1:8000/v1"],
+                          "addresses": ["10.9.0.11"], "api_key_required": key_file is not None},
+        "serve.env": "export VLLM_SERVED_MODEL='tiny'\n"
+                     + (f"export SERVER_API_KEY_FILE='{key_file}'\n" if key_file else "")})
 
 
 def test_connect_names_the_key_file_never_the_key(tmp_path, no_slurm):

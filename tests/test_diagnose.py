@@ -13,6 +13,7 @@ from envlayers.cli import cli
 from envlayers.diagnose import (
     LogText, RuleError, diagnose, evaluate, input_order, load_rules, parse_rules, read_log, render_markdown,
 )
+from rundirtools import write_run_dir
 
 LOGS = Path(__file__).parent / "data" / "logs"
 REPO = Path(__file__).resolve().parents[1]
@@ -674,10 +675,8 @@ def _fake_slurm(tmp_path: Path, job_id: str, state: str, exit_code: str, stdout:
 
 
 def _job_run_dir(tmp_path: Path, job_id: str) -> Path:
-    run_dir = tmp_path / "scratch" / "inference-server" / job_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "server-0.log").write_text((LOGS / "healthy-vllm" / "server-0.log").read_text())
-    return run_dir
+    return write_run_dir(tmp_path / "scratch" / "inference-server" / job_id,
+                         {"server-0.log": (LOGS / "healthy-vllm" / "server-0.log").read_text()})
 
 
 @pytest.mark.parametrize("state, exit_code, end_record, expected", [
