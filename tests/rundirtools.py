@@ -17,7 +17,8 @@ VLLM_LOG = [  # a vLLM server's start-up, as server-0.log holds it
     "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:09 [gpu_model_runner.py:2634] Model loading took 15.27 GiB and 7.9 s",
     "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:12 [gpu_worker.py:298] Available KV cache memory: 24.0 GiB",
     "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:12 [kv_cache_utils.py:1087] GPU KV cache size: 344,669 tokens",
-    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:13 [gpu_model_runner.py:3480] Capturing CUDA graphs (mixed prefill-decode)",
+    "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:13 [gpu_model_runner.py:3480] Capturing CUDA graphs "
+    "(mixed prefill-decode)",
     "(APIServer pid=4100) INFO:     Application startup complete.",
 ]
 

@@ -45,7 +45,8 @@ class Run:
         self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "STANDIN_LOAD_SECONDS": "1",
                     "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
-                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),
+                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]),
+                    "STANDIN_RECORD": str(tmp_path / "engines.jsonl"),
                     **env}
         self.env.pop("ENVLAYERS_ROOT", None)
         self.job_id: str | None = None
