@@ -29,6 +29,7 @@ from slurmtools import NO_SUCH_JOB, slurm_bin
 from timing import LATE_S  # how late a busy machine may run an event
 
 REPO = Path(__file__).resolve().parents[1]
+CONTROL_DIR = Path(f"/tmp/envlayers-tunnel-{os.getuid()}")  # where the node script keeps its control sockets
 STANDIN = REPO / "tests" / "standin"
 
 
@@ -148,13 +149,14 @@ def test_node_script_keeps_only_the_lines_that_say_how_the_forward_went(tmp_path
 
 def test_a_hostile_remote_bind_in_the_takeover_script_stays_text(tmp_path):
     canary = tmp_path / "canary"
-    env = _fake_ssh(tmp_path, 'case " $* " in *" check "*) exit 0 ;; *" forward "*) exit 1 ;; *) sleep 5 ;; esac\n')
+    env = _fake_ssh(tmp_path, 'case " $* " in *" forward "*) exit 1 ;; *) sleep 5 ;; esac\n')
     bind = f"\"$(touch {canary})`touch {canary}`'"
     spec = TunnelSpec("5", "n1", 8000, gw.Gateway("me@gw"), bind, 8001, takeover=True, takeover_wait_s=0)
-    proc = subprocess.run(["bash", "-c", spec.node_script()], input="recorded\n", capture_output=True, text=True,
-                          env=env, timeout=30)
+    proc = subprocess.run(["bash", "-c", spec.node_script()], input="go\nrecorded\n", capture_output=True,
+                          text=True, env=env, timeout=30)
     assert not canary.exists()
-    assert proc.returncode == 1 and f"ENVLAYERS-TUNNEL: {bind}:8001 is still held after 0s; giving up" in proc.stdout
+    # the ask refused and no time left to ask again: the step ends (by its own TERM) and says why
+    assert proc.returncode == -15 and f"ENVLAYERS-TUNNEL: {bind}:8001 is still held after 0s; giving up" in proc.stdout
 
 
 def test_keep_alive_restarts_a_dropped_ssh_a_bounded_number_of_times(tmp_path):
@@ -666,11 +668,14 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
         under_way = threading.Thread(target=lambda: slow.append(get("/slow")))
         under_way.start()
         time.sleep(0.3)
-        # the cancel step, as it runs in the old job (without srun)
+        # the cancel step, as it runs in the old job (without srun): it says when its cancel returned
         argv = old.cancel_argv("5.1")
         assert argv[:3] == ["srun", "--overlap", "--jobid=5"] and "--nodelist=n1" in argv
         cancelled = subprocess.run(argv[argv.index("bash"):], capture_output=True, text=True, timeout=30)
-        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.returncode == 0 and cancelled.stdout == "ENVLAYERS-TUNNEL: cancel exit 0\n", cancelled
+        assert get() != "old"  # nothing leads to the old server now, and the new tunnel has not asked yet
+        procs[1].stdin.write("go\n")  # as the follower does once the cancel step said so
+        procs[1].stdin.flush()
         _lines_until(procs[1], "remote forward success for: listen 127.0.0.1:", seen_new)
         procs[1].stdin.write("recorded\n")  # as the follower does once both records are written
         procs[1].stdin.close()
@@ -698,8 +703,8 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
                 os.killpg(proc.pid, 15)
                 proc.wait(10)
         for sock in ("5.1", "6.3"):
-            for suffix in ("", ".handed-over"):
-                Path(f"/tmp/envlayers-tunnel-{sock}.sock{suffix}").unlink(missing_ok=True)
+            for suffix in ("", ".handed-over", ".taken"):
+                (CONTROL_DIR / f"{sock}.sock{suffix}").unlink(missing_ok=True)
         old_srv.shutdown(), new_srv.shutdown()
 
 
@@ -985,6 +990,9 @@ def test_a_takeover_step_ends_itself_when_its_opener_dies_before_recording_it(ss
                                 stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         seen: list[str] = []
         try:
+            _lines_until(proc, "ENVLAYERS-TUNNEL: connected; taking over 127.0.0.1:", seen)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
             _lines_until(proc, "remote forward success for: listen 127.0.0.1:", seen)
             _wait_listening(rport)
             ssh_pid = int(next(ln for ln in seen if "ssh pid=" in ln).rsplit("=", 1)[1])
@@ -1009,5 +1017,6 @@ def test_a_takeover_step_ends_itself_when_its_opener_dies_before_recording_it(ss
             if proc.poll() is None:
                 os.killpg(proc.pid, 15)
                 proc.wait(10)
-            Path("/tmp/envlayers-tunnel-6.4.sock").unlink(missing_ok=True)
+            for suffix in ("", ".taken"):
+                (CONTROL_DIR / f"6.4.sock{suffix}").unlink(missing_ok=True)
     assert results == {"opener-dies": "ok", "recorded": "ok"}

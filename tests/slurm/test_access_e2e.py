@@ -76,8 +76,8 @@ def gateways(slurm_lab, tmp_path):
         assert not any(sshdtools.pid_alive(p) for p in pids), "the gateway sshd outlived the test"
 
 
-def env_layers(run: Run, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
-    env = dict(run.env, PYTHONPATH=str(REPO / "src"))
+def env_layers(run: Run, *args: str, timeout_s: float = 90, **more: str) -> subprocess.CompletedProcess:
+    env = {**run.env, "PYTHONPATH": str(REPO / "src"), **more}
     return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=run.dir, env=env, capture_output=True,
                           text=True, timeout=timeout_s)
 
@@ -396,18 +396,20 @@ def test_a_tunnel_follows_a_chain_of_successors_and_clients_see_the_moves(slurm_
 
 
 def test_a_follower_killed_before_recording_the_successors_tunnel_leaves_nothing_of_it(slurm_lab, gateways, tmp_path):
-    # the follower pauses (a test hook) once the successor's forward is up, before anything records it
+    # the follower pauses once the successor's forward is up, before anything records it: this test's
+    # sitecustomize.py (tests/slurm/pausehook), on the PYTHONPATH of the tunnel command and so of its follower
     pause = tmp_path / "paused.json"
     run = Run(slurm_lab, tmp_path, layer="SERVER_API_KEY_FILE=generate\nSLURM_PARTITION=\nSUCCESSORS=1\n"
               "SUCCESSOR_DRAIN_S=8\n", SERVE_TIME="00:04:00", SBATCH_PARTITION="mi200", SBATCH_ACCOUNT="chain-acct",
-              PYTHONPATH=f"{REPO / 'tests' / 'standin' / 'pypath'}:{REPO / 'src'}",
-              ENVLAYERS_TEST_PAUSE_BEFORE_RECORD=str(pause))
+              PYTHONPATH=f"{REPO / 'tests' / 'standin' / 'pypath'}:{REPO / 'src'}")
     first = run.submit()
     live = env_layers(run, "wait", first, "--timeout", "60", "--progress", "none")
     assert live.returncode == 0, live.stdout + live.stderr
     gateway = gateways(first)
     rport = sshdtools.free_port()
-    opened = env_layers(run, "tunnel", first, *gateway.tunnel_args(), "--remote-port", str(rport))
+    opened = env_layers(run, "tunnel", first, *gateway.tunnel_args(), "--remote-port", str(rport),
+                        PYTHONPATH=f"{Path(__file__).parent / 'pausehook'}:{REPO / 'src'}",
+                        PAUSE_BEFORE_RECORD=str(pause))
     assert opened.returncode == 0, opened.stdout + opened.stderr
     follower = json.loads((run.run_dir / "tunnel.json").read_text())["follower"]
     root = run.run_dir.parent

@@ -7,10 +7,10 @@ process on this host (``python -m envlayers.access.handover RUN_DIR``, its PID r
 and Slurm says it runs), the follower
 
 1. starts a tunnel step in the successor job on its API node that connects to the same gateway,
-   with no forward yet, and then asks for the gateway port every 20 ms;
-2. once that ssh is connected, cancels the old forward (a step in the old job: ``ssh -O cancel``);
-   connections already forwarded go on to the old server, which still drains;
-3. the successor's ask succeeds within one round trip of the cancel: the gateway port now leads to
+   with no forward yet, and says when it is connected;
+2. then cancels the old forward (a step in the old job: ``ssh -O cancel``), which says at once that
+   the cancel is done; connections already forwarded go on to the old server, which still drains;
+3. then says ``go`` to the successor's step, which asks for the gateway port once: it now leads to
    the successor. The old record says ``handed-over``, the new one ``took_over_from``.
 
 The follower dies half way safely: the successor's ``tunnel.json`` says ``opening`` before its step
@@ -18,17 +18,17 @@ starts, and that step waits on its stdin (carried by srun from the follower) for
 records are written (``TunnelResult.commit``); the follower's end before that, even by SIGKILL,
 ends the step (access.tunnel), and readers settle the record to ``closed`` (access.tunnelrecord).
 
-The port is closed only between the cancel and the successor's next ask (tens of milliseconds; a
-client connecting then is refused and may retry). If the old job ended first (its tunnel ended with
-it), the successor's tunnel takes the free port as soon as it is connected. The follower ends when
-the chain does (a job ended with no successor), when the tunnel is released, or on SIGTERM
-(``release`` sends it, checked against the recorded command line).
+The port is closed only from the cancel to the successor's ask (the two steps' lines relayed by srun,
+and one round trip to the gateway; a client connecting then is refused and may retry). If the old job
+ended first (its tunnel ended with it), the successor's tunnel takes the free port as soon as it is
+connected. The follower ends when the chain does (a job ended with no successor), when the tunnel
+is released, or on SIGTERM (``release`` sends it, checked against the recorded command line).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -97,12 +97,13 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
     return say
 
 
-def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) -> TunnelRecord:
+def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path, *,
+              before_record: Callable[[TunnelRecord], None] | None = None) -> TunnelRecord:
     """Move the gateway port from ``record``'s tunnel to a new one in job ``succ``; returns the new record.
-    Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up."""
-    from .. import slurm
+    Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up.
+    ``before_record``: as for ``open_tunnel`` (called once the new forward is up, before any record says so)."""
     from .job import open_job
-    from .tunnel import TunnelSpec, _clean_env, _now, api_target, open_tunnel
+    from .tunnel import TunnelSpec, _now, api_target, open_tunnel
 
     say_old, say_new = _say_to(cur_dir), _say_to(succ_dir)
     acc = open_job(succ, run_dir=str(succ_dir))
@@ -113,21 +114,26 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) ->
                       int(record.restarts or 5), control=True, takeover=True)
     old = TunnelSpec(str(record.job_id), record.node, int(record.local_port), gateway, bind, rport)
     times: dict[str, float] = {}
+    cancels: list[subprocess.Popen] = []
 
     def cancel_old() -> None:
         times["connected"] = time.time()
-        step = record.step_id
-        if step:
-            proc = slurm.run(old.cancel_argv(step), timeout_s=60, env=_clean_env())
-            said = (proc.stderr or proc.stdout).strip().splitlines()
-            say_old(f"forward {bind}:{rport} cancelled for the handover to job {succ} (exit {proc.returncode}"
-                    + (f": {said[-1]}" if said and proc.returncode else "") + ")")
+        if record.step_id:
+            proc, code, said = _cancel(old.cancel_argv(record.step_id))
+            cancels.append(proc)
+            say_old(f"forward {bind}:{rport} cancelled for the handover to job {succ} (exit {code}"
+                    + (f": {said[-1]}" if said and code else "") + ")")
         times["cancelled"] = time.time()
 
     say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
-    result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
-                         before_record=_pause_for_tests,
-                         replica=record.replica or 0, took_over_from=str(record.job_id), follower=record.follower)
+    try:
+        result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
+                             before_record=before_record, replica=record.replica or 0,
+                             took_over_from=str(record.job_id), follower=record.follower)
+    except BaseException:
+        for proc in cancels:
+            _reap(proc)
+        raise
     up = time.time()
     new = result.record
     closed = up - times.get("cancelled", up)
@@ -142,6 +148,8 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) ->
         _stop(new.srun_pid, new.srun_argv, new.step_id, acc)
         raise
     result.commit()  # both records say it: from now on the new step outlives this follower
+    for proc in cancels:  # the cancel step ended by itself once it had said so
+        _reap(proc)
     line = (f"job {record.job_id} -> job {succ}: {bind}:{rport} on {gateway.destination} now leads to {node} "
             f"127.0.0.1:{port} (step {new.step_id}); closed for at most {closed:.2f}s")
     say_old(line)
@@ -149,25 +157,53 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) ->
     return new
 
 
-PAUSE_ENV = "ENVLAYERS_TEST_PAUSE_BEFORE_RECORD"
+CANCEL_WAIT_S = 60.0  # how long the cancel step in the old job may take to say it is done
 
 
-def _pause_for_tests(record: TunnelRecord) -> None:
-    """A test hook: with ``ENVLAYERS_TEST_PAUSE_BEFORE_RECORD=FILE``, once the successor's forward is up
-    and before anything records it, write FILE (the follower's PID and the new step) and wait until it
-    is removed (at most 10 min), so that a test can kill the follower there."""
-    path = os.environ.get(PAUSE_ENV)
-    if not path:
-        return
-    Path(path).write_text(json.dumps({"follower_pid": os.getpid(), "srun_pid": record.srun_pid,
-                                      "step_id": record.step_id, "node_pid": record.node_pid}))
-    deadline = time.monotonic() + 600
-    while Path(path).exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+def _cancel(argv: list[str]) -> tuple[subprocess.Popen, int, list[str]]:
+    """Start the cancel step and return as soon as it says its ``ssh -O cancel`` returned (its line, relayed
+    by srun; not the step's end, which comes later): the step, ssh's exit code and the lines before it."""
+    from ..errors import EnvLayersError
+    from .tunnel import CANCELLED, _clean_env
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=_clean_env(), start_new_session=True)
+    deadline, text = time.monotonic() + CANCEL_WAIT_S, b""
+    while True:
+        lines = text.decode(errors="replace").splitlines()
+        done = next((ln for ln in lines if ln.startswith(CANCELLED)), None)
+        said = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(CANCELLED)]
+        if done is not None:
+            code = done[len(CANCELLED):].strip()
+            return proc, int(code) if code.isdigit() else 255, said
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            _reap(proc, 0)
+            raise EnvLayersError(f"the cancel step `{' '.join(argv[:6])} ...` did not answer within {CANCEL_WAIT_S:g}s")
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:  # it ended without the line (srun could not start it): its exit code
+            return proc, proc.wait(), said
+        text += chunk
 
 
-def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S) -> int:
-    """Carry the tunnel of ``run_dir``'s job along its chain until the chain ends or the tunnel is released."""
+def _reap(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
+    """Wait for a step's srun to end (``wait_s``), else end it and its session."""
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S,
+           before_record: Callable[[TunnelRecord], None] | None = None) -> int:
+    """Carry the tunnel of ``run_dir``'s job along its chain until the chain ends or the tunnel is released.
+    ``before_record``: handed to each ``hand_over``."""
     from ..errors import EnvLayersError
 
     if job_info is None:
@@ -192,7 +228,7 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
                 info = job_info(succ)
                 if info is not None and info.running and info.state != "COMPLETING":
                     try:
-                        hand_over(cur, record, succ, sdir)
+                        hand_over(cur, record, succ, sdir, before_record=before_record)
                     except (EnvLayersError, OSError, subprocess.SubprocessError) as err:
                         say(f"ERROR: the tunnel could not follow to job {succ}: {err}")
                         return 1

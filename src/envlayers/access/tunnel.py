@@ -14,10 +14,12 @@ forward is explained by what holds the gateway port (access.gateway asks the gat
 failed ssh by ssh's own error line.
 
 For a job of a chain of successors the tunnel can be handed over (access.handover): ssh then runs as
-a control master (``-M -S /tmp/envlayers-tunnel-<job>.<step>.sock``), so a step in the same job can
-cancel its forward (``ssh -O cancel``) while connections already forwarded go on; the successor's
-tunnel (``takeover``) connects first, then asks for the same gateway port every 20 ms
-(``ssh -O forward``) until the earlier forward lets it go.
+a control master (``-M -S``, the socket in ``/tmp/envlayers-tunnel-<uid>``, a directory only this user
+owns, so nobody else's file can stand in for it), so a step in the same job can cancel its forward
+(``ssh -O cancel``) while connections already forwarded go on. The successor's tunnel (``takeover``)
+connects first and says so; its opener cancels the earlier forward and then says ``go`` on the step's
+stdin (srun carries it), and the step asks for the gateway port (``ssh -O forward``): one ask, at the
+moment the port is free.
 """
 
 from __future__ import annotations
@@ -45,14 +47,18 @@ from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now
 STEP_NAME = "envlayers-tunnel"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
 MAX_DELAY_S = 60
-CONTROL_DIR = "/tmp"  # where a handed-over tunnel's control socket lives, on the API node
+# the API node's directory of this user's control sockets (and the marks beside them): made 0700, and refused
+# when it is a link or someone else's, so that no file another user can write is taken for one of ours
+PRIVATE_DIR = ('dir=/tmp/envlayers-tunnel-$(id -u); { mkdir -p -m 700 "$dir" && [ ! -L "$dir" ] && [ -O "$dir" ] '
+               '&& chmod 700 "$dir"; } || { echo "ENVLAYERS-TUNNEL: $dir is not a directory of this user alone"; false; }')
 # keep ssh's non-debug lines, and of its debug lines only those that say how the forward went; a bash
 # loop, not awk or sed, since those may hold lines back in their input buffers
 _FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote forward "*) ;; debug*) continue ;; '
            "mux_confirm_remote_forward:*) continue ;; esac; printf '%s\\n' \"$l\"; done")
-TAKEOVER_POLL_S = 0.02  # how often a taking-over tunnel asks for the port while the earlier forward holds it
 CONNECTED = "ENVLAYERS-TUNNEL: connected;"
-RECORDED_WORD = b"recorded\n"  # what a takeover step waits for on its stdin (from its opener, through srun)
+CANCELLED = "ENVLAYERS-TUNNEL: cancel exit"  # the cancel step's line once its ssh -O cancel returned
+# what a takeover step reads on its stdin (from its opener, through srun): ask for the port now; it is recorded
+GO_WORD, RECORDED_WORD = b"go\n", b"recorded\n"
 _CONFIRMED_RE = re.compile(r"remote forward success for: listen (\S+)")
 _REFUSED_RE = re.compile(r"remote forward failure for:|remote port forwarding failed for listen port")
 _NODE_RE = re.compile(r"^ENVLAYERS-TUNNEL: node=(\S+) step=(\S+) pid=(\d+)", re.M)
@@ -98,22 +104,25 @@ class TunnelSpec:
         """The step's bash script (templates/tunnel.sh.j2): the ssh lines are built here from checked words."""
         control = self.control or self.takeover
         ssh = self._ssh("-v", "-N", "-R", self.forward, master=True) if control else shlex.join(self.ssh_argv())
+        where = f"{self.remote_bind}:{self.remote_port}"
+        said = shlex.quote(f"{CONNECTED} taking over {where} once the earlier forward lets it go")
+        # the master's socket is in place once ssh enters its session: the takeover says it is connected then
+        connected = _FILTER.replace("case $l in ", f'case $l in "debug1: Entering interactive session."*) '
+                                    f"printf '%s\\n' {said}; continue ;; ", 1)
         return render("tunnel.sh.j2", keep_alive=self.keep_alive, restarts=self.restarts, control=control,
-                      takeover=self.takeover, control_dir=CONTROL_DIR, ssh=Code(ssh), filter=Code(_FILTER),
-                      master=Code(self._ssh("-v", "-N", master=True)), check=Code(self._ssh("-O", "check")),
-                      forward=Code(self._ssh("-O", "forward", "-R", self.forward)),
-                      where=f"{self.remote_bind}:{self.remote_port}", takeover_wait_s=int(self.takeover_wait_s),
-                      poll_s=str(TAKEOVER_POLL_S), recorded=RECORDED_WORD.decode().strip(), connected=CONNECTED,
-                      reset_s=RESTART_RESET_S, max_delay_s=MAX_DELAY_S)
+                      takeover=self.takeover, private_dir=Code(PRIVATE_DIR), ssh=Code(ssh), filter=Code(_FILTER),
+                      connected_filter=Code(connected), master=Code(self._ssh("-v", "-N", master=True)),
+                      forward=Code(self._ssh("-O", "forward", "-R", self.forward)), where=where,
+                      takeover_wait_s=int(self.takeover_wait_s), go=GO_WORD.decode().strip(),
+                      recorded=RECORDED_WORD.decode().strip(), reset_s=RESTART_RESET_S, max_delay_s=MAX_DELAY_S)
 
     def cancel_argv(self, step_id: str) -> list[str]:
         """A step of this job that cancels the forward of the tunnel step ``step_id`` (its control
-        master stays connected; connections already forwarded go on)."""
-        sock = f"{CONTROL_DIR}/envlayers-tunnel-{step_id}.sock"
-        cancel = shlex.join(self.gateway.ssh_argv("-S", sock, "-O", "cancel", "-R", self.forward,
-                                                  self.gateway.destination))
+        master stays connected; connections already forwarded go on), and says so at once (``CANCELLED``)."""
+        sock = shlex.quote(f"{step_id}.sock")
         # the mark keeps --keep-alive from taking the port back when this master ends later
-        return self._step(["bash", "-c", f"touch {shlex.quote(sock + '.handed-over')}; {cancel}"])
+        return self._step(["bash", "-c", f'{PRIVATE_DIR} || exit 1; sock="$dir"/{sock}; touch "$sock.handed-over"; '
+                           f'{self._ssh("-O", "cancel", "-R", self.forward)}; echo "{CANCELLED} $?"'])
 
     def _step(self, command: list[str]) -> list[str]:
         from .. import slurm
@@ -163,13 +172,20 @@ class TunnelResult:
 
     def commit(self) -> None:
         """Tell a takeover step that it is recorded: until then it ends when this process does."""
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.write(RECORDED_WORD)
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        if self.proc is not None:
+            _tell(self.proc, RECORDED_WORD, close=True)
             self.proc = None
+
+
+def _tell(proc: subprocess.Popen, word: bytes, close: bool = False) -> None:
+    """Say ``word`` on a takeover step's stdin (srun carries it to the step's script)."""
+    try:
+        proc.stdin.write(word)
+        proc.stdin.flush()
+        if close:
+            proc.stdin.close()
+    except (OSError, AttributeError):  # the step ended: what it said is in the log
+        pass
 
 
 def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30.0,
@@ -181,7 +197,8 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
     rundir.TunnelRecord). Raises :class:`TunnelFailed` (exit 1) when it does not come up.
 
     A ``takeover`` spec calls ``on_connected`` once its ssh is connected (the predecessor's forward is
-    cancelled there) and waits up to ``takeover_wait_s`` more for the port. Its record is written as
+    cancelled there), then tells the step to ask for the port (``GO_WORD``) and waits up to
+    ``takeover_wait_s`` more for it. Its record is written as
     ``opening`` before the step starts, and the step ends by itself unless this process lives to
     :meth:`TunnelResult.commit` (after its records are written): a takeover is opened by the chain
     follower, and a follower killed half way must leave nothing running. ``before_record`` is called
@@ -275,7 +292,8 @@ def _wait_up(proc: subprocess.Popen, spec: TunnelSpec, log: Path, offset: int, s
         if spec.takeover and not connected and CONNECTED in text:
             connected = True
             if on_connected is not None:
-                on_connected()
+                on_connected()  # the earlier forward is cancelled there
+            _tell(proc, GO_WORD)
         if _REFUSED_RE.search(text) and not spec.takeover:
             return "refused", text
         if proc.poll() is not None:
