@@ -731,9 +731,57 @@ def test_the_chain_follower_ends_with_the_chain(tmp_path, states, successor, lef
     assert (run / "tunnel.log").read_text().rstrip().endswith(said)
 
 
+def test_the_successor_is_told_to_ask_when_the_cancel_returned_not_when_its_step_ended(tmp_path, monkeypatch):
+    from envlayers.access import handover
+
+    srun = tmp_path / "srun"  # the cancel step: ssh's own line, the step's word, then a slow step end
+    srun.write_text("#!/bin/sh\necho 'mux_client_forward: forwarding request failed' >&2\n"
+                    "echo 'ENVLAYERS-TUNNEL: cancel exit 255'\nexec sleep 30\n")
+    srun.chmod(0o755)
+    t0 = time.monotonic()
+    proc, code, said = handover._cancel([str(srun)])
+    try:
+        assert time.monotonic() - t0 < 10 and proc.poll() is None  # back at the word, the step still runs
+        assert (code, said) == (255, ["mux_client_forward: forwarding request failed"])
+    finally:
+        handover._reap(proc, 0)
+    assert proc.returncode == -9
+    srun.write_text("#!/bin/sh\necho 'srun: error: Unable to create step for job 5: Job/step already completing'\n"
+                    "exit 1\n")  # the step never ran: its srun's exit code
+    proc, code, said = handover._cancel([str(srun)])
+    assert (code, said) == (1, ["srun: error: Unable to create step for job 5: Job/step already completing"])
+    monkeypatch.setattr(handover, "CANCEL_WAIT_S", 0.5)
+    srun.write_text("#!/bin/sh\nexec sleep 30\n")
+    with pytest.raises(EnvLayersError, match="did not answer within 0.5s"):
+        handover._cancel([str(srun)])
+
+
+@pytest.mark.parametrize("make", ["link", "others"])
+def test_the_control_sockets_directory_must_be_the_users_alone(tmp_path, make):
+    from envlayers.access.tunnel import PRIVATE_DIR
+
+    where = tmp_path / "envlayers-tunnel"
+    if make == "link":  # a link another user left where the directory goes
+        (tmp_path / "elsewhere").mkdir()
+        where.symlink_to(tmp_path / "elsewhere")
+    else:  # another user's directory under that name
+        if os.geteuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        where.mkdir(mode=0o777)
+        os.chown(where, 65534, 65534)
+    assert "/tmp/envlayers-tunnel-$(id -u)" in PRIVATE_DIR
+    proc = subprocess.run(["bash", "-c", PRIVATE_DIR.replace("/tmp/envlayers-tunnel-$(id -u)", str(where))],
+                          capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 1 and proc.stdout == f"ENVLAYERS-TUNNEL: {where} is not a directory of this user alone\n"
+    fine = tmp_path / "mine"
+    proc = subprocess.run(["bash", "-c", PRIVATE_DIR.replace("/tmp/envlayers-tunnel-$(id -u)", str(fine))],
+                          capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 0 and oct(fine.stat().st_mode & 0o777) == "0o700"
+
+
 def test_release_stops_only_the_recorded_follower(tmp_path):
     from envlayers.access.handover import stop_follower
-    from envlayers.access.tunnel import cmdline
+    from envlayers.access.tunnelrecord import cmdline
     from envlayers.rundir import TunnelRecord
 
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]

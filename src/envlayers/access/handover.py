@@ -70,19 +70,12 @@ def start_follower(acc: JobAccess, record: TunnelRecord) -> dict:
 
 def stop_follower(record: TunnelRecord | None) -> str | None:
     """SIGTERM the recorded follower if it still runs the recorded command here; what was done, in words."""
-    from .tunnel import cmdline
+    from .tunnelrecord import end_recorded
 
     follower = (record.follower if record is not None else None) or {}
-    pid, argv = int(follower.get("pid") or 0), follower.get("argv")
-    if not pid or follower.get("host") != socket.gethostname() or cmdline(pid) != argv:
+    pid = int(follower.get("pid") or 0)
+    if follower.get("host") != socket.gethostname() or end_recorded(pid, follower.get("argv"), (signal.SIGTERM,)) is None:
         return None
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return None
-    deadline = time.monotonic() + 10
-    while cmdline(pid) == argv and time.monotonic() < deadline:
-        time.sleep(0.05)
     return f"chain follower pid {pid} stopped"
 
 
@@ -97,11 +90,9 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
     return say
 
 
-def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path, *,
-              before_record: Callable[[TunnelRecord], None] | None = None) -> TunnelRecord:
+def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) -> TunnelRecord:
     """Move the gateway port from ``record``'s tunnel to a new one in job ``succ``; returns the new record.
-    Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up.
-    ``before_record``: as for ``open_tunnel`` (called once the new forward is up, before any record says so)."""
+    Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up."""
     from .job import open_job
     from .tunnel import TunnelSpec, _now, api_target, open_tunnel
 
@@ -117,7 +108,6 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path, *,
     cancels: list[subprocess.Popen] = []
 
     def cancel_old() -> None:
-        times["connected"] = time.time()
         if record.step_id:
             proc, code, said = _cancel(old.cancel_argv(record.step_id))
             cancels.append(proc)
@@ -128,7 +118,7 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path, *,
     say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
     try:
         result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
-                             before_record=before_record, replica=record.replica or 0,
+                             replica=record.replica or 0,
                              took_over_from=str(record.job_id), follower=record.follower)
     except BaseException:
         for proc in cancels:
@@ -145,7 +135,7 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path, *,
     except BaseException:
         from .tunnel import _stop
 
-        _stop(new.srun_pid, new.srun_argv, new.step_id, acc)
+        _stop(new.srun_pid, new.srun_argv, new.step_id)
         raise
     result.commit()  # both records say it: from now on the new step outlives this follower
     for proc in cancels:  # the cancel step ended by itself once it had said so
@@ -200,10 +190,8 @@ def _reap(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
         proc.stdout.close()
 
 
-def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S,
-           before_record: Callable[[TunnelRecord], None] | None = None) -> int:
-    """Carry the tunnel of ``run_dir``'s job along its chain until the chain ends or the tunnel is released.
-    ``before_record``: handed to each ``hand_over``."""
+def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S) -> int:
+    """Carry the tunnel of ``run_dir``'s job along its chain until the chain ends or the tunnel is released."""
     from ..errors import EnvLayersError
 
     if job_info is None:
@@ -228,7 +216,7 @@ def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = P
                 info = job_info(succ)
                 if info is not None and info.running and info.state != "COMPLETING":
                     try:
-                        hand_over(cur, record, succ, sdir, before_record=before_record)
+                        hand_over(cur, record, succ, sdir)
                     except (EnvLayersError, OSError, subprocess.SubprocessError) as err:
                         say(f"ERROR: the tunnel could not follow to job {succ}: {err}")
                         return 1

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -42,7 +41,7 @@ from ..rundir import TUNNEL, TUNNEL_LOG, TunnelRecord, write_tunnel
 from ..scripttext import Code, render
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import JobAccess
-from .tunnelrecord import cmdline, is_recorded_process, now_iso as _now
+from .tunnelrecord import end_recorded, is_recorded_process, now_iso as _now
 
 STEP_NAME = "envlayers-tunnel"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
@@ -125,8 +124,6 @@ class TunnelSpec:
                            f'{self._ssh("-O", "cancel", "-R", self.forward)}; echo "{CANCELLED} $?"'])
 
     def _step(self, command: list[str]) -> list[str]:
-        from .. import slurm
-
         return slurm.overlap_step_argv(self.job_id, self.node, command,
                                        options=["--cpus-per-task=1", "--gres=none", f"--job-name={STEP_NAME}"])
 
@@ -256,7 +253,7 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         record.node_pid = int(node_line.group(3)) if node_line else None
         record.opened_at = _now()
         if outcome != "up":
-            _stop(proc.pid, argv, record.step_id, acc)
+            _stop(proc.pid, argv, record.step_id)
             text = _read_from(log, offset)  # srun's last lines (slurmstepd's word of a cancel) came meanwhile
             if spec.takeover:
                 write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="step end",
@@ -270,7 +267,7 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
     except TunnelFailed:
         raise
     except BaseException:  # an error, or this process told to stop, half way: nothing may be left running
-        _stop(proc.pid, argv, record.step_id, acc)
+        _stop(proc.pid, argv, record.step_id)
         write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="opener end",
                                       closed_why="its opener stopped before it was recorded; the step was stopped"))
         raise
@@ -446,7 +443,7 @@ def recorded_holder(spec: TunnelSpec, job_info: Callable | None = None) -> str |
     return None
 
 
-def _stop(pid: int, argv: list[str], step_id: str | None, acc: JobAccess | None, wait_s: float = 10.0) -> str:
+def _stop(pid: int, argv: list[str], step_id: str | None, wait_s: float = 10.0) -> str:
     """End a tunnel step: scancel the step when known, then SIGTERM srun if it still runs ``argv``
     (SIGKILL after ``wait_s``). Returns what was done, in words."""
     said = []
@@ -456,20 +453,9 @@ def _stop(pid: int, argv: list[str], step_id: str | None, acc: JobAccess | None,
             said.append(f"scancel {step_id}")
         except EnvLayersError as err:
             said.append(f"scancel {step_id} failed: {err.message}")
-    if not argv or cmdline(pid) != argv:
-        return ", ".join(said)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while cmdline(pid) == argv and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if cmdline(pid) != argv:
-            break
-    ended = cmdline(pid) != argv
-    said.append(f"srun pid {pid} {'ended' if ended else 'still runs after SIGKILL'}")
+    ended = end_recorded(pid, argv, wait_s=wait_s)
+    if ended is not None:
+        said.append(f"srun pid {pid} {'ended' if ended else 'still runs after SIGKILL'}")
     return ", ".join(said)
 
 
@@ -490,16 +476,16 @@ def close_tunnel(acc: JobAccess) -> tuple[str, str]:
         status, detail = "already", (f"srun pid {pid} no longer runs the tunnel (it ended with the job or "
                                      "dropped); nothing to kill")
     elif mine is False:
-        how = _stop(pid, [], step, acc)
+        how = _stop(pid, [], step)
         status, detail = "closed", f"srun pid {pid} is gone or another process now (not touched); {how}"
     elif mine is None and step is None:
         return "skipped", (f"it was opened on {record.host}: its srun pid {pid} means nothing here; "
                            f"run `env_layers release {acc.job_id}` there")
     elif mine is None:
-        how = _stop(pid, [], step, acc)
+        how = _stop(pid, [], step)
         status, detail = "closed", f"opened on {record.host}, so its pid means nothing here; {how}"
     else:
-        how = _stop(pid, record.srun_argv, step, acc)
+        how = _stop(pid, record.srun_argv, step)
         status, detail = "closed", how
     if acc.run_dir is not None:
         write_tunnel(acc.run_dir, replace(record, state="closed", closed_at=_now(), closed_by="release",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +43,28 @@ def cmdline(pid: int) -> list[str] | None:
     if state == "Z" or not raw:
         return None
     return raw.rstrip(b"\0").decode(errors="replace").split("\0")
+
+
+def end_recorded(pid: int, argv: list[str] | None, signals=(signal.SIGTERM, signal.SIGKILL),
+                 wait_s: float = 10.0) -> bool | None:
+    """Signal ``pid`` while it runs the recorded ``argv`` (never a program that got the PID since): each of
+    ``signals`` in turn, ``wait_s`` apart. True once it no longer runs it, False while it still does, None
+    when it did not run it to begin with (left alone)."""
+    if not pid or not argv or cmdline(pid) != argv:
+        return None
+    for sig in signals:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait_s
+        while cmdline(pid) == argv:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        else:
+            return True
+    return False
 
 
 def is_recorded_process(record: TunnelRecord) -> bool | None:
