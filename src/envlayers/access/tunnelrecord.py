@@ -11,6 +11,9 @@ that is not.
 
 Record states: ``opening`` (a chain follower is opening it: the intent, written before the step
 starts), ``open``, ``handed-over`` (its port moved to a successor's tunnel), ``closed``.
+
+A recorded process (a step's srun, the chain follower) is signalled only while it still runs the
+recorded command line (:func:`end_recorded`), never a program that got its PID since.
 """
 
 from __future__ import annotations
