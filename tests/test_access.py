@@ -668,13 +668,13 @@ def test_a_successors_tunnel_takes_the_gateway_port_over_with_no_failed_request(
         under_way = threading.Thread(target=lambda: slow.append(get("/slow")))
         under_way.start()
         time.sleep(0.3)
-        # the cancel step, as it runs in the old job (without srun): it says when its cancel returned
+        # the cancel step, as it runs in the old job (without srun)
         argv = old.cancel_argv("5.1")
         assert argv[:3] == ["srun", "--overlap", "--jobid=5"] and "--nodelist=n1" in argv
         cancelled = subprocess.run(argv[argv.index("bash"):], capture_output=True, text=True, timeout=30)
-        assert cancelled.returncode == 0 and cancelled.stdout == "ENVLAYERS-TUNNEL: cancel exit 0\n", cancelled
+        assert cancelled.returncode == 0, cancelled.stderr
         assert get() != "old"  # nothing leads to the old server now, and the new tunnel has not asked yet
-        procs[1].stdin.write("go\n")  # as the follower does once the cancel step said so
+        procs[1].stdin.write("go\n")  # as the follower does once the cancel step ended
         procs[1].stdin.flush()
         _lines_until(procs[1], "remote forward success for: listen 127.0.0.1:", seen_new)
         procs[1].stdin.write("recorded\n")  # as the follower does once both records are written
@@ -729,31 +729,6 @@ def test_the_chain_follower_ends_with_the_chain(tmp_path, states, successor, lef
     _open_tunnel_record(run, "41", state)
     assert follow(run, job_info=_info(states), poll_s=0.01) == code
     assert (run / "tunnel.log").read_text().rstrip().endswith(said)
-
-
-def test_the_successor_is_told_to_ask_when_the_cancel_returned_not_when_its_step_ended(tmp_path, monkeypatch):
-    from envlayers.access import handover
-
-    srun = tmp_path / "srun"  # the cancel step: ssh's own line, the step's word, then a slow step end
-    srun.write_text("#!/bin/sh\necho 'mux_client_forward: forwarding request failed' >&2\n"
-                    "echo 'ENVLAYERS-TUNNEL: cancel exit 255'\nexec sleep 30\n")
-    srun.chmod(0o755)
-    t0 = time.monotonic()
-    proc, code, said = handover._cancel([str(srun)])
-    try:
-        assert time.monotonic() - t0 < 10 and proc.poll() is None  # back at the word, the step still runs
-        assert (code, said) == (255, ["mux_client_forward: forwarding request failed"])
-    finally:
-        handover._reap(proc, 0)
-    assert proc.returncode == -9
-    srun.write_text("#!/bin/sh\necho 'srun: error: Unable to create step for job 5: Job/step already completing'\n"
-                    "exit 1\n")  # the step never ran: its srun's exit code
-    proc, code, said = handover._cancel([str(srun)])
-    assert (code, said) == (1, ["srun: error: Unable to create step for job 5: Job/step already completing"])
-    monkeypatch.setattr(handover, "CANCEL_WAIT_S", 0.5)
-    srun.write_text("#!/bin/sh\nexec sleep 30\n")
-    with pytest.raises(EnvLayersError, match="did not answer within 0.5s"):
-        handover._cancel([str(srun)])
 
 
 @pytest.mark.parametrize("make", ["link", "others"])

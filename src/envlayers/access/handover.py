@@ -8,8 +8,8 @@ and Slurm says it runs), the follower
 
 1. starts a tunnel step in the successor job on its API node that connects to the same gateway,
    with no forward yet, and says when it is connected;
-2. then cancels the old forward (a step in the old job: ``ssh -O cancel``), which says at once that
-   the cancel is done; connections already forwarded go on to the old server, which still drains;
+2. then cancels the old forward (a step in the old job: ``ssh -O cancel``); connections already
+   forwarded go on to the old server, which still drains;
 3. then says ``go`` to the successor's step, which asks for the gateway port once: it now leads to
    the successor. The old record says ``handed-over``, the new one ``took_over_from``.
 
@@ -18,8 +18,8 @@ starts, and that step waits on its stdin (carried by srun from the follower) for
 records are written (``TunnelResult.commit``); the follower's end before that, even by SIGKILL,
 ends the step (access.tunnel), and readers settle the record to ``closed`` (access.tunnelrecord).
 
-The port is closed only from the cancel to the successor's ask (the two steps' lines relayed by srun,
-and one round trip to the gateway; a client connecting then is refused and may retry). If the old job
+The port is closed only from the cancel to the successor's ask (the cancel step's end and the word
+relayed by srun, and one round trip to the gateway; a client connecting then is refused and may retry). If the old job
 ended first (its tunnel ended with it), the successor's tunnel takes the free port as soon as it is
 connected. The follower ends when the chain does (a job ended with no successor), when the tunnel
 is released, or on SIGTERM (``release`` sends it, checked against the recorded command line).
@@ -28,7 +28,6 @@ is released, or on SIGTERM (``release`` sends it, checked against the recorded c
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -93,8 +92,9 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
 def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) -> TunnelRecord:
     """Move the gateway port from ``record``'s tunnel to a new one in job ``succ``; returns the new record.
     Raises ``EnvLayersError`` / ``TunnelFailed`` when the successor's tunnel does not come up."""
+    from .. import slurm
     from .job import open_job
-    from .tunnel import TunnelSpec, _now, api_target, open_tunnel
+    from .tunnel import TunnelSpec, _clean_env, _now, api_target, open_tunnel
 
     say_old, say_new = _say_to(cur_dir), _say_to(succ_dir)
     acc = open_job(succ, run_dir=str(succ_dir))
@@ -105,25 +105,19 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) ->
                       int(record.restarts or 5), control=True, takeover=True)
     old = TunnelSpec(str(record.job_id), record.node, int(record.local_port), gateway, bind, rport)
     times: dict[str, float] = {}
-    cancels: list[subprocess.Popen] = []
 
     def cancel_old() -> None:
-        if record.step_id:
-            proc, code, said = _cancel(old.cancel_argv(record.step_id))
-            cancels.append(proc)
-            say_old(f"forward {bind}:{rport} cancelled for the handover to job {succ} (exit {code}"
-                    + (f": {said[-1]}" if said and code else "") + ")")
+        step = record.step_id
+        if step:
+            proc = slurm.run(old.cancel_argv(step), timeout_s=60, env=_clean_env())
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            say_old(f"forward {bind}:{rport} cancelled for the handover to job {succ} (exit {proc.returncode}"
+                    + (f": {said[-1]}" if said and proc.returncode else "") + ")")
         times["cancelled"] = time.time()
 
     say_old(f"successor job {succ} is live on {node}: opening its tunnel to take over {bind}:{rport}")
-    try:
-        result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
-                             replica=record.replica or 0,
-                             took_over_from=str(record.job_id), follower=record.follower)
-    except BaseException:
-        for proc in cancels:
-            _reap(proc)
-        raise
+    result = open_tunnel(acc, spec, start_timeout_s=60, check_gateway=False, on_connected=cancel_old,
+                         replica=record.replica or 0, took_over_from=str(record.job_id), follower=record.follower)
     up = time.time()
     new = result.record
     closed = up - times.get("cancelled", up)
@@ -138,56 +132,11 @@ def hand_over(cur_dir: Path, record: TunnelRecord, succ: str, succ_dir: Path) ->
         _stop(new.srun_pid, new.srun_argv, new.step_id)
         raise
     result.commit()  # both records say it: from now on the new step outlives this follower
-    for proc in cancels:  # the cancel step ended by itself once it had said so
-        _reap(proc)
     line = (f"job {record.job_id} -> job {succ}: {bind}:{rport} on {gateway.destination} now leads to {node} "
             f"127.0.0.1:{port} (step {new.step_id}); closed for at most {closed:.2f}s")
     say_old(line)
     say_new(line)
     return new
-
-
-CANCEL_WAIT_S = 60.0  # how long the cancel step in the old job may take to say it is done
-
-
-def _cancel(argv: list[str]) -> tuple[subprocess.Popen, int, list[str]]:
-    """Start the cancel step and return as soon as it says its ``ssh -O cancel`` returned (its line, relayed
-    by srun; not the step's end, which comes later): the step, ssh's exit code and the lines before it."""
-    from ..errors import EnvLayersError
-    from .tunnel import CANCELLED, _clean_env
-
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=_clean_env(), start_new_session=True)
-    deadline, text = time.monotonic() + CANCEL_WAIT_S, b""
-    while True:
-        lines = text.decode(errors="replace").splitlines()
-        done = next((ln for ln in lines if ln.startswith(CANCELLED)), None)
-        said = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(CANCELLED)]
-        if done is not None:
-            code = done[len(CANCELLED):].strip()
-            return proc, int(code) if code.isdigit() else 255, said
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
-            _reap(proc, 0)
-            raise EnvLayersError(f"the cancel step `{' '.join(argv[:6])} ...` did not answer within {CANCEL_WAIT_S:g}s")
-        chunk = os.read(proc.stdout.fileno(), 4096)
-        if not chunk:  # it ended without the line (srun could not start it): its exit code
-            return proc, proc.wait(), said
-        text += chunk
-
-
-def _reap(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
-    """Wait for a step's srun to end (``wait_s``), else end it and its session."""
-    try:
-        proc.wait(wait_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 def follow(run_dir: Path, *, job_info: Callable | None = None, poll_s: float = POLL_S) -> int:

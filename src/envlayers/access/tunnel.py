@@ -55,7 +55,6 @@ PRIVATE_DIR = ('dir=/tmp/envlayers-tunnel-$(id -u); { mkdir -p -m 700 "$dir" && 
 _FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote forward "*) ;; debug*) continue ;; '
            "mux_confirm_remote_forward:*) continue ;; esac; printf '%s\\n' \"$l\"; done")
 CONNECTED = "ENVLAYERS-TUNNEL: connected;"
-CANCELLED = "ENVLAYERS-TUNNEL: cancel exit"  # the cancel step's line once its ssh -O cancel returned
 # what a takeover step reads on its stdin (from its opener, through srun): ask for the port now; it is recorded
 GO_WORD, RECORDED_WORD = b"go\n", b"recorded\n"
 _CONFIRMED_RE = re.compile(r"remote forward success for: listen (\S+)")
@@ -117,11 +116,11 @@ class TunnelSpec:
 
     def cancel_argv(self, step_id: str) -> list[str]:
         """A step of this job that cancels the forward of the tunnel step ``step_id`` (its control
-        master stays connected; connections already forwarded go on), and says so at once (``CANCELLED``)."""
+        master stays connected; connections already forwarded go on)."""
         sock = shlex.quote(f"{step_id}.sock")
         # the mark keeps --keep-alive from taking the port back when this master ends later
         return self._step(["bash", "-c", f'{PRIVATE_DIR} || exit 1; sock="$dir"/{sock}; touch "$sock.handed-over"; '
-                           f'{self._ssh("-O", "cancel", "-R", self.forward)}; echo "{CANCELLED} $?"'])
+                           f'{self._ssh("-O", "cancel", "-R", self.forward)}'])
 
     def _step(self, command: list[str]) -> list[str]:
         return slurm.overlap_step_argv(self.job_id, self.node, command,
