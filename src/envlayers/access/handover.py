@@ -73,7 +73,9 @@ def stop_follower(record: TunnelRecord | None) -> str | None:
 
     follower = (record.follower if record is not None else None) or {}
     pid = int(follower.get("pid") or 0)
-    if follower.get("host") != socket.gethostname() or end_recorded(pid, follower.get("argv"), (signal.SIGTERM,)) is None:
+    if follower.get("host") != socket.gethostname():
+        return None
+    if end_recorded(pid, follower.get("argv"), (signal.SIGTERM,)) is None:
         return None
     return f"chain follower pid {pid} stopped"
 

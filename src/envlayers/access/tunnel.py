@@ -48,8 +48,9 @@ RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart
 MAX_DELAY_S = 60
 # the API node's directory of this user's control sockets (and the marks beside them): made 0700, and refused
 # when it is a link or someone else's, so that no file another user can write is taken for one of ours
-PRIVATE_DIR = ('dir=/tmp/envlayers-tunnel-$(id -u); { mkdir -p -m 700 "$dir" && [ ! -L "$dir" ] && [ -O "$dir" ] '
-               '&& chmod 700 "$dir"; } || { echo "ENVLAYERS-TUNNEL: $dir is not a directory of this user alone"; false; }')
+PRIVATE_DIR = ('dir=/tmp/envlayers-tunnel-$(id -u); '
+               '{ mkdir -p -m 700 "$dir" && [ ! -L "$dir" ] && [ -O "$dir" ] && chmod 700 "$dir"; } '
+               '|| { echo "ENVLAYERS-TUNNEL: $dir is not a directory of this user alone"; false; }')
 # keep ssh's non-debug lines, and of its debug lines only those that say how the forward went; a bash
 # loop, not awk or sed, since those may hold lines back in their input buffers
 _FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote forward "*) ;; debug*) continue ;; '
