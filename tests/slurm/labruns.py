@@ -139,10 +139,10 @@ def reachable(url: str, lab) -> str:
 class Job:
     """One serve-only submission in ``tmp_path`` (the submit directory; SCRATCH under it)."""
 
-    def __init__(self, lab, tmp_path: Path, layer: str = "", **env: str):
+    def __init__(self, lab, tmp_path: Path, layer: str = "", model: str = "qwen38", **env: str):
         self.lab, self.dir = lab, tmp_path
         (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer + lab_ack(layer))
-        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": "qwen38",
+        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
                     "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
                     "STANDIN_LOAD_SECONDS": "1",
                     "PATH": f"{STANDIN / 'bin'}:{BIN}:{lab.env.get('PATH', os.environ['PATH'])}",
@@ -395,6 +395,11 @@ class RealRun(Run):
     def rank_pid(self, rank: int, needle: bytes) -> int:
         """The rank's own ``vllm serve`` process (the one ranks.sh started), found among this job's
         processes by its command line."""
+        return self.serve_pid(f"SLURM_PROCID={rank}", needle, f"rank {rank}")
+
+    def serve_pid(self, environ_entry: str, needle: bytes = b"", what: str = "") -> int:
+        """The one ``vllm serve`` of this job whose environment holds ``environ_entry`` (``SLURM_PROCID=1``,
+        a replica's ``ENVLAYERS_RANK=1``) and whose command line holds ``needle``."""
         found = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
@@ -405,10 +410,9 @@ class RealRun(Run):
             except OSError:
                 continue
             if (b"/vllm\0serve\0" in cmdline and needle in cmdline
-                    and f"SLURM_JOB_ID={self.job_id}".encode() in environ
-                    and f"SLURM_PROCID={rank}".encode() in environ):
+                    and f"SLURM_JOB_ID={self.job_id}".encode() in environ and environ_entry.encode() in environ):
                 found.append(int(proc.name))
-        assert len(found) == 1, f"rank {rank}'s vllm serve of job {self.job_id}: {found}"
+        assert len(found) == 1, f"{what or environ_entry}'s vllm serve of job {self.job_id}: {found}"
         return found[0]
 
     def kill_leftover(self, pid: int) -> None:

@@ -30,24 +30,6 @@ def finished(address: str) -> float:
                if line.startswith("vllm:request_success_total"))
 
 
-def replica_serve_pid(run: RealRun, rank: int) -> int:
-    """Replica ``rank``'s own `vllm serve` (its step's environment carries ENVLAYERS_RANK)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (b"/vllm\0serve\0" in cmdline and f"SLURM_JOB_ID={run.job_id}".encode() in environ
-                and f"ENVLAYERS_RANK={rank}".encode() in environ):
-            found.append(int(proc.name))
-    assert len(found) == 1, f"replica {rank}'s vllm serve of job {run.job_id}: {found}"
-    return found[0]
-
-
 def test_real_vllm_replicas_behind_the_router_answer_through_one_url_and_survive_a_killed_one(
         netns_lab, tmp_path, meter):  # noqa: F811
     run = RealRun(netns_lab, tmp_path, meter, "replicas + router: 2 nodes, SIGKILL of replica 1", EXPERIMENT="replicas",
@@ -91,7 +73,7 @@ def test_real_vllm_replicas_behind_the_router_answer_through_one_url_and_survive
     batch, out = start_batch(run, n, "--concurrency", "2")
     wait_answered(batch, out, 20, timeout_s=300)
     t_kill = time.monotonic()
-    os.kill(replica_serve_pid(run, 1), signal.SIGKILL)
+    os.kill(run.serve_pid("ENVLAYERS_RANK=1", what="replica 1"), signal.SIGKILL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not re.search(r"^ENVLAYERS-ERROR: replica rank 1 on n2 ", run.text(), re.M):
         time.sleep(0.5)

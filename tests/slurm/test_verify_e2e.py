@@ -6,44 +6,20 @@ each for its reason."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
+import labruns
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-SBATCH = REPO / "cluster" / "serve-only.sbatch"
-STANDIN = REPO / "tests" / "standin"
-
-from labruns import lab_ack
 
 pytestmark = pytest.mark.slurm
 
 
-class Job:
-    """One serve-only submission from ``tmp_path`` with ``layer`` appended to the operator's env file."""
-
-    def __init__(self, lab, tmp_path: Path, layer: str = "", model: str = "qwen38", **env: str):
-        self.lab, self.dir = lab, tmp_path
-        (tmp_path / "mine.env").write_text("CONTAINER_RUNTIME=none\n" + layer + lab_ack(layer))
-        self.env = {**os.environ, **lab.env, "SCRATCH": str(tmp_path / "scratch"), "MODEL": model,
-                    "SERVE_ENV_FILE": str(tmp_path / "mine.env"), "SERVE_TIME": "00:10:00",
-                    "STANDIN_LOAD_SECONDS": "1",
-                    "PATH": f"{STANDIN / 'bin'}:{lab.env.get('PATH', os.environ['PATH'])}",
-                    "PYTHONPATH": os.pathsep.join([str(STANDIN / "pypath"), str(REPO / "src")]), **env}
-        for key in ("ENVLAYERS_ROOT", "RUN_ROOT", "ENVLAYERS_RUN_ROOT"):
-            self.env.pop(key, None)
-        proc = subprocess.run([str(SBATCH), "--json"], cwd=self.dir, env=self.env, capture_output=True, text=True,
-                              timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        self.job_id = json.loads(proc.stdout)["job_id"]
-        lab._submitted.append(self.job_id)  # cancelled at teardown if a test fails midway
+class Job(labruns.Job):
+    """One serve-only submission from ``tmp_path`` with ``layer`` appended to the operator's env file, and the
+    two steps every test here takes: wait, then verify; and the stop."""
 
     def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "envlayers", *args], cwd=self.dir, env=self.env,
-                              capture_output=True, text=True, timeout=timeout_s)
+        return super().cli(*args, timeout_s=timeout_s)
 
     def wait_then_verify(self, *verify_args: str) -> tuple[str, subprocess.CompletedProcess]:
         waited = self.cli("wait", self.job_id, "--timeout", "90", "--progress", "none")
