@@ -109,11 +109,9 @@ def test_the_gateways_own_lines_are_the_relayed_ones():
 
 
 # Modules that still spell a kind in their own string literals: the standalone scripts (standard library only,
-# they cannot import joblines), the runtimes' shell lines and the tunnel's own log lines (both being rewritten
-# elsewhere), and keys.py, whose table quotes a line in a key's doc.
-SPELL_THEIR_OWN = {"gateway_app.py", "launch/raynode.py", "runtimes/docker.py", "runtimes/apptainer.py",
-                   "runtimes/charliecloud.py", "runtimes/podman.py", "access/tunnel.py", "access/handover.py",
-                   "access/tunnelrecord.py", "keys.py", "joblines.py"}
+# they cannot import joblines) and the tunnel's own log lines (being rewritten elsewhere).
+SPELL_THEIR_OWN = {"gateway_app.py", "launch/raynode.py", "access/tunnel.py", "access/handover.py",
+                   "access/tunnelrecord.py", "joblines.py"}
 
 
 def _literals(tree):

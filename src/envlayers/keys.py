@@ -27,6 +27,7 @@ from typing import Callable, Mapping
 
 from .defaults import DEFAULT_READY_TIMEOUT_S
 from .errors import KeyValueError
+from .joblines import WARN
 
 TRUE_WORDS: tuple[str, ...] = ("true", "1", "yes", "on")
 FALSE_WORDS: tuple[str, ...] = ("false", "0", "no", "off")
@@ -300,7 +301,7 @@ KEYS: tuple[Key, ...] = (
         absent='never', empty='never',
         hint='e.g. IDLE_STOP_AFTER_S=1800, or empty to never stop an idle endpoint'),
     Key('IDLE_WARN_AFTER_S', FRACTIONAL_SECONDS, if_empty=AS_ABSENT, section='idle',
-        doc='once live, print `ENVLAYERS-WARN: no request served for <s>s ...` once per idle stretch of this many seconds (with the seconds left when `IDLE_STOP_AFTER_S` is set too)',
+        doc=f'once live, print `{WARN.prefix}no request served for <s>s ...` once per idle stretch of this many seconds (with the seconds left when `IDLE_STOP_AFTER_S` is set too)',
         absent='never', empty='never',
         hint='e.g. IDLE_WARN_AFTER_S=1500, or empty to never warn'),
     Key('MIN_REPLICAS', COUNT, default=1, if_empty=AS_ABSENT, section='lasting',

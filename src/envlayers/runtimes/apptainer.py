@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..errors import EnvLayersError
+from ..joblines import ERROR, STAGE
 from ..rundir import rank_exit_name
 
 COMMANDS = ("apptainer", "singularity")  # CONTAINER_RUNTIME's words for this runtime: the program it runs
@@ -102,8 +103,8 @@ def prelude(s: Settings, names: Iterable[str], rank: int) -> str:
     on a command line; an unset one stays unset)."""
     q = shell.word
     fail = f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2'
-    msg = q(f"ENVLAYERS-ERROR: rank {rank}: cannot read {s.sif} on this node; "
-            + (f"`{pull_command(s)}` makes it" if s.image else "`env_layers images` says how to make it"))
+    msg = q(ERROR.line(f"rank {rank}: cannot read {s.sif} on this node; "
+            + (f"`{pull_command(s)}` makes it" if s.image else "`env_layers images` says how to make it")))
     lines = [f"[ -r {q(s.sif)} ] || {{ echo {msg}; {fail}; }}"]
     prefix = ENV_PREFIXES[s.program]
     lines += [f'[ -z "${{{n}+x}}" ] || export {prefix}{n}="${n}"' for n in sorted(set(names))]
@@ -133,5 +134,5 @@ def rank_wrappers(keys: Mapping[str, str], plan, commands) -> tuple[list[tuple[s
     for rank, cmd in enumerate(commands):
         words = run_argv(s, keys)
         out.append((prelude(s, passed_names(keys, cmd.env, cmd.key_env), rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in {s.program}: {shell.words(words)} <the command above>")
+        lines.append(STAGE.line(f"rank {rank} runs in {s.program}: {shell.words(words)} <the command above>"))
     return out, lines

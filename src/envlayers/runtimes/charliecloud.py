@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import EnvLayersError
+from ..joblines import ERROR, STAGE
 from ..rundir import rank_exit_name
 from .. import shell
 
@@ -99,7 +100,7 @@ def prelude(s: Settings, rank: int) -> str:
     q = shell.word
     fail = f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2'
     how = f"`{convert_command(s)}` makes it" if s.source else "CONTAINER_IMAGE names it"
-    msg = q(f"ENVLAYERS-ERROR: rank {rank}: the image {s.image} is not on this node; {how}")
+    msg = q(ERROR.line(f"rank {rank}: the image {s.image} is not on this node; {how}"))
     # ch-run stops with "$USER not set" without it; a batch environment may lack it
     return f'[ -e {q(s.image)} ] || {{ echo {msg}; {fail}; }}; export USER="${{USER:-$(id -un)}}"'
 
@@ -124,5 +125,5 @@ def rank_wrappers(keys: Mapping[str, str], plan, commands) -> tuple[list[tuple[s
     for rank, _ in enumerate(commands):
         words = run_argv(s, keys)
         out.append((prelude(s, rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in charliecloud: {shell.words(words)} <the command above>")
+        lines.append(STAGE.line(f"rank {rank} runs in charliecloud: {shell.words(words)} <the command above>"))
     return out, lines

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..errors import EnvLayersError
+from ..joblines import ERROR, STAGE
 from ..rundir import rank_exit_name
 
 AMD_DEVICES = ("/dev/kfd", "/dev/dri")
@@ -78,10 +79,10 @@ def load_line(s: Settings, image_dir: str | None, job_id: str, rank: int) -> str
     clear = f"docker rm -f {q(container_name(job_id, rank))} >/dev/null 2>&1; "
     have = f"docker image inspect {q(s.image)} >/dev/null 2>&1"
     if not image_dir:
-        return clear + (f"{have} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: image {s.image} is not on this node and CONTAINER_IMAGE_DIR names no archive; run `env_layers images load` or set CONTAINER_IMAGE_DIR')}; {fail}; }}")
+        return clear + (f"{have} || {{ echo {q(ERROR.line(f'rank {rank}: image {s.image} is not on this node and CONTAINER_IMAGE_DIR names no archive; run `env_layers images load` or set CONTAINER_IMAGE_DIR'))}; {fail}; }}")
     archive = f"{image_dir.rstrip('/')}/{archive_name(s.image)}"
-    return clear + (f"{have} || {{ echo {q(f'ENVLAYERS-STAGE: rank {rank}: loading {s.image} from {archive}')}; "
-                    f"docker load -i {q(archive)} >/dev/null; }} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: cannot load {s.image} from {archive}; `env_layers images save` writes it')}; {fail}; }}")
+    return clear + (f"{have} || {{ echo {q(STAGE.line(f'rank {rank}: loading {s.image} from {archive}'))}; "
+                    f"docker load -i {q(archive)} >/dev/null; }} || {{ echo {q(ERROR.line(f'rank {rank}: cannot load {s.image} from {archive}; `env_layers images save` writes it'))}; {fail}; }}")
 
 
 def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple[list[tuple[str, list[str]]], list[str]]:
@@ -97,5 +98,5 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
     for rank, cmd in enumerate(commands):
         words = run_argv(s, job_id, rank, passed_names(keys, cmd.env, cmd.key_env), keys)
         out.append((load_line(s, keys.get(IMAGE_DIR_KEY) or None, job_id, rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in docker: {shell.words(words)} <the command above>")
+        lines.append(STAGE.line(f"rank {rank} runs in docker: {shell.words(words)} <the command above>"))
     return out, lines

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..errors import EnvLayersError
+from ..joblines import ERROR, STAGE
 from ..rundir import rank_exit_name
 from .. import shell
 
@@ -151,9 +152,9 @@ def load_line(s: Settings, image_dir: str | None, rank: int) -> str:
     archive = f"{image_dir.rstrip('/')}/{archive_name(s.image)}" if image_dir else None
     fail = (f'echo 2 > "$run_dir/{rank_exit_name(rank)}"; exit 2')
     if archive is None:
-        return (f"podman image exists {q(s.image)} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: image {s.image} is not on this node and CONTAINER_IMAGE_DIR names no archive; run `env_layers images load` or set CONTAINER_IMAGE_DIR')}; {fail}; }}")
-    return (f"podman image exists {q(s.image)} || {{ echo {q(f'ENVLAYERS-STAGE: rank {rank}: loading {s.image} from {archive}')}; "
-            f"podman load -i {q(archive)}; }} || {{ echo {q(f'ENVLAYERS-ERROR: rank {rank}: cannot load {s.image} from {archive}; `env_layers images save` writes it')}; {fail}; }}")
+        return (f"podman image exists {q(s.image)} || {{ echo {q(ERROR.line(f'rank {rank}: image {s.image} is not on this node and CONTAINER_IMAGE_DIR names no archive; run `env_layers images load` or set CONTAINER_IMAGE_DIR'))}; {fail}; }}")
+    return (f"podman image exists {q(s.image)} || {{ echo {q(STAGE.line(f'rank {rank}: loading {s.image} from {archive}'))}; "
+            f"podman load -i {q(archive)}; }} || {{ echo {q(ERROR.line(f'rank {rank}: cannot load {s.image} from {archive}; `env_layers images save` writes it'))}; {fail}; }}")
 
 
 # -- in the job: what the launcher adds to each rank ---------------------------------------------
@@ -190,7 +191,7 @@ def rank_wrappers(keys: Mapping[str, str], plan, job_id: str, commands) -> tuple
         port = ports.get(rank) or plan.api_port
         words = run_argv(s, job_id, rank, port, passed_names(keys, cmd.env, cmd.key_env), keys, plan.nodes)
         out.append((load_line(s, keys.get(IMAGE_DIR_KEY) or None, rank), words))
-        lines.append(f"ENVLAYERS-STAGE: rank {rank} runs in podman: {shell.words(words)} <the command above>")
+        lines.append(STAGE.line(f"rank {rank} runs in podman: {shell.words(words)} <the command above>"))
     return out, lines
 
 
