@@ -313,6 +313,39 @@ def test_status_empty(fake):
     assert res.exit_code == 0 and "no endpoint jobs" in res.stdout
 
 
+SERVE_ENV = ("# site: h100\nexport INFERENCE_MODEL='zai/GLM'\nexport VLLM_SERVED_MODEL='from-serve-env'\n"
+             "export INFERENCE_ENGINE='vllm'\n")  # the merged layers, as the job script writes them
+
+
+@pytest.mark.parametrize("files, previous_at_top, want", [
+    pytest.param({"serve.env": SERVE_ENV}, False,
+                 {"target": None, "model_id": "zai/GLM", "served_name": "from-serve-env", "engine": "vllm",
+                  "site": None}, id="serve-env-only"),
+    pytest.param({"serve.env": SERVE_ENV, "launch.json": {"served_model_name": "from-launch", "engine": "sglang",
+                                                          "site": "mi300a", "target": "experiment:glm53"}}, False,
+                 {"target": "experiment:glm53", "model_id": "zai/GLM", "served_name": "from-launch",
+                  "engine": "sglang", "site": "mi300a"}, id="launch-before-serve-env"),
+    pytest.param({"serve.env": SERVE_ENV, "launch.json": {"served_model_name": "from-launch", "target": "t:x"},
+                  "endpoint.json": {"served_model_name": "from-endpoint", "model": "m/ep", "base_urls": []}}, False,
+                 {"target": "t:x", "model_id": "m/ep", "served_name": "from-endpoint", "engine": "vllm",
+                  "site": None}, id="endpoint-first-target-from-launch"),
+    pytest.param({"serve.env": SERVE_ENV}, True, dict.fromkeys(("target", "model_id", "served_name", "engine",
+                                                                 "site")), id="an-earlier-runs-files-say-nothing"),
+])
+def test_what_a_job_serves_is_read_once_for_status_and_clients(tmp_path, files, previous_at_top, want):
+    # the Job handle reads it (endpoint.json, else launch.json, else serve.env); status shows that reading
+    # and a client's default model is its served name
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name, body in files.items():
+        (run_dir / name).write_text(body if isinstance(body, str) else json.dumps(body))
+    job = Job("7", None, rundir.JobFiles("7", None, run_dir, previous_at_top=previous_at_top))
+    assert job.identity() == want
+    assert job.served == want["served_name"]
+    if not previous_at_top:  # (status asks Slurm's record whether the top is an earlier run's: none here)
+        assert {k: v for k, v in ops.status.job_record(job, probe_endpoint=False).items() if k in want} == want
+
+
 def test_status_of_one_job_is_the_full_record(fake, tmp_path, monkeypatch):
     run_dir = make_job(tmp_path, "400", out_lines=["ENVLAYERS-STAGE: rank 0 up on n1", "ENVLAYERS-STAGE: all 1 ranks started",
                                                    "ENVLAYERS-WARN: core limit was unlimited"],

@@ -3,7 +3,8 @@
 From a job id (read by ``envlayers.jobid``): Slurm's record and the files of the run Slurm runs now
 (:func:`find_job`, asked patiently when the caller allows it: a controller that does not answer is
 asked again for ``outage_s``); the owner check (:func:`check_owner`, :func:`owned_job`); which key file a
-client reads and the key from it (:meth:`Job.key_source`, :meth:`Job.read_key`); the URLs that reach the
+client reads and the key from it (:meth:`Job.key_source`, :meth:`Job.read_key`); what it serves (target,
+model, served name, engine, site: :meth:`Job.identity`, which ``status`` shows); the URLs that reach the
 endpoint from here (:meth:`Job.reachable_urls`); and the newest live link of a chain of successors
 (:func:`newest_live`, :func:`serving_job`). ``ops``, ``access``, ``verify``, ``bench``, ``batch`` and
 ``diagnose`` all look a job up here; and how the launcher ended (:meth:`Job.launcher_end`, from the run
@@ -132,6 +133,16 @@ def _with_host(url: str, host: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+# what Job.identity() says -> its field in (endpoint.json, launch.json, serve.env); None: that record has none
+IDENTITY_FIELDS = {
+    "target": (None, "target", "ENVLAYERS_TARGET"),
+    "model_id": ("model", "model", "INFERENCE_MODEL"),
+    "served_name": ("served_model_name", "served_model_name", "VLLM_SERVED_MODEL"),
+    "engine": ("engine", "engine", "INFERENCE_ENGINE"),
+    "site": ("site", "site", "ENVLAYERS_SITE"),
+}
+
+
 @dataclass
 class KeySource:
     """Which key file a job's clients read, and what named it: ``record`` (the run directory file that
@@ -197,13 +208,39 @@ class Job:
         """serve.env's literal values."""
         return self._once("serve_env", lambda: rundir.read_serve_env(self.run_dir))
 
+    def identity(self) -> dict[str, str | None]:
+        """What the job serves, in the words every command uses (text and ``--json``):
+
+        - ``target``: the catalog target it was launched from (``experiment:glm53``; ``None`` without one);
+        - ``model_id``: the model the engine loaded (``zai-org/GLM-5.3``: INFERENCE_MODEL);
+        - ``served_name``: the name clients pass as ``model`` (the served model name);
+        - ``engine``: ``sglang`` or ``vllm``;
+        - ``site``: the site layer it was rendered with (``mi300a``; ``None`` for a catalog without sites).
+
+        From endpoint.json, else launch.json, else the run's serve.env (not while the top-level files are an
+        earlier run's): the same answer before, while and after the endpoint is live. Each record spells a
+        field one way (:data:`IDENTITY_FIELDS`)."""
+        return self._once("identity", self._identity)
+
+    def _identity(self) -> dict[str, str | None]:
+        found: dict = dict.fromkeys(IDENTITY_FIELDS)
+        sources = (lambda: self.endpoint.to_dict() if self.endpoint is not None else {},
+                   lambda: self.launch.to_dict() if self.launch is not None else {},
+                   lambda: {} if self.files.previous_at_top else self.serve_env)
+        for column, read in enumerate(sources):
+            if all(found.values()):
+                break
+            data = read()
+            for name, spellings in IDENTITY_FIELDS.items():
+                value = data.get(spellings[column])
+                if found[name] is None and value not in (None, ""):
+                    found[name] = str(value)
+        return found
+
     @property
     def served(self) -> str | None:
-        if self.endpoint is not None and self.endpoint.served_model_name:
-            return self.endpoint.served_model_name
-        if self.launch is not None and self.launch.served_model_name:
-            return self.launch.served_model_name
-        return self.serve_env.get("VLLM_SERVED_MODEL") or None
+        """The name clients pass as ``model``: :meth:`identity`'s ``served_name``."""
+        return self.identity()["served_name"]
 
     @property
     def base_urls(self) -> list[str]:

@@ -48,45 +48,6 @@ def slurm_end_time(info) -> float | None:
     return parse_time(info.end_time)
 
 
-def identity(files: rundir.JobFiles) -> dict:
-    """What a job serves, in the words every command uses (text and ``--json``):
-
-    - ``target``: the catalog target it was launched from (``experiment:glm53``; ``None`` without one);
-    - ``model_id``: the model the engine loaded (``zai-org/GLM-5.3``: INFERENCE_MODEL);
-    - ``served_name``: the name clients pass as ``model`` (the served model name);
-    - ``engine``: ``sglang`` or ``vllm``;
-    - ``site``: the site layer it was rendered with (``mi300a``; ``None`` for a catalog without sites).
-
-    From endpoint.json, else launch.json, else the run's serve.env: the same answer before, while
-    and after the endpoint is live. Each record spells a field one way (``IDENTITY_FIELDS``)."""
-    found: dict = dict.fromkeys(IDENTITY_FIELDS)
-    sources = (lambda: _as_dict(files.endpoint()), lambda: _as_dict(files.launch()),
-               lambda: {} if files.previous_at_top else rundir.read_serve_env(files.run_dir))
-    for column, read in enumerate(sources):
-        if all(found.values()):
-            break
-        data = read() or {}
-        for name, spellings in IDENTITY_FIELDS.items():
-            value = data.get(spellings[column])
-            if found[name] is None and value not in (None, ""):
-                found[name] = str(value)
-    return found
-
-
-# what identity() shows -> its field in (endpoint.json, launch.json, serve.env); None: that record has none
-IDENTITY_FIELDS = {
-    "target": (None, "target", "ENVLAYERS_TARGET"),
-    "model_id": ("model", "model", "INFERENCE_MODEL"),
-    "served_name": ("served_model_name", "served_model_name", "VLLM_SERVED_MODEL"),
-    "engine": ("engine", "engine", "INFERENCE_ENGINE"),
-    "site": ("site", "site", "ENVLAYERS_SITE"),
-}
-
-
-def _as_dict(record) -> dict | None:
-    return None if record is None else record.to_dict()
-
-
 def run_progress(files: rundir.JobFiles, report: rundir.LauncherReport, nodes: int | None) -> RankProgress | None:
     """The furthest startup phase of the run and how many ranks reached it, read from every rank's log."""
     launch = files.launch()
@@ -104,7 +65,8 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
     listed = patiently(lambda: slurm.list_jobs(user=user, run=slurm.run), outage_s=outage_s, clock=clock,
                        on_silent=on_silent)
     for info in listed:
-        files = locate_job(info.job_id, info, environ=environ, cwd=cwd).files
+        job = locate_job(info.job_id, info, environ=environ, cwd=cwd)
+        files = job.files
         ep = files.endpoint() if info.running else None
         state = info.state or "?"
         if info.pending and info.reason and info.reason != "None":
@@ -114,7 +76,7 @@ def list_rows(user: str | None, *, environ: Mapping[str, str] | None = None, cwd
             progress = run_progress(files, files.read_job_output(), info.nodes)
         urls = ep.base_urls if ep is not None else []
         rows.append({"job_id": info.job_id, "state": state, "nodes": info.nodes, "nodelist": info.nodelist,
-                     "time_left_s": info.time_left_s, **identity(files),
+                     "time_left_s": info.time_left_s, **job.identity(),
                      "phase": "live" if urls else (progress.text(details=False) if progress
                                                    else "starting" if info.running else None),
                      "url": urls[0] if urls else None, "urls": urls, "user": info.user,
@@ -149,7 +111,7 @@ def job_record(job: Job, *, probe_endpoint: bool = True) -> dict:
     info, files = job.info, job.files
     report = files.read_job_output()
     progress = run_progress(files, report, info.nodes if info is not None else None)
-    names = identity(files)
+    names = job.identity()
     ep = files.endpoint()
     urls = ep.base_urls if ep is not None else []
     probes = []

@@ -67,13 +67,11 @@ class WaitResult:
         return {"live": EXIT_LIVE, "ended": EXIT_ENDED, "timeout": EXIT_TIMEOUT}[self.outcome]
 
     def to_dict(self) -> dict:
-        from .status import identity
-
         info = self.job.info
         urls = self.endpoint.base_urls if self.endpoint is not None else []
         return {
             "job_id": self.job.job_id, "outcome": self.outcome, "live": self.outcome == "live",
-            **identity(self.job.files),
+            **self.job.identity(),
             "state": info.state if info else None, "reason": info.reason if info else None,
             "expected_start": info.start_time if info is not None and info.pending else None,
             "url": urls[0] if urls else None, "urls": urls,
