@@ -20,7 +20,7 @@ import pytest
 
 from envlayers.access import gateway as gw
 from envlayers.access.ping import ping
-from envlayers.access.tunnel import TunnelSpec
+from envlayers.access.tunnel import NODE_LINE, TunnelSpec
 from envlayers.errors import EnvLayersError
 
 import sshdtools
@@ -141,6 +141,8 @@ def test_node_script_keeps_only_the_lines_that_say_how_the_forward_went(tmp_path
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=20)
     assert proc.returncode == 255
     assert proc.stdout.startswith("ENVLAYERS-TUNNEL: node=") and " step=5.2 pid=" in proc.stdout
+    first = NODE_LINE.match_line(proc.stdout.splitlines()[0])  # what the opener reads of the line the step prints
+    assert first is not None and first["step"] == "5.2" and int(first["pid"]) > 1
     assert proc.stderr.splitlines() == [
         "OpenSSH_9.2p1", 'Authenticated to gw ([10.0.0.1]:22) using "publickey".',
         "debug1: remote forward failure for: listen 127.0.0.1:8001, connect 127.0.0.1:8000",

@@ -62,9 +62,9 @@ def test_slurm_uses_the_one_writer_and_reader():
     assert jobs[0].start == datetime(2026, 12, 2, 9, 52).timestamp() and jobs[0].end is None
 
 
-# Slurm's timestamps are read and written here only; the tunnel's modules (being rewritten) keep their own stamp
+# Slurm's timestamps are read and written here only
 _BY_HAND = re.compile(r"fromisoformat\(|%Y-%m-%dT|_SINCE_RE|\[smhdw\]")
-_ALLOWED = {"durations.py", "access/handover.py"}
+_ALLOWED = {"durations.py"}
 
 
 def test_no_module_reads_slurm_times_by_hand():

@@ -109,9 +109,8 @@ def test_the_gateways_own_lines_are_the_relayed_ones():
 
 
 # Modules that still spell a kind in their own string literals: the standalone scripts (standard library only,
-# they cannot import joblines) and the tunnel's own log lines (being rewritten elsewhere).
-SPELL_THEIR_OWN = {"gateway_app.py", "launch/raynode.py", "access/tunnel.py", "access/handover.py",
-                   "access/tunnelrecord.py", "joblines.py"}
+# they cannot import joblines).
+SPELL_THEIR_OWN = {"gateway_app.py", "launch/raynode.py", "joblines.py"}
 
 
 def _literals(tree):

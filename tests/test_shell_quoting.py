@@ -84,10 +84,10 @@ def test_a_rank_line_quotes_each_word_once():
     assert shlex.split(shell_line(cmd))[0] == "X=it's"
 
 
-# every other module quotes through shell.py; the tunnel's own module and the standalone scripts beside the
-# package (run with the standard library only) are the exceptions
+# every other module quotes through shell.py; the standalone scripts beside the package (run with the standard
+# library only) are the exceptions
 _BY_HAND = re.compile(r"shlex\.(quote|join)\(|'\\\\''")
-_ALLOWED = {"shell.py", "access/tunnel.py", "launch/raynode.py", "gateway_app.py"}
+_ALLOWED = {"shell.py", "launch/raynode.py", "gateway_app.py"}
 
 
 def test_no_module_quotes_for_bash_by_hand():

@@ -116,9 +116,9 @@ def test_last_lines_and_last(tmp_path):
     assert Tail(tmp_path / "absent").last(3) == []
 
 
-# a growing file is read through tail.py only; the tunnel's modules (being rewritten) keep their own reads
+# a growing file is read through tail.py only
 _BY_HAND = re.compile(r"\.seek\(|\.tell\(\)|SEEK_END")
-_ALLOWED = {"tail.py", "access/tunnel.py", "access/tunnelrecord.py"}
+_ALLOWED = {"tail.py"}
 
 
 def test_no_module_follows_a_file_by_hand():

@@ -8,7 +8,8 @@ forms a person reads. Pure text in, seconds out (and back); every other module g
 - Slurm's timestamps: :func:`parse_time` (``2026-12-02T09:52:00``, local time, as ``scontrol`` and ``sacct``
   print ``StartTime`` and ``EndTime``) -> epoch seconds, and :func:`format_time`, what ``sacct --starttime``
   reads. Here rather than beside slurm.py's parsers: the terminal text and the report read the same
-  timestamps from records, and this module is below all of them and starts no process.
+  timestamps from records, and this module is below all of them and starts no process. A record's own stamp
+  in UTC (the tunnel's): :func:`format_utc`.
 - A span an operator types (``report --since 7d``): :func:`parse_span`, grammar :data:`SPAN_GRAMMAR`.
 - For people: :func:`spoken` (``1 h 30 min``, in sentences) and :func:`compact` (``1h02m05s``, in the
   terminal's records and tables).
@@ -95,6 +96,14 @@ def format_time(epoch: float) -> str:
     from datetime import datetime
 
     return datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def format_utc(epoch: float) -> str:
+    """Epoch seconds as a record's own stamp, in UTC with its offset: ``2026-12-02T08:52:00+00:00`` (the
+    tunnel's records)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
 
 
 # -- a span an operator types ---------------------------------------------------------------------------

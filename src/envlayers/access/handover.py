@@ -37,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from .. import joblines
+from ..durations import format_time
 from ..rundir import TUNNEL_LOG, ChainRecord, TunnelRecord, chain_of, read_tunnel, serving_endpoint, write_tunnel
 from .gateway import Gateway
 from .job import JobAccess
@@ -82,10 +84,10 @@ def stop_follower(record: TunnelRecord | None) -> str | None:
 
 def _say_to(run_dir: Path) -> Callable[[str], None]:
     def say(line: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        stamp = format_time(time.time())
         try:
             with open(run_dir / TUNNEL_LOG, "a", encoding="utf-8") as fh:
-                fh.write(f"ENVLAYERS-TUNNEL: chain: {stamp} {line}\n")
+                fh.write(joblines.TUNNEL.line(f"chain: {stamp} {line}") + "\n")
         except OSError:
             pass
     return say

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import socket
 import subprocess
 import time
@@ -35,10 +34,12 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
-from .. import slurm
+from .. import joblines, slurm
 from ..errors import EnvLayersError
 from ..rundir import TUNNEL, TUNNEL_LOG, TunnelRecord, write_tunnel
 from ..scripttext import Code, render
+from ..shell import dq_escape, word, words
+from ..tail import Tail
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import JobAccess
 from .tunnelrecord import end_recorded, is_recorded_process, now_iso as _now
@@ -50,17 +51,20 @@ MAX_DELAY_S = 60
 # when it is a link or someone else's, so that no file another user can write is taken for one of ours
 PRIVATE_DIR = ('dir=/tmp/envlayers-tunnel-$(id -u); '
                '{ mkdir -p -m 700 "$dir" && [ ! -L "$dir" ] && [ -O "$dir" ] && chmod 700 "$dir"; } '
-               '|| { echo "ENVLAYERS-TUNNEL: $dir is not a directory of this user alone"; false; }')
+               f'|| {{ echo "{joblines.TUNNEL.line("$dir is not a directory of this user alone")}"; false; }}')
 # keep ssh's non-debug lines, and of its debug lines only those that say how the forward went; a bash
 # loop, not awk or sed, since those may hold lines back in their input buffers
 _FILTER = ('while IFS= read -r l || [ -n "$l" ]; do case $l in "debug1: remote forward "*) ;; debug*) continue ;; '
            "mux_confirm_remote_forward:*) continue ;; esac; printf '%s\\n' \"$l\"; done")
-CONNECTED = "ENVLAYERS-TUNNEL: connected;"
+CONNECTED = joblines.TUNNEL.line("connected;")
 # what a takeover step reads on its stdin (from its opener, through srun): ask for the port now; it is recorded
 GO_WORD, RECORDED_WORD = b"go\n", b"recorded\n"
 _CONFIRMED_RE = re.compile(r"remote forward success for: listen (\S+)")
 _REFUSED_RE = re.compile(r"remote forward failure for:|remote port forwarding failed for listen port")
-_NODE_RE = re.compile(r"^ENVLAYERS-TUNNEL: node=(\S+) step=(\S+) pid=(\d+)", re.M)
+# the step's first line (the template prints it, the opener reads its step id and the node's PID from it)
+NODE_LINE = joblines.Form(joblines.TUNNEL, "node={node} step={step} pid={pid}",
+                          {"node": r"\S+", "step": r"\S+", "pid": r"\d+"})
+_SAID_MAX = 1 << 20  # of the step's output, the opener reads at most this much
 
 
 class TunnelFailed(EnvLayersError):
@@ -97,18 +101,20 @@ class TunnelSpec:
     def _ssh(self, *args: str, master: bool = False) -> str:
         """An ssh command line for the node script; ``master``: with the control socket ``$sock``."""
         ctl = ' -M -S "$sock"' if master else ' -S "$sock"'
-        return shlex.join(self.gateway.ssh_argv()) + ctl + " " + shlex.join([*args, self.gateway.destination])
+        return words(self.gateway.ssh_argv()) + ctl + " " + words([*args, self.gateway.destination])
 
     def node_script(self) -> str:
         """The step's bash script (templates/tunnel.sh.j2): the ssh lines are built here from checked words."""
         control = self.control or self.takeover
-        ssh = self._ssh("-v", "-N", "-R", self.forward, master=True) if control else shlex.join(self.ssh_argv())
+        ssh = self._ssh("-v", "-N", "-R", self.forward, master=True) if control else words(self.ssh_argv())
         where = f"{self.remote_bind}:{self.remote_port}"
-        said = shlex.quote(f"{CONNECTED} taking over {where} once the earlier forward lets it go")
+        said = word(f"{CONNECTED} taking over {where} once the earlier forward lets it go")
         # the master's socket is in place once ssh enters its session: the takeover says it is connected then
         connected = _FILTER.replace("case $l in ", f'case $l in "debug1: Entering interactive session."*) '
                                     f"printf '%s\\n' {said}; continue ;; ", 1)
-        return render("tunnel.sh.j2", keep_alive=self.keep_alive, restarts=self.restarts, control=control,
+        node_line = NODE_LINE.shell({"node": "$(hostname)", "step": "${SLURM_JOB_ID}.${SLURM_STEP_ID}", "pid": "$$"},
+                                    dq_escape)
+        return render("tunnel.sh.j2", node_line=Code(node_line), keep_alive=self.keep_alive, restarts=self.restarts, control=control,
                       takeover=self.takeover, private_dir=Code(PRIVATE_DIR), ssh=Code(ssh), filter=Code(_FILTER),
                       connected_filter=Code(connected), master=Code(self._ssh("-v", "-N", master=True)),
                       forward=Code(self._ssh("-O", "forward", "-R", self.forward)), where=where,
@@ -118,7 +124,7 @@ class TunnelSpec:
     def cancel_argv(self, step_id: str) -> list[str]:
         """A step of this job that cancels the forward of the tunnel step ``step_id`` (its control
         master stays connected; connections already forwarded go on)."""
-        sock = shlex.quote(f"{step_id}.sock")
+        sock = word(f"{step_id}.sock")
         # the mark keeps --keep-alive from taking the port back when this master ends later
         return self._step(["bash", "-c", f'{PRIVATE_DIR} || exit 1; sock="$dir"/{sock}; touch "$sock.handed-over"; '
                            f'{self._ssh("-O", "cancel", "-R", self.forward)}'])
@@ -217,17 +223,17 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
         remote_port=spec.remote_port,
         route={"base_url": route_url(spec.remote_bind, spec.remote_port), "provider_model_id": acc.served},
         keep_alive=spec.keep_alive, restarts=spec.restarts if spec.keep_alive else 0,
-        host=socket.gethostname(), srun_pid=None, srun_argv=argv, command=shlex.join(argv),
-        ssh_command=shlex.join(spec.ssh_argv()), step_id=None, node_pid=None,
+        host=socket.gethostname(), srun_pid=None, srun_argv=argv, command=words(argv),
+        ssh_command=words(spec.ssh_argv()), step_id=None, node_pid=None,
         log=str(log), opened_at=None, control=spec.control or spec.takeover,
         replica=replica, took_over_from=took_over_from, follower=follower,
     )
     if spec.takeover:
         write_tunnel(run_dir, record)  # the intent, before anything runs
     with open(log, "a", encoding="utf-8") as fh:
-        fh.write(f"ENVLAYERS-TUNNEL: starting at {_now()}: {shlex.join(argv)}\n")
+        fh.write(joblines.TUNNEL.line(f"starting at {_now()}: {words(argv)}") + "\n")
         fh.flush()
-        offset = fh.tell()
+        said = _StepOutput(log)  # from here on: what the step says
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if spec.takeover else subprocess.DEVNULL,
                                     stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=_clean_env(),
@@ -242,19 +248,19 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
     try:
         if spec.takeover:
             write_tunnel(run_dir, record)
-        outcome, text = _wait_up(proc, spec, log, offset, start_timeout_s, on_connected)
-        node_line = _NODE_RE.search(text)
+        outcome, text = _wait_up(proc, spec, said, start_timeout_s, on_connected)
+        node_line = _node_line(text)
         settle = time.monotonic() + 2.0
         while outcome == "up" and node_line is None and time.monotonic() < settle:
             time.sleep(0.1)  # srun relays the task's stdout and stderr separately: the node's line may lag
-            text = _read_from(log, offset)
-            node_line = _NODE_RE.search(text)
-        record.step_id = node_line.group(2) if node_line else None
-        record.node_pid = int(node_line.group(3)) if node_line else None
+            text = said.text()
+            node_line = _node_line(text)
+        record.step_id = node_line["step"] if node_line else None
+        record.node_pid = int(node_line["pid"]) if node_line else None
         record.opened_at = _now()
         if outcome != "up":
             _stop(proc.pid, argv, record.step_id)
-            text = _read_from(log, offset)  # srun's last lines (slurmstepd's word of a cancel) came meanwhile
+            text = said.text()  # srun's last lines (slurmstepd's word of a cancel) came meanwhile
             if spec.takeover:
                 write_tunnel(run_dir, replace(record, state="closed", closed_at=_now(), closed_by="step end",
                                               closed_why="it did not come up"))
@@ -277,13 +283,13 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
     return TunnelResult(record, check, proc if spec.takeover else None)
 
 
-def _wait_up(proc: subprocess.Popen, spec: TunnelSpec, log: Path, offset: int, start_timeout_s: float,
+def _wait_up(proc: subprocess.Popen, spec: TunnelSpec, said: _StepOutput, start_timeout_s: float,
              on_connected: Callable[[], None] | None) -> tuple[str, str]:
     """Wait for the step's word: (``up`` | ``refused`` | ``exited`` | ``timeout``, its output so far)."""
     deadline = time.monotonic() + start_timeout_s + (spec.takeover_wait_s if spec.takeover else 0)
     connected = False
     while True:
-        text = _read_from(log, offset)
+        text = said.text()
         if _CONFIRMED_RE.search(text):
             return "up", text
         if spec.takeover and not connected and CONNECTED in text:
@@ -295,20 +301,31 @@ def _wait_up(proc: subprocess.Popen, spec: TunnelSpec, log: Path, offset: int, s
             return "refused", text
         if proc.poll() is not None:
             time.sleep(0.2)  # srun's last lines
-            text = _read_from(log, offset)
+            text = said.text()
             return ("refused" if _REFUSED_RE.search(text) else "exited"), text
         if time.monotonic() >= deadline:
             return "timeout", text
         time.sleep(0.1)
 
 
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read(1 << 20).decode(errors="replace")
-    except OSError:
-        return ""
+class _StepOutput:
+    """What the step has written to tunnel.log since it started (its first ``_SAID_MAX`` bytes), read on as
+    the log grows."""
+
+    def __init__(self, log: Path):
+        self._tail = Tail(log, chunk=_SAID_MAX)
+        self._tail.last(0)  # the log's end now: what follows is the step's
+        self._data = b""
+
+    def text(self) -> str:
+        if len(self._data) < _SAID_MAX:
+            self._data += self._tail.read_bytes()
+        return self._data[:_SAID_MAX].decode(errors="replace")
+
+
+def _node_line(text: str) -> dict[str, str] | None:
+    """The fields of the step's :data:`NODE_LINE` in its output ``text`` (None until it came)."""
+    return next((f for line in text.split("\n") for f in [NODE_LINE.match_line(line)] if f), None)
 
 
 # ssh's own lines when it cannot reach or log in to the gateway (the first match names the trouble)
@@ -322,7 +339,7 @@ _SRUN_EXIT_RE = re.compile(r"exit code (\d+)")
 def ssh_said(text: str) -> tuple[str | None, str | None]:
     """(ssh's own error line, the exit code srun reported) from the step's output; the line made safe to print."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    own = [ln for ln in lines if not ln.startswith(("srun:", "ENVLAYERS-TUNNEL:", "OpenSSH_", "debug"))]
+    own = [ln for ln in lines if not ln.startswith(("srun:", joblines.TUNNEL.prefix.rstrip(), "OpenSSH_", "debug"))]
     picked = next((ln for ln in own if _SSH_ERROR_RE.match(ln)), None)
     if picked is None and own:
         picked = own[-1]

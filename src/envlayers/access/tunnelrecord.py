@@ -23,17 +23,21 @@ import signal
 import socket
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from .. import joblines
+from ..durations import format_utc
 from ..rundir import TunnelRecord, write_tunnel
+from ..tail import Tail
 
 LIVE_STATES = ("open", "opening")
+LOG_END = 8192  # how much of the end of tunnel.log is read for the step's last words
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    """Now as the tunnel's records stamp it (``format_utc``)."""
+    return format_utc(time.time())
 
 
 def cmdline(pid: int) -> list[str] | None:
@@ -93,20 +97,23 @@ def _log_time(record: TunnelRecord) -> str:
         stamp = os.stat(record.log).st_mtime
     except (TypeError, OSError):
         return now_iso()
-    return datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
+    return format_utc(stamp)
+
+
+def _log_end(record: TunnelRecord) -> str:
+    """The last :data:`LOG_END` bytes of tunnel.log (the step's last lines); ``""`` when it cannot be read."""
+    try:
+        return Tail(record.log, max_first_read=LOG_END).read()
+    except TypeError:  # no log recorded
+        return ""
 
 
 def _last_step_line(record: TunnelRecord) -> str | None:
     """The step's last own line in tunnel.log (e.g. ``ssh exited with code 255 after 41s; giving up ...``)."""
-    try:
-        with open(record.log, "rb") as fh:
-            fh.seek(max(0, os.path.getsize(record.log) - 8192))
-            lines = fh.read().decode(errors="replace").splitlines()
-    except (TypeError, OSError):
-        return None
-    for line in reversed(lines):
-        if line.startswith("ENVLAYERS-TUNNEL: ") and "chain:" not in line and "starting at" not in line:
-            return "".join(c if c.isprintable() else "?" for c in line[len("ENVLAYERS-TUNNEL: "):])
+    prefix = joblines.TUNNEL.prefix
+    for line in reversed(_log_end(record).splitlines()):
+        if line.startswith(prefix) and "chain:" not in line and "starting at" not in line:
+            return "".join(c if c.isprintable() else "?" for c in line[len(prefix):])
     return None
 
 
@@ -114,12 +121,7 @@ def _slurm_cancelled(record: TunnelRecord) -> str | None:
     """slurmstepd's "CANCELLED AT" line at the end of tunnel.log, if Slurm ended the step."""
     from ..slurm import slurm_cancelled
 
-    try:
-        with open(record.log, "rb") as fh:
-            fh.seek(max(0, os.path.getsize(record.log) - 8192))
-            said = slurm_cancelled(fh.read().decode(errors="replace"))
-    except (TypeError, OSError):
-        return None
+    said = slurm_cancelled(_log_end(record))
     return "".join(c if c.isprintable() else "?" for c in said) if said else None
 
 
