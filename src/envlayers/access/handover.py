@@ -42,6 +42,7 @@ from ..durations import format_time
 from ..rundir import TUNNEL_LOG, ChainRecord, TunnelRecord, chain_of, read_tunnel, serving_endpoint, write_tunnel
 from .gateway import Gateway
 from .job import JobAccess
+from .tunnelrecord import FOLLOWER_WORDS, end_recorded
 
 POLL_S = 0.25  # how often the follower looks at the chain's files
 SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still runs
@@ -71,8 +72,6 @@ def start_follower(acc: JobAccess, record: TunnelRecord) -> dict:
 
 def stop_follower(record: TunnelRecord | None) -> str | None:
     """SIGTERM the recorded follower if it still runs the recorded command here; what was done, in words."""
-    from .tunnelrecord import end_recorded
-
     follower = (record.follower if record is not None else None) or {}
     pid = int(follower.get("pid") or 0)
     if follower.get("host") != socket.gethostname():
@@ -87,7 +86,7 @@ def _say_to(run_dir: Path) -> Callable[[str], None]:
         stamp = format_time(time.time())
         try:
             with open(run_dir / TUNNEL_LOG, "a", encoding="utf-8") as fh:
-                fh.write(joblines.TUNNEL.line(f"chain: {stamp} {line}") + "\n")
+                fh.write(joblines.TUNNEL.line(f"{FOLLOWER_WORDS} {stamp} {line}") + "\n")
         except OSError:
             pass
     return say

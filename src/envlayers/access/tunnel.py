@@ -42,7 +42,7 @@ from ..shell import dq_escape, word, words
 from ..tail import Tail
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import JobAccess
-from .tunnelrecord import end_recorded, is_recorded_process, now_iso as _now
+from .tunnelrecord import OPENER_WORDS, end_recorded, is_recorded_process, now_iso as _now
 
 STEP_NAME = "envlayers-tunnel"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
@@ -114,9 +114,10 @@ class TunnelSpec:
                                     f"printf '%s\\n' {said}; continue ;; ", 1)
         node_line = NODE_LINE.shell({"node": "$(hostname)", "step": "${SLURM_JOB_ID}.${SLURM_STEP_ID}", "pid": "$$"},
                                     dq_escape)
-        return render("tunnel.sh.j2", node_line=Code(node_line), keep_alive=self.keep_alive, restarts=self.restarts, control=control,
-                      takeover=self.takeover, private_dir=Code(PRIVATE_DIR), ssh=Code(ssh), filter=Code(_FILTER),
-                      connected_filter=Code(connected), master=Code(self._ssh("-v", "-N", master=True)),
+        return render("tunnel.sh.j2", node_line=Code(node_line), keep_alive=self.keep_alive, restarts=self.restarts,
+                      control=control, takeover=self.takeover, private_dir=Code(PRIVATE_DIR), ssh=Code(ssh),
+                      filter=Code(_FILTER), connected_filter=Code(connected),
+                      master=Code(self._ssh("-v", "-N", master=True)),
                       forward=Code(self._ssh("-O", "forward", "-R", self.forward)), where=where,
                       takeover_wait_s=int(self.takeover_wait_s), go=GO_WORD.decode().strip(),
                       recorded=RECORDED_WORD.decode().strip(), reset_s=RESTART_RESET_S, max_delay_s=MAX_DELAY_S)
@@ -231,7 +232,7 @@ def open_tunnel(acc: JobAccess, spec: TunnelSpec, *, start_timeout_s: float = 30
     if spec.takeover:
         write_tunnel(run_dir, record)  # the intent, before anything runs
     with open(log, "a", encoding="utf-8") as fh:
-        fh.write(joblines.TUNNEL.line(f"starting at {_now()}: {words(argv)}") + "\n")
+        fh.write(joblines.TUNNEL.line(f"{OPENER_WORDS} {_now()}: {words(argv)}") + "\n")
         fh.flush()
         said = _StepOutput(log)  # from here on: what the step says
         try:

@@ -33,6 +33,8 @@ from ..tail import Tail
 
 LIVE_STATES = ("open", "opening")
 LOG_END = 8192  # how much of the end of tunnel.log is read for the step's last words
+# the words that begin the opener's and the follower's own lines in tunnel.log (the step's are the others)
+OPENER_WORDS, FOLLOWER_WORDS = "starting at", "chain:"
 
 
 def now_iso() -> str:
@@ -112,7 +114,7 @@ def _last_step_line(record: TunnelRecord) -> str | None:
     """The step's last own line in tunnel.log (e.g. ``ssh exited with code 255 after 41s; giving up ...``)."""
     prefix = joblines.TUNNEL.prefix
     for line in reversed(_log_end(record).splitlines()):
-        if line.startswith(prefix) and "chain:" not in line and "starting at" not in line:
+        if line.startswith(prefix) and FOLLOWER_WORDS not in line and OPENER_WORDS not in line:
             return "".join(c if c.isprintable() else "?" for c in line[len(prefix):])
     return None
 
