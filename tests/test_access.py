@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -147,6 +148,18 @@ def test_node_script_keeps_only_the_lines_that_say_how_the_forward_went(tmp_path
         "OpenSSH_9.2p1", 'Authenticated to gw ([10.0.0.1]:22) using "publickey".',
         "debug1: remote forward failure for: listen 127.0.0.1:8001, connect 127.0.0.1:8000",
         "Error: remote port forwarding failed for listen port 8001"]
+
+
+def test_the_opener_reads_ssh_exit_code_from_the_line_the_step_prints(tmp_path):
+    from envlayers.access.tunnel import ssh_said
+
+    env = _fake_ssh(tmp_path, "echo 'ssh: connect to host gw port 22: Connection refused' >&2; exit 255\n")
+    script = TunnelSpec("5", "n1", 8000, gw.Gateway("me@gw"), "127.0.0.1", 8001, keep_alive=True, restarts=0).node_script()
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=20)
+    assert proc.returncode == 255
+    assert re.search(r"^ENVLAYERS-TUNNEL: ssh exited with code 255 after \d+s; giving up after 0 restarts$", proc.stdout,
+                     re.M)
+    assert ssh_said(proc.stdout + proc.stderr) == ("ssh: connect to host gw port 22: Connection refused", "255")
 
 
 def test_a_hostile_remote_bind_in_the_takeover_script_stays_text(tmp_path):

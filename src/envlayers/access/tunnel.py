@@ -64,6 +64,8 @@ _REFUSED_RE = re.compile(r"remote forward failure for:|remote port forwarding fa
 # the step's first line (the template prints it, the opener reads its step id and the node's PID from it)
 NODE_LINE = joblines.Form(joblines.TUNNEL, "node={node} step={step} pid={pid}",
                           {"node": r"\S+", "step": r"\S+", "pid": r"\d+"})
+# how the step's lines after an ssh end begin (the template prints them, the opener reads ssh's exit code)
+EXITED = joblines.Form(joblines.TUNNEL, "ssh exited with code {code}", {"code": r"\d+"})
 _SAID_MAX = 1 << 20  # of the step's output, the opener reads at most this much
 
 
@@ -114,10 +116,11 @@ class TunnelSpec:
                                     f"printf '%s\\n' {said}; continue ;; ", 1)
         node_line = NODE_LINE.shell({"node": "$(hostname)", "step": "${SLURM_JOB_ID}.${SLURM_STEP_ID}", "pid": "$$"},
                                     dq_escape)
-        return render("tunnel.sh.j2", node_line=Code(node_line), keep_alive=self.keep_alive, restarts=self.restarts,
-                      control=control, takeover=self.takeover, private_dir=Code(PRIVATE_DIR), ssh=Code(ssh),
-                      filter=Code(_FILTER), connected_filter=Code(connected),
-                      master=Code(self._ssh("-v", "-N", master=True)),
+        exited = EXITED.shell({"code": "$rc"}, dq_escape)
+        return render("tunnel.sh.j2", node_line=Code(node_line), exited=Code(exited), keep_alive=self.keep_alive,
+                      restarts=self.restarts, control=control, takeover=self.takeover,
+                      private_dir=Code(PRIVATE_DIR), ssh=Code(ssh), filter=Code(_FILTER),
+                      connected_filter=Code(connected), master=Code(self._ssh("-v", "-N", master=True)),
                       forward=Code(self._ssh("-O", "forward", "-R", self.forward)), where=where,
                       takeover_wait_s=int(self.takeover_wait_s), go=GO_WORD.decode().strip(),
                       recorded=RECORDED_WORD.decode().strip(), reset_s=RESTART_RESET_S, max_delay_s=MAX_DELAY_S)
@@ -347,8 +350,7 @@ def ssh_said(text: str) -> tuple[str | None, str | None]:
     code = next((m.group(1) for ln in reversed(lines) if ln.startswith("srun:") for m in [_SRUN_EXIT_RE.search(ln)] if m),
                 None)
     if code is None:
-        code = next((m.group(1) for ln in reversed(lines) for m in [re.search(r"ssh exited with code (\d+)", ln)] if m),
-                    None)
+        code = next((f["code"] for ln in reversed(lines) for f in [EXITED.match_line(ln)] if f), None)
     return (printable(picked) if picked else None), code
 
 
