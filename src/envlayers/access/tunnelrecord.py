@@ -13,7 +13,10 @@ Record states: ``opening`` (a chain follower is opening it: the intent, written 
 starts), ``open``, ``handed-over`` (its port moved to a successor's tunnel), ``closed``.
 
 A recorded process (a step's srun, the chain follower) is signalled only while it still runs the
-recorded command line (:func:`end_recorded`), never a program that got its PID since.
+recorded command line (:func:`end_recorded`), never a program that got its PID since. That is not
+``procgroup``'s stopping: a recorded process was mostly started by an earlier command, so it is not this
+process's child (it cannot be waited for or reaped, and its PID may be another program's by now), and it is
+signalled alone (srun ends its step itself).
 """
 
 from __future__ import annotations
