@@ -27,7 +27,6 @@ is released, or on SIGTERM (``release`` sends it, checked against the recorded c
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
