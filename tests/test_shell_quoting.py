@@ -10,7 +10,7 @@ import shlex
 import subprocess
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from envlayers import scripttext, shell
 from envlayers.engines.command import RankCommand, shell_line
@@ -21,12 +21,14 @@ TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("C
 
 
 def bash_reads(lines: list[str], env: dict[str, str] | None = None) -> list[str]:
-    """Each bash word (or word list) in ``lines`` as bash reads it, one ``printf '%s\\0'`` per line."""
-    script = "".join(f"printf '%s\\0' {line}; printf '\\1\\0'\n" for line in lines)
+    """Each bash word (or word list) in ``lines`` as bash reads it, one ``printf '%s\\0'`` per line. A line's
+    words end with the byte 0xff, which is no UTF-8 text: it reads back as a lone surrogate, which TEXT never
+    makes, so no word can be taken for the end of a line."""
+    script = "".join(f"printf '%s\\0' {line}; printf '\\377\\0'\n" for line in lines)
     out = subprocess.run(["bash", "-c", script], capture_output=True, check=True, env=env or {"PATH": "/usr/bin:/bin"})
     groups, cur = [], []
     for part in out.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1]:
-        if part == "\1":
+        if part == "\udcff":
             groups.append(cur)
             cur = []
         else:
@@ -36,6 +38,7 @@ def bash_reads(lines: list[str], env: dict[str, str] | None = None) -> list[str]
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(TEXT, min_size=1, max_size=20))
+@example(["\x01", "\xff"])  # bytes a separator of the reader could be taken for
 def test_every_form_reads_back_as_the_text(texts):
     lines = []
     for t in texts:
@@ -47,6 +50,7 @@ def test_every_form_reads_back_as_the_text(texts):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(TEXT, max_size=5), min_size=1, max_size=10))
+@example([["\x01"], ["\xff", ""]])
 def test_words_reads_back_as_the_argv(argvs):
     # printf with no argument still prints its format once: an empty argv reads as one empty word
     assert bash_reads([shell.words(argv) for argv in argvs]) == [list(a) if a else [""] for a in argvs]
