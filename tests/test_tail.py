@@ -65,11 +65,12 @@ def test_lines_in_any_chunking_are_the_file_lines(tmp_path_factory, lines, chunk
     for i in range(0, len(data), write_size):
         with open(path, "ab") as fh:
             fh.write(data[i:i + write_size])
-        while True:
-            more = tail.lines()
-            got += more
+        for _read in range(len(data) + 2):  # each read takes at least a byte: a stuck offset fails, not hangs
+            got += tail.lines()
             if tail.offset == path.stat().st_size:
                 break
+        else:
+            pytest.fail(f"the offset stopped at {tail.offset} of {path.stat().st_size}")
     assert got == [line.replace("\n", " ") for line in lines]
 
 
@@ -128,3 +129,15 @@ def test_no_module_follows_a_file_by_hand():
 @pytest.mark.parametrize("line", ["fh.seek(self.offset)", "offset = fh.tell()", "fh.seek(0, os.SEEK_END)"])
 def test_the_tail_check_sees_a_file_followed_by_hand(line):
     assert _BY_HAND.search(line)
+
+
+def test_read_gives_what_the_read_itself_holds_or_drops(tmp_path):
+    log = tmp_path / "log"
+    log.write_bytes(b"abcdefghij\n")
+    assert Tail(log, start=3, line_start=True).read() == "abcdefghij\n"  # the line's start, found by this read
+    tail = Tail(log)
+    log.write_bytes(b"ab")
+    assert tail.lines() == [] and tail.offset == 2  # "ab" held: an unfinished line
+    (tmp_path / "new").write_bytes(b"x\n")
+    (tmp_path / "new").replace(log)  # replaced by another file: what was held belonged to the old one
+    assert tail.read() == "x\n"

@@ -62,8 +62,8 @@ class Tail:
 
     def read(self) -> str:
         """The text appended since the last read (UTF-8, a bad byte as U+FFFD), unfinished last line included."""
-        data = self._held + self.read_bytes()
-        self._held = b""
+        new = self.read_bytes()  # first: it may set what is held (a line's start) or drop it (a replaced file)
+        data, self._held = self._held + new, b""
         return data.decode("utf-8", errors="replace")
 
     def lines(self) -> list[str]:
