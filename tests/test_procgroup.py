@@ -68,8 +68,8 @@ def test_an_ended_process_is_left_alone():
 def test_stop_groups_shares_one_grace():
     procs = [_start("stubborn")[0] for _ in range(2)]
     t0 = time.monotonic()
-    procgroup.stop_groups(procs, signal.SIGTERM, grace_s=0.6)
+    procgroup.stop_groups(procs, signal.SIGTERM, grace_s=3)
     took = time.monotonic() - t0
     assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
-    assert took < 0.6 * 2  # one grace for both, not one each
+    assert took < 3 * 2  # one grace for both, not one each (a grace of slack for a loaded machine)
     assert all(_group_gone(p.pid) for p in procs)

@@ -36,12 +36,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         root = self.path[: -len("/v1/models")]
         if root == "/trickle":
             self.send_response(200)
-            self.send_header("Content-Length", "100")
+            self.send_header("Content-Length", "100000")
             self.end_headers()
-            for _ in range(30):
-                self.wfile.write(b" ")
-                self.wfile.flush()
-                time.sleep(0.1)
+            try:  # a byte every 0.1 s until the client hangs up (a minute at most): never a complete body
+                for _ in range(600):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
             return
         status, body = LISTS[root]
         body = body if isinstance(body, bytes) else json.dumps(body).encode()
