@@ -286,7 +286,8 @@ class Job:
         client's copy: only from a file the caller (``uid``, default this process's user) owns."""
         from .apikey import read_key
 
-        return read_key(self.key_file, named_by=f"job {self.job_id}'s key file", serving=False,
+        source = self.key_source()
+        return read_key(source.path, source.record, named_by=f"job {self.job_id}'s key file", serving=False,
                         owner=os.getuid() if uid is None else uid)
 
     def client_key(self) -> str | None:

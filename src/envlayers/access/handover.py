@@ -41,7 +41,7 @@ from ..durations import format_time
 from ..rundir import TUNNEL_LOG, ChainRecord, TunnelRecord, chain_of, read_tunnel, serving_endpoint, write_tunnel
 from .gateway import Gateway
 from .job import JobAccess
-from .tunnelrecord import FOLLOWER_WORDS, end_recorded
+from .tunnelrecord import FOLLOWER_WORDS, stop_recorded
 
 POLL_S = 0.25  # how often the follower looks at the chain's files
 SLURM_EVERY_S = 5.0  # how often it asks Slurm whether the current link still runs
@@ -75,7 +75,7 @@ def stop_follower(record: TunnelRecord | None) -> str | None:
     pid = int(follower.get("pid") or 0)
     if follower.get("host") != socket.gethostname():
         return None
-    if end_recorded(pid, follower.get("argv"), (signal.SIGTERM,)) is None:
+    if stop_recorded(pid, follower.get("argv"), (signal.SIGTERM,)) is None:
         return None
     return f"chain follower pid {pid} stopped"
 

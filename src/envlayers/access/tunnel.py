@@ -42,7 +42,7 @@ from ..shell import dq_escape, word, words
 from ..tail import Tail
 from .gateway import Gateway, printable, check_gateway_port, find_holder_commands, find_port_holder, route_url
 from .job import JobAccess
-from .tunnelrecord import OPENER_WORDS, end_recorded, is_recorded_process, now_iso as _now
+from .tunnelrecord import OPENER_WORDS, stop_recorded, is_recorded_process, now_iso as _now
 
 STEP_NAME = "envlayers-tunnel"
 RESTART_RESET_S = 60  # a connection that stayed up this long resets the restart count
@@ -473,7 +473,7 @@ def _stop(pid: int, argv: list[str], step_id: str | None, wait_s: float = 10.0) 
             said.append(f"scancel {step_id}")
         except EnvLayersError as err:
             said.append(f"scancel {step_id} failed: {err.message}")
-    ended = end_recorded(pid, argv, wait_s=wait_s)
+    ended = stop_recorded(pid, argv, wait_s=wait_s)
     if ended is not None:
         said.append(f"srun pid {pid} {'ended' if ended else 'still runs after SIGKILL'}")
     return ", ".join(said)

@@ -13,7 +13,7 @@ Record states: ``opening`` (a chain follower is opening it: the intent, written 
 starts), ``open``, ``handed-over`` (its port moved to a successor's tunnel), ``closed``.
 
 A recorded process (a step's srun, the chain follower) is signalled only while it still runs the
-recorded command line (:func:`end_recorded`), never a program that got its PID since. That is not
+recorded command line (:func:`stop_recorded`), never a program that got its PID since. That is not
 ``procgroup``'s stopping: a recorded process was mostly started by an earlier command, so it is not this
 process's child (it cannot be waited for or reaped, and its PID may be another program's by now), and it is
 signalled alone (srun ends its step itself).
@@ -57,7 +57,7 @@ def cmdline(pid: int) -> list[str] | None:
     return raw.rstrip(b"\0").decode(errors="replace").split("\0")
 
 
-def end_recorded(pid: int, argv: list[str] | None, signals=(signal.SIGTERM, signal.SIGKILL),
+def stop_recorded(pid: int, argv: list[str] | None, signals=(signal.SIGTERM, signal.SIGKILL),
                  wait_s: float = 10.0) -> bool | None:
     """Signal ``pid`` while it runs the recorded ``argv`` (never a program that got the PID since): each of
     ``signals`` in turn, ``wait_s`` apart. True once it no longer runs it, False while it still does, None
